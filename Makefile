@@ -1,0 +1,34 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv and install what they need.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+DEMO_OUT := runs/quickstart
+
+.PHONY: demo test lint bench ui clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)
+	$(BIN)/dse run studies/quickstart.yaml --out $(DEMO_OUT)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
+
+ui: $(STAMP)
+	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(DEMO_OUT)/mlflow.db
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,84 @@
+"""The contracts between the core and its plugins: generators make Workloads, cost models price them."""
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dse.spec import DesignPoint, SystemSpec
+from dse.workload import Workload
+
+
+@dataclass(slots=True, frozen=True)
+class TimelineEvent:
+    """One op on one stream of one rank class, for Chrome/Perfetto traces."""
+
+    rank_class: int
+    stream: str
+    name: str
+    category: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(slots=True)
+class ClassResult:
+    """What one rank class does during the step. Times are unions of busy intervals on the class's streams."""
+
+    name: str
+    ranks: int
+    end_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    peak_memory_bytes: float
+    memory_at_peak: dict[str, float]
+    """Bytes by tensor kind at the moment of the peak (parameter, gradient, ..., temporary, reserve)."""
+    time_by_category: dict[str, float]
+    """Busy seconds per op category (gemm, attention, all_reduce, ...), summed over ops."""
+
+
+@dataclass(slots=True)
+class SimResult:
+    step_time_s: float
+    classes: list[ClassResult]
+    timeline: list[TimelineEvent] = field(default_factory=list)
+
+    def _rank_mean(self, attr: str) -> float:
+        total = sum(c.ranks for c in self.classes)
+        return sum(getattr(c, attr) * c.ranks for c in self.classes) / total
+
+    @property
+    def compute_time_s(self) -> float:
+        """Mean over ranks of the time the compute stream is busy."""
+        return self._rank_mean("compute_s")
+
+    @property
+    def comm_time_s(self) -> float:
+        """Mean over ranks of the time any communication stream is busy."""
+        return self._rank_mean("comm_s")
+
+    @property
+    def exposed_comm_time_s(self) -> float:
+        """Mean over ranks of the communication time not hidden under compute."""
+        return self._rank_mean("exposed_comm_s")
+
+    @property
+    def overlap_ratio(self) -> float:
+        """Share of communication time hidden under compute (0 when there is no communication)."""
+        comm = self.comm_time_s
+        return 0.0 if comm == 0 else 1.0 - self.exposed_comm_time_s / comm
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return max(c.peak_memory_bytes for c in self.classes)
+
+
+class WorkloadGenerator(Protocol):
+    name: str
+
+    def generate(self, point: DesignPoint) -> Workload: ...
+
+
+class CostModel(Protocol):
+    name: str
+
+    def simulate(self, workload: Workload, system: SystemSpec) -> SimResult: ...

@@ -1,0 +1,110 @@
+"""Turning point files (and a study's decoded parameters) into validated DesignPoints.
+
+A point names catalog entries or overrides them: `model: llama3-8b`, or `model: {base: llama3-8b, layers: 16}`.
+The same holds for `system` and `system.accelerator`. A list is overridden element-wise by a mapping of indices,
+e.g. `system: {base: dgx-h100, network: {1: {npus: 16}}}` keeps the NVLink dimension and scales out to 16 nodes.
+"""
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from dse import catalog
+from dse.errors import SpecError
+from dse.spec import DesignPoint
+from dse.yamlio import describe_validation_error, load_mapping
+
+POINT_FIELDS = ("model", "workload", "parallel", "system")
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        out = dict(base)
+        for key, value in override.items():
+            out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
+        return out
+    if isinstance(base, list) and isinstance(override, dict) and all(isinstance(k, int) for k in override):
+        out = list(base)
+        for index, value in override.items():
+            if not 0 <= index < len(out):
+                raise SpecError(f"list index {index} is out of range (the list has {len(out)} entries)")
+            out[index] = merge(out[index], value)
+        return out
+    return copy.deepcopy(override)
+
+
+def _resolve(kind: catalog.Kind, ref: Any, field: str) -> Any:
+    if isinstance(ref, str):
+        return catalog.entry(kind, ref)
+    if isinstance(ref, dict) and "base" in ref:
+        rest = {k: v for k, v in ref.items() if k != "base"}
+        if not isinstance(ref["base"], str):
+            raise SpecError(f"field '{field}.base': expected a catalog name, got {ref['base']!r}")
+        base = catalog.entry(kind, ref["base"])
+        if kind == "models" and "name" not in rest:
+            rest["name"] = f"{ref['base']}*" if rest else ref["base"]
+        return merge(base, rest)
+    return ref
+
+
+def expand(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace catalog references with their entries; what is left is plain data for DesignPoint."""
+    out = dict(raw)
+    if "model" in out:
+        out["model"] = _resolve("models", out["model"], "model")
+    if "system" in out:
+        system = _resolve("systems", out["system"], "system")
+        if isinstance(system, dict) and "accelerator" in system:
+            system = dict(system)
+            system["accelerator"] = _resolve("accelerators", system["accelerator"], "system.accelerator")
+        out["system"] = system
+    return out
+
+
+def assign(data: dict[str, Any], path: str, value: Any) -> None:
+    """Set a dotted path such as `system.network.1.bandwidth_GBps` (list elements by index) in place."""
+    parts = path.split(".")
+    node: Any = data
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        where = ".".join(parts[: depth + 1])
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise SpecError(f"'{path}': '{where}' is not an index of a list of {len(node)} entries")
+            key: Any = int(part)
+        elif isinstance(node, dict):
+            key = part
+            if not last and key not in node:
+                node[key] = {}
+        else:
+            raise SpecError(f"'{path}': '{'.'.join(parts[:depth])}' is a value, not a mapping or list")
+        if last:
+            node[key] = value
+        else:
+            node = node[key]
+
+
+def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
+    """Validate expanded point data; errors name the source and the dotted field."""
+    missing = [f for f in POINT_FIELDS if f not in raw]
+    if missing:
+        raise SpecError(f"{source}: field '{missing[0]}' is missing; a point needs {', '.join(POINT_FIELDS)}")
+    unknown = [k for k in raw if k not in POINT_FIELDS]
+    if unknown:
+        raise SpecError(f"{source}: unknown field '{unknown[0]}'; a point has {', '.join(POINT_FIELDS)}")
+    try:
+        return DesignPoint.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(describe_validation_error(exc, source)) from None
+
+
+def load_point(path: str | Path) -> DesignPoint:
+    raw = load_mapping(path)
+    try:
+        expanded = expand(raw)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    return build_point(expanded, str(path))

@@ -1,0 +1,236 @@
+"""The IR: the distributed execution graph of one step, kept compact through repetition.
+
+A Workload holds op templates (`Block`s: a layer's forward, its backward, a pipeline send, the optimizer step)
+and, per rank class, a `Program`: the sequence of block `Call`s that class issues. Layers, micro-batches and
+ranks repeat, so a 1024-rank Llama-3-70B step is a few dozen blocks and a few thousand calls, not millions of
+ops. `expand()` gives the flat per-op graph that exporters and the reference simulation walk.
+
+Units: FLOPs (2 per multiply-add), bytes, seconds. Communication sizes follow the nccl-tests convention: all-reduce
+= the buffer, all-gather = the output, reduce-scatter = the input, all-to-all = the send buffer.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from math import prod
+
+import numpy as np
+
+BLOCK_INPUT = -1
+"""In Op.deps: the op waits for the outputs of the calls that feed its block."""
+
+
+class OpKind(StrEnum):
+    COMPUTE = "compute"
+    COLLECTIVE = "collective"
+    SEND = "send"
+    RECV = "recv"
+
+
+class Collective(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    BROADCAST = "broadcast"
+
+
+class TensorKind(StrEnum):
+    PARAMETER = "parameter"
+    GRADIENT = "gradient"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATION = "activation"
+    KV_CACHE = "kv_cache"
+    TEMPORARY = "temporary"
+
+
+@dataclass(slots=True, frozen=True)
+class Op:
+    """One kernel or one communication call.
+
+    category: a compute category (gemm, attention, elementwise, norm, embedding, optimizer, other) or, for
+    collectives, the Collective value. density: the share of `flops` the kernel executes (causal attention
+    skips the masked half; `flops` keeps the conventional count that MFU uses). axis: the process-group axis a
+    collective or p2p runs on ("tp", "dp", "dp+cp"); peer: the offset along that axis of a send's destination or
+    a recv's source.
+    """
+
+    name: str
+    kind: OpKind
+    category: str
+    flops: float = 0.0
+    bytes: float = 0.0
+    density: float = 1.0
+    comm_bytes: float = 0.0
+    axis: str = ""
+    peer: int = 0
+    deps: tuple[int, ...] = ()
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind is not OpKind.COMPUTE
+
+
+@dataclass(slots=True, frozen=True)
+class Block:
+    """An op template instantiated by calls. deps index earlier ops of the block, or BLOCK_INPUT.
+
+    output: the op whose end makes the block's result available to the calls it feeds (a layer's backward
+    hands its input gradient on before its asynchronous gradient sync has finished). temp_bytes: transient
+    working memory held while the block runs.
+    """
+
+    name: str
+    ops: tuple[Op, ...]
+    output: int = -1
+    temp_bytes: float = 0.0
+
+    @property
+    def output_index(self) -> int:
+        return self.output % len(self.ops)
+
+
+@dataclass(slots=True, frozen=True)
+class Call:
+    """One instance of a block in a program. inputs: indices of earlier calls whose outputs it consumes."""
+
+    block: int
+    inputs: tuple[int, ...] = ()
+    layer: int = -1
+    microbatch: int = -1
+    tag: int = 0
+    """Matches a send with its recv: both ends of one transfer carry the same tag."""
+
+
+@dataclass(slots=True, frozen=True)
+class Tensor:
+    """A memory allocation: live from the start of its producer call to the end of its last consumer call.
+
+    None for producer means allocated before the step (parameters, optimizer states); None for consumer means
+    kept to the end of the step.
+    """
+
+    name: str
+    kind: TensorKind
+    bytes: float
+    producer: int | None = None
+    consumer: int | None = None
+
+
+@dataclass(slots=True)
+class Program:
+    """What every rank of one rank class runs."""
+
+    rank_class: int
+    name: str
+    calls: list[Call] = field(default_factory=list)
+    tensors: list[Tensor] = field(default_factory=list)
+
+    def add(self, call: Call) -> int:
+        self.calls.append(call)
+        return len(self.calls) - 1
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Named parallel axes, innermost first; a rank's coordinate on axis i is (rank // stride_i) % size_i."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @property
+    def world(self) -> int:
+        return prod(size for _, size in self.axes)
+
+    def size(self, axis: str) -> int:
+        """Size of an axis or of a '+'-joined combination of axes."""
+        sizes = dict(self.axes)
+        return prod(sizes[a] for a in axis.split("+"))
+
+    def stride(self, axis: str) -> int:
+        stride = 1
+        for name, size in self.axes:
+            if name == axis:
+                return stride
+            stride *= size
+        raise KeyError(axis)
+
+    def coord(self, rank: int, axis: str) -> int:
+        return (rank // self.stride(axis)) % dict(self.axes)[axis]
+
+    def group(self, rank: int, axis: str) -> list[int]:
+        """The ranks that share every coordinate with `rank` except those on the given axis (or axes)."""
+        members = [rank]
+        for name in axis.split("+"):
+            stride, size = self.stride(name), dict(self.axes)[name]
+            base = [r - self.coord(r, name) * stride for r in members]
+            members = [b + i * stride for b in base for i in range(size)]
+        return sorted(set(members))
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """Every group of the axis, each once, ordered by its lowest rank."""
+        seen: set[int] = set()
+        out = []
+        for rank in range(self.world):
+            if rank not in seen:
+                members = self.group(rank, axis)
+                seen.update(members)
+                out.append(members)
+        return out
+
+    def peer(self, rank: int, axis: str, offset: int) -> int:
+        coord = self.coord(rank, axis) + offset
+        size = dict(self.axes)[axis]
+        if not 0 <= coord < size:
+            raise ValueError(f"rank {rank} has no peer {offset:+d} along {axis}")
+        return rank + offset * self.stride(axis)
+
+
+@dataclass
+class Workload:
+    """One step of one design point, as the generator sees it and every cost model reads it."""
+
+    point_key: str
+    layout: RankLayout
+    blocks: list[Block]
+    programs: list[Program]
+    class_of: np.ndarray
+    """Rank -> index into programs."""
+    tokens: int
+    """Tokens processed per step, over all ranks."""
+    model_flops: float
+    """FLOPs of the step by the conventional count (6 N T + attention, no recompute), for MFU."""
+
+    def ranks_of(self, rank_class: int) -> np.ndarray:
+        return np.flatnonzero(self.class_of == rank_class)
+
+    def representative(self, rank_class: int) -> int:
+        return int(np.argmax(self.class_of == rank_class))
+
+
+@dataclass(slots=True, frozen=True)
+class FlatOp:
+    """An op of the expanded program: global index, global deps, and the call it came from."""
+
+    index: int
+    op: Op
+    call: int
+    deps: tuple[int, ...]
+
+
+def expand(workload: Workload, program: Program) -> Iterator[FlatOp]:
+    """Every op of a program in issue order, with dependencies resolved to expanded indices."""
+    call_output: list[int] = []
+    offset = 0
+    for c, call in enumerate(program.calls):
+        block = workload.blocks[call.block]
+        inputs = tuple(call_output[i] for i in call.inputs)
+        for local, op in enumerate(block.ops):
+            deps: list[int] = []
+            for d in op.deps:
+                if d == BLOCK_INPUT:
+                    deps.extend(inputs)
+                else:
+                    deps.append(offset + d)
+            yield FlatOp(offset + local, op, c, tuple(deps))
+        call_output.append(offset + block.output_index)
+        offset += len(block.ops)

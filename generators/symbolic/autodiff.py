@@ -1,0 +1,221 @@
+"""Reverse-mode differentiation of a recorded forward tape into backward ops.
+
+Gradients carry layouts like any tensor; before a node's rule runs, the sum of its output's gradients is brought
+to the layout the output had (partial sums become duplicated), which is where the backward collectives of tensor
+parallelism come from. Weight gradients are returned, not synchronised: when and how they are reduced across data
+parallel ranks (once per step, per micro-batch, all-reduce or reduce-scatter) is the schedule's decision.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dse.workload import Collective, Op
+from generators.symbolic.dist import PARTIAL, Dist, Partition, gradient_layout
+from generators.symbolic.graph import Node, STensor, Tracer, make_layout, reduction_layout
+
+
+@dataclass
+class Gradients:
+    inputs: dict[int, STensor] = field(default_factory=dict)
+    """Gradient of each block input, by id of the input tensor."""
+    params: list[tuple[STensor, STensor]] = field(default_factory=list)
+    """(parameter, its local gradient) for every parameter the tape used."""
+
+
+def needed(node: Node) -> tuple[STensor, ...]:
+    """Forward values the node's backward reads."""
+    match node.kind:
+        case "einsum" | "norm" | "loss":
+            return node.inputs
+        case "pointwise":
+            return () if node.linear else node.inputs
+        case "attention":
+            return (*node.inputs, node.output)
+    return ()
+
+
+def _is_gather(node: Node) -> bool:
+    return node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
+
+
+def saved_activations(tape: Sequence[Node], replayed: Sequence[Node]) -> list[STensor]:
+    """The activations kept from forward to backward: what backward reads, minus what it recomputes, with
+    all-gathered tensors stored in their pre-gather shard (backward gathers them again, as Megatron SP does)."""
+    gathered_from = {id(n.output): n.inputs[0] for n in tape if _is_gather(n)}
+    recomputed = {id(n.output) for n in replayed}
+    saved: dict[int, STensor] = {}
+    for node in tape:
+        for t in needed(node):
+            while id(t) in gathered_from:
+                t = gathered_from[id(t)]
+            if not t.param and id(t) not in recomputed and t.dims:
+                saved[id(t)] = t
+    return list(saved.values())
+
+
+class Differentiator:
+    """Emits the backward of one tape into the tracer's current block."""
+
+    def __init__(self, tracer: Tracer, tape: Sequence[Node], leaf_params: set[int]):
+        self.tr = tracer
+        self.tape = tape
+        self.leaf_params = leaf_params
+        self.alias: dict[int, STensor] = {}
+        self.gathered_from = {id(n.output): n for n in tape if _is_gather(n)}
+        self.grads: dict[int, list[STensor]] = {}
+        self.result = Gradients()
+
+    def replay(self, nodes: Sequence[Node]) -> None:
+        """Recompute forward nodes: their ops again, reading recomputed values where there are some."""
+        for node in nodes:
+            inputs = [self.value(t) for t in node.inputs]
+            out = STensor(
+                node.output.name + ".recompute",
+                node.output.dims,
+                node.output.layout,
+                node.output.itemsize,
+                node.output.param,
+            )
+            deps = self.tr.emitter.deps(inputs)
+            for op in node.ops:
+                self.tr.emitter.emit(_with_deps(op, deps, "recompute"), [out])
+            if not node.ops and id(inputs[0]) in self.tr.emitter.origin:
+                self.tr.emitter.origin[id(out)] = self.tr.emitter.origin[id(inputs[0])]
+            self.alias[id(node.output)] = out
+
+    def value(self, t: STensor) -> STensor:
+        """A forward value for backward to read: recomputed, gathered again, or kept from forward."""
+        if id(t) in self.alias:
+            return self.alias[id(t)]
+        node = self.gathered_from.get(id(t))
+        if node is not None:
+            source = self.value(node.inputs[0])
+            again = STensor(t.name + ".regather", t.dims, t.layout, t.itemsize, t.param)
+            deps = self.tr.emitter.deps([source])
+            for op in node.ops:
+                self.tr.emitter.emit(_with_deps(op, deps, "regather"), [again])
+                if t.param:
+                    self.tr.emitter.gathered_params += op.comm_bytes
+            self.alias[id(t)] = again
+            return again
+        return t
+
+    def run(self, seeds: Sequence[tuple[STensor, STensor]], inputs: Sequence[STensor]) -> Gradients:
+        for tensor, grad in seeds:
+            self._contribute(tensor, grad)
+        for node in reversed(self.tape):
+            grads = self.grads.pop(id(node.output), None)
+            if grads:
+                self._backward(node, grads)
+        for t in inputs:
+            grads = self.grads.pop(id(t), None)
+            if grads:
+                self.result.inputs[id(t)] = self._settle(t, grads)
+        return self.result
+
+    # -- gradient bookkeeping --------------------------------------------------------------------------------
+    def _contribute(self, tensor: STensor, grad: STensor) -> None:
+        if id(tensor) in self.leaf_params:
+            self.result.params.append((tensor, grad))
+        else:
+            self.grads.setdefault(id(tensor), []).append(grad)
+
+    def _sum(self, grads: list[STensor]) -> STensor:
+        total = grads[0]
+        for g in grads[1:]:
+            if g.layout != total.layout:
+                target = {a: gradient_layout(total.dist(a)) for a in self.tr.degrees}
+                total = self.tr.redistribute(total, target, record=False)
+                g = self.tr.redistribute(g, target, record=False)
+            out = STensor(total.name + "+", total.dims, total.layout, total.itemsize)
+            self.tr._compute(
+                f"{total.name}.accumulate", "elementwise", self.tr.elems(out), (total, g), (out,)
+            )
+            total = out
+        return total
+
+    def _settle(self, forward: STensor, grads: list[STensor]) -> STensor:
+        """Sum a value's gradients and bring them to the value's own layout."""
+        total = self._sum(grads)
+        target = {a: gradient_layout(forward.dist(a)) for a in self.tr.degrees}
+        return self.tr.redistribute(total, target, record=False)
+
+    # -- rules -----------------------------------------------------------------------------------------------
+    def _backward(self, node: Node, grads: list[STensor]) -> None:
+        tr = self.tr
+        if node.kind == "redistribute":
+            total = self._sum(grads)
+            source = node.inputs[0]
+            target = {a: total.dist(a) for a in tr.degrees}
+            target[node.axis] = gradient_layout(source.dist(node.axis))
+            self._contribute(source, tr.redistribute(total, target, record=False))
+            return
+        g = self._settle(node.output, grads)
+        name = node.name
+        match node.kind:
+            case "einsum":
+                a, b = node.inputs
+                da = tr.einsum(f"{name}.dgrad", g, self.value(b), a.dims, node.category, record=False)
+                db = tr.einsum(f"{name}.wgrad", self.value(a), g, b.dims, node.category, record=False)
+                self._contribute(a, da)
+                self._contribute(b, db)
+            case "pointwise" if node.linear:
+                for t in node.inputs:
+                    self._contribute(t, self._broadcast_grad(g, t))
+            case "pointwise" | "norm" | "loss":
+                reads = [self.value(t) for t in node.inputs]
+                outs = [self._input_grad(g, t) for t in node.inputs]
+                flops = 2 * node.flops_per_elem * max(tr.elems(t) for t in node.inputs)
+                tr._compute(f"{name}.backward", node.category, flops, (g, *reads), outs)
+                for t, d in zip(node.inputs, outs, strict=True):
+                    self._contribute(t, d)
+            case "attention":
+                q, k, v = node.inputs
+                reads = [self.value(t) for t in (q, k, v, node.output)]
+                outs = [_grad_like(t) for t in (q, k, v)]
+                fwd = next(op for op in node.ops if op.category == "attention")
+                tr._compute(f"{name}.backward", "attention", 2 * fwd.flops, (g, *reads), outs, fwd.density)
+                for t, d in zip((q, k, v), outs, strict=True):
+                    self._contribute(t, d)
+            case "embedding":
+                tokens, table = node.inputs
+                layout: dict[str, Dist] = {}
+                for axis in tr.degrees:
+                    if isinstance(table.dist(axis), Partition):
+                        layout[axis] = table.dist(axis)
+                    elif isinstance(tokens.dist(axis), Partition):
+                        layout[axis] = PARTIAL
+                dtable = STensor(f"{table.name}.grad", table.dims, make_layout(**layout), table.itemsize)
+                tr._compute(f"{name}.backward", "embedding", 0.0, (g,), (dtable,))
+                self._contribute(table, dtable)
+
+    def _input_grad(self, g: STensor, t: STensor) -> STensor:
+        if t.dims == g.dims:
+            return _grad_like(t)
+        return STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
+
+    def _broadcast_grad(self, g: STensor, t: STensor) -> STensor:
+        if t.dims == g.dims:
+            return g
+        reduced = STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
+        self.tr._compute(f"{t.name}.grad_reduce", "elementwise", self.tr.elems(g), (g,), (reduced,))
+        return reduced
+
+
+def _grad_like(t: STensor) -> STensor:
+    return STensor(f"{t.name}.grad", t.dims, t.layout, t.itemsize)
+
+
+def _with_deps(op: Op, deps: tuple[int, ...], suffix: str) -> Op:
+    return Op(
+        f"{op.name}.{suffix}",
+        op.kind,
+        op.category,
+        op.flops,
+        op.bytes,
+        op.density,
+        op.comm_bytes,
+        op.axis,
+        op.peer,
+        deps,
+    )

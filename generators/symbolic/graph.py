@@ -1,0 +1,354 @@
+"""Symbolic tensors, the ops over them, and reverse-mode differentiation that derives the backward pass.
+
+Tensors have named dimensions whose sizes come from the design point, and a layout (`Dist`) per parallel axis.
+Each op states what layouts it needs; the matcher in `dist` inserts the collectives that get there. The backward
+pass is derived, not written: the gradient of an einsum is two einsums whose layouts (a partial sum where a
+partitioned index is contracted) bring in the TP all-reduces, the SP reduce-scatters and the DP gradient sync on
+their own, and the adjoint of a redistribution is the redistribution back.
+
+A `Tracer` records one block at a time: ops go to the current `Emitter`, and the forward tape it keeps is what
+the backward block differentiates.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from math import prod
+from typing import Literal
+
+from dse.workload import BLOCK_INPUT, Collective, Op, OpKind
+from generators.symbolic.dist import DUP, PARTIAL, Dist, Duplicated, PartialSum, Partition, collective_for
+
+Layout = tuple[tuple[str, Dist], ...]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class STensor:
+    """A symbolic tensor; identity matters (two tensors of one shape are different values)."""
+
+    name: str
+    dims: tuple[str, ...]
+    layout: Layout
+    itemsize: int
+    param: bool = False
+
+    def dist(self, axis: str) -> Dist:
+        for name, dist in self.layout:
+            if name == axis:
+                return dist
+        return DUP
+
+    def relayout(self, axis: str, dist: Dist) -> "STensor":
+        layout = tuple((a, d) for a, d in self.layout if a != axis)
+        if dist != DUP:
+            layout = tuple(sorted((*layout, (axis, dist)), key=lambda item: item[0]))
+        return STensor(self.name, self.dims, layout, self.itemsize, self.param)
+
+
+def make_layout(**dists: Dist) -> Layout:
+    return tuple(sorted((a, d) for a, d in dists.items() if d != DUP))
+
+
+NodeKind = Literal["einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute"]
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    """One recorded forward op: enough to emit it again (recompute) and to differentiate it."""
+
+    kind: NodeKind
+    name: str
+    inputs: tuple[STensor, ...]
+    output: STensor
+    category: str = "elementwise"
+    flops_per_elem: float = 0.0
+    linear: bool = False
+    axis: str = ""
+    ops: tuple[Op, ...] = ()
+    """The ops this node emitted (empty for a local slice), for recomputation."""
+
+
+@dataclass
+class Emitter:
+    """Collects the ops of one block; tensors produced outside it are resident (no dependency)."""
+
+    ops: list[Op] = field(default_factory=list)
+    origin: dict[int, int] = field(default_factory=dict)
+    moved: dict[tuple[int, str, Dist], STensor] = field(default_factory=dict)
+    """Redistributions already done in this block: a value gathered once serves every consumer."""
+    peak_temp: float = 0.0
+    gathered_params: float = 0.0
+    """Bytes of parameters all-gathered for this block (ZeRO-3), held while it runs."""
+
+    def deps(self, tensors: Iterable[STensor]) -> tuple[int, ...]:
+        found = {self.origin[id(t)] for t in tensors if id(t) in self.origin}
+        return tuple(sorted(found))
+
+    def emit(self, op: Op, outputs: Sequence[STensor] = ()) -> int:
+        self.ops.append(op)
+        index = len(self.ops) - 1
+        for t in outputs:
+            self.origin[id(t)] = index
+        return index
+
+    def mark_input(self, t: STensor) -> None:
+        self.origin[id(t)] = BLOCK_INPUT
+
+
+class Tracer:
+    """Emits the ops of symbolic computations for one rank and keeps the forward tape for differentiation."""
+
+    def __init__(self, sizes: dict[str, int], degrees: dict[str, int]):
+        self.sizes = sizes
+        self.degrees = {axis: deg for axis, deg in degrees.items() if deg > 1}
+        self.emitter = Emitter()
+        self.tape: list[Node] = []
+        self.recording = True
+
+    # -- sizes ---------------------------------------------------------------------------------------------
+    def local_size(self, t: STensor, dim: str) -> float:
+        split = prod(self.degrees.get(a, 1) for a, d in t.layout if isinstance(d, Partition) and d.dim == dim)
+        return self.sizes[dim] / split
+
+    def elems(self, t: STensor) -> float:
+        return prod(self.local_size(t, d) for d in t.dims)
+
+    def nbytes(self, t: STensor) -> float:
+        return self.elems(t) * t.itemsize
+
+    def full_bytes(self, t: STensor) -> float:
+        """Bytes of the whole (unsharded) tensor."""
+        return prod(self.sizes[d] for d in t.dims) * t.itemsize
+
+    # -- blocks --------------------------------------------------------------------------------------------
+    def begin_block(self, inputs: Sequence[STensor] = ()) -> None:
+        self.emitter = Emitter()
+        for t in inputs:
+            self.emitter.mark_input(t)
+
+    def end_block(self) -> Emitter:
+        done, self.emitter = self.emitter, Emitter()
+        return done
+
+    def _record(self, node: Node, first_op: int) -> None:
+        if self.recording:
+            node.ops = tuple(self.emitter.ops[first_op:])
+            self.tape.append(node)
+
+    @property
+    def _mark(self) -> int:
+        return len(self.emitter.ops)
+
+    def _temp(self, t: STensor) -> None:
+        self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(t))
+
+    # -- communication -------------------------------------------------------------------------------------
+    def redistribute(self, t: STensor, target: dict[str, Dist], record: bool = True) -> STensor:
+        """Bring t to the target layout (axes not named stay Duplicated), one collective per axis that differs."""
+        current = t
+        for axis in sorted(self.degrees):
+            src, dst = current.dist(axis), target.get(axis, DUP)
+            if src == dst:
+                continue
+            cached = self.emitter.moved.get((id(current), axis, dst))
+            if cached is not None:
+                current = cached
+                continue
+            collective = collective_for(src, dst)
+            moved = current.relayout(axis, dst)
+            self.emitter.moved[(id(current), axis, dst)] = moved
+            mark = self._mark
+            if collective is None:
+                if id(current) in self.emitter.origin:
+                    self.emitter.origin[id(moved)] = self.emitter.origin[id(current)]
+            else:
+                size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
+                op = Op(
+                    f"{t.name}.{collective.value}",
+                    OpKind.COLLECTIVE,
+                    collective.value,
+                    comm_bytes=size,
+                    axis=axis,
+                    deps=self.emitter.deps([current]),
+                )
+                self.emitter.emit(op, [moved])
+                if collective is Collective.ALL_GATHER and t.param:
+                    self.emitter.gathered_params += size
+            if record:
+                self._record(Node("redistribute", f"{t.name}.{axis}", (current,), moved, axis=axis), mark)
+            current = moved
+        return current
+
+    # -- compute -------------------------------------------------------------------------------------------
+    def _compute(
+        self,
+        name: str,
+        category: str,
+        flops: float,
+        inputs: Sequence[STensor],
+        outputs: Sequence[STensor],
+        density: float = 1.0,
+    ) -> None:
+        nbytes = sum(self.nbytes(t) for t in inputs) + sum(self.nbytes(t) for t in outputs)
+        op = Op(
+            name,
+            OpKind.COMPUTE,
+            category,
+            flops=flops,
+            bytes=nbytes,
+            density=density,
+            deps=self.emitter.deps(inputs),
+        )
+        self.emitter.emit(op, outputs)
+        for t in outputs:
+            self._temp(t)
+
+    def einsum(
+        self,
+        name: str,
+        a: STensor,
+        b: STensor,
+        out_dims: tuple[str, ...],
+        category: str = "gemm",
+        record: bool = True,
+    ) -> STensor:
+        """out = sum over the indices missing from out_dims of a * b. b's partitioning leads (the weight)."""
+        target_a: dict[str, Dist] = {}
+        target_b: dict[str, Dist] = {}
+        out: dict[str, Dist] = {}
+        for axis in self.degrees:
+            da, db = a.dist(axis), b.dist(axis)
+            lead = db if isinstance(db, Partition) else da
+            index = lead.dim if isinstance(lead, Partition) else None
+            target_a[axis] = Partition(index) if index in a.dims else DUP
+            target_b[axis] = Partition(index) if index in b.dims else DUP
+            if index is None:
+                out[axis] = DUP
+            else:
+                out[axis] = Partition(index) if index in out_dims else PARTIAL
+        a2 = self.redistribute(a, target_a, record)
+        b2 = self.redistribute(b, target_b, record)
+        mark = self._mark
+        result = STensor(name, out_dims, make_layout(**out), a.itemsize)
+        indices = dict.fromkeys((*a2.dims, *b2.dims))
+        local = {i: self.local_size(a2 if i in a2.dims else b2, i) for i in indices}
+        self._compute(name, category, 2 * prod(local.values()), (a2, b2), (result,))
+        if record:
+            self._record(Node("einsum", name, (a2, b2), result, category=category), mark)
+        return result
+
+    def pointwise(
+        self,
+        name: str,
+        inputs: Sequence[STensor],
+        flops_per_elem: float,
+        category: str = "elementwise",
+        linear: bool = False,
+    ) -> STensor:
+        """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller)."""
+        main = inputs[0]
+        moved = [main]
+        for other in inputs[1:]:
+            target = {}
+            for axis in self.degrees:
+                d = main.dist(axis)
+                if isinstance(d, Partition):
+                    target[axis] = d if d.dim in other.dims else DUP
+                else:
+                    target[axis] = d if other.dims == main.dims else DUP
+            moved.append(self.redistribute(other, target))
+        result = STensor(name, main.dims, main.layout, main.itemsize)
+        mark = self._mark
+        self._compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
+        self._record(Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear), mark)
+        return result
+
+    def norm(self, name: str, x: STensor, weights: Sequence[STensor], flops_per_elem: float) -> STensor:
+        """A normalisation over the last dimension, which must not be partitioned."""
+        hidden = x.dims[-1]
+        if any(isinstance(d, Partition) and d.dim == hidden for _, d in x.layout):
+            raise ValueError(f"{name}: the normalised dimension '{hidden}' is partitioned")
+        ws = [self.redistribute(w, {}) for w in weights]
+        result = STensor(name, x.dims, x.layout, x.itemsize)
+        mark = self._mark
+        self._compute(name, "norm", flops_per_elem * self.elems(result), (x, *ws), (result,))
+        self._record(Node("norm", name, (x, *ws), result, "norm", flops_per_elem), mark)
+        return result
+
+    def attention(self, name: str, q: STensor, k: STensor, v: STensor, causal: bool = True) -> STensor:
+        """Fused (flash) attention over q [b,s,n,d] and k, v [b,s,g,d]: no s x s tensor is kept."""
+        kv_target: dict[str, Dist] = {}
+        for axis in self.degrees:
+            d = q.dist(axis)
+            if isinstance(d, Partition):
+                kv_target[axis] = Partition(k.dims[2]) if d.dim == q.dims[2] else d
+        k2 = self.redistribute(k, kv_target)
+        v2 = self.redistribute(v, kv_target)
+        out = STensor(name, q.dims, q.layout, q.itemsize)
+        b, s, n, d = (self.local_size(q, dim) for dim in q.dims)
+        flops = 4 * b * s * s * n * d
+        mark = self._mark
+        self._compute(name, "attention", flops, (q, k2, v2), (out,), density=0.5 if causal else 1.0)
+        self._record(Node("attention", name, (q, k2, v2), out, "attention", 0.5 if causal else 1.0), mark)
+        return out
+
+    def embedding(self, name: str, tokens: STensor, table: STensor, out_dims: tuple[str, ...]) -> STensor:
+        """A table lookup; a vocabulary-partitioned table yields partial sums (zeros off-shard)."""
+        vocab = table.dims[0]
+        layout = dict(tokens.layout)
+        for axis in self.degrees:
+            if table.dist(axis) == Partition(vocab):
+                layout[axis] = PARTIAL
+        out = STensor(name, out_dims, make_layout(**layout), table.itemsize)
+        mark = self._mark
+        self._compute(name, "embedding", 0.0, (tokens,), (out,))
+        self._record(Node("embedding", name, (tokens, table), out, "embedding"), mark)
+        return out
+
+    def loss(self, name: str, logits: STensor) -> STensor:
+        """Cross-entropy over a vocabulary that may be partitioned: two small all-reduces (max and sum-exp)."""
+        vocab = logits.dims[-1]
+        tokens_dims = logits.dims[:-1]
+        mark = self._mark
+        for axis in sorted(self.degrees):
+            if logits.dist(axis) == Partition(vocab):
+                stat = STensor(f"{name}.stats", tokens_dims, logits.layout, 4)
+                for what in ("max", "sumexp"):
+                    self.emitter.emit(
+                        Op(
+                            f"{name}.{what}.all_reduce",
+                            OpKind.COLLECTIVE,
+                            "all_reduce",
+                            comm_bytes=self.nbytes(stat),
+                            axis=axis,
+                            deps=self.emitter.deps([logits]),
+                        )
+                    )
+        out = STensor(name, (), (), 4)
+        self._compute(name, "elementwise", 5 * self.elems(logits), (logits,), (out,))
+        self._record(Node("loss", name, (logits,), out, "elementwise", 5), mark)
+        return out
+
+
+def reduction_layout(source: STensor, kept: tuple[str, ...]) -> Layout:
+    """Layout of a reduction of source onto the dims in kept: partial sums where a reduced dim was split."""
+    out: dict[str, Dist] = {}
+    for axis, d in source.layout:
+        if isinstance(d, Partition):
+            out[axis] = d if d.dim in kept else PARTIAL
+        elif isinstance(d, PartialSum):
+            out[axis] = d
+    return make_layout(**out)
+
+
+__all__ = [
+    "DUP",
+    "PARTIAL",
+    "Duplicated",
+    "Node",
+    "PartialSum",
+    "Partition",
+    "STensor",
+    "Tracer",
+    "make_layout",
+    "reduction_layout",
+]

@@ -1,0 +1,186 @@
+"""The symbolic generator against closed forms: parameter counts, FLOPs, and Megatron's communication."""
+
+from collections import Counter
+
+import pytest
+from helpers import make_point
+
+from dse.modelstats import model_flops, param_count
+from dse.workload import Collective, OpKind, expand
+from generators.symbolic import SymbolicGenerator, count_parameters
+from generators.symbolic.dist import DUP, PARTIAL, ImpossibleRedistribution, Partition, collective_for
+from generators.symbolic.schedule import one_f_one_b
+
+GEN = SymbolicGenerator()
+DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
+
+
+@pytest.mark.parametrize(
+    ("model", "official"),
+    [("llama3-8b", 8.03e9), ("llama3-70b", 70.55e9), ("gpt3-175b", 174.6e9)],
+)
+def test_parameter_counts_match_the_published_figures_by_two_paths(model, official):
+    point = make_point(model, DGX, seq_len=2048, global_batch=16, tp=8, dp=2)
+    graph_count = count_parameters(point)
+    assert graph_count == param_count(point.model)
+    assert graph_count == pytest.approx(official, rel=0.005)
+
+
+def step_flops(point) -> float:
+    workload = GEN.generate(point)
+    total = 0.0
+    for program in workload.programs:
+        ranks = len(workload.ranks_of(program.rank_class))
+        total += ranks * sum(f.op.flops for f in expand(workload, program) if f.op.category != "optimizer")
+    return total
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel"),
+    [
+        ("llama3-8b", {"tp": 2, "pp": 2, "dp": 2, "sp": True}),
+        ("llama3-8b", {"tp": 8, "pp": 1, "dp": 2}),
+        ("gpt3-175b", {"tp": 8, "pp": 2, "dp": 1, "zero": 1}),
+        ("llama3-70b", {"dp": 16, "zero": 3}),
+    ],
+)
+def test_training_flops_match_6NT_plus_attention(model, parallel):
+    point = make_point(model, DGX, seq_len=2048, global_batch=32, **parallel)
+    n, h, s, layers = param_count(point.model), point.model.hidden, 2048, point.model.layers
+    embedding_lookup = point.model.vocab * h if not point.model.tied_embeddings else 0
+    if point.model.position == "learned":
+        embedding_lookup += point.model.max_seq * h
+    tokens = 32 * s
+    expected = 6 * (n - embedding_lookup) * tokens + 12 * layers * h * s * tokens
+    assert step_flops(point) == pytest.approx(expected, rel=0.02)
+    assert model_flops(point.model, point.workload) == pytest.approx(expected, rel=1e-9)
+
+
+def test_full_recompute_adds_one_forward():
+    plain = make_point("tiny-llama", tp=2, dp=4)
+    full = make_point("tiny-llama", tp=2, dp=4, recompute="full")
+    assert step_flops(full) == pytest.approx(step_flops(plain) * 4 / 3, rel=0.03)
+
+
+def layer_comm(point, block: str) -> Counter:
+    workload = GEN.generate(point)
+    ops = next(b for b in workload.blocks if b.name == block).ops
+    return Counter((op.category, op.axis, op.comm_bytes) for op in ops if op.kind is OpKind.COLLECTIVE)
+
+
+def test_tensor_parallel_block_has_two_all_reduces_each_way():
+    point = make_point("tiny-llama", micro_batch=2, tp=4, dp=2)
+    size = 2 * 256 * 256 * 2  # b * s * h * 2 bytes
+    assert layer_comm(point, "layer.forward") == Counter({("all_reduce", "tp", size): 2})
+    assert layer_comm(point, "layer.backward") == Counter({("all_reduce", "tp", size): 2})
+
+
+def test_sequence_parallel_block_has_all_gather_reduce_scatter_pairs():
+    point = make_point("tiny-llama", micro_batch=2, tp=4, dp=2, sp=True)
+    size = 2 * 256 * 256 * 2
+    assert layer_comm(point, "layer.forward") == Counter(
+        {("all_gather", "tp", size): 2, ("reduce_scatter", "tp", size): 2}
+    )
+    # Backward: the adjoint pairs, plus the re-gather of each saved sequence shard (Korthikanti et al. 2022).
+    assert layer_comm(point, "layer.backward") == Counter(
+        {("all_gather", "tp", size): 4, ("reduce_scatter", "tp", size): 2}
+    )
+
+
+@pytest.mark.parametrize(
+    ("zero", "collective"), [(0, "all_reduce"), (1, "reduce_scatter"), (2, "reduce_scatter")]
+)
+def test_data_parallel_gradients_are_synchronised_once_per_layer(zero, collective):
+    point = make_point("tiny-llama", global_batch=16, tp=2, dp=4, zero=zero)
+    workload = GEN.generate(point)
+    m = point.model
+    # A layer's parameters on one TP rank: the matrices split over tp=2, the two norm weights whole.
+    tp_local = (
+        m.hidden * m.d_head * (m.heads + 2 * m.n_kv_heads)
+        + m.heads * m.d_head * m.hidden
+        + 3 * m.hidden * m.ffn
+    ) / 2 + 2 * m.hidden
+    assert layer_comm(point, "layer.grad_sync") == Counter({(collective, "dp", tp_local * 2): 1})
+    program = workload.programs[0]
+    sync_block = next(i for i, b in enumerate(workload.blocks) if b.name == "layer.grad_sync")
+    sync_calls = [c for c in program.calls if c.block == sync_block]
+    expected_calls = m.layers * (point.micro_batches if zero >= 2 else 1)
+    assert len(sync_calls) == expected_calls
+
+
+def test_zero3_gathers_parameters_in_forward_and_backward():
+    point = make_point("tiny-llama", global_batch=16, dp=8, zero=3)
+    fwd = layer_comm(point, "layer.forward")
+    bwd = layer_comm(point, "layer.backward")
+    gathered = sum(size * n for (cat, _, size), n in fwd.items() if cat == "all_gather")
+    regathered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "all_gather")
+    scattered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "reduce_scatter")
+    m = point.model
+    layer_bytes = 2 * (
+        m.hidden * m.d_head * (m.heads + 2 * m.n_kv_heads)
+        + m.heads * m.d_head * m.hidden
+        + 3 * m.hidden * m.ffn
+        + 2 * m.hidden
+    )
+    assert gathered == pytest.approx(layer_bytes)
+    assert regathered == pytest.approx(layer_bytes)
+    assert scattered == pytest.approx(layer_bytes)
+
+
+def test_pipeline_sends_one_activation_per_micro_batch_each_way():
+    point = make_point("tiny-llama", global_batch=8, tp=2, pp=2, dp=2, sp=True)
+    workload = GEN.generate(point)
+    sizes = Counter()
+    for program in workload.programs:
+        for flat in expand(workload, program):
+            if flat.op.kind in (OpKind.SEND, OpKind.RECV):
+                sizes[(program.rank_class, flat.op.kind.value, flat.op.comm_bytes)] += 1
+    per_rank = (
+        2 * 256 * 256 * 2 / 2
+    )  # global micro-batch b = micro_batch * dp; SP shard of the sequence: / tp
+    per_rank /= 2  # b is split over dp
+    m = point.micro_batches
+    assert sizes == Counter(
+        {
+            (0, "send", per_rank): m,
+            (0, "recv", per_rank): m,
+            (1, "send", per_rank): m,
+            (1, "recv", per_rank): m,
+        }
+    )
+
+
+def test_one_f_one_b_keeps_at_most_p_minus_s_micro_batches_in_flight():
+    for stage in range(4):
+        in_flight = peak = 0
+        for step, _ in one_f_one_b(4, stage, 8):
+            in_flight += 1 if step == "F" else -1
+            peak = max(peak, in_flight)
+        assert peak == 4 - stage
+
+
+def test_generation_is_deterministic():
+    point = make_point("tiny-gpt", tp=2, pp=2, dp=2, sp=True, zero=1)
+    a, b = GEN.generate(point), GEN.generate(point)
+    assert a.blocks == b.blocks
+    assert [p.calls for p in a.programs] == [p.calls for p in b.programs]
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "collective"),
+    [
+        (PARTIAL, DUP, Collective.ALL_REDUCE),
+        (PARTIAL, Partition("s"), Collective.REDUCE_SCATTER),
+        (Partition("s"), DUP, Collective.ALL_GATHER),
+        (Partition("s"), Partition("h"), Collective.ALL_TO_ALL),
+        (DUP, Partition("s"), None),
+        (DUP, DUP, None),
+    ],
+)
+def test_matcher_derives_the_collective_from_the_two_layouts(src, dst, collective):
+    assert collective_for(src, dst) == collective
+
+
+def test_matcher_rejects_making_a_partial_sum():
+    with pytest.raises(ImpossibleRedistribution):
+        collective_for(DUP, PARTIAL)

@@ -190,9 +190,10 @@ class Differentiator:
                 self._contribute(table, dtable)
 
     def _input_grad(self, g: STensor, t: STensor) -> STensor:
-        if t.dims == g.dims:
-            return _grad_like(t)
-        return STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
+        """An input broadcast into the output (a weight, a bias) gets a reduced gradient; others their own."""
+        if set(t.dims) < set(g.dims):
+            return STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
+        return _grad_like(t)
 
     def _broadcast_grad(self, g: STensor, t: STensor) -> STensor:
         if t.dims == g.dims:

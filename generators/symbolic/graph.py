@@ -309,22 +309,22 @@ class Tracer:
         vocab = logits.dims[-1]
         tokens_dims = logits.dims[:-1]
         mark = self._mark
+        stats = STensor(f"{name}.stats", tokens_dims, logits.layout, 4)
         for axis in sorted(self.degrees):
             if logits.dist(axis) == Partition(vocab):
-                stat = STensor(f"{name}.stats", tokens_dims, logits.layout, 4)
                 for what in ("max", "sumexp"):
-                    self.emitter.emit(
-                        Op(
-                            f"{name}.{what}.all_reduce",
-                            OpKind.COLLECTIVE,
-                            "all_reduce",
-                            comm_bytes=self.nbytes(stat),
-                            axis=axis,
-                            deps=self.emitter.deps([logits]),
-                        )
+                    deps = self.emitter.deps([logits, stats])
+                    op = Op(
+                        f"{name}.{what}.all_reduce",
+                        OpKind.COLLECTIVE,
+                        "all_reduce",
+                        comm_bytes=self.nbytes(stats),
+                        axis=axis,
+                        deps=deps,
                     )
+                    self.emitter.emit(op, [stats])
         out = STensor(name, (), (), 4)
-        self._compute(name, "elementwise", 5 * self.elems(logits), (logits,), (out,))
+        self._compute(name, "elementwise", 5 * self.elems(logits), (logits, stats), (out,))
         self._record(Node("loss", name, (logits,), out, "elementwise", 5), mark)
         return out
 

@@ -1,0 +1,266 @@
+"""Dependency-driven list scheduling of every rank class's program, all classes jointly.
+
+Each op starts when its dependencies and the previous op on its stream have ended, as kernels do on CUDA
+streams: compute on "compute", a collective on "comm:<axis>", sends on "send:<axis>", recvs on "recv:<axis>".
+A send and its recv rendezvous, as NCCL's do: the transfer starts when both sides are ready and both ops end
+together, so a pipeline stage that waits for its input idles rather than communicates.
+
+The engine walks block plans (see `plans`) with the same dependency rules as `dse.workload.expand`, not the
+expanded graph itself: an object per op would dominate the cost of a step with a hundred thousand ops, while a
+plan is priced once and the hot loop touches only lists of floats. Programs advance round-robin. When an op
+needs a time that is not known yet (it waits on a p2p of its own program whose partner has not been reached),
+the program parks until that partner turns up; the ops it issued before keep their times, and independent p2p
+ops on other streams can still post, so a send_forward/recv_backward exchange between two stages does not
+deadlock here any more than it does on a GPU. Matching is first-in first-out per (link, tag), so reused tags
+pair in issue order.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+from math import inf
+
+from dse.interfaces import TimelineEvent
+from dse.spec import SystemSpec
+from dse.workload import Program, Workload
+from simulators.analytical.intervals import union_length
+from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
+
+
+@dataclass(slots=True)
+class ClassSchedule:
+    """One rank class's simulated step, reduced to what its ClassResult and its memory sweep need."""
+
+    end_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    time_by_category: dict[str, float]
+    call_start: list[float]
+    """Start of each call's earliest op."""
+    call_end: list[float]
+    """End of each call's latest op: until then the call holds its inputs and its working memory."""
+    events: list[TimelineEvent]
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """Where one program has got to, and everything it has recorded so far."""
+
+    index: int
+    program: Program
+    plans: list[Plan]
+    stream_end: list[float]
+    out_end: list[float]
+    call_start: list[float]
+    call_end: list[float]
+    category_time: list[float]
+    events: list[TimelineEvent] | None
+    compute_starts: list[float] = field(default_factory=list)
+    compute_ends: list[float] = field(default_factory=list)
+    comm_starts: list[float] = field(default_factory=list)
+    comm_ends: list[float] = field(default_factory=list)
+    call: int = 0
+    op: int = 0
+    """Position in the current call's plan ops."""
+    local: list[float] = field(default_factory=list)
+    """End of each op of the current call's block, by block op index."""
+    queued: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.call == len(self.program.calls)
+
+
+@dataclass(slots=True, eq=False)
+class _Parked:
+    """One side of a p2p transfer, waiting for the other; `local` is its call's list of op ends."""
+
+    run: _Run
+    call: int
+    op: int
+    """Block op index."""
+    kind: int
+    stream: int
+    ready: float
+    seconds: float
+    local: list[float]
+    category: int
+
+
+def schedule(workload: Workload, system: SystemSpec, timeline: bool = False) -> list[ClassSchedule]:
+    """The simulated step of every program, in workload.programs order. Raises RuntimeError on a deadlock."""
+    return _Scheduler(workload, system, timeline).run()
+
+
+class _Scheduler:
+    def __init__(self, workload: Workload, system: SystemSpec, timeline: bool) -> None:
+        self._workload = workload
+        self._planner = Planner(workload, system, fuse=not timeline)
+        self._timeline = timeline
+        self._mailbox: dict[tuple[Link, int], deque[_Parked]] = {}
+        self._runnable: deque[_Run] = deque()
+
+    def run(self) -> list[ClassSchedule]:
+        programs = self._workload.programs
+        plans = [[self._planner.plan(c.block, index) for c in p.calls] for index, p in enumerate(programs)]
+        runs = [self._start(index, program, plans[index]) for index, program in enumerate(programs)]
+        self._runnable.extend(runs)
+        while self._runnable:
+            run = self._runnable.popleft()
+            run.queued = False
+            self._advance(run)
+        self._check_finished(runs)
+        return [self._finish(run) for run in runs]
+
+    def _start(self, index: int, program: Program, plans: list[Plan]) -> _Run:
+        calls = len(program.calls)
+        return _Run(
+            index=index,
+            program=program,
+            plans=plans,
+            stream_end=[0.0] * len(self._planner.streams),
+            out_end=[0.0] * calls,
+            call_start=[inf] * calls,
+            call_end=[0.0] * calls,
+            category_time=[0.0] * len(self._planner.categories),
+            events=[] if self._timeline else None,
+            local=[0.0] * len(plans[0].block.ops) if plans else [],
+            queued=True,
+        )
+
+    def _advance(self, run: _Run) -> None:
+        """Schedule the run's ops in issue order until it finishes or needs a time not known yet."""
+        calls, plans = run.program.calls, run.plans
+        stream_end, out_end = run.stream_end, run.out_end
+        call_start, call_end = run.call_start, run.call_end
+        compute_starts, compute_ends = run.compute_starts, run.compute_ends
+        comm_starts, comm_ends = run.comm_starts, run.comm_ends
+        category_time, events = run.category_time, run.events
+        c, j, local = run.call, run.op, run.local
+        while c < len(calls):
+            call, plan = calls[c], plans[c]
+            ops = plan.ops
+            inputs_ready = 0.0
+            for i in call.inputs:
+                if out_end[i] > inputs_ready:
+                    inputs_ready = out_end[i]
+            first, last = call_start[c], call_end[c]
+            while j < len(ops):
+                kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link = ops[j]
+                start = stream_end[stream]
+                if waits_on_inputs and inputs_ready > start:
+                    start = inputs_ready
+                for d in deps:
+                    if local[d] > start:
+                        start = local[d]
+                if start == inf:
+                    run.call, run.op, run.local = c, j, local
+                    call_start[c], call_end[c] = min(call_start[c], first), max(call_end[c], last)
+                    return
+                if link is None:
+                    end = start + seconds
+                    local[slot] = end
+                    for k, offset in marks:
+                        local[k] = start + offset
+                    stream_end[stream] = end
+                    if kind == COMPUTE:
+                        compute_starts.append(start)
+                        compute_ends.append(end)
+                    else:
+                        comm_starts.append(start)
+                        comm_ends.append(end)
+                    if events is not None:
+                        self._event(run, c, slot, start, end)
+                else:
+                    side = _Parked(run, c, slot, kind, stream, start, seconds, local, category)
+                    start, end = self._rendezvous(side, (link, call.tag))
+                    if end == inf:
+                        j += 1
+                        continue
+                if start < first:
+                    first = start
+                if end > last:
+                    last = end
+                j += 1
+            call_start[c], call_end[c] = min(call_start[c], first), max(call_end[c], last)
+            out_end[c] = local[plan.output]
+            for index, busy in plan.category_seconds:
+                category_time[index] += busy
+            c += 1
+            j = 0
+            if c < len(calls):
+                local = [0.0] * len(plans[c].block.ops)
+        run.call, run.op, run.local = c, j, local
+
+    def _rendezvous(self, side: _Parked, key: tuple[Link, int]) -> tuple[float, float]:
+        """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked."""
+        queue = self._mailbox.get(key)
+        if not queue or queue[0].kind == side.kind:
+            self._mailbox.setdefault(key, deque()).append(side)
+            side.local[side.op] = inf
+            side.run.stream_end[side.stream] = inf
+            return inf, inf
+        other = queue.popleft()
+        start = max(side.ready, other.ready)
+        end = start + (side.seconds if side.kind == SEND else other.seconds)
+        self._settle(side, start, end)
+        self._settle(other, start, end)
+        run = other.run
+        run.call_start[other.call] = min(run.call_start[other.call], start)
+        run.call_end[other.call] = max(run.call_end[other.call], end)
+        if not run.queued:
+            run.queued = True
+            self._runnable.append(run)
+        return start, end
+
+    def _settle(self, side: _Parked, start: float, end: float) -> None:
+        run = side.run
+        side.local[side.op] = end
+        run.stream_end[side.stream] = end
+        if side.op == run.plans[side.call].output:
+            run.out_end[side.call] = end
+        run.category_time[side.category] += end - start
+        run.comm_starts.append(start)
+        run.comm_ends.append(end)
+        if run.events is not None:
+            self._event(run, side.call, side.op, start, end)
+
+    @staticmethod
+    def _event(run: _Run, call: int, op_index: int, start: float, end: float) -> None:
+        op = run.plans[call].block.ops[op_index]
+        run.events.append(TimelineEvent(run.index, stream_of(op), op.name, op.category, start, end))
+
+    def _check_finished(self, runs: list[_Run]) -> None:
+        stuck = []
+        for run in runs:
+            if not run.done:
+                slot = run.plans[run.call].ops[run.op][5]
+                stuck.append(f"'{run.program.name}' waits at call {run.call} op '{self._op_name(run, run.call, slot)}'")
+        unmatched = [
+            f"unmatched {'send' if p.kind == SEND else 'recv'} '{self._op_name(p.run, p.call, p.op)}' of "
+            f"'{p.run.program.name}' call {p.call} (link {key[0]}, tag {key[1]})"
+            for key, queue in self._mailbox.items()
+            for p in queue
+        ]
+        if stuck or unmatched:
+            raise RuntimeError(f"pipeline deadlock (a generator bug): {'; '.join(stuck + unmatched)}")
+
+    @staticmethod
+    def _op_name(run: _Run, call: int, op_index: int) -> str:
+        return run.plans[call].block.ops[op_index].name
+
+    def _finish(self, run: _Run) -> ClassSchedule:
+        compute_s = union_length(run.compute_starts, run.compute_ends)
+        busy = union_length(run.compute_starts + run.comm_starts, run.compute_ends + run.comm_ends)
+        names = list(self._planner.categories)
+        used = set().union(*(plan.categories for plan in run.plans))
+        return ClassSchedule(
+            end_s=max(run.compute_ends + run.comm_ends, default=0.0),
+            compute_s=compute_s,
+            comm_s=union_length(run.comm_starts, run.comm_ends),
+            exposed_comm_s=max(0.0, busy - compute_s),
+            time_by_category={names[i]: run.category_time[i] for i in sorted(used)},
+            call_start=run.call_start,
+            call_end=run.call_end,
+            events=run.events or [],
+        )

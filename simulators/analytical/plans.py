@@ -1,0 +1,152 @@
+"""Blocks turned into the flat templates the scheduler's hot loop reads, built once per (block, rank class).
+
+A plan op is a tuple, so the loop unpacks it instead of reading attributes. Without a timeline, a run of
+consecutive compute kernels that can only wait on the compute stream itself is fused into one op: the stream is
+in order, so the run starts when its first kernel does and its kernels follow back to back. On a transformer
+layer that leaves about a quarter of the ops. The kernels inside a fused run that something else waits on keep
+their end times through `marks`, offsets from the run's start.
+"""
+
+from dataclasses import dataclass, field
+
+from dse.spec import SystemSpec
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
+from simulators.analytical.pricing import BlockPricer
+
+COMPUTE, COLLECTIVE, SEND, RECV = range(4)
+_KIND_CODE = {OpKind.COMPUTE: COMPUTE, OpKind.COLLECTIVE: COLLECTIVE, OpKind.SEND: SEND, OpKind.RECV: RECV}
+_PRICED_ALONE = (OpKind.COMPUTE, OpKind.COLLECTIVE)
+"""Kinds whose time is known from the plan; a p2p op's depends on when its partner is ready."""
+_STREAM_PREFIX = {OpKind.COLLECTIVE: "comm", OpKind.SEND: "send", OpKind.RECV: "recv"}
+
+Link = tuple[int, int, str, int]
+"""A p2p op's channel, named alike from both ends: sender class, receiver class, axis, receiver's offset."""
+
+PlanOp = tuple[int, int, float, tuple[int, ...], bool, int, tuple[tuple[int, float], ...], int, Link | None]
+"""(kind, stream, seconds, deps inside the block, waits on the call's inputs, slot, marks, category, link).
+
+slot: the block op whose end this op's end is (the last kernel of a fused run). marks: (block op, seconds from
+the start) for the kernels inside a fused run that a later op or the call's output needs.
+"""
+
+
+def stream_of(op: Op) -> str:
+    """The in-order queue an op runs on; every axis gets its own, as NCCL gives each communicator one."""
+    return "compute" if op.kind is OpKind.COMPUTE else f"{_STREAM_PREFIX[op.kind]}:{op.axis}"
+
+
+@dataclass(slots=True, frozen=True, eq=False)
+class Plan:
+    """A block as one rank class runs it: its communication priced for that class's groups and peers."""
+
+    block: Block
+    ops: tuple[PlanOp, ...]
+    output: int
+    category_seconds: tuple[tuple[int, float], ...]
+    """Seconds per category of the ops that are not p2p; a p2p op's seconds are known only once it pairs."""
+    categories: frozenset[int]
+
+
+@dataclass(slots=True)
+class _Draft:
+    """A plan op while its block is read: a kernel, or a run of kernels that later ones keep extending."""
+
+    kind: int
+    stream: int
+    seconds: float
+    deps: tuple[int, ...]
+    waits_on_inputs: bool
+    slot: int
+    category: int
+    link: Link | None
+    marks: list[tuple[int, float]] = field(default_factory=list)
+
+    def append(self, index: int, seconds: float, mark_previous: bool) -> None:
+        """Extend the run by block op `index`; the op it follows keeps its end time if something needs it."""
+        if mark_previous:
+            self.marks.append((self.slot, self.seconds))
+        self.seconds += seconds
+        self.slot = index
+
+    def freeze(self) -> PlanOp:
+        return (
+            self.kind,
+            self.stream,
+            self.seconds,
+            self.deps,
+            self.waits_on_inputs,
+            self.slot,
+            tuple(self.marks),
+            self.category,
+            self.link,
+        )
+
+
+class Planner:
+    """Builds and caches plans, and numbers the streams and categories that plans refer to."""
+
+    def __init__(self, workload: Workload, system: SystemSpec, fuse: bool) -> None:
+        self._workload = workload
+        self._pricer = BlockPricer(workload, system)
+        self._fuse = fuse
+        self._plans: dict[tuple[int, int], Plan] = {}
+        self.streams: dict[str, int] = {}
+        self.categories: dict[str, int] = {}
+
+    def plan(self, block_index: int, rank_class: int) -> Plan:
+        key = (block_index, rank_class)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._build(block_index, rank_class)
+        return plan
+
+    def _build(self, block_index: int, rank_class: int) -> Plan:
+        block = self._workload.blocks[block_index]
+        seconds = self._pricer.durations(block_index, rank_class)
+        needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
+        drafts: list[_Draft] = []
+        totals: dict[int, float] = {}
+        for index, (op, duration) in enumerate(zip(block.ops, seconds, strict=True)):
+            category = self.categories.setdefault(op.category, len(self.categories))
+            if op.kind in _PRICED_ALONE:
+                totals[category] = totals.get(category, 0.0) + duration
+            run = drafts[-1] if drafts else None
+            if self._fuse and run is not None and run.kind == COMPUTE and _joins(op, block, run.waits_on_inputs):
+                run.append(index, duration, run.slot in needed)
+                continue
+            drafts.append(
+                _Draft(
+                    kind=_KIND_CODE[op.kind],
+                    stream=self.streams.setdefault(stream_of(op), len(self.streams)),
+                    seconds=duration,
+                    deps=tuple(d for d in op.deps if d != BLOCK_INPUT),
+                    waits_on_inputs=BLOCK_INPUT in op.deps,
+                    slot=index,
+                    category=category,
+                    link=self._link(op, rank_class),
+                )
+            )
+        return Plan(
+            block=block,
+            ops=tuple(draft.freeze() for draft in drafts),
+            output=block.output_index,
+            category_seconds=tuple(totals.items()),
+            categories=frozenset(self.categories[op.category] for op in block.ops),
+        )
+
+    def _link(self, op: Op, rank_class: int) -> Link | None:
+        if op.kind not in (OpKind.SEND, OpKind.RECV):
+            return None
+        rank = self._workload.representative(rank_class)
+        peer_class = int(self._workload.class_of[self._workload.layout.peer(rank, op.axis, op.peer)])
+        if op.kind is OpKind.SEND:
+            return (rank_class, peer_class, op.axis, op.peer)
+        return (peer_class, rank_class, op.axis, -op.peer)
+
+
+def _joins(op: Op, block: Block, run_waits_on_inputs: bool) -> bool:
+    """Whether a kernel can follow the compute run before it back to back: all it waits on is earlier kernels
+    (done by the time the stream reaches it) or inputs the run's first kernel already waited on."""
+    if op.kind is not OpKind.COMPUTE:
+        return False
+    return all(run_waits_on_inputs if d == BLOCK_INPUT else block.ops[d].kind is OpKind.COMPUTE for d in op.deps)

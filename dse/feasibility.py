@@ -26,9 +26,7 @@ def infeasibility(point: DesignPoint) -> str | None:
     if m.ffn % p.tp:
         return f"parallel.tp={p.tp} does not divide model.ffn={m.ffn}"
     if m.layers % p.pp:
-        return (
-            f"parallel.pp={p.pp} does not divide model.layers={m.layers}; use pp in {{{_divisors(m.layers)}}}"
-        )
+        return f"parallel.pp={p.pp} does not divide model.layers={m.layers}; use pp in {{{_divisors(m.layers)}}}"
     if w.global_batch % (p.dp * w.micro_batch):
         return (
             f"workload.global_batch={w.global_batch} is not a multiple of parallel.dp*workload.micro_batch = "

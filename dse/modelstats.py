@@ -10,11 +10,7 @@ def layer_params(m: ModelSpec) -> int:
     norms = (2 if m.norm == "layernorm" else 1) * 2 * m.hidden
     bias = 0
     if m.bias:
-        bias = (
-            m.d_head * (m.heads + 2 * m.n_kv_heads)
-            + m.hidden
-            + m.ffn * (2 if m.activation == "swiglu" else 1)
-        )
+        bias = m.d_head * (m.heads + 2 * m.n_kv_heads) + m.hidden + m.ffn * (2 if m.activation == "swiglu" else 1)
         bias += m.hidden
     return attn + mlp + norms + bias
 

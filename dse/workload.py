@@ -199,6 +199,8 @@ class Workload:
     """Tokens processed per step, over all ranks."""
     model_flops: float
     """FLOPs of the step by the conventional count (6 N T + attention, no recompute), for MFU."""
+    dtype: str = "bf16"
+    """The dtype the compute ops run their math in (its peak is what a roofline divides by)."""
 
     def ranks_of(self, rank_class: int) -> np.ndarray:
         return np.flatnonzero(self.class_of == rank_class)

@@ -101,7 +101,7 @@ def _reference_timeline(w: Workload, sys: SystemSpec) -> list[tuple[str, str, fl
     for flat in expand(w, program):
         op = flat.op
         if op.kind is OpKind.COMPUTE:
-            stream, seconds = "compute", compute_time(op, sys.accelerator)
+            stream, seconds = "compute", compute_time(op, sys.accelerator, "bf16")
         else:
             stream = f"comm:{op.axis}"
             span = group_span(w.layout.group(0, op.axis), sys.network)

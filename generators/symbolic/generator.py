@@ -224,6 +224,7 @@ class _Builder:
             class_of,
             point.workload.tokens,
             model_flops(m, point.workload),
+            m.dtype,
         )
 
     def schedule(

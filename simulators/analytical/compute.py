@@ -1,18 +1,15 @@
 """Roofline time of one compute kernel.
 
 A kernel is bound either by its arithmetic or by its HBM traffic, whichever takes longer at the share of peak
-that kernels of its category reach in practice, plus a fixed launch cost. The workload does not yet say which
-dtype its math runs in, so every kernel is priced at DEFAULT_DTYPE, the generator's bf16.
+that kernels of its category reach in practice, plus a fixed launch cost, at the peak of the workload's dtype.
 """
 
 from dse.errors import SpecError
 from dse.spec import AcceleratorSpec
 from dse.workload import Op
 
-DEFAULT_DTYPE = "bf16"
 
-
-def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str = DEFAULT_DTYPE) -> float:
+def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
     """Seconds one compute op takes; an op that neither computes nor moves bytes is free (no kernel runs)."""
     if op.flops == 0 and op.bytes == 0:
         return 0.0

@@ -9,15 +9,15 @@ representative.
 
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Workload
-from simulators.analytical.compute import DEFAULT_DTYPE, compute_time
+from simulators.analytical.compute import compute_time
 from simulators.analytical.network import Span, collective_time, group_span, p2p_time
 
 
 class BlockPricer:
-    def __init__(self, workload: Workload, system: SystemSpec, dtype: str = DEFAULT_DTYPE) -> None:
+    def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        self._dtype = dtype
+        self._dtype = workload.dtype
         self._compute: dict[int, list[float]] = {}
         self._spans: dict[tuple[str, int], Span] = {}
 

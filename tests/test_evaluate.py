@@ -54,3 +54,20 @@ def test_more_micro_batches_shrink_the_pipeline_bubble():
         return evaluate(point, GEN, COST).metrics["step_time_s"] / global_batch
 
     assert step(64) < step(8)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+@pytest.mark.parametrize("sp", [False, True])
+def test_every_strategy_generates_and_recompute_trades_flops_for_memory(zero, sp):
+    """Every ZeRO stage x SP x recompute combination on a 3D-parallel point: more recompute, more FLOPs and
+    fewer saved activations."""
+    flops, activations = [], []
+    for recompute in ("none", "selective", "full"):
+        point = make_point(
+            "tiny-llama", seq_len=512, global_batch=16, tp=2, pp=2, dp=2, sp=sp, zero=zero, recompute=recompute
+        )
+        result = evaluate(point, GEN, COST)
+        flops.append(sum(c.time_by_category["gemm"] + c.time_by_category["attention"] for c in result.result.classes))
+        activations.append(result.result.classes[0].memory_at_peak["activation"])
+    assert flops[0] < flops[1] < flops[2]
+    assert activations[0] > activations[1] > activations[2] > 0

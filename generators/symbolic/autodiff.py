@@ -79,8 +79,8 @@ class Differentiator:
             deps = self.tr.emitter.deps(inputs)
             for op in node.ops:
                 self.tr.emitter.emit(_with_deps(op, deps, "recompute"), [out])
-            if not node.ops and id(inputs[0]) in self.tr.emitter.origin:
-                self.tr.emitter.origin[id(out)] = self.tr.emitter.origin[id(inputs[0])]
+            if not node.ops:
+                self.tr.emitter.same_origin(out, inputs[0])
             self.alias[id(node.output)] = out
 
     def value(self, t: STensor) -> STensor:
@@ -128,9 +128,7 @@ class Differentiator:
                 total = self.tr.redistribute(total, target, record=False)
                 g = self.tr.redistribute(g, target, record=False)
             out = STensor(total.name + "+", total.dims, total.layout, total.itemsize)
-            self.tr._compute(
-                f"{total.name}.accumulate", "elementwise", self.tr.elems(out), (total, g), (out,)
-            )
+            self.tr._compute(f"{total.name}.accumulate", "elementwise", self.tr.elems(out), (total, g), (out,))
             total = out
         return total
 

@@ -306,8 +306,6 @@ def count_parameters(point: DesignPoint) -> int:
     per_layer = sum(builder.tracer.full_bytes(w) for w in layer_params) / module.itemsize
     tied_copy = "lm_head" if point.model.tied_embeddings else None
     others = sum(
-        builder.tracer.full_bytes(w)
-        for w in module.params
-        if w.name.startswith(outside) and w.name != tied_copy
+        builder.tracer.full_bytes(w) for w in module.params if w.name.startswith(outside) and w.name != tied_copy
     )
     return round(per_layer * point.model.layers + others / module.itemsize)

@@ -78,6 +78,8 @@ class Emitter:
     peak_temp: float = 0.0
     gathered_params: float = 0.0
     """Bytes of parameters all-gathered for this block (ZeRO-3), held while it runs."""
+    alive: list[STensor] = field(default_factory=list)
+    """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""
 
     def deps(self, tensors: Iterable[STensor]) -> tuple[int, ...]:
         found = {self.origin[id(t)] for t in tensors if id(t) in self.origin}
@@ -87,11 +89,24 @@ class Emitter:
         self.ops.append(op)
         index = len(self.ops) - 1
         for t in outputs:
-            self.origin[id(t)] = index
+            self.produced(t, index)
         return index
 
+    def produced(self, t: STensor, index: int) -> None:
+        self.origin[id(t)] = index
+        self.alive.append(t)
+
+    def same_origin(self, new: STensor, old: STensor) -> None:
+        """new is a view of old (a local slice): it is ready when old is."""
+        if id(old) in self.origin:
+            self.produced(new, self.origin[id(old)])
+
     def mark_input(self, t: STensor) -> None:
-        self.origin[id(t)] = BLOCK_INPUT
+        self.produced(t, BLOCK_INPUT)
+
+    def remember_move(self, src: STensor, axis: str, dist: Dist, moved: STensor) -> None:
+        self.moved[(id(src), axis, dist)] = moved
+        self.alive.append(src)
 
 
 class Tracer:
@@ -155,11 +170,10 @@ class Tracer:
                 continue
             collective = collective_for(src, dst)
             moved = current.relayout(axis, dst)
-            self.emitter.moved[(id(current), axis, dst)] = moved
+            self.emitter.remember_move(current, axis, dst, moved)
             mark = self._mark
             if collective is None:
-                if id(current) in self.emitter.origin:
-                    self.emitter.origin[id(moved)] = self.emitter.origin[id(current)]
+                self.emitter.same_origin(moved, current)
             else:
                 size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
                 op = Op(

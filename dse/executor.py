@@ -1,0 +1,230 @@
+"""Running evaluations: a pool of Ray actors, or inline in the driver; both behind one small interface.
+
+The driver submits (tag, point) pairs and waits for outcomes; a tag is the caller's handle (the trial
+number). The Ray pool keeps its own {ObjectRef: job} map and a `ray.wait` loop, because ray.util.ActorPool
+does not say which item was lost when an actor dies. Actors restart after a crash (max_restarts=-1) but never
+retry a call themselves (max_task_retries=0): the pool resubmits a lost call once on the restarted actor, and
+a point that kills its worker twice fails instead of taking the actor down for good.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Protocol
+
+from dse import plugins
+from dse.errors import DseError
+from dse.evaluate import evaluate
+from dse.spec import DesignPoint
+
+Result = dict[str, Any]
+"""{"metrics": {name: value}, "violations": {constraint: amount}, "timings": {"generate_s", ...}}"""
+EvaluateFn = Callable[[DesignPoint], Result]
+
+
+class PluginEvaluation:
+    """Evaluates points with the generator and cost model registered under two names.
+
+    Only the names travel (it pickles small); each process resolves the plugins through dse.plugins on first
+    use, so an actor restarted after a crash resolves them again.
+    """
+
+    def __init__(self, generator: str, cost_model: str) -> None:
+        self.generator = generator
+        self.cost_model = cost_model
+
+    def __getstate__(self) -> dict[str, str]:
+        return {"generator": self.generator, "cost_model": self.cost_model}
+
+    @cached_property
+    def _plugins(self) -> tuple[Any, Any]:
+        return plugins.generator(self.generator), plugins.cost_model(self.cost_model)
+
+    def __call__(self, point: DesignPoint) -> Result:
+        generator, cost_model = self._plugins
+        t0 = time.perf_counter()
+        evaluation = evaluate(point, generator, cost_model)
+        metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}
+        return {
+            "metrics": metrics,
+            "violations": {k: float(v) for k, v in evaluation.violations.items()},
+            "timings": {
+                "generate_s": evaluation.generate_s,
+                "simulate_s": evaluation.simulate_s,
+                "evaluate_s": time.perf_counter() - t0,
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one submitted point: a result, or the error that stopped it (one line)."""
+
+    tag: int
+    result: Result | None = None
+    error: str | None = None
+
+
+class Executor(Protocol):
+    workers: int
+
+    def submit(self, tag: int, point: DesignPoint) -> None:
+        """Start evaluating; only call while fewer than `workers` points are in flight."""
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """The outcome of an in-flight point once one is done, or None if none is within `timeout` seconds."""
+
+    def close(self) -> None: ...
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+class InlineExecutor:
+    """Evaluates in the calling process, one point at a time: for debugging and tests of pure logic."""
+
+    def __init__(self, fn: EvaluateFn) -> None:
+        self.workers = 1
+        self._fn = fn
+        self._queue: list[tuple[int, DesignPoint]] = []
+
+    def submit(self, tag: int, point: DesignPoint) -> None:
+        self._queue.append((tag, point))
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        """Evaluates the oldest submitted point now; a timeout cannot interrupt it."""
+        tag, point = self._queue.pop(0)
+        try:
+            return Outcome(tag, result=self._fn(point))
+        except Exception as exc:
+            return Outcome(tag, error=_describe(exc))
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+RESTART_POLL_S = 0.05
+RESTART_LIMIT_S = 120.0
+"""How long a restarting actor may stay unreachable before its point fails."""
+
+
+@dataclass
+class _Job:
+    tag: int
+    point: DesignPoint
+    actor: Any
+    attempt: int = field(default=1)
+    restarting_since: float | None = None
+    """Set while the job waits for its crashed actor to answer a ping before it is resubmitted."""
+
+
+class RayExecutor:
+    """A fixed pool of `workers` Evaluator actors, one call in flight per actor.
+
+    Joins the Ray cluster at `address` (or RAY_ADDRESS), or starts an embedded one; reuses a Ray already
+    initialised in this process. Only what it started is shut down on close.
+    """
+
+    def __init__(self, fn: EvaluateFn, workers: int, address: str | None = None) -> None:
+        import ray  # here, not at the top: `dse evaluate` and `dse report` should not pay for importing Ray
+
+        self._ray = ray
+        self.workers = workers
+        self._started_ray = not ray.is_initialized()
+        if self._started_ray:
+            # The token-auth notice comes with every local start; it is advice, not a problem with the study.
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    logging_level=logging.WARNING,
+                )
+            except ConnectionError as exc:
+                raise DseError(
+                    f"cannot join the Ray cluster at --address {address} ({_describe(exc)}); check the "
+                    f"address or leave --address out to start a local Ray"
+                ) from None
+        # One CPU per actor, or a fair share when there are more workers than CPUs: an actor Ray cannot place
+        # would hold its point forever and stall the study.
+        cpus = min(1.0, ray.cluster_resources().get("CPU", workers) / workers)
+        evaluator = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=cpus)(Evaluator)
+        self._actors = [evaluator.remote(fn) for _ in range(workers)]
+        self._idle = list(self._actors)
+        self._jobs: dict[Any, _Job] = {}
+
+    def submit(self, tag: int, point: DesignPoint) -> None:
+        actor = self._idle.pop()
+        self._jobs[actor.evaluate.remote(point)] = _Job(tag, point, actor)
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        while True:
+            ready, _ = self._ray.wait(list(self._jobs), num_returns=1, timeout=timeout)
+            if not ready:
+                return None
+            outcome = self._collect(ready[0])
+            if outcome is not None:
+                return outcome
+
+    def _collect(self, ref: Any) -> Outcome | None:
+        """The outcome of a finished call, or None when a lost call was resubmitted on the restarted actor."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        job = self._jobs.pop(ref)
+        try:
+            result = self._ray.get(ref)
+        except RayTaskError as exc:
+            self._idle.append(job.actor)
+            return Outcome(job.tag, error=_describe(exc.cause or exc))
+        except RayActorError as exc:
+            if job.restarting_since is not None:
+                return self._still_restarting(job, job.restarting_since, exc)
+            if job.attempt == 1:
+                # Resubmit only once the restarted actor answers: a call sent while it restarts fails without
+                # running, and must not count as the point's second crash.
+                job.attempt += 1
+                job.restarting_since = time.monotonic()
+                self._jobs[job.actor.ping.remote()] = job
+                return None
+            self._idle.append(job.actor)
+            return Outcome(job.tag, error=f"the evaluator process died twice on this point ({_describe(exc)})")
+        if job.restarting_since is not None:
+            job.restarting_since = None
+            self._jobs[job.actor.evaluate.remote(job.point)] = job
+            return None
+        self._idle.append(job.actor)
+        return Outcome(job.tag, result=result)
+
+    def _still_restarting(self, job: _Job, since: float, exc: Exception) -> Outcome | None:
+        if time.monotonic() - since > RESTART_LIMIT_S:
+            self._idle.append(job.actor)
+            return Outcome(job.tag, error=f"the evaluator did not come back after a crash ({_describe(exc)})")
+        time.sleep(RESTART_POLL_S)
+        self._jobs[job.actor.ping.remote()] = job
+        return None
+
+    def close(self) -> None:
+        for actor in self._actors:
+            self._ray.kill(actor)
+        self._actors.clear()
+        self._idle.clear()
+        self._jobs.clear()
+        if self._started_ray:
+            self._ray.shutdown()
+
+
+class Evaluator:
+    """The actor: holds an evaluation function (and, through it, the resolved plugins) across calls."""
+
+    def __init__(self, fn: EvaluateFn) -> None:
+        self._fn = fn
+
+    def evaluate(self, point: DesignPoint) -> Result:
+        return self._fn(point)
+
+    def ping(self) -> None:
+        """Answers once the actor is up (again)."""

@@ -1,0 +1,85 @@
+"""The Pareto front of a trials table and its printout.
+
+It works on the table (Parquet) rather than the Optuna study so that `dse report` needs nothing but the file.
+Only feasible COMPLETE trials compete, one per design point (duplicates reuse a result and would tie).
+"""
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich import box
+from rich.table import Table
+
+from dse.spec import GiB
+
+
+def non_dominated(costs: np.ndarray) -> np.ndarray:
+    """Mask of rows no other row dominates; every column is minimised (negate maximised ones first)."""
+    keep = np.ones(len(costs), dtype=bool)
+    for i, row in enumerate(costs):
+        dominated_by = np.all(costs <= row, axis=1) & np.any(costs < row, axis=1)
+        keep[i] = not dominated_by.any()
+    return keep
+
+
+def front(frame: pd.DataFrame, objectives: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Non-dominated feasible COMPLETE trials, sorted by the first objective.
+
+    objectives: {metric: "minimize" | "maximize"}; by default the table's own (frame.attrs["objectives"]).
+    """
+    objectives = objectives or frame.attrs["objectives"]
+    if frame.empty:
+        return frame
+    done = frame[(frame["state"] == "COMPLETE") & (frame["feasible"] == True)]  # noqa: E712 - nullable column
+    done = done.drop_duplicates("point_key")
+    if done.empty:
+        return done
+    signs = np.array([1.0 if d == "minimize" else -1.0 for d in objectives.values()])
+    costs = done[list(objectives)].to_numpy(dtype=float) * signs
+    return done[non_dominated(costs)].sort_values(next(iter(objectives)), ascending=bool(signs[0] > 0))
+
+
+Format = tuple[str, Callable[[Any], str]]
+_SHAPE: dict[str, Format] = {
+    "parallel.tp": ("tp", "{:.0f}".format),
+    "parallel.pp": ("pp", "{:.0f}".format),
+    "parallel.dp": ("dp", "{:.0f}".format),
+    "parallel.cp": ("cp", "{:.0f}".format),
+    "parallel.zero": ("zero", "{:.0f}".format),
+    "parallel.sp": ("sp", lambda v: "yes" if v else "no"),
+    "parallel.recompute": ("recompute", str),
+    "workload.micro_batch": ("micro batch", "{:.0f}".format),
+    "system.accelerator.hbm_GiB": ("HBM GiB", "{:g}".format),
+}
+_ALWAYS = ("parallel.tp", "parallel.pp", "parallel.dp", "workload.micro_batch", "system.accelerator.hbm_GiB")
+_METRICS: dict[str, Format] = {
+    "step_time_s": ("step time s", "{:.4g}".format),
+    "peak_memory_bytes": ("peak memory GiB", lambda v: f"{v / GiB:.3g}"),
+    "mfu": ("MFU %", lambda v: f"{100 * v:.1f}"),
+    "overlap_ratio": ("overlap %", lambda v: f"{100 * v:.0f}"),
+    "tokens_per_s_per_gpu": ("tokens/s/GPU", "{:,.0f}".format),
+}
+
+
+def table(rows: pd.DataFrame, objectives: Mapping[str, str], title: str) -> Table:
+    """The front as a rich table: trial, the parallel shape, then step time, memory, MFU and the objectives.
+
+    cp, zero, sp and recompute show only when they vary across the rows, to keep the table narrow.
+    """
+    shape = [f for f in _SHAPE if f in rows and (f in _ALWAYS or rows[f].nunique() > 1)]
+    metrics = [m for m in ("step_time_s", "peak_memory_bytes", "mfu") if m in rows]
+    metrics += [m for m in objectives if m not in metrics and m in rows]
+    columns = [(f, *_SHAPE[f]) for f in shape] + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
+    cells = [
+        [str(int(row["number"]))] + [fmt(row[name]) if pd.notna(row[name]) else "-" for name, _, fmt in columns]
+        for _, row in rows.iterrows()
+    ]
+    out = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    for index, header in enumerate(["trial", *(header for _, header, _ in columns)]):
+        # Values are never cut short; headers wrap at spaces instead when the terminal is narrow.
+        out.add_column(header, justify="right", min_width=max((len(r[index]) for r in cells), default=1))
+    for row in cells:
+        out.add_row(*row)
+    return out

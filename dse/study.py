@@ -1,0 +1,214 @@
+"""The study lifecycle in the driver: open or resume the Optuna study, then ask, decode, evaluate and tell.
+
+The driver is the only writer of the Optuna journal, so the journal is the record of truth: every finished
+trial carries its metrics, point key and reason as user attributes, which is all that Parquet and MLflow are
+rebuilt from. `workers` evaluations stay in flight; infeasible points are told PRUNED at once with their
+reason and points already evaluated reuse their metrics, so no evaluation is spent twice.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages.journal import JournalFileBackend, JournalStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from dse.errors import SpecError
+from dse.executor import Executor, Result
+from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
+from dse.spec import DesignPoint
+
+JOURNAL = "optuna-journal.log"
+
+# Trial user attributes besides one per metric (whose names are the evaluation's metric names).
+REASON = "reason"
+"""Why a trial was pruned (infeasible) or failed (the evaluation's error)."""
+POINT_KEY = "point_key"
+FIELDS = "fields"
+"""Derived values and SUMMARY_FIELDS of the decoded point: {dotted path: value}."""
+TIMINGS = "timings"
+DUPLICATE_OF = "duplicate_of"
+"""The trial whose evaluation of the same point this trial reuses."""
+RETRY_OF = "retry_of"
+"""On a trial enqueued by a resume: the trial a stopped driver left running, told FAIL and not counted."""
+NOT_METRICS = frozenset({REASON, POINT_KEY, FIELDS, TIMINGS, DUPLICATE_OF, RETRY_OF})
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+OnTrial = Callable[[FrozenTrial], None]
+STOP_POLL_S = 0.2
+"""How often a wait for evaluations looks at the stop request."""
+
+
+def open_study(spec: StudySpec, out_dir: Path) -> optuna.Study:
+    """Create the study in OUT_DIR's journal, or load it to resume; the sampler is seeded from the spec.
+
+    The seed is offset by the trials already stored, so a resumed random or evolutionary sampler does not
+    replay the points of the first run, while a fresh run with the same seed repeats itself exactly.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(out_dir / JOURNAL)))
+    study = optuna.create_study(storage=storage, study_name=spec.name, directions=spec.directions, load_if_exists=True)
+    stored = [d.name.lower() for d in study.directions]
+    if stored != spec.directions:
+        raise SpecError(
+            f"{spec.source}: field 'objectives': {out_dir / JOURNAL} holds study '{spec.name}' with "
+            f"directions {stored}, not {spec.directions}; use another --out or restore the objectives"
+        )
+    study.sampler = _sampler(spec, spec.seed + len(study.trials))
+    return study
+
+
+def _sampler(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
+    if spec.sampler == "grid":
+        return optuna.samplers.GridSampler(grid(spec), seed=seed)
+    if spec.sampler == "tpe":
+        return optuna.samplers.TPESampler(seed=seed)
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.NSGAIISampler(seed=seed)
+
+
+def counted(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Finished trials that count toward the study's budget: all but those a resume retried."""
+    retried = {t.user_attrs[RETRY_OF] for t in trials if RETRY_OF in t.user_attrs}
+    return [t for t in trials if t.state in FINISHED and t.number not in retried]
+
+
+def requeue_running(study: optuna.Study) -> None:
+    """Fail the trials a stopped driver left RUNNING and enqueue their params again.
+
+    The driver is the only one telling, so a RUNNING trial at start (or after an interrupt) is one nobody will
+    finish. Its retry is marked so that it, not the failed trial, counts toward the budget.
+    """
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in running:
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number})
+
+
+@dataclass
+class _InFlight:
+    trial: optuna.Trial
+    key: str
+    followers: list[optuna.Trial] = field(default_factory=list)
+    """Trials that decoded to the same point while it was being evaluated; they share its outcome."""
+
+
+class _Loop:
+    """One run of the ask/tell loop; `run` is its only entry point."""
+
+    def __init__(self, spec: StudySpec, study: optuna.Study, executor: Executor, on_trial: OnTrial) -> None:
+        self.spec = spec
+        self.study = study
+        self.executor = executor
+        self.on_trial = on_trial
+        self.distributions = optuna_distributions(spec)
+        self.known: dict[str, tuple[int, Result]] = _evaluated(study.get_trials(deepcopy=False))
+        self.in_flight: dict[int, _InFlight] = {}
+        self.leaders: dict[str, _InFlight] = {}
+
+    def run(self, asks: int, stop: Callable[[], bool]) -> None:
+        while (asks > 0 or self.in_flight) and not stop():
+            while asks > 0 and len(self.in_flight) < self.executor.workers and not stop():
+                asks -= 1
+                self._start(self.study.ask(self.distributions))
+            if self.in_flight and not stop():
+                outcome = self.executor.wait(timeout=STOP_POLL_S)
+                if outcome is None or stop():
+                    continue
+                job = self.in_flight.pop(outcome.tag)
+                del self.leaders[job.key]
+                if outcome.result is None:
+                    for trial in [job.trial, *job.followers]:
+                        self._fail(trial, outcome.error or "evaluation failed")
+                else:
+                    self.known[job.key] = (job.trial.number, outcome.result)
+                    self._complete(job.trial, outcome.result)
+                    for trial in job.followers:
+                        self._reuse(trial, job.key)
+
+    def _start(self, trial: optuna.Trial) -> None:
+        try:
+            point = decode(self.spec, trial.params)
+        except SpecError as exc:
+            point = str(exc)
+        if isinstance(point, str):
+            trial.set_user_attr(REASON, point)
+            self._tell(trial, state=TrialState.PRUNED)
+            return
+        trial.set_user_attr(POINT_KEY, point.key)
+        trial.set_user_attr(FIELDS, point_fields(point, [*self.spec.derived, *SUMMARY_FIELDS]))
+        if point.key in self.known:
+            self._reuse(trial, point.key)
+        elif point.key in self.leaders:
+            self.leaders[point.key].followers.append(trial)
+        else:
+            self._submit(trial, point)
+
+    def _submit(self, trial: optuna.Trial, point: DesignPoint) -> None:
+        job = _InFlight(trial, point.key)
+        self.in_flight[trial.number] = self.leaders[point.key] = job
+        self.executor.submit(trial.number, point)
+
+    def _reuse(self, trial: optuna.Trial, key: str) -> None:
+        number, result = self.known[key]
+        trial.set_user_attr(DUPLICATE_OF, number)
+        self._complete(trial, {**result, TIMINGS: {}})
+
+    def _complete(self, trial: optuna.Trial, result: Result) -> None:
+        metrics = result["metrics"]
+        for name, value in metrics.items():
+            trial.set_user_attr(name, value)
+        if result.get(TIMINGS):
+            trial.set_user_attr(TIMINGS, result[TIMINGS])
+        for constraint in self.spec.constraint_list:
+            trial.set_constraint(constraint.name, result["violations"][constraint.name])
+        values = [metrics[metric] for metric in self.spec.metrics]
+        bad = [m for m, v in zip(self.spec.metrics, values, strict=True) if not math.isfinite(v)]
+        if bad:
+            self._fail(trial, f"objective metric {bad[0]} is {metrics[bad[0]]}, not a finite number")
+            return
+        self._tell(trial, values=values)
+
+    def _fail(self, trial: optuna.Trial, error: str) -> None:
+        trial.set_user_attr(REASON, error)
+        self._tell(trial, state=TrialState.FAIL)
+
+    def _tell(self, trial: optuna.Trial, **how: Any) -> None:
+        self.on_trial(self.study.tell(trial, **how))
+
+
+def _evaluated(trials: list[FrozenTrial]) -> dict[str, tuple[int, Result]]:
+    """Results already in the storage by point key, so a resumed study does not evaluate a point again."""
+    out: dict[str, tuple[int, Result]] = {}
+    for trial in trials:
+        attrs = trial.user_attrs
+        if trial.state == TrialState.COMPLETE and POINT_KEY in attrs and attrs[POINT_KEY] not in out:
+            metrics = {k: v for k, v in attrs.items() if k not in NOT_METRICS}
+            out[attrs[POINT_KEY]] = (trial.number, {"metrics": metrics, "violations": trial.constraints})
+    return out
+
+
+def run(
+    spec: StudySpec,
+    study: optuna.Study,
+    executor: Executor,
+    trials: int,
+    on_trial: OnTrial | None = None,
+    stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Bring the study to `trials` counted trials; on_trial sees every trial told, as it is told.
+
+    When `stop()` turns true (the CLI's Ctrl-C), no new trial is asked and in-flight evaluations are abandoned.
+    Trials left running, by a crashed driver before this run or by a stop or an exception in it, are failed
+    and re-enqueued, so the next run evaluates them again and the budget counts each point once.
+    """
+    requeue_running(study)
+    asks = trials - len(counted(study.get_trials(deepcopy=False)))
+    try:
+        _Loop(spec, study, executor, on_trial or (lambda trial: None)).run(asks, stop)
+    finally:
+        requeue_running(study)

@@ -1,0 +1,161 @@
+"""The `dse` command as a user runs it: a subprocess, its exit code, stdout and stderr.
+
+Bad input must give exit code 2 and one stderr line naming the file or field, never a traceback. `dse run`
+joins the session's Ray (--address) instead of starting its own.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+SMALL = ROOT / "studies" / "small.yaml"
+
+
+def dse(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dse.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert result.stdout == ""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+POINT = """\
+model: llama3-8b
+workload: {mode: train, seq_len: 8192, global_batch: 16, micro_batch: 2}
+parallel: {dp: 8, zero: 3, recompute: selective}
+system: {base: dgx-h100, network: {1: {npus: 1}}}
+"""
+
+
+def test_evaluate_json_prints_one_object_and_nothing_else(tmp_path):
+    result = dse("evaluate", str(write(tmp_path, "p.yaml", POINT)), "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    assert result.stdout.strip().count("\n") == 0
+    assert metrics["step_time_s"] > 0 and metrics["peak_memory_bytes"] > 0
+    assert isinstance(metrics["fits_memory"], bool)
+
+
+def test_evaluate_prints_a_readable_table(tmp_path):
+    result = dse("evaluate", str(write(tmp_path, "p.yaml", POINT)))
+    assert result.returncode == 0, result.stderr
+    assert "step_time_s" in result.stdout and " s" in result.stdout and "GiB" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        (POINT.replace("llama3-8b", "llama3-9b"), ["p.yaml", "unknown model 'llama3-9b'", "llama3-8b"]),
+        (POINT.replace("dp: 8", "dp: 8, tpp: 2"), ["p.yaml", "field 'parallel.tpp'", "unknown field"]),
+        (
+            POINT.replace("dp: 8", "dp: 1, tp: 3").replace("npus: 1}", "npus: 1}, 0: {npus: 3}"),
+            ["parallel.tp=3 does not divide model.heads=32", "use tp in {1, 2, 4, 8, 16, 32}"],
+        ),
+        ("model: llama3-8b\nworkload: {seq_len: 8192\n", ["p.yaml", "malformed YAML at line"]),
+    ],
+    ids=["unknown-model", "misspelled-field", "tp-does-not-divide-heads", "malformed-yaml"],
+)
+def test_evaluate_bad_input(tmp_path, text, fragments):
+    assert_user_error(dse("evaluate", str(write(tmp_path, "p.yaml", text)), "--json"), *fragments)
+
+
+def test_evaluate_missing_file(tmp_path):
+    assert_user_error(dse("evaluate", str(tmp_path / "nope.yaml")), "nope.yaml: file not found")
+
+
+STUDY = SMALL.read_text()
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        (STUDY.replace("model: tiny-llama", "model: tiny-llama2"), ["s.yaml", "field 'base.model'", "unknown model"]),
+        (
+            STUDY.replace("system.accelerator.hbm_GiB:", "system.accelerator.hbm_GB:"),
+            ["s.yaml", "field 'system.accelerator.hbm_GB'", "unknown field"],
+        ),
+        (STUDY.replace("world / (", "world / max("), ["s.yaml", "field 'derived.parallel.dp'", "is not allowed"]),
+        (STUDY.replace("trials: 8", "trails: 8"), ["s.yaml", "field 'trails'", "unknown field"]),
+        (STUDY.replace("[1, 2, 4, 8]", "[1, 2, 4, 8"), ["s.yaml", "malformed YAML at line"]),
+    ],
+    ids=["unknown-model", "misspelled-path", "call-in-expression", "misspelled-field", "malformed-yaml"],
+)
+def test_run_bad_study(tmp_path, text, fragments):
+    assert_user_error(dse("run", str(write(tmp_path, "s.yaml", text)), "--out", str(tmp_path / "out")), *fragments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_then_report(ray_address, tmp_path):
+    out = tmp_path / "small"
+    result = dse("run", str(SMALL), "--trials", "6", "--address", ray_address, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Pareto front of small" in result.stdout
+    assert f"trials table  {out / 'trials.parquet'}" in result.stdout
+    assert f"mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'}" in result.stdout
+    assert len(pd.read_parquet(out / "trials.parquet")) == 6
+
+    report = dse("report", str(out))
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("6 trials: ")
+    assert "Pareto front of small" in report.stdout
+
+
+def test_report_without_a_study(tmp_path):
+    assert_user_error(dse("report", str(tmp_path)), "trials.parquet: no trials table here", "dse run")
+
+
+def test_help_describes_every_command():
+    result = dse("--help")
+    assert result.returncode == 0
+    for command in ("run", "evaluate", "report"):
+        assert command in result.stdout
+    run_help = dse("run", "--help").stdout
+    for option in ("--trials", "--workers", "--address", "--out", "resumes"):
+        assert option in run_help
+
+
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(ray_address, tmp_path):
+    out = tmp_path / "small"
+    args = ["run", str(SMALL), "--trials", "100000", "--address", ray_address, "--out", str(out)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dse.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    journal = out / "optuna-journal.log"
+    deadline = time.monotonic() + 60
+    while not (journal.exists() and journal.stat().st_size > 50_000) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert stderr.strip().endswith("run the same command again to resume the study (finished trials are kept)")
+    frame = pd.read_parquet(out / "trials.parquet")
+    assert 0 < len(frame) < 100000
+    assert "RUNNING" not in set(frame["state"])
+    assert f"{len(frame)} trials: " in stdout

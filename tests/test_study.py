@@ -1,0 +1,241 @@
+"""The ask/tell loop, the Ray pool, and a whole study through Ray, the Optuna journal, MLflow and Parquet.
+
+The loop's logic runs inline with a fake evaluation (fast, deterministic); the pool's failure handling runs on
+the session's Ray with evaluation functions that crash or raise on purpose; the end-to-end test runs the real
+plugins through `dse run` in this process.
+"""
+
+import os
+import sys
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import ray.cloudpickle
+from conftest import ROOT
+from mlflow import MlflowClient
+from optuna.trial import TrialState
+
+from dse.cli import main
+from dse.executor import InlineExecutor, RayExecutor
+from dse.space import load_study, optuna_distributions
+from dse.spec import DesignPoint
+from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, counted, open_study, run
+from dse.tracking import PARENT_RUN_ATTR
+
+# The fakes below travel to Ray actors by value: actors cannot import this test module by name.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+SMALL = ROOT / "studies" / "small.yaml"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def fake_result(point: DesignPoint) -> dict:
+    """Smaller parallel degrees are faster but need more memory; 100 GiB of HBM is the limit."""
+    p = point.parallel
+    memory = 400.0 / (p.tp * p.pp) + point.workload.micro_batch
+    return {
+        "metrics": {"step_time_s": p.tp + p.pp + 0.1 * point.workload.micro_batch, "peak_memory_bytes": memory},
+        "violations": {"fits_memory": memory - 100.0},
+        "timings": {"evaluate_s": 0.0},
+    }
+
+
+class Counting:
+    """A fake evaluation that remembers which points it evaluated."""
+
+    def __init__(self, fail_tp: int | None = None) -> None:
+        self.keys: list[str] = []
+        self.fail_tp = fail_tp
+
+    def __call__(self, point: DesignPoint) -> dict:
+        self.keys.append(point.key)
+        if point.parallel.tp == self.fail_tp:
+            raise ValueError(f"no kernel for tp={self.fail_tp}")
+        return fake_result(point)
+
+
+def inline_study(tmp_path: Path, trials: int, fn=None, **overrides):
+    spec = load_study(SMALL, trials=trials, workers=1, **overrides)
+    study = open_study(spec, tmp_path)
+    run(spec, study, InlineExecutor(fn or Counting()), spec.trials)
+    return spec, study
+
+
+def test_infeasible_points_are_pruned_with_their_reason_and_never_evaluated(tmp_path):
+    fn = Counting()
+    _, study = inline_study(tmp_path, 30, fn)
+    states = Counter(t.state for t in study.trials)
+    assert len(study.trials) == 30
+    assert states[TrialState.PRUNED] > 0 and states[TrialState.COMPLETE] > 0
+    for trial in study.trials:
+        if trial.state == TrialState.PRUNED:
+            assert "is not a whole number" in trial.user_attrs[REASON]
+            assert POINT_KEY not in trial.user_attrs
+    # Every point was evaluated once: duplicates and infeasible points cost nothing.
+    assert (
+        len(fn.keys)
+        == len(set(fn.keys))
+        == len({t.user_attrs[POINT_KEY] for t in study.trials if POINT_KEY in t.user_attrs})
+    )
+
+
+def test_a_duplicate_point_reuses_the_metrics_of_its_first_evaluation(tmp_path):
+    _, study = inline_study(tmp_path, 30)
+    duplicates = [t for t in study.trials if DUPLICATE_OF in t.user_attrs]
+    assert duplicates, "30 random draws from 48 points repeat some"
+    for trial in duplicates:
+        first = study.trials[trial.user_attrs[DUPLICATE_OF]]
+        assert first.user_attrs[POINT_KEY] == trial.user_attrs[POINT_KEY]
+        assert first.values == trial.values
+        assert first.constraints == trial.constraints
+
+
+def test_objectives_and_constraints_are_told(tmp_path):
+    _, study = inline_study(tmp_path, 12)
+    trial = next(t for t in study.trials if t.state == TrialState.COMPLETE)
+    tp, pp = trial.params["parallel.tp"], trial.params["parallel.pp"]
+    micro_batch = trial.params["workload.micro_batch"]
+    assert trial.values == [pytest.approx(tp + pp + 0.1 * micro_batch), pytest.approx(400 / (tp * pp) + micro_batch)]
+    assert trial.constraints == {"fits_memory": pytest.approx(400 / (tp * pp) + micro_batch - 100)}
+    assert trial.user_attrs["step_time_s"] == trial.values[0]
+    assert trial.user_attrs["fields"]["parallel.dp"] == 8 // (tp * pp)
+
+
+def test_same_study_and_seed_give_the_same_trials(tmp_path):
+    _, first = inline_study(tmp_path / "a", 16, sampler="nsga2")
+    _, second = inline_study(tmp_path / "b", 16, sampler="nsga2")
+    _, other = inline_study(tmp_path / "c", 16, sampler="nsga2", seed=8)
+    assert [t.params for t in first.trials] == [t.params for t in second.trials]
+    assert [t.params for t in first.trials] != [t.params for t in other.trials]
+
+
+def test_an_evaluation_that_raises_fails_its_trial_with_the_error(tmp_path):
+    _, study = inline_study(tmp_path, 16, Counting(fail_tp=2))
+    failed = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert failed
+    assert {t.params["parallel.tp"] for t in failed} == {2}
+    assert {t.user_attrs[REASON] for t in failed} == {"ValueError: no kernel for tp=2"}
+
+
+def test_a_resume_fails_and_retries_trials_a_crashed_driver_left_running(tmp_path):
+    spec, study = inline_study(tmp_path, 4)
+    orphan = study.ask(optuna_distributions(spec))  # asked, never told: the driver "crashed"
+    assert orphan.number == 4
+
+    spec = load_study(SMALL, trials=6, workers=1)
+    study = open_study(spec, tmp_path)
+    run(spec, study, InlineExecutor(Counting()), spec.trials)
+    trials = study.trials
+    assert trials[4].state == TrialState.FAIL
+    retry = next(t for t in trials if t.user_attrs.get(RETRY_OF) == 4)
+    assert retry.params == orphan.params and retry.state in (TrialState.COMPLETE, TrialState.PRUNED)
+    assert len(counted(trials)) == 6
+    assert len(trials) == 7
+
+
+class InterruptOnThirdCall(Counting):
+    def __call__(self, point: DesignPoint) -> dict:
+        if len(self.keys) == 2:
+            raise KeyboardInterrupt
+        return super().__call__(point)
+
+
+def test_an_interrupted_run_leaves_nothing_running_and_resumes_to_the_budget(tmp_path):
+    spec = load_study(SMALL, trials=10, workers=1)
+    study = open_study(spec, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run(spec, study, InlineExecutor(InterruptOnThirdCall()), spec.trials)
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+
+    run(spec, open_study(spec, tmp_path), InlineExecutor(Counting()), spec.trials)
+    assert len(counted(study.trials)) == 10
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+def crash_once(point: DesignPoint, markers: str) -> dict:
+    """Kills its worker process the first time it sees a point (marker files persist across restarts)."""
+    marker = Path(markers) / point.key
+    if point.parallel.tp == 8 or not marker.exists():
+        marker.touch()
+        os._exit(1)
+    if point.parallel.tp == 2:
+        raise RuntimeError("cost model diverged")
+    return fake_result(point)
+
+
+def test_ray_pool_resubmits_a_dead_actors_point_once_and_records_errors(ray_address, tmp_path):
+    spec = load_study(SMALL)
+    points = {tp: spec_point(spec, tp) for tp in (1, 2, 8)}
+    executor = RayExecutor(partial(crash_once, markers=str(tmp_path)), workers=2)
+    try:
+        executor.submit(1, points[1])  # crashes once, then succeeds on the restarted actor
+        executor.submit(8, points[8])  # crashes every time
+        outcomes = {o.tag: o for o in (executor.wait(), executor.wait())}
+        executor.submit(2, points[2])  # crashes once, then raises
+        outcomes[2] = executor.wait()
+    finally:
+        executor.close()
+    assert outcomes[1].result == fake_result(points[1]) and outcomes[1].error is None
+    assert outcomes[8].result is None and outcomes[8].error.startswith("the evaluator process died twice")
+    assert outcomes[2].error == "RuntimeError: cost model diverged"
+    assert ray.is_initialized(), "the pool must not shut down a Ray it did not start"
+
+
+def spec_point(spec, tp: int) -> DesignPoint:
+    from dse.space import decode
+
+    point = decode(
+        spec, {"parallel.tp": tp, "parallel.pp": 1, "workload.micro_batch": 1, "system.accelerator.hbm_GiB": 80}
+    )
+    assert isinstance(point, DesignPoint)
+    return point
+
+
+def child_runs(out: Path, study_name: str) -> list:
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(study_name)
+    parent = optuna.load_study(study_name=study_name, storage=journal(out)).user_attrs[PARENT_RUN_ATTR]
+    return client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000)
+
+
+def journal(out: Path):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(out / "optuna-journal.log")))
+
+
+def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
+    out = tmp_path / "small"
+    assert main(["run", str(SMALL), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Pareto front of small" in printed and str(out / "trials.parquet") in printed
+
+    frame = pd.read_parquet(out / "trials.parquet")
+    runs = child_runs(out, "small")
+    assert len(frame) == len(runs) == 8
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(8))
+    assert {r.data.tags["state"] for r in runs} == set(frame["state"])
+    complete = frame[frame["state"] == "COMPLETE"]
+    assert complete["step_time_s"].gt(0).all() and complete["peak_memory_bytes"].gt(0).all()
+    front = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags["pareto"] == "true"}
+    assert front and front <= set(complete["number"])
+    assert (out / "mlartifacts").is_dir()
+    first_params = [t.params for t in optuna.load_study(study_name="small", storage=journal(out)).trials]
+
+    assert main(["run", str(SMALL), "--out", str(out), "--trials", "12"]) == 0
+    frame = pd.read_parquet(out / "trials.parquet")
+    runs = child_runs(out, "small")
+    assert len(frame) == len(runs) == 12
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(12)), "no duplicate child runs"
+    trials = optuna.load_study(study_name="small", storage=journal(out)).trials
+    assert [t.params for t in trials[:8]] == first_params
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    assert frame.attrs["objectives"] == {"step_time_s": "minimize", "peak_memory_bytes": "minimize"}
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    everything = client.search_runs([client.get_experiment_by_name("small").experiment_id], max_results=1000)
+    assert len(everything) == 12 + 1, "one parent run, reused by the resume"

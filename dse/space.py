@@ -194,7 +194,7 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(describe_validation_error(_unknown_first(exc), str(path))) from None
+        raise SpecError(describe_validation_error(exc, str(path))) from None
     spec._source = str(path)
     for field in ("generator", "cost_model"):
         kind = field.replace("_", " ")
@@ -220,13 +220,6 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     decode(spec, {name: param.first for name, param in spec.space.items()})
     return spec
 
-
-def _unknown_first(exc: ValidationError) -> ValidationError:
-    """The same errors with unknown fields first: a misspelt required field is both unknown and missing, and
-    only the unknown one names what to fix."""
-    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
-    details = [{k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in errors]
-    return ValidationError.from_exception_data(exc.title, details)  # type: ignore[arg-type]
 
 
 def optuna_distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:

@@ -36,8 +36,12 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """One line naming the first offending field (as a dotted path) and what is wrong with it."""
-    err = exc.errors()[0]
+    """One line naming the first offending field (as a dotted path) and what is wrong with it.
+
+    Unknown fields come first: a misspelt required field is both unknown and missing, and only the unknown one
+    names what to fix."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     field = ".".join(str(part) for part in err["loc"]) or "(top level)"
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -48,6 +52,6 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
         msg = err["msg"]
         if "input" in err and not isinstance(err["input"], dict | list):
             msg += f" (got {err['input']!r})"
-    more = len(exc.errors()) - 1
+    more = len(errors) - 1
     tail = f" (+{more} more)" if more else ""
     return f"{source}: field '{field}': {msg}{tail}"

@@ -57,6 +57,28 @@ def test_evaluate_json_prints_one_object_and_nothing_else(tmp_path):
     assert isinstance(metrics["fits_memory"], bool)
 
 
+def test_evaluate_json_of_the_llama3_70b_example_has_the_stable_keys():
+    result = dse("evaluate", str(ROOT / "studies" / "points" / "llama3-70b-dgx-h100.yaml"), "--json")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(result.stdout)
+    stable = {
+        "step_time_s",
+        "peak_memory_bytes",
+        "overlap_ratio",
+        "mfu",
+        "tokens_per_s_per_gpu",
+        "compute_time_s",
+        "comm_time_s",
+        "exposed_comm_time_s",
+        "fits_memory",
+    }
+    assert stable <= set(metrics)
+    # 1024 GPUs, 1024 sequences of 8192 tokens per step.
+    assert metrics["tokens_per_s_per_gpu"] == pytest.approx(1024 * 8192 / metrics["step_time_s"] / 1024)
+    assert 0 < metrics["mfu"] < 1 and 0 <= metrics["overlap_ratio"] <= 1
+    assert metrics["exposed_comm_time_s"] <= metrics["comm_time_s"]
+
+
 def test_evaluate_prints_a_readable_table(tmp_path):
     result = dse("evaluate", str(write(tmp_path, "p.yaml", POINT)))
     assert result.returncode == 0, result.stderr

@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dse import pareto, plugins, tracking
+from dse import calibration, pareto, plugins, report, traces, tracking
+from dse import commands as commands_module
 from dse import study as studies
 from dse.errors import DseError
 from dse.evaluate import evaluate
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///OUT/mlflow.db)"
     )
     run.add_argument("--inline", action="store_true", help="evaluate in this process, without Ray (debugging)")
+    run.add_argument(
+        "--storage",
+        help="Optuna storage URL: postgresql://..., redis://..., sqlite:///... or a journal file "
+        "(default: the file's storage, else OUT/optuna-journal.log)",
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -72,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object, nothing else")
     evaluate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
     evaluate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
+    evaluate.add_argument(
+        "--trace", type=Path, metavar="FILE", help="also write the simulated timeline as Chrome/Perfetto trace JSON"
+    )
 
     report = commands.add_parser(
         "report",
@@ -80,14 +89,30 @@ def _parser() -> argparse.ArgumentParser:
         "study's output folder (from OUT/trials.parquet alone).",
     )
     report.add_argument("out", type=Path, metavar="OUT_DIR", help="a study's output folder, e.g. runs/quickstart")
+    commands_module.add_parsers(commands)
+    calibration.add_parser(commands)
+
+    generate = commands.add_parser(
+        "generate",
+        help="generate one design point's workload (Chakra traces, a summary)",
+        description="Generate the distributed execution graph of one design point; write it as Chakra execution "
+        "traces (one .et file per rank and the communicator groups, for ASTRA-sim) and/or print per rank class "
+        "its op counts, FLOPs, communication bytes, parameters and memory.",
+    )
+    generate.add_argument("point", type=Path, metavar="POINT.yaml", help="design point file")
+    generate.add_argument("--chakra", type=Path, metavar="OUT_DIR", help="write OUT_DIR/<prefix>.<rank>.et files")
+    generate.add_argument("--prefix", default="trace", help="file name prefix of the traces (default: trace)")
+    generate.add_argument("--summary", action="store_true", help="print the per-rank-class summary")
+    generate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
     return parser
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_study(args.study, trials=args.trials, workers=args.workers)
+    spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage)
     out = args.out or Path("runs") / spec.name
     study = studies.open_study(spec, out)
+    tracking.save_spec(spec, out)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(out)
     stop = threading.Event()
     completed = False
@@ -109,14 +134,13 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             completed = not stop.is_set()
         finally:
             executor.close()
-            with console.status("writing the trials table and MLflow runs"):
-                frame = tracking.trials_frame(spec, study)
-                best = pareto.front(frame)
-                tracking.write_parquet(frame, out / tracking.PARQUET)
-                best.to_csv(out / tracking.PARETO_CSV, index=False)
-                artifacts = [out / tracking.PARQUET, out / tracking.PARETO_CSV]
-                tracker.finish(study, frame, set(best["number"]), artifacts, completed)
+            with console.status("writing the trials table, plots and MLflow runs"):
+                results = tracking.write_results(spec, study, out)
+                missing = tracker.finish(study, results, completed)
+    frame, best = results.frame, results.front
     _print_summary(console, frame, best, f"Pareto front of {spec.name}")
+    if tracker.error:
+        print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
     # Paths and commands are printed whole (soft wrap) so that they can be copied.
     console.print(f"trials table  {out / tracking.PARQUET}", soft_wrap=True)
     console.print(f"MLflow        {uri}  (experiment '{spec.name}')", soft_wrap=True)
@@ -127,6 +151,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         print(RESUME_HINT, file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _mlflow_behind(uri: str, error: str, missing: int, out: Path) -> str:
+    return (
+        f"warning: MLflow at {uri} failed ({error}); the study went on without it and every trial is in "
+        f"{out / tracking.PARQUET}; {missing} child runs and the study's artifacts are not in MLflow yet: run "
+        f"`dse sync {out}` once it is back"
+    )
 
 
 def _executor(args: argparse.Namespace, spec: StudySpec, remaining: int, console: Console) -> Executor:
@@ -176,16 +208,30 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     reasons = frame.loc[frame["state"] == "PRUNED", "reason"].value_counts().head(5)
     best = pareto.front(frame)
     _print_summary(console, frame, best, f"Pareto front of {frame.attrs.get('study', args.out)}")
+    written = report.print_report(console, frame, args.out)
     if not reasons.empty:
         console.print("most common infeasibility reasons:")
         for reason, count in reasons.items():
             console.print(f"  {count:4d}  {reason}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"plots         {'  '.join(str(path) for path in written)}", soft_wrap=True)
     return 0
 
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
     point = load_point(args.point)
-    evaluation = evaluate(point, plugins.generator(args.generator), plugins.cost_model(args.cost_model))
+    cost_model = plugins.cost_model(args.cost_model)
+    if args.trace is not None:
+        found = traces.exporter(args.cost_model)
+        if found is None:
+            raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
+        model_class, to_chrome_trace = found
+        cost_model = model_class(timeline=True)
+    evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
+    if args.trace is not None:
+        try:
+            args.trace.write_text(json.dumps(to_chrome_trace(evaluation.result)))
+        except OSError as exc:
+            raise DseError(f"--trace: cannot write {args.trace} ({exc.strerror}); choose another FILE") from None
     metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}
     if args.json:
         print(json.dumps(metrics))
@@ -212,11 +258,54 @@ def _human(name: str, value: float | bool) -> str:
     return f"{value:,.4g}"
 
 
+def _generate(args: argparse.Namespace, console: Console) -> int:
+    from dse import chakra
+    from dse.feasibility import check_feasible
+    from dse.modelstats import active_param_count, param_count
+    from dse.summary import summarize
+
+    point = load_point(args.point)
+    check_feasible(point)
+    workload = plugins.generator(args.generator).generate(point)
+    if args.chakra:
+        network = [d.npus for d in point.system.network]
+        paths = chakra.export(
+            workload, args.chakra, network, args.prefix, point.model.dtype_bytes, point.system.accelerator
+        )
+        console.print(f"wrote {len(paths)} traces and {args.prefix}.comm_groups.json to {args.chakra}", soft_wrap=True)
+    if args.summary or not args.chakra:
+        m = point.model
+        console.print(
+            f"{point.model.name}: {param_count(m):,} parameters ({active_param_count(m):,} active per token), "
+            f"{point.parallel.world} ranks in {len(workload.programs)} rank classes, "
+            f"{len(workload.blocks)} blocks",
+            soft_wrap=True,
+        )
+        for s in summarize(workload):
+            table = Table(title=f"rank class {s.rank_class} ({s.name}, {s.ranks} ranks)", title_justify="left")
+            table.add_column("what")
+            table.add_column("value", justify="right")
+            for category, count in sorted(s.ops.items()):
+                table.add_row(f"ops: {category}", f"{count:,}")
+            table.add_row("FLOPs", f"{s.flops:.4g}")
+            for (kind, axis), size in sorted(s.comm_bytes.items()):
+                table.add_row(f"comm: {kind} on {axis}", f"{size / GiB:,.3f} GiB")
+            table.add_row("parameters on a rank", f"{s.parameters / m.dtype_bytes:,.0f}")
+            for kind, size in sorted(s.static_bytes.items()):
+                table.add_row(f"static: {kind}", f"{size / GiB:,.3f} GiB")
+            table.add_row("peak activations", f"{s.peak_activation_bytes / GiB:,.3f} GiB")
+            console.print(table)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     console = Console(stderr=args.command == "evaluate" and args.json)
     try:
-        return {"run": _run, "evaluate": _evaluate, "report": _report}[args.command](args, console)
+        commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
+        commands |= commands_module.HANDLERS
+        commands["calibrate"] = calibration.main
+        return commands[args.command](args, console)
     except DseError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_USER_ERROR

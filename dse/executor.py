@@ -20,7 +20,9 @@ from dse.evaluate import evaluate
 from dse.spec import DesignPoint
 
 Result = dict[str, Any]
-"""{"metrics": {name: value}, "violations": {constraint: amount}, "timings": {"generate_s", ...}}"""
+"""{"metrics": {name: value}, "violations": {constraint: amount}, "timings": {"generate_s", ...}, "node": id}"""
+NODE = "node"
+"""The Ray node that evaluated a point (absent inline): where a study's work went on a cluster."""
 EvaluateFn = Callable[[DesignPoint], Result]
 
 
@@ -121,37 +123,50 @@ class _Job:
     """Set while the job waits for its crashed actor to answer a ping before it is resubmitted."""
 
 
+def connect(address: str | None) -> bool:
+    """Join the Ray cluster at `address` (auto, host:port, ray://host:10001; None: RAY_ADDRESS or a new local
+    Ray) unless this process is already connected; returns whether it connected (and so should shut down).
+
+    The evaluators import dse and the plugins by name, so every node needs the package installed (the cluster
+    launcher's setup_commands, or the container image) for its entry points to resolve.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    # The token-auth notice comes with every local start; it is advice, not a problem with the study.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    try:
+        if address and address.startswith("ray://"):
+            ray.init(address=address, logging_level=logging.WARNING)  # Ray Client takes no local-node options
+        else:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, TimeoutError) as exc:
+        raise DseError(
+            f"cannot join the Ray cluster at --address {address} ({_describe(exc)}); check the address or leave "
+            f"--address out to start a local Ray"
+        ) from None
+    return True
+
+
 class RayExecutor:
     """A fixed pool of `workers` Evaluator actors, one call in flight per actor.
 
     Joins the Ray cluster at `address` (or RAY_ADDRESS), or starts an embedded one; reuses a Ray already
-    initialised in this process. Only what it started is shut down on close.
+    initialised in this process. Only what it started is shut down on close. Without `workers`, one actor per
+    CPU of the cluster as it is when the study starts.
     """
 
-    def __init__(self, fn: EvaluateFn, workers: int, address: str | None = None) -> None:
+    def __init__(self, fn: EvaluateFn, workers: int | None = None, address: str | None = None) -> None:
         import ray  # here, not at the top: `dse evaluate` and `dse report` should not pay for importing Ray
 
         self._ray = ray
-        self.workers = workers
-        self._started_ray = not ray.is_initialized()
-        if self._started_ray:
-            # The token-auth notice comes with every local start; it is advice, not a problem with the study.
-            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-            try:
-                ray.init(
-                    address=address,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                )
-            except ConnectionError as exc:
-                raise DseError(
-                    f"cannot join the Ray cluster at --address {address} ({_describe(exc)}); check the "
-                    f"address or leave --address out to start a local Ray"
-                ) from None
+        self._started_ray = connect(address)
+        cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
+        self.workers = workers = workers or max(1, int(cluster_cpus))
         # One CPU per actor, or a fair share when there are more workers than CPUs: an actor Ray cannot place
         # would hold its point forever and stall the study.
-        cpus = min(1.0, ray.cluster_resources().get("CPU", workers) / workers)
+        cpus = min(1.0, cluster_cpus / workers)
         evaluator = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=cpus)(Evaluator)
         self._actors = [evaluator.remote(fn) for _ in range(workers)]
         self._idle = list(self._actors)
@@ -218,13 +233,17 @@ class RayExecutor:
 
 
 class Evaluator:
-    """The actor: holds an evaluation function (and, through it, the resolved plugins) across calls."""
+    """The actor: holds an evaluation function (and, through it, the resolved plugins and whatever they cache
+    across points) for its lifetime, and tags each result with its node."""
 
     def __init__(self, fn: EvaluateFn) -> None:
+        import ray
+
         self._fn = fn
+        self._node = ray.get_runtime_context().get_node_id()
 
     def evaluate(self, point: DesignPoint) -> Result:
-        return self._fn(point)
+        return {**self._fn(point), NODE: self._node}
 
     def ping(self) -> None:
         """Answers once the actor is up (again)."""

@@ -1,6 +1,7 @@
 """Rules that make a well-formed design point runnable, checked before any generation is spent on it."""
 
 from dse.errors import InfeasibleError
+from dse.modelstats import layer_kinds, ssm_inner
 from dse.spec import DesignPoint
 
 
@@ -16,26 +17,58 @@ def infeasibility(point: DesignPoint) -> str | None:
             f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
             f"{s.npus} NPUs; choose degrees whose product is {s.npus}"
         )
-    if m.heads % p.tp:
+    mixers = {mixer for mixer, _ in layer_kinds(m)}
+    attention = bool(mixers & {"attn", "mla"})
+    if attention and m.heads % p.tp:
         return f"parallel.tp={p.tp} does not divide model.heads={m.heads}; use tp in {{{_divisors(m.heads)}}}"
-    if m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
+    if "attn" in mixers and m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
         return (
             f"parallel.tp={p.tp} and model.kv_heads={m.n_kv_heads} must divide one another "
             f"(kv heads are split or replicated across TP)"
         )
-    if m.ffn % p.tp:
+    if "ssm" in mixers and ssm_inner(m) % p.tp:
+        return f"parallel.tp={p.tp} does not divide the SSM inner width {ssm_inner(m)} (ssm.expand * model.hidden)"
+    if m.family != "mamba" and m.ffn % p.tp:
         return f"parallel.tp={p.tp} does not divide model.ffn={m.ffn}"
+    if m.moe and m.moe.expert_ffn % p.tp:
+        return f"parallel.tp={p.tp} does not divide model.moe.expert_ffn={m.moe.expert_ffn}"
+    if p.ep > 1:
+        if m.moe is None:
+            return f"parallel.ep={p.ep} needs a mixture-of-experts model (model.moe); use ep 1"
+        if m.moe.experts % p.ep:
+            return f"parallel.ep={p.ep} does not divide model.moe.experts={m.moe.experts}"
+        if p.dp % p.ep:
+            return f"parallel.ep={p.ep} does not divide parallel.dp={p.dp} (expert parallelism is carved from dp)"
+    chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
+    if p.virtual_stages > 1 and p.pp_schedule != "interleaved":
+        return f"parallel.virtual_stages={p.virtual_stages} needs parallel.pp_schedule: interleaved"
     if m.layers % p.pp:
         return f"parallel.pp={p.pp} does not divide model.layers={m.layers}; use pp in {{{_divisors(m.layers)}}}"
+    if m.layers % (p.pp * chunks):
+        return (
+            f"parallel.pp*virtual_stages = {p.pp * chunks} does not divide model.layers={m.layers}; "
+            f"use a divisor of {m.layers}"
+        )
     if w.global_batch % (p.dp * w.micro_batch):
         return (
             f"workload.global_batch={w.global_batch} is not a multiple of parallel.dp*workload.micro_batch = "
             f"{p.dp}*{w.micro_batch}"
         )
-    if p.sp and w.seq_len % p.tp:
+    if p.pp_schedule == "interleaved" and w.mode == "train" and point.micro_batches % p.pp:
+        return (
+            f"interleaved 1F1B needs micro-batches per step ({point.micro_batches}) to be a multiple of "
+            f"parallel.pp={p.pp}; raise workload.global_batch"
+        )
+    if p.sp and w.mode != "decode" and w.seq_len % p.tp:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.tp={p.tp} (sequence parallelism)"
     if w.seq_len % p.cp:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.cp={p.cp}"
+    if w.mode == "decode" and (p.cp > 1 or p.sp):
+        return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
+    if w.mode == "decode" and "mla" in mixers:
+        return f"model '{m.name}': MLA in workload.mode=decode is not generated yet; use mode train or prefill"
+    if w.mode != "train" and p.zero:
+        return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
     return None
 
 

@@ -17,6 +17,8 @@ class TimelineEvent:
     category: str
     start_s: float
     end_s: float
+    source: str = ""
+    """What priced a compute op (a cost model's own words, e.g. 'roofline' or 'table'); '' if not said."""
 
 
 @dataclass(slots=True)

@@ -24,17 +24,56 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class MoESpec(Spec):
+    """Mixture-of-experts MLP (Mixtral: 8 experts top-2; DeepSeek: fine-grained routed plus shared experts)."""
+
+    experts: PositiveInt = Field(description="routed experts per MoE layer")
+    top_k: PositiveInt = Field(description="routed experts each token goes to")
+    expert_ffn: PositiveInt = Field(description="inner width of one expert (per gate branch for SwiGLU)")
+    shared_experts: int = Field(0, ge=0, description="experts every token goes to (DeepSeek)")
+    first_dense_layers: int = Field(0, ge=0, description="leading layers with a dense MLP of width model.ffn")
+
+
+class MLASpec(Spec):
+    """DeepSeek multi-head latent attention: low-rank compressed K/V (and optionally Q), decoupled RoPE."""
+
+    kv_lora_rank: PositiveInt
+    q_lora_rank: PositiveInt | None = Field(None, description="None: a full-rank query projection")
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+
+class SSMSpec(Spec):
+    """Mamba selective state-space layers; with attention_every, a hybrid stack (Jamba style)."""
+
+    state: PositiveInt = Field(16, description="SSM state size N per channel")
+    conv: PositiveInt = Field(4, description="depthwise causal convolution width")
+    expand: PositiveInt = Field(2, description="inner width = expand * hidden")
+    dt_rank: PositiveInt | None = Field(None, description="default: ceil(hidden / 16)")
+    attention_every: PositiveInt | None = Field(
+        None, description="hybrid: every k-th layer (k-1, 2k-1, ...) is attention + MLP, the rest SSM"
+    )
+
+
 class ModelSpec(Spec):
-    """A dense decoder-only transformer (GPT or LLaMA style)."""
+    """A decoder-only model: dense transformer (gpt, llama), MoE (mixtral, deepseek), SSM (mamba) or hybrid."""
 
     name: str
-    family: Literal["gpt", "llama"]
+    family: Literal["gpt", "llama", "mixtral", "deepseek", "mamba", "hybrid"]
     layers: PositiveInt
     hidden: PositiveInt
-    heads: PositiveInt
+    heads: PositiveInt = Field(1, description="attention heads (unused by pure SSM models)")
     kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default: heads (MHA)")
     head_dim: PositiveInt | None = Field(None, description="default: hidden // heads")
-    ffn: PositiveInt = Field(description="MLP inner width (per gate branch for SwiGLU)")
+    ffn: PositiveInt = Field(1, description="MLP inner width (per gate branch for SwiGLU); dense layers of MoE")
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    ssm: SSMSpec | None = None
+    dropout: bool = Field(False, description="dropout after attention probabilities and both residual branches")
+    flash_attention: bool = Field(
+        True, description="fused attention keeps no s x s tensor; false: softmax (and dropout) outputs are saved"
+    )
     vocab: PositiveInt
     norm: Literal["layernorm", "rmsnorm"]
     activation: Literal["gelu", "swiglu"]
@@ -52,6 +91,17 @@ class ModelSpec(Spec):
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.n_kv_heads}")
         if self.position == "learned" and self.max_seq is None:
             raise ValueError("position 'learned' needs max_seq (rows of the position table)")
+        required = {"heads": self.family != "mamba", "ffn": self.family in ("gpt", "llama", "deepseek", "hybrid")}
+        for name, needed in required.items():
+            if needed and name not in self.model_fields_set:
+                raise ValueError(f"family '{self.family}' needs '{name}'")
+        needs = {"mixtral": "moe", "deepseek": "moe", "mamba": "ssm", "hybrid": "ssm"}.get(self.family)
+        if needs and getattr(self, needs) is None:
+            raise ValueError(f"family '{self.family}' needs the '{needs}' section")
+        if self.family == "hybrid" and (self.ssm is None or self.ssm.attention_every is None):
+            raise ValueError("family 'hybrid' needs ssm.attention_every (every k-th layer is attention)")
+        if self.moe and self.moe.top_k > self.moe.experts:
+            raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
         return self
 
     @property
@@ -70,7 +120,11 @@ class ModelSpec(Spec):
 class WorkloadSpec(Spec):
     """One training step: global_batch sequences of seq_len tokens, micro_batch sequences per DP rank at a time."""
 
-    mode: Literal["train"] = "train"
+    mode: Literal["train", "prefill", "decode"] = Field(
+        "train",
+        description="train: forward, backward, optimizer; prefill: forward of the prompt writing the KV "
+        "cache; decode: one new token per sequence reading a KV cache of seq_len tokens",
+    )
     seq_len: PositiveInt
     global_batch: PositiveInt = Field(description="sequences per optimizer step, over all DP ranks")
     micro_batch: PositiveInt = Field(1, description="sequences per DP rank per micro-step")
@@ -89,8 +143,10 @@ class ParallelSpec(Spec):
     cp: PositiveInt = 1
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
     zero: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage; 3 = FSDP")
-    pp_schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
     recompute: Literal["none", "selective", "full"] = "none"
+    ep: PositiveInt = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
+    virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
 
     @property
     def world(self) -> int:
@@ -107,6 +163,19 @@ class AcceleratorSpec(Spec):
     compute_efficiency: dict[OpCategory, float] = Field(description="share of peak FLOP/s per op category")
     memory_efficiency: float = Field(0.85, gt=0, le=1, description="share of HBM bandwidth reached")
     kernel_launch_us: float = Field(4.0, ge=0, description="fixed cost per kernel")
+    gemm_half_efficiency_gflop: float = Field(
+        0.0, ge=0, description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none"
+    )
+    overlap_slowdown: float = Field(
+        0.0, ge=0, description="extra share of time compute takes while communication runs beside it (Charon)"
+    )
+    runtime_reserve_GiB: float = Field(0.0, ge=0, description="HBM taken before the step: CUDA context, NCCL")
+    fragmentation: float = Field(
+        0.0, ge=0, lt=1, description="share of the step's allocations lost to allocator fragmentation"
+    )
+    measured_table: str | None = Field(
+        None, description="CSV (category,dtype,flops,bytes,time_us) of measured kernel times; used before roofline"
+    )
     tdp_W: PositiveFloat | None = None
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
 
@@ -138,11 +207,26 @@ class NetworkDim(Spec):
     collective achieves (the nccl-tests bus bandwidth over the line rate).
     """
 
-    topology: Literal["ring", "switch", "fully_connected"]
+    topology: Literal["ring", "switch", "fully_connected", "torus2d", "torus3d"]
     npus: PositiveInt
     bandwidth_GBps: PositiveFloat
     latency_ns: float = Field(ge=0)
     efficiency: float = Field(1.0, gt=0, le=1)
+    algorithm: Literal["auto", "ring", "direct", "halving_doubling", "tree"] = Field(
+        "auto", description="collective algorithm; auto: direct on fully_connected, ring elsewhere"
+    )
+    shape: list[PositiveInt] | None = Field(
+        None, description="torus side lengths (product = npus); default: as square or cubic as npus allows"
+    )
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> "NetworkDim":
+        if self.shape is not None:
+            if not self.topology.startswith("torus"):
+                raise ValueError(f"shape is only for torus topologies, not '{self.topology}'; remove it")
+            if len(self.shape) != int(self.topology[-2]) or prod(self.shape) != self.npus:
+                raise ValueError(f"shape {self.shape} must have {self.topology[-2]} sides whose product is npus")
+        return self
 
     @property
     def bandwidth(self) -> float:

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import SpecError
-from dse.executor import Executor, Result
+from dse.executor import NODE, Executor, Result
 from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
 from dse.spec import DesignPoint
+from dse.storage import describe, open_storage
 
-JOURNAL = "optuna-journal.log"
-
-# Trial user attributes besides one per metric (whose names are the evaluation's metric names).
+# Trial user attributes. Each is one write to the storage (an fsync'd journal line), so they are few and whole.
+METRICS = "metrics"
+"""Every metric of the evaluation: {name: value}."""
 REASON = "reason"
 """Why a trial was pruned (infeasible) or failed (the evaluation's error)."""
 POINT_KEY = "point_key"
@@ -34,7 +34,6 @@ DUPLICATE_OF = "duplicate_of"
 """The trial whose evaluation of the same point this trial reuses."""
 RETRY_OF = "retry_of"
 """On a trial enqueued by a resume: the trial a stopped driver left running, told FAIL and not counted."""
-NOT_METRICS = frozenset({REASON, POINT_KEY, FIELDS, TIMINGS, DUPLICATE_OF, RETRY_OF})
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 OnTrial = Callable[[FrozenTrial], None]
@@ -43,27 +42,37 @@ STOP_POLL_S = 0.2
 
 
 def open_study(spec: StudySpec, out_dir: Path) -> optuna.Study:
-    """Create the study in OUT_DIR's journal, or load it to resume; the sampler is seeded from the spec.
+    """Create the study in its storage (spec.storage, else OUT_DIR's journal), or load it to resume; the
+    sampler is seeded from the spec.
 
     The seed is offset by the trials already stored, so a resumed random or evolutionary sampler does not
     replay the points of the first run, while a fresh run with the same seed repeats itself exactly.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    storage = JournalStorage(JournalFileBackend(str(out_dir / JOURNAL)))
+    storage = open_storage(spec.storage, out_dir)
     study = optuna.create_study(storage=storage, study_name=spec.name, directions=spec.directions, load_if_exists=True)
     stored = [d.name.lower() for d in study.directions]
     if stored != spec.directions:
         raise SpecError(
-            f"{spec.source}: field 'objectives': {out_dir / JOURNAL} holds study '{spec.name}' with "
+            f"{spec.source}: field 'objectives': {describe(spec.storage, out_dir)} holds study '{spec.name}' with "
             f"directions {stored}, not {spec.directions}; use another --out or restore the objectives"
         )
     study.sampler = _sampler(spec, spec.seed + len(study.trials))
     return study
 
 
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, without its study.stop() once the grid is covered: stop() only works inside
+    optimize(), which the ask/tell loop does not use; the trial budget ends the study (later trials revisit
+    grid points, and the loop reuses their results instead of evaluating them again)."""
+
+    def after_trial(self, study: Any, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        pass
+
+
 def _sampler(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
     if spec.sampler == "grid":
-        return optuna.samplers.GridSampler(grid(spec), seed=seed)
+        return _GridSampler(grid(spec), seed=seed)
     if spec.sampler == "tpe":
         return optuna.samplers.TPESampler(seed=seed)
     if spec.sampler == "random":
@@ -90,15 +99,19 @@ def requeue_running(study: optuna.Study) -> None:
 
 
 @dataclass
-class _InFlight:
+class _Job:
     trial: optuna.Trial
-    key: str
+    point: DesignPoint
     followers: list[optuna.Trial] = field(default_factory=list)
-    """Trials that decoded to the same point while it was being evaluated; they share its outcome."""
+    """Trials that decoded to the same point before it was evaluated; they share its outcome."""
 
 
 class _Loop:
-    """One run of the ask/tell loop; `run` is its only entry point."""
+    """One run of the ask/tell loop; `run` is its only entry point.
+
+    It asks ahead: a worker that frees up gets the next point (asked, decoded and checked while the workers
+    were busy) before the finished trial is told, so Optuna's ask and tell stay off the workers' critical path.
+    """
 
     def __init__(self, spec: StudySpec, study: optuna.Study, executor: Executor, on_trial: OnTrial) -> None:
         self.spec = spec
@@ -107,28 +120,45 @@ class _Loop:
         self.on_trial = on_trial
         self.distributions = optuna_distributions(spec)
         self.known: dict[str, tuple[int, Result]] = _evaluated(study.get_trials(deepcopy=False))
-        self.in_flight: dict[int, _InFlight] = {}
-        self.leaders: dict[str, _InFlight] = {}
+        self.ready: list[_Job] = []
+        """Asked points that need an evaluation and wait for a free worker."""
+        self.in_flight: dict[int, _Job] = {}
+        self.leaders: dict[str, _Job] = {}
+        """Ready or in-flight jobs by point key, so a duplicate point follows the first instead of running."""
+        self.asks = 0
 
     def run(self, asks: int, stop: Callable[[], bool]) -> None:
-        while (asks > 0 or self.in_flight) and not stop():
-            while asks > 0 and len(self.in_flight) < self.executor.workers and not stop():
-                asks -= 1
+        self.asks = asks
+        self._fill(stop)
+        while self.in_flight and not stop():
+            outcome = self.executor.wait(timeout=STOP_POLL_S)
+            if outcome is None or stop():
+                continue
+            job = self.in_flight.pop(outcome.tag)
+            self._fill(stop)  # a point asked now that equals this one still joins its followers
+            del self.leaders[job.point.key]
+            if outcome.result is None:
+                for trial in [job.trial, *job.followers]:
+                    self._fail(trial, outcome.error or "evaluation failed")
+            else:
+                self.known[job.point.key] = (job.trial.number, outcome.result)
+                self._complete(job.trial, outcome.result)
+                for trial in job.followers:
+                    self._reuse(trial, job.point.key)
+            self._fill(stop)
+
+    def _fill(self, stop: Callable[[], bool]) -> None:
+        """Give every free worker a point, then keep one point ready for the next worker to free up."""
+        while not stop():
+            if len(self.in_flight) < self.executor.workers and self.ready:
+                job = self.ready.pop(0)
+                self.in_flight[job.trial.number] = job
+                self.executor.submit(job.trial.number, job.point)
+            elif self.asks > 0 and (len(self.in_flight) < self.executor.workers or not self.ready):
+                self.asks -= 1
                 self._start(self.study.ask(self.distributions))
-            if self.in_flight and not stop():
-                outcome = self.executor.wait(timeout=STOP_POLL_S)
-                if outcome is None or stop():
-                    continue
-                job = self.in_flight.pop(outcome.tag)
-                del self.leaders[job.key]
-                if outcome.result is None:
-                    for trial in [job.trial, *job.followers]:
-                        self._fail(trial, outcome.error or "evaluation failed")
-                else:
-                    self.known[job.key] = (job.trial.number, outcome.result)
-                    self._complete(job.trial, outcome.result)
-                    for trial in job.followers:
-                        self._reuse(trial, job.key)
+            else:
+                return
 
     def _start(self, trial: optuna.Trial) -> None:
         try:
@@ -146,24 +176,21 @@ class _Loop:
         elif point.key in self.leaders:
             self.leaders[point.key].followers.append(trial)
         else:
-            self._submit(trial, point)
-
-    def _submit(self, trial: optuna.Trial, point: DesignPoint) -> None:
-        job = _InFlight(trial, point.key)
-        self.in_flight[trial.number] = self.leaders[point.key] = job
-        self.executor.submit(trial.number, point)
+            self.leaders[point.key] = job = _Job(trial, point)
+            self.ready.append(job)
 
     def _reuse(self, trial: optuna.Trial, key: str) -> None:
         number, result = self.known[key]
         trial.set_user_attr(DUPLICATE_OF, number)
-        self._complete(trial, {**result, TIMINGS: {}})
+        self._complete(trial, {**result, TIMINGS: {}, NODE: None})
 
     def _complete(self, trial: optuna.Trial, result: Result) -> None:
         metrics = result["metrics"]
-        for name, value in metrics.items():
-            trial.set_user_attr(name, value)
+        trial.set_user_attr(METRICS, metrics)
         if result.get(TIMINGS):
             trial.set_user_attr(TIMINGS, result[TIMINGS])
+        if result.get(NODE):
+            trial.set_user_attr(NODE, result[NODE])
         for constraint in self.spec.constraint_list:
             trial.set_constraint(constraint.name, result["violations"][constraint.name])
         values = [metrics[metric] for metric in self.spec.metrics]
@@ -187,8 +214,7 @@ def _evaluated(trials: list[FrozenTrial]) -> dict[str, tuple[int, Result]]:
     for trial in trials:
         attrs = trial.user_attrs
         if trial.state == TrialState.COMPLETE and POINT_KEY in attrs and attrs[POINT_KEY] not in out:
-            metrics = {k: v for k, v in attrs.items() if k not in NOT_METRICS}
-            out[attrs[POINT_KEY]] = (trial.number, {"metrics": metrics, "violations": trial.constraints})
+            out[attrs[POINT_KEY]] = (trial.number, {"metrics": attrs[METRICS], "violations": trial.constraints})
     return out
 
 

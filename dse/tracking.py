@@ -1,34 +1,67 @@
-"""Results out of the Optuna storage: the trials table (Parquet) and MLflow runs.
+"""Results out of the Optuna storage: the output folder (trials table, Pareto table and plots, best points) and
+MLflow runs.
 
-Both are rebuilt from the journal alone, so either can be lost and written again. MLflow gets one parent run per
-study (its id kept in the study's user attributes, so a resume reuses it) and one child run per finished trial,
-written by a background thread: a child run costs ~50 ms on local sqlite, too much for the trial loop.
+Everything is rebuilt from the Optuna storage alone, so any of it can be lost and written again: that is what
+`dse sync` does after an MLflow outage. MLflow gets one parent run per study (its id kept in the study's user
+attributes, so a resume reuses it) and child runs per trial (`tracking.child_runs`), written by a background
+thread: a child run costs ~50 ms on local sqlite and ~260 ms through a server, too much for the trial loop. When
+MLflow fails the study goes on without it and says how to catch up.
 """
 
 import logging
+import os
 import queue
+import tempfile
 import threading
+import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import optuna
 import pandas as pd
+import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.errors import DseError
-from dse.space import StudySpec
-from dse.study import DUPLICATE_OF, FIELDS, FINISHED, NOT_METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
+from dse import pareto, plots, traces
+from dse.errors import DseError, SpecError
+from dse.executor import NODE
+from dse.space import StudySpec, decode, load_study
+from dse.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
 
 PARQUET = "trials.parquet"
 PARETO_CSV = "pareto.csv"
+SPEC_FILE = "study.yaml"
+"""The study file as run (with command-line overrides), so `dse sync` and `dse nightly` can reopen the study."""
+BEST_DIR = "best"
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
+TRACKING_URI_ATTR = "mlflow_tracking_uri"
 _BATCH = 100
 """MLflow's limit of params + tags per log_batch call."""
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+"""MLflow's own defaults retry a refused connection for minutes; a study should notice an outage in seconds.
+The user's environment wins."""
 
 
 def default_tracking_uri(out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / 'mlflow.db').resolve()}"
+
+
+def save_spec(spec: StudySpec, out_dir: Path) -> Path:
+    path = out_dir / SPEC_FILE
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True), sort_keys=False))
+    return path
+
+
+def load_saved_spec(out_dir: Path) -> StudySpec:
+    if not (out_dir / SPEC_FILE).is_file():
+        raise SpecError(f"{out_dir / SPEC_FILE}: no study was run into {out_dir}; give the folder `dse run --out` used")
+    return load_study(out_dir / SPEC_FILE)
 
 
 def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
@@ -44,10 +77,11 @@ def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
         "feasible": all(v <= 0 for v in trial.constraints.values()) if trial.state == TrialState.COMPLETE else None,
         POINT_KEY: attrs.get(POINT_KEY),
         DUPLICATE_OF: attrs.get(DUPLICATE_OF),
+        NODE: attrs.get(NODE),
     }
     row.update(trial.params)
     row.update({k: v for k, v in attrs.get(FIELDS, {}).items() if k not in trial.params})
-    row.update({k: v for k, v in attrs.items() if k not in NOT_METRICS})
+    row.update(attrs.get(METRICS, {}))
     row.update(attrs.get(TIMINGS, {}))
     row["datetime_start"] = trial.datetime_start
     row["datetime_complete"] = trial.datetime_complete
@@ -89,70 +123,147 @@ def _ms(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1000)
 
 
+@dataclass
+class Results:
+    """What a study's output folder holds after a run, and the files the parent run carries."""
+
+    frame: pd.DataFrame
+    front: pd.DataFrame
+    artifacts: list[Path]
+
+
+def write_results(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results:
+    """Trials table, Pareto table, Pareto plots and the front's points as point files, from the storage."""
+    frame = trials_frame(spec, study)
+    best = pareto.front(frame)
+    write_parquet(frame, out_dir / PARQUET)
+    best.to_csv(out_dir / PARETO_CSV, index=False)
+    title = f"study {spec.name}"
+    artifacts = [
+        out_dir / SPEC_FILE,
+        out_dir / PARQUET,
+        out_dir / PARETO_CSV,
+        plots.pareto_png(frame, best, out_dir / plots.PNG, title),
+        plots.pareto_html(frame, best, out_dir / plots.HTML, title),
+    ]
+    points = out_dir / BEST_DIR
+    points.mkdir(exist_ok=True)
+    for stale in points.glob("trial-*.yaml"):
+        stale.unlink()
+    members = set(best["number"])
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number in members:
+            point = decode(spec, trial.params)
+            if not isinstance(point, str):
+                header = f"# trial {trial.number} of study {spec.name}: `dse evaluate` this file\n"
+                body = yaml.safe_dump(point.model_dump(mode="json", exclude_none=True), sort_keys=False)
+                (points / f"trial-{trial.number}.yaml").write_text(header + body)
+    artifacts.append(points)
+    return Results(frame, best, artifacts)
+
+
 class Tracker:
-    """MLflow writes for one study: start, record each finished trial, finish. Only `finish` waits for MLflow."""
+    """MLflow writes for one study: start, record each finished trial, finish. Only `finish` waits for MLflow.
+
+    Any MLflow failure takes the tracker offline for the rest of the run: nothing more is tried (each attempt
+    would wait for retries), `error` says what happened, and `dse sync` writes the rest later.
+    """
 
     def __init__(self, uri: str, spec: StudySpec, out_dir: Path) -> None:
         from mlflow import MlflowClient  # here: importing MLflow costs ~1 s that `dse evaluate` need not pay
 
         # MLflow and its database migrations log at INFO on every new sqlite file; the CLI has its own output.
-        for name in ("mlflow", "alembic"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+        for name in ("mlflow", "alembic", "urllib3.connectionpool"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
         self.uri = uri
         self.spec = spec
+        self.out_dir = out_dir
+        self.mode = spec.tracking.child_runs
         self.client = MlflowClient(tracking_uri=uri)
-        experiment = self.client.get_experiment_by_name(spec.name)
-        self.experiment_id = (
-            experiment.experiment_id
-            if experiment
-            else self.client.create_experiment(
-                spec.name, artifact_location=(out_dir / "mlartifacts").resolve().as_uri()
-            )
-        )
+        self.experiment_id = ""
         self.parent_id = ""
         self.children: dict[int, str] = {}
         """Trial number -> child run id, for every child run written, in this run or earlier."""
+        self.written = 0
+        """Child runs this tracker wrote."""
+        self.write_seconds = 0.0
+        """Time the writer spent writing them (the benchmark's runs per second)."""
+        self.error: str | None = None
         self._queue: queue.Queue[FrozenTrial | None] = queue.Queue()
         self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
-        self._error: Exception | None = None
         self._recorded: set[int] = set()
         """Trials queued for writing by this tracker."""
 
     def start(self, study: optuna.Study) -> None:
-        """Find or create the parent run, find the child runs already written, queue the finished trials without."""
-        self.parent_id = self._parent(study)
-        self.children = self._existing_children()
+        """Find or create the experiment and parent run, find the child runs already written, and (child_runs:
+        all) queue the finished trials without one."""
+        study.set_user_attr(TRACKING_URI_ATTR, self.uri)
+        try:
+            self.experiment_id = self._experiment()
+            self.parent_id = self._parent(study)
+            self.children = self._existing_children()
+        except Exception as exc:
+            self._offline(exc)
+            return
         self._thread.start()
-        self._record_missing(study)
+        if self.mode == "all":
+            self._record_missing(study, None)
 
     def record(self, trial: FrozenTrial) -> None:
-        self._recorded.add(trial.number)
-        self._queue.put(trial)
+        if self.mode == "all" and self.error is None:
+            self._recorded.add(trial.number)
+            self._queue.put(trial)
 
-    def finish(
-        self, study: optuna.Study, frame: pd.DataFrame, front: set[int], artifacts: list[Path], completed: bool
-    ) -> None:
-        """Write what is still missing (trials an interrupt failed), wait for the writer, tag every child run
-        pareto=true/false, attach artifacts and close the parent run."""
-        self._record_missing(study)
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise DseError(
-                f"writing MLflow runs to {self.uri} failed ({type(self._error).__name__}: {self._error}); the "
-                f"trials are safe in the Optuna journal, run the same command again to write the missing runs"
-            )
-        for number in frame["number"]:
-            if number in self.children:
-                self.client.set_tag(self.children[number], "pareto", str(number in front).lower())
-        for path in artifacts:
-            self.client.log_artifact(self.parent_id, str(path))
-        self.client.set_terminated(self.parent_id, "FINISHED" if completed else "KILLED")
+    def finish(self, study: optuna.Study, results: Results, completed: bool) -> int:
+        """Write what is still missing (trials an interrupt failed; the front with child_runs: pareto), wait for
+        the writer, mark the front's child runs pareto=true, attach the artifacts and close the parent run.
 
-    def _record_missing(self, study: optuna.Study) -> None:
+        Returns how many child runs MLflow still lacks (0 unless it failed; `error` then says why)."""
+        front = set(int(n) for n in results.front["number"])
+        if self.error is None:
+            self._record_missing(study, None if self.mode == "all" else front if self.mode == "pareto" else set())
+            self._queue.put(None)
+            self._thread.join()
+        if self.error is None:
+            try:
+                self._mark_front(front)
+                self._attach_traces(study, front)
+                for path in results.artifacts:
+                    if path.is_dir():
+                        self.client.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
+                    else:
+                        self.client.log_artifact(self.parent_id, str(path))
+                self.client.set_terminated(self.parent_id, "FINISHED" if completed else "KILLED")
+            except Exception as exc:
+                self._offline(exc)
+        wanted = {int(n) for n in results.frame["number"]} if self.mode == "all" else front
+        return 0 if self.mode == "none" else len(wanted - set(self.children))
+
+    def _offline(self, exc: Exception) -> None:
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+    def _record_missing(self, study: optuna.Study, only: set[int] | None) -> None:
         for trial in study.get_trials(deepcopy=False, states=FINISHED):
+            if only is not None and trial.number not in only:
+                continue
             if trial.number not in self.children and trial.number not in self._recorded:
-                self.record(trial)
+                self._recorded.add(trial.number)
+                self._queue.put(trial)
+
+    def _experiment(self) -> str:
+        experiment = self.client.get_experiment_by_name(self.spec.name)
+        if experiment:
+            return experiment.experiment_id
+        # A local sqlite store keeps artifacts beside itself; a server decides where its artifacts go.
+        location = None
+        if self.uri.startswith("sqlite:///"):
+            location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+        # The kind makes the MLflow UI open the experiment on its runs table rather than the GenAI overview.
+        tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
+        return self.client.create_experiment(self.spec.name, artifact_location=location, tags=tags)
 
     def _parent(self, study: optuna.Study) -> str:
         from mlflow.exceptions import MlflowException
@@ -175,38 +286,71 @@ class Tracker:
             "cost_model": spec.cost_model,
             "objectives": ", ".join(f"{m} {d}" for m, d in zip(spec.metrics, spec.directions, strict=True)),
             "constraints": ", ".join(spec.constraints),
+            "child_runs": spec.tracking.child_runs,
         }
         run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=spec.name).info.run_id
         study.set_user_attr(PARENT_RUN_ATTR, run_id)
         return run_id
 
-    def _existing_children(self) -> dict[int, str]:
-        """Child runs already written; one left RUNNING by a crash mid-write is deleted to be written again."""
-        out: dict[int, str] = {}
+    def _children(self, extra_filter: str = "") -> list[Any]:
+        runs: list[Any] = []
         token = None
         while True:
             page = self.client.search_runs(
                 [self.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'",
+                filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'{extra_filter}",
                 max_results=1000,
                 page_token=token,
             )
-            for run in page:
-                if run.info.status == "RUNNING":
-                    self.client.delete_run(run.info.run_id)
-                else:
-                    out[int(run.data.tags["trial_number"])] = run.info.run_id
+            runs.extend(page)
             token = page.token
             if not token:
-                return out
+                return runs
+
+    def _existing_children(self) -> dict[int, str]:
+        """Child runs already written; one left RUNNING by a crash mid-write is deleted to be written again."""
+        out: dict[int, str] = {}
+        for run in self._children():
+            if run.info.status == "RUNNING":
+                self.client.delete_run(run.info.run_id)
+            else:
+                out[int(run.data.tags["trial_number"])] = run.info.run_id
+        return out
+
+    def _mark_front(self, front: set[int]) -> None:
+        """Children are written pareto=false; flip only those whose membership changed (one query, few writes)."""
+        marked = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.pareto = 'true'")}
+        for number in marked - front:
+            self.client.set_tag(self.children[number], "pareto", "false")
+        for number in front - marked:
+            if number in self.children:
+                self.client.set_tag(self.children[number], "pareto", "true")
+
+    def _attach_traces(self, study: optuna.Study, front: set[int]) -> None:
+        """The timeline trace of each Pareto member whose child run lacks one (tag timeline=true once done)."""
+        with_trace = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.timeline = 'true'")}
+        trials = study.get_trials(deepcopy=False)
+        for number in sorted(front & set(self.children) - with_trace):
+            point = decode(self.spec, trials[number].params)
+            if isinstance(point, str):
+                continue
+            with tempfile.TemporaryDirectory() as folder:
+                path = traces.write_trace(point, self.spec.generator, self.spec.cost_model, Path(folder))
+                if path is None:
+                    return
+                self.client.log_artifact(self.children[number], str(path))
+            self.client.set_tag(self.children[number], "timeline", "true")
 
     def _drain(self) -> None:
         while (trial := self._queue.get()) is not None:
-            if self._error is None:
+            if self.error is None:
                 try:
+                    start = time.perf_counter()
                     self.children[trial.number] = self._write(trial)
-                except Exception as exc:  # reported by finish(); the study itself goes on
-                    self._error = exc
+                    self.write_seconds += time.perf_counter() - start
+                    self.written += 1
+                except Exception as exc:  # the study itself goes on; finish() reports what is missing
+                    self._offline(exc)
 
     def _write(self, trial: FrozenTrial) -> str:
         from mlflow.entities import Metric, Param
@@ -216,17 +360,19 @@ class Tracker:
             "mlflow.parentRunId": self.parent_id,
             "trial_number": str(trial.number),
             "state": trial.state.name,
+            "pareto": "false",
         }
-        if attrs.get(REASON):
-            tags["reason"] = str(attrs[REASON])[:5000]
-        if attrs.get(POINT_KEY):
-            tags["point_key"] = attrs[POINT_KEY]
+        if trial.state == TrialState.COMPLETE:
+            tags["feasible"] = str(all(v <= 0 for v in trial.constraints.values())).lower()
+        for name in (REASON, POINT_KEY, NODE):
+            if attrs.get(name):
+                tags[name] = str(attrs[name])[:5000]
         run_id = self.client.create_run(
             self.experiment_id, start_time=_ms(trial.datetime_start), tags=tags, run_name=f"trial-{trial.number}"
         ).info.run_id
         params = [Param(k, str(v)) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()]
         timestamp = _ms(trial.datetime_complete) or 0
-        values = {k: v for k, v in attrs.items() if k not in NOT_METRICS} | attrs.get(TIMINGS, {})
+        values = attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})
         metrics = [Metric(k, float(v), timestamp, 0) for k, v in values.items()]
         for start in range(0, max(len(params), len(metrics), 1), _BATCH):
             self.client.log_batch(

@@ -65,6 +65,8 @@ class Op:
     axis: str = ""
     peer: int = 0
     deps: tuple[int, ...] = ()
+    out_bytes: float = 0.0
+    """Bytes of the tensors a compute op writes (for exporters' tensor lists; 0 when unknown)."""
 
     @property
     def is_comm(self) -> bool:

@@ -142,6 +142,40 @@ def test_run_then_report(ray_address, tmp_path):
     assert report.returncode == 0, report.stderr
     assert report.stdout.startswith("6 trials: ")
     assert "Pareto front of small" in report.stdout
+    frame = pd.read_parquet(out / "trials.parquet")
+    fastest = frame[frame["feasible"] == True].sort_values("step_time_s").iloc[0]  # noqa: E712
+    best_line = next(line for line in report.stdout.splitlines() if "step_time_s (minimize)" in line)
+    assert f"{fastest['step_time_s']:.5g} s" in best_line and f" {int(fastest['number'])} " in best_line
+    assert "which parallelism wins where" in report.stdout
+    assert f"plots         {out / 'pareto.png'}  {out / 'pareto.html'}" in report.stdout
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    assert "plotly" in (out / "pareto.html").read_text()[:100_000].lower()
+    points = sorted((out / "best").glob("trial-*.yaml"))
+    assert len(points) == len(pd.read_csv(out / "pareto.csv"))
+    evaluated = dse("evaluate", str(points[0]), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    number = int(points[0].stem.removeprefix("trial-"))
+    assert json.loads(evaluated.stdout)["step_time_s"] == pytest.approx(
+        frame.set_index("number").loc[number, "step_time_s"]
+    )
+
+
+def test_compare_two_studies(ray_address, tmp_path):
+    outs = []
+    for seed in ("7", "8"):
+        study = write(tmp_path, f"s{seed}.yaml", STUDY.replace("seed: 7", f"seed: {seed}"))
+        outs.append(tmp_path / seed)
+        result = dse("run", str(study), "--trials", "8", "--inline", "--out", str(outs[-1]))
+        assert result.returncode == 0, result.stderr
+    compared = dse("compare", *map(str, outs))
+    assert compared.returncode == 0, compared.stderr
+    a, b = (pd.read_parquet(out / "trials.parquet") for out in outs)
+    best = [frame[frame["feasible"] == True]["step_time_s"].min() for frame in (a, b)]  # noqa: E712
+    row = next(line for line in compared.stdout.splitlines() if "best step_time_s" in line)
+    assert f"{best[0]:.5g} s" in row and f"{best[1]:.5g} s" in row
+    assert f"{100 * (best[1] - best[0]) / best[0]:+.2f} %" in row
+    assert "front size" in compared.stdout
+    assert_user_error(dse("compare", str(outs[0]), str(tmp_path / "none")), "no trials table here")
 
 
 def test_report_without_a_study(tmp_path):
@@ -151,10 +185,10 @@ def test_report_without_a_study(tmp_path):
 def test_help_describes_every_command():
     result = dse("--help")
     assert result.returncode == 0
-    for command in ("run", "evaluate", "report"):
+    for command in ("run", "evaluate", "report", "sync", "compare", "nightly"):
         assert command in result.stdout
     run_help = dse("run", "--help").stdout
-    for option in ("--trials", "--workers", "--address", "--out", "resumes"):
+    for option in ("--trials", "--workers", "--address", "--out", "--storage", "--tracking-uri", "resumes"):
         assert option in run_help
 
 
@@ -181,3 +215,17 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(ray_address, tmp_path):
     assert 0 < len(frame) < 100000
     assert "RUNNING" not in set(frame["state"])
     assert f"{len(frame)} trials: " in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["nightly", "studies/nightly", "--threshold", "5"], ["--threshold 5.0", "between 0 and 1"]),
+        (["sync", "{tmp}"], ["study.yaml: no study was run into", "dse run --out"]),
+        (["nightly", "{tmp}"], ["no study files (*.yaml) here"]),
+    ],
+    ids=["nightly-threshold", "sync-without-study", "nightly-empty-suite"],
+)
+def test_sync_and_nightly_bad_input(tmp_path, args, fragments):
+    result = dse(*[arg.format(tmp=tmp_path) for arg in args])
+    assert_user_error(result, *fragments)

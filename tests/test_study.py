@@ -5,6 +5,8 @@ the session's Ray with evaluation functions that crash or raise on purpose; the 
 plugins through `dse run` in this process.
 """
 
+import gzip
+import json
 import os
 import sys
 from collections import Counter
@@ -20,7 +22,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from dse.cli import main
-from dse.executor import InlineExecutor, RayExecutor
+from dse.executor import NODE, InlineExecutor, RayExecutor
 from dse.space import load_study, optuna_distributions
 from dse.spec import DesignPoint
 from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, counted, open_study, run
@@ -101,7 +103,7 @@ def test_objectives_and_constraints_are_told(tmp_path):
     micro_batch = trial.params["workload.micro_batch"]
     assert trial.values == [pytest.approx(tp + pp + 0.1 * micro_batch), pytest.approx(400 / (tp * pp) + micro_batch)]
     assert trial.constraints == {"fits_memory": pytest.approx(400 / (tp * pp) + micro_batch - 100)}
-    assert trial.user_attrs["step_time_s"] == trial.values[0]
+    assert trial.user_attrs["metrics"]["step_time_s"] == trial.values[0]
     assert trial.user_attrs["fields"]["parallel.dp"] == 8 // (tp * pp)
 
 
@@ -150,7 +152,11 @@ def test_an_interrupted_run_leaves_nothing_running_and_resumes_to_the_budget(tmp
     with pytest.raises(KeyboardInterrupt):
         run(spec, study, InlineExecutor(InterruptOnThirdCall()), spec.trials)
     assert not study.get_trials(states=(TrialState.RUNNING,))
-    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+    # The trial being evaluated and those asked ahead are failed and enqueued again, each exactly once.
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert 1 <= len(waiting) <= 3
+    assert sorted(t.user_attrs[RETRY_OF] for t in waiting) == sorted(t.number for t in failed)
 
     run(spec, open_study(spec, tmp_path), InlineExecutor(Counting()), spec.trials)
     assert len(counted(study.trials)) == 10
@@ -180,7 +186,8 @@ def test_ray_pool_resubmits_a_dead_actors_point_once_and_records_errors(ray_addr
         outcomes[2] = executor.wait()
     finally:
         executor.close()
-    assert outcomes[1].result == fake_result(points[1]) and outcomes[1].error is None
+    assert outcomes[1].result == {**fake_result(points[1]), NODE: ray.get_runtime_context().get_node_id()}
+    assert outcomes[1].error is None
     assert outcomes[8].result is None and outcomes[8].error.startswith("the evaluator process died twice")
     assert outcomes[2].error == "RuntimeError: cost model diverged"
     assert ray.is_initialized(), "the pool must not shut down a Ray it did not start"
@@ -201,6 +208,10 @@ def child_runs(out: Path, study_name: str) -> list:
     experiment = client.get_experiment_by_name(study_name)
     parent = optuna.load_study(study_name=study_name, storage=journal(out)).user_attrs[PARENT_RUN_ATTR]
     return client.search_runs([experiment.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000)
+
+
+def journal_study(out: Path) -> optuna.Study:
+    return optuna.load_study(study_name="small", storage=journal(out))
 
 
 def journal(out: Path):
@@ -224,6 +235,15 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
     assert complete["step_time_s"].gt(0).all() and complete["peak_memory_bytes"].gt(0).all()
     front = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags["pareto"] == "true"}
     assert front and front <= set(complete["number"])
+    assert {int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("timeline") == "true"} == front
+    member = next(r for r in runs if r.data.tags["pareto"] == "true")
+    local = MlflowClient(f"sqlite:///{out / 'mlflow.db'}").download_artifacts(member.info.run_id, "timeline.json.gz")
+    with gzip.open(local, "rt") as trace:
+        events = json.load(trace)["traceEvents"]
+    assert any(e["ph"] == "X" and e["dur"] > 0 for e in events), "the Pareto member's simulated timeline"
+    parent = journal_study(out).user_attrs[PARENT_RUN_ATTR]
+    artifacts = {a.path for a in MlflowClient(f"sqlite:///{out / 'mlflow.db'}").list_artifacts(parent)}
+    assert {"study.yaml", "trials.parquet", "pareto.csv", "pareto.png", "pareto.html", "best"} <= artifacts
     assert (out / "mlartifacts").is_dir()
     first_params = [t.params for t in optuna.load_study(study_name="small", storage=journal(out)).trials]
 

@@ -87,18 +87,14 @@ def test_sequence_parallel_block_has_all_gather_reduce_scatter_pairs():
     )
 
 
-@pytest.mark.parametrize(
-    ("zero", "collective"), [(0, "all_reduce"), (1, "reduce_scatter"), (2, "reduce_scatter")]
-)
+@pytest.mark.parametrize(("zero", "collective"), [(0, "all_reduce"), (1, "reduce_scatter"), (2, "reduce_scatter")])
 def test_data_parallel_gradients_are_synchronised_once_per_layer(zero, collective):
     point = make_point("tiny-llama", global_batch=16, tp=2, dp=4, zero=zero)
     workload = GEN.generate(point)
     m = point.model
     # A layer's parameters on one TP rank: the matrices split over tp=2, the two norm weights whole.
     tp_local = (
-        m.hidden * m.d_head * (m.heads + 2 * m.n_kv_heads)
-        + m.heads * m.d_head * m.hidden
-        + 3 * m.hidden * m.ffn
+        m.hidden * m.d_head * (m.heads + 2 * m.n_kv_heads) + m.heads * m.d_head * m.hidden + 3 * m.hidden * m.ffn
     ) / 2 + 2 * m.hidden
     assert layer_comm(point, "layer.grad_sync") == Counter({(collective, "dp", tp_local * 2): 1})
     program = workload.programs[0]
@@ -135,9 +131,7 @@ def test_pipeline_sends_one_activation_per_micro_batch_each_way():
         for flat in expand(workload, program):
             if flat.op.kind in (OpKind.SEND, OpKind.RECV):
                 sizes[(program.rank_class, flat.op.kind.value, flat.op.comm_bytes)] += 1
-    per_rank = (
-        2 * 256 * 256 * 2 / 2
-    )  # global micro-batch b = micro_batch * dp; SP shard of the sequence: / tp
+    per_rank = 2 * 256 * 256 * 2 / 2  # global micro-batch b = micro_batch * dp; SP shard of the sequence: / tp
     per_rank /= 2  # b is split over dp
     m = point.micro_batches
     assert sizes == Counter(

@@ -31,6 +31,10 @@ def needed(node: Node) -> tuple[STensor, ...]:
             return () if node.linear else node.inputs
         case "attention":
             return (*node.inputs, node.output)
+        case "dropout":
+            return (node.inputs[1],)
+        case "relabel":
+            return node.inputs if len(node.inputs) > 1 else ()
     return ()
 
 
@@ -38,11 +42,15 @@ def _is_gather(node: Node) -> bool:
     return node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
 
 
-def saved_activations(tape: Sequence[Node], replayed: Sequence[Node]) -> list[STensor]:
+def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> list[STensor]:
     """The activations kept from forward to backward: what backward reads, minus what it recomputes, with
-    all-gathered tensors stored in their pre-gather shard (backward gathers them again, as Megatron SP does)."""
+    all-gathered tensors stored in their pre-gather shard (backward gathers them again, as Megatron SP does).
+    kept: replayed nodes whose output is stored all the same (Megatron's selective recompute keeps the core
+    attention output that the output projection reads)."""
     gathered_from = {id(n.output): n.inputs[0] for n in tape if _is_gather(n)}
-    recomputed = {id(n.output) for n in replayed}
+    kept_ids = {id(n) for n in kept}
+    recomputed = {id(n.output) for n in replayed if id(n) not in kept_ids}
+    recomputed |= {id(n.inputs[1]) for n in replayed if n.kind == "dropout"}
     saved: dict[int, STensor] = {}
     for node in tape:
         for t in needed(node):
@@ -51,6 +59,13 @@ def saved_activations(tape: Sequence[Node], replayed: Sequence[Node]) -> list[ST
             if not t.param and id(t) not in recomputed and t.dims:
                 saved[id(t)] = t
     return list(saved.values())
+
+
+def saved_bytes(tracer: Tracer, tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> float:
+    """Bytes of saved activations, with what nodes keep beyond their tensors (unfused attention internals)."""
+    replayed_ids = {id(n) for n in replayed}
+    extra = sum(n.extra_saved for n in tape if id(n) not in replayed_ids)
+    return sum(tracer.nbytes(t) for t in saved_activations(tape, replayed, kept)) + extra
 
 
 class Differentiator:
@@ -170,10 +185,33 @@ class Differentiator:
             case "attention":
                 q, k, v = node.inputs
                 reads = [self.value(t) for t in (q, k, v, node.output)]
-                outs = [_grad_like(t) for t in (q, k, v)]
+                outs = [_grad_like(q), *(self._kv_grad(q, t) for t in (k, v))]
                 fwd = next(op for op in node.ops if op.category == "attention")
                 tr._compute(f"{name}.backward", "attention", 2 * fwd.flops, (g, *reads), outs, fwd.density)
                 for t, d in zip((q, k, v), outs, strict=True):
+                    self._contribute(t, d)
+            case "dropout":
+                x, mask = node.inputs
+                dx = _grad_like(x)
+                tr._compute(f"{name}.backward", "elementwise", tr.elems(x), (g, self.value(mask)), (dx,))
+                self._contribute(x, dx)
+            case "relabel":
+                x, *side = node.inputs
+                layout: dict[str, Dist] = {}
+                for axis, d in g.layout:
+                    if isinstance(d, Partition):
+                        own = x.dist(axis)
+                        back = next((k for k, v in self._dim_map(node).items() if v == d.dim), d.dim)
+                        layout[axis] = own if isinstance(own, Partition) else Partition(back)
+                    else:
+                        layout[axis] = d
+                dx = STensor(f"{x.name}.grad", x.dims, make_layout(**layout), x.itemsize)
+                side_grads = [_grad_like(t) for t in side]
+                reads = [self.value(t) for t in node.inputs] if side else []
+                flops = 2 * node.flops_per_elem * tr.elems(g)
+                tr._compute(f"{name}.backward", node.category, flops, (g, *reads), (dx, *side_grads))
+                self._contribute(x, dx)
+                for t, d in zip(side, side_grads, strict=True):
                     self._contribute(t, d)
             case "embedding":
                 tokens, table = node.inputs
@@ -187,9 +225,28 @@ class Differentiator:
                 tr._compute(f"{name}.backward", "embedding", 0.0, (g,), (dtable,))
                 self._contribute(table, dtable)
 
+    def _kv_grad(self, q: STensor, t: STensor) -> STensor:
+        """Keys and values gathered over a query-sequence split (context parallelism) receive a partial gradient
+        from each rank's queries: a partial sum, which the gather's adjoint reduce-scatters."""
+        layout = dict(t.layout)
+        for axis in self.tr.degrees:
+            if q.dist(axis) == Partition(q.dims[1]) and not isinstance(t.dist(axis), Partition):
+                layout[axis] = PARTIAL
+        return STensor(f"{t.name}.grad", t.dims, make_layout(**layout), t.itemsize)
+
+    @staticmethod
+    def _dim_map(node: Node) -> dict[str, str]:
+        x, out = node.inputs[0], node.output
+        found: dict[str, str] = {}
+        for axis, d in x.layout:
+            o = out.dist(axis)
+            if isinstance(d, Partition) and isinstance(o, Partition):
+                found[d.dim] = o.dim
+        return found
+
     def _input_grad(self, g: STensor, t: STensor) -> STensor:
         """An input broadcast into the output (a weight, a bias) gets a reduced gradient; others their own."""
-        if set(t.dims) < set(g.dims):
+        if t.param or set(t.dims) < set(g.dims):
             return STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
         return _grad_like(t)
 
@@ -217,4 +274,5 @@ def _with_deps(op: Op, deps: tuple[int, ...], suffix: str) -> Op:
         op.axis,
         op.peer,
         deps,
+        op.out_bytes,
     )

@@ -1,23 +1,40 @@
-"""Dense decoder modules (GPT: MHA, GeLU MLP, LayerNorm, biases; LLaMA: GQA, SwiGLU, RMSNorm, RoPE) written
-once over named dimensions and traced for any degrees and sizes.
+"""Model modules written once over named dimensions and traced for any degrees and sizes.
 
-Dimensions: b micro-batch (over all DP ranks), s sequence, h hidden, n heads, g kv heads, d head dim, f MLP width,
-v vocabulary,
-p position-table rows. Parallel axes of the tensors: tp (Megatron: column-parallel QKV and MLP-in, row-parallel
-attention-out and MLP-out, vocabulary-parallel embedding and head) and dp (batch split, weights duplicated or,
-under ZeRO-3, sharded and all-gathered before use).
+A layer is a mixer and an MLP, each behind a norm and a residual add:
+- mixers: attention (GPT MHA, LLaMA GQA with RoPE), DeepSeek multi-head latent attention (MLA), Mamba selective
+  scan (SSM);
+- MLPs: dense (GeLU or SwiGLU), mixture of experts (router, top-k dispatch, experts, combine; shared experts).
+
+Dimensions: b micro-batch (over all data-parallel ranks), s sequence (queries), t keys/values (the KV cache in
+decode), h hidden, n heads, g kv heads, d head dim, f MLP width, v vocabulary, p position-table rows; MoE: e
+experts, c token slots per expert (b s top_k / e), r expert width, rs shared experts' width; MLA: ql, kl query and
+kv ranks, qk = dn + dr query/key head dim (no-RoPE and RoPE parts), dv value head dim; SSM: i inner width, N state,
+w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
+
+Parallel axes of the tensors: tp (Megatron: column-parallel QKV, MLP-in and expert-in, row-parallel outputs,
+vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered), ep
+(experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated or, under ZeRO-3,
+sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens split over both.
 """
 
 from dataclasses import dataclass, field
 
+from dse.errors import DseError
+from dse.modelstats import LayerKind, dt_rank, ssm_inner
 from dse.spec import DesignPoint
-from generators.symbolic.dist import DUP, Dist, Partition
+from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
 from generators.symbolic.graph import STensor, Tracer, make_layout
 
 NORM_FLOPS = {"rmsnorm": 4.0, "layernorm": 7.0}
 ACT_FLOPS = {"gelu": 8.0, "swiglu": 5.0}
 ROPE_FLOPS = 3.0
+ROUTER_FLOPS = 6.0
+"""Per router logit: softmax (exp, sum, divide) and the top-k selection."""
 TOKEN_BYTES = 8
+
+
+class UnsupportedCombination(DseError):
+    """A model feature and a workload or parallelism the generator does not combine."""
 
 
 @dataclass
@@ -28,12 +45,17 @@ class DenseModule:
     tracer: Tracer = field(init=False)
     params: list[STensor] = field(default_factory=list)
     leaf_ids: set[int] = field(default_factory=set)
+    caches: list[STensor] = field(default_factory=list)
+    """KV caches and SSM states a layer reads (inference)."""
 
     def __post_init__(self) -> None:
         m, p, w = self.point.model, self.point.parallel, self.point.workload
-        sizes = {
-            "b": w.micro_batch * p.dp,
-            "s": w.seq_len,
+        b = w.micro_batch * p.dp
+        s = 1 if w.mode == "decode" else w.seq_len
+        sizes: dict[str, float] = {
+            "b": b,
+            "s": s,
+            "t": w.seq_len,
             "h": m.hidden,
             "n": m.heads,
             "g": max(m.n_kv_heads, p.tp),
@@ -42,29 +64,73 @@ class DenseModule:
             "v": m.vocab,
             "p": m.max_seq or 1,
         }
-        self.tracer = Tracer(sizes, {"tp": p.tp, "dp": p.dp})
+        if m.moe:
+            sizes |= {
+                "e": m.moe.experts,
+                "c": b * s * m.moe.top_k / m.moe.experts,
+                "r": m.moe.expert_ffn,
+                "rs": max(1, m.moe.shared_experts) * m.moe.expert_ffn,
+            }
+        if m.mla:
+            a = m.mla
+            sizes |= {
+                "ql": a.q_lora_rank or 1,
+                "kl": a.kv_lora_rank,
+                "qk": a.qk_nope_head_dim + a.qk_rope_head_dim,
+                "dn": a.qk_nope_head_dim,
+                "dr": a.qk_rope_head_dim,
+                "dv": a.v_head_dim,
+            }
+        if m.ssm:
+            sizes |= {
+                "i": ssm_inner(m),
+                "N": m.ssm.state,
+                "w": m.ssm.conv,
+                "dt": dt_rank(m),
+                "x": dt_rank(m) + 2 * m.ssm.state,
+            }
+        degrees = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
+        self.tracer = Tracer(sizes, degrees)  # type: ignore[arg-type]
 
     @property
     def itemsize(self) -> int:
         return self.point.model.dtype_bytes
 
+    @property
+    def mode(self) -> str:
+        return self.point.workload.mode
+
+    def batch_layout(self) -> dict[str, Dist]:
+        return {"dp": Partition("b"), "ep": Partition("b"), "cp": Partition("s")}
+
     def residual_layout(self) -> dict[str, Dist]:
-        """The residual stream: batch split over dp; sequence split over tp under Megatron SP."""
-        return {"dp": Partition("b"), "tp": Partition("s") if self.point.parallel.sp else DUP}
+        """The residual stream: batch split over the data axes, sequence over cp, and over tp under Megatron SP."""
+        return self.batch_layout() | {"tp": Partition("s") if self.point.parallel.sp else DUP}
+
+    def layout(self, **dists: Dist) -> tuple:
+        """A layout over the axes this point splits (degree > 1)."""
+        return make_layout(**{a: d for a, d in dists.items() if a in self.tracer.degrees})
 
     def activation(self, name: str, dims: tuple[str, ...]) -> STensor:
-        return STensor(name, dims, make_layout(**self.residual_layout()), self.itemsize)
+        return STensor(name, dims, self.layout(**self.residual_layout()), self.itemsize)
 
-    def param(self, name: str, dims: tuple[str, ...], tp: Dist = DUP) -> STensor:
-        dp = Partition(dims[0]) if self.point.parallel.zero == 3 else DUP
-        t = STensor(name, dims, make_layout(tp=tp, dp=dp), self.itemsize, param=True)
+    def param(self, name: str, dims: tuple[str, ...], tp: Dist = DUP, ep: Dist = DUP) -> STensor:
+        """A weight: split over tp (and experts over ep); under ZeRO-3 also sharded over the data axes."""
+        p = self.point.parallel
+        zero3 = p.zero == 3 and self.mode == "train"
+        shard = Partition(dims[0]) if zero3 else DUP
+        layout = self.layout(tp=tp, dp=shard, ep=ep if ep != DUP else shard)
+        t = STensor(name, dims, layout, self.itemsize, param=True)
         self.params.append(t)
         self.leaf_ids.add(id(t))
         return t
 
     def use(self, w: STensor) -> STensor:
-        """A parameter in its compute layout: ZeRO-3 gathers it over dp first."""
-        return self.tracer.redistribute(w, {"tp": w.dist("tp")})
+        """A parameter in its compute layout: ZeRO-3 gathers it over the data axes first."""
+        target = {"tp": w.dist("tp")}
+        if isinstance(w.dist("ep"), Partition) and w.dist("ep").dim == "e":  # type: ignore[union-attr]
+            target["ep"] = w.dist("ep")
+        return self.tracer.redistribute(w, target)
 
     def linear(
         self, name: str, x: STensor, w: STensor, out_dims: tuple[str, ...], bias: STensor | None = None
@@ -76,19 +142,62 @@ class DenseModule:
 
     def norm(self, name: str, x: STensor) -> STensor:
         m = self.point.model
-        weights = [self.param(f"{name}.weight", ("h",))]
+        dim = x.dims[-1]
+        weights = [self.param(f"{name}.weight", (dim,))]
         if m.norm == "layernorm":
-            weights.append(self.param(f"{name}.bias", ("h",)))
+            weights.append(self.param(f"{name}.bias", (dim,)))
         return self.tracer.norm(name, x, [self.use(w) for w in weights], NORM_FLOPS[m.norm])
 
     def add(self, name: str, x: STensor, y: STensor) -> STensor:
         return self.tracer.pointwise(name, (x, y), 1.0, linear=True)
 
-    def layer(self, x: STensor) -> STensor:
+    def residual(self, name: str, x: STensor, y: STensor) -> STensor:
+        """x + dropout(y): y is reduced to the residual layout first, so the dropout mask is sequence-sharded
+        under SP (Korthikanti et al.'s sbh/t)."""
+        if self.point.model.dropout and self.mode == "train":
+            y = self.tracer.redistribute(y, {a: x.dist(a) for a in self.tracer.degrees})
+            y = self.tracer.dropout(f"{name}.dropout", y)
+        return self.add(name, x, y)
+
+    # -- layers ------------------------------------------------------------------------------------------------
+    def layer(self, x: STensor, kind: LayerKind = ("attn", "dense")) -> STensor:
+        m, tr = self.point.model, self.tracer
+        mixer, mlp = kind
+        h1 = self.norm("ln1", x)
+        if mixer == "attn":
+            a = self.attention(h1)
+        elif mixer == "mla":
+            a = self.latent_attention(h1)
+        else:
+            a = self.selective_scan(h1)
+        x = self.residual("residual1", x, a)
+        if m.bias and mixer == "attn":
+            x = tr.pointwise("wo.bias", (x, self.use(self.param("bo", ("h",)))), 1.0, linear=True)
+        if mlp == "none":
+            return x
+        h2 = self.norm("ln2", x)
+        down = self.dense_mlp(h2) if mlp == "dense" else self.moe(h2)
+        y = self.residual("residual2", x, down)
+        if m.bias and mlp == "dense":
+            y = tr.pointwise("w2.bias", (y, self.use(self.param("b2", ("h",)))), 1.0, linear=True)
+        return y
+
+    def _kv(self, name: str, new: STensor) -> STensor:
+        """Training and prefill attend to the new keys/values (prefill writes them to the cache); decode reads the
+        cache of t tokens and writes the new one."""
+        tr = self.tracer
+        if self.mode == "train":
+            return new
+        cache_dims = (new.dims[0], "t", *new.dims[2:])
+        cache = STensor(f"{name}_cache", cache_dims, new.layout, new.itemsize)
+        self.caches.append(cache)
+        tr.pointwise(f"{name}_cache.write", (new,), 0.0, category="other")
+        return new if self.mode == "prefill" else cache
+
+    def attention(self, h1: STensor) -> STensor:
         m, tr = self.point.model, self.tracer
         col, heads_split = Partition("n"), Partition("g")
         bias = m.bias
-        h1 = self.norm("ln1", x)
         q = self.linear(
             "wq",
             h1,
@@ -113,34 +222,140 @@ class DenseModule:
         if m.position == "rope":
             q = tr.pointwise("rope_q", (q,), ROPE_FLOPS)
             k = tr.pointwise("rope_k", (k,), ROPE_FLOPS)
-        o = tr.attention("attention", q, k, v)
-        a = self.linear("wo", o, self.param("wo", ("n", "d", "h"), col), ("b", "s", "h"))
-        x = self.add("residual1", x, a)
-        if bias:
-            x = tr.pointwise("wo.bias", (x, self.use(self.param("bo", ("h",)))), 1.0, linear=True)
-        h2 = self.norm("ln2", x)
-        mlp_in = Partition("f")
+        k, v = self._kv("k", k), self._kv("v", v)
+        o = self._core_attention(q, k, v)
+        return self.linear("wo", o, self.param("wo", ("n", "d", "h"), col), ("b", "s", "h"))
+
+    def _core_attention(self, q: STensor, k: STensor, v: STensor) -> STensor:
+        m = self.point.model
+        train = self.mode == "train"
+        return self.tracer.attention(
+            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train
+        )
+
+    def latent_attention(self, h1: STensor) -> STensor:
+        """DeepSeek MLA: queries through an optional low-rank bottleneck, keys and values up-projected per head
+        from a shared kv latent, a decoupled RoPE key shared by all heads."""
+        m, tr = self.point.model, self.tracer
+        assert m.mla is not None
+        if self.mode == "decode":
+            raise UnsupportedCombination(
+                f"model '{m.name}': MLA in workload.mode=decode is not generated yet; use mode train or prefill"
+            )
+        col = Partition("n")
+        if m.mla.q_lora_rank:
+            cq = self.linear("wq_a", h1, self.param("wq_a", ("h", "ql")), ("b", "s", "ql"))
+            cq = self.norm("q_norm", cq)
+            q = self.linear("wq_b", cq, self.param("wq_b", ("ql", "n", "qk"), col), ("b", "s", "n", "qk"))
+        else:
+            q = self.linear("wq", h1, self.param("wq", ("h", "n", "qk"), col), ("b", "s", "n", "qk"))
+        ckv = self.linear("wkv_a", h1, self.param("wkv_a", ("h", "kl")), ("b", "s", "kl"))
+        k_rope = self.linear("wk_rope", h1, self.param("wk_rope", ("h", "dr")), ("b", "s", "dr"))
+        ckv = self.norm("kv_norm", ckv)
+        ckv = self._kv("kv_latent", ckv)
+        k = self.linear("wk_b", ckv, self.param("wk_b", ("kl", "n", "dn"), col), ("b", "s", "n", "dn"))
+        v = self.linear("wv_b", ckv, self.param("wv_b", ("kl", "n", "dv"), col), ("b", "s", "n", "dv"))
+        q = tr.pointwise("rope_q", (q,), ROPE_FLOPS)
+        k_rope = tr.pointwise("rope_k", (k_rope,), ROPE_FLOPS)
+        k = tr.pointwise("k_concat", (k, k_rope), 0.0, linear=True)
+        o = self._core_attention(q, k, v)
+        return self.linear("wo", o, self.param("wo", ("n", "dv", "h"), col), ("b", "s", "h"))
+
+    def selective_scan(self, h1: STensor) -> STensor:
+        """Mamba (S6) block: in-projection to x and z, depthwise causal conv, input-dependent dt, B, C, the
+        selective scan (9 FLOPs per channel and state element), gating, out-projection. TP splits the inner
+        channels; x_proj is row-parallel, so its small dt/B/C output is all-reduced."""
+        tr = self.tracer
+        col = Partition("i")
+        xi = self.linear("in_proj_x", h1, self.param("in_proj_x", ("h", "i"), col), ("b", "s", "i"))
+        z = self.linear("in_proj_z", h1, self.param("in_proj_z", ("h", "i"), col), ("b", "s", "i"))
+        conv_w = self.use(self.param("conv.weight", ("i", "w"), col))
+        conv_b = self.use(self.param("conv.bias", ("i",), col))
+        conv_flops = 2.0 * self.point.model.ssm.conv  # type: ignore[union-attr]
+        xc = tr.pointwise("conv", (xi, conv_w, conv_b), conv_flops)
+        xc = tr.pointwise("silu", (xc,), 4.0)
+        dbc = self.linear("x_proj", xc, self.param("x_proj", ("i", "x"), col), ("b", "s", "x"))
+        dbc = tr.redistribute(dbc, {a: xc.dist(a) for a in tr.degrees if a != "tp"})
+        dt_in = tr.relabel("dt_slice", dbc, ("b", "s", "dt"), {})
+        dt = self.linear("dt_proj", dt_in, self.param("dt_proj", ("dt", "i"), col), ("b", "s", "i"))
+        dt = tr.pointwise("dt_bias_softplus", (dt, self.use(self.param("dt_proj.bias", ("i",), col))), 4.0)
+        a_log = self.use(self.param("A_log", ("i", "N"), col))
+        d_skip = self.use(self.param("D", ("i",), col))
+        inputs = [xc, dt, dbc, a_log, d_skip]
+        if self.mode == "decode":
+            state = STensor("ssm_state", ("b", "i", "N"), xc.layout, 4)
+            self.caches.append(state)
+            inputs.append(state)
+        n = self.point.model.ssm.state  # type: ignore[union-attr]
+        y = tr.pointwise("selective_scan", inputs, 9.0 * n, category="other")
+        y = tr.pointwise("gate", (y, z), 5.0)
+        return self.linear("out_proj", y, self.param("out_proj", ("i", "h"), col), ("b", "s", "h"))
+
+    def dense_mlp(self, h2: STensor, width: str = "f", prefix: str = "") -> STensor:
+        m, tr = self.point.model, self.tracer
+        mlp_in = Partition(width)
+        dims = ("b", "s", width)
+        bias = m.bias and not prefix
         if m.activation == "swiglu":
-            gate = self.linear("w1", h2, self.param("w1", ("h", "f"), mlp_in), ("b", "s", "f"))
-            up = self.linear("w3", h2, self.param("w3", ("h", "f"), mlp_in), ("b", "s", "f"))
-            act = tr.pointwise("swiglu", (gate, up), ACT_FLOPS["swiglu"])
+            gate = self.linear(f"{prefix}w1", h2, self.param(f"{prefix}w1", ("h", width), mlp_in), dims)
+            up = self.linear(f"{prefix}w3", h2, self.param(f"{prefix}w3", ("h", width), mlp_in), dims)
+            act = tr.pointwise(f"{prefix}swiglu", (gate, up), ACT_FLOPS["swiglu"])
         else:
             fc = self.linear(
-                "w1",
+                f"{prefix}w1",
                 h2,
-                self.param("w1", ("h", "f"), mlp_in),
-                ("b", "s", "f"),
-                self.param("b1", ("f",), mlp_in) if bias else None,
+                self.param(f"{prefix}w1", ("h", width), mlp_in),
+                dims,
+                self.param(f"{prefix}b1", (width,), mlp_in) if bias else None,
             )
-            act = tr.pointwise("gelu", (fc,), ACT_FLOPS["gelu"])
-        down = self.linear("w2", act, self.param("w2", ("f", "h"), mlp_in), ("b", "s", "h"))
-        y = self.add("residual2", x, down)
-        if bias:
-            y = tr.pointwise("w2.bias", (y, self.use(self.param("b2", ("h",)))), 1.0, linear=True)
+            act = tr.pointwise(f"{prefix}gelu", (fc,), ACT_FLOPS["gelu"])
+        return self.linear(f"{prefix}w2", act, self.param(f"{prefix}w2", (width, "h"), mlp_in), ("b", "s", "h"))
+
+    def moe(self, h2: STensor) -> STensor:
+        """Router and top-k, dispatch of each token's k copies to their experts (an all-to-all over ep when the
+        experts are split: tokens * hidden * top_k bytes each way), the experts as batched GEMMs (TP splits
+        their width), combine weighted by the gates; shared experts run densely beside them."""
+        m, tr = self.point.model, self.tracer
+        assert m.moe is not None
+        # Under SP each TP rank routes its own sequence shard; the dispatched copies go over ep (all-to-all), then
+        # are gathered over tp for the TP-split experts (Megatron's all-to-all token dispatcher).
+        router = self.use(self.param("router", ("h", "e")))
+        logits = tr.einsum("router", h2, router, ("b", "s", "e"))
+        gates = tr.pointwise("topk_softmax", (logits,), ROUTER_FLOPS)
+        routed = tr.relabel("dispatch", h2, ("e", "c", "h"), {"b": "c", "s": "c"})
+        dispatched_tp = routed.dist("tp")
+        expert_layout = {a: routed.dist(a) for a in tr.degrees if a != "ep"} | {"ep": Partition("e")}
+        routed = tr.redistribute(routed, expert_layout)
+        ep = Partition("e")
+        mats = ("e", "c", "r")
+        w_in = Partition("r")
+        if m.activation == "swiglu":
+            gate = self.linear("experts.w1", routed, self.param("experts.w1", ("e", "h", "r"), w_in, ep), mats)
+            up = self.linear("experts.w3", routed, self.param("experts.w3", ("e", "h", "r"), w_in, ep), mats)
+            act = tr.pointwise("experts.swiglu", (gate, up), ACT_FLOPS["swiglu"])
+        else:
+            fc = self.linear("experts.w1", routed, self.param("experts.w1", ("e", "h", "r"), w_in, ep), mats)
+            act = tr.pointwise("experts.gelu", (fc,), ACT_FLOPS["gelu"])
+        out = self.linear("experts.w2", act, self.param("experts.w2", ("e", "r", "h"), w_in, ep), ("e", "c", "h"))
+        # Back to the tokens' ranks: under SP the experts' partial sums are reduce-scattered over tp to the slots
+        # of each rank's sequence shard first, so the all-to-all moves each rank's own tokens only.
+        back = {a: out.dist(a) for a in tr.degrees if a != "ep"}
+        back["ep"] = Partition("c")
+        if "tp" in tr.degrees and isinstance(dispatched_tp, Partition):
+            back["tp"] = dispatched_tp
+            out = tr.redistribute(out, {a: out.dist(a) for a in tr.degrees if a != "tp"} | {"tp": dispatched_tp})
+        out = tr.redistribute(out, back)
+        # combine returns each slot to its token: the batch and sequence splits of h2 (dp, ep, cp, SP) come back
+        restore = {a: d for a, d in h2.layout if isinstance(d, Partition) and out.dist(a) != PARTIAL}
+        y = tr.relabel("combine", out, ("b", "s", "h"), {"c": "b"}, 2.0 * m.moe.top_k, (gates,), overrides=restore)
+        if m.moe.shared_experts:
+            shared = self.dense_mlp(h2, "rs", "shared.")
+            y = self.add("moe_sum", shared, y)
         return y
 
+    # -- embedding and head --------------------------------------------------------------------------------------
     def tokens(self) -> STensor:
-        return STensor("tokens", ("b", "s"), make_layout(dp=Partition("b")), TOKEN_BYTES)
+        return STensor("tokens", ("b", "s"), self.layout(**self.batch_layout()), TOKEN_BYTES)
 
     def embed(self, tokens: STensor) -> tuple[STensor, STensor]:
         """Token (and learned position) embedding; returns the residual stream and the token table."""
@@ -154,8 +369,11 @@ class DenseModule:
         return x, table
 
     def head(self, x: STensor, table: STensor | None) -> STensor:
-        """Final norm, LM head (the token table when tied) and the cross-entropy loss."""
+        """Final norm, LM head (the token table when tied) and the cross-entropy loss (training) or the logits
+        (inference)."""
         hf = self.norm("ln_f", x)
         weight = table if table is not None else self.param("lm_head", ("v", "h"), Partition("v"))
         logits = self.tracer.einsum("lm_head", hf, self.use(weight), ("b", "s", "v"))
+        if self.mode != "train":
+            return logits
         return self.tracer.loss("loss", logits)

@@ -1,4 +1,10 @@
-"""Assembling traced blocks and a pipeline schedule into a Workload."""
+"""Assembling traced blocks and a pipeline schedule into a Workload.
+
+Each kind of layer (a mixer and an MLP: attention + dense, MLA + MoE, SSM, ...) is traced once per design point
+and shared by every layer, micro-batch and stage that runs it; programs (one per pipeline stage) are sequences of
+calls to those blocks in the order of the pipeline schedule. Training traces forward and the derived backward;
+prefill and decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
+"""
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -6,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dse.modelstats import model_flops
+from dse.modelstats import LayerKind, layer_kinds, model_flops
 from dse.spec import DesignPoint
 from dse.workload import (
     BLOCK_INPUT,
@@ -20,17 +26,18 @@ from dse.workload import (
     TensorKind,
     Workload,
 )
-from generators.symbolic.autodiff import Differentiator, saved_activations
+from generators.symbolic.autodiff import Differentiator, saved_bytes
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.graph import Emitter, Node, STensor
-from generators.symbolic.schedule import SCHEDULES
+from generators.symbolic.schedule import SCHEDULES, interleaved
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, Adam momentum and variance per parameter (ZeRO paper's K = 12)."""
 ADAM_FLOPS = 12
 ADAM_BYTES = 28
 """Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
+DATA_AXES = ("dp", "ep")
 
 
 @dataclass
@@ -38,42 +45,66 @@ class Traced:
     """A module traced once: its forward and backward blocks and what they imply for memory and sync."""
 
     forward: int
-    backward: int
+    backward: int | None
     sync: int | None
     saved_bytes: float
     params: list[STensor] = field(default_factory=list)
+    cache_bytes: float = 0.0
+    """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
+
+
+def block_name(kind: LayerKind) -> str:
+    """'layer' for the dense transformer layer (every dense model's only kind), else layer.<mixer>.<mlp>."""
+    return "layer" if kind == ("attn", "dense") else f"layer.{kind[0]}.{kind[1]}"
+
+
+def is_expert(param: STensor) -> bool:
+    d = param.dist("ep")
+    return isinstance(d, Partition) and d.dim == "e" and param.name.startswith("experts.")
 
 
 class _Builder:
     def __init__(self, point: DesignPoint):
         self.point = point
+        self.train = point.workload.mode == "train"
         self.module = DenseModule(point)
         self.tracer = self.module.tracer
         self.blocks: list[Block] = []
         self.synced: set[int] = set()
+        self.p2p: dict[tuple[OpKind, int], int] = {}
 
     def add_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
         temp = emitter.peak_temp + emitter.gathered_params
         self.blocks.append(Block(name, tuple(emitter.ops), output, temp))
         return len(self.blocks) - 1
 
-    def _replayed(self, name: str, tape: Sequence[Node]) -> list[Node]:
+    def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
+        """Nodes recomputed in backward, and those of them whose output is stored all the same."""
         policy = self.point.parallel.recompute
-        if name != "layer" or policy == "none":
-            return []
+        if not name.startswith("layer") or policy == "none":
+            return [], []
         if policy == "full":
-            return list(tape)
-        return [n for n in tape if n.kind == "attention"]
+            return list(tape), []
+        attention = [n for n in tape if n.kind == "attention"]
+        # Megatron's selective recompute re-runs the unfused core attention (QK^T, softmax, dropout, over V) and
+        # keeps its output, which the output projection reads; a fused kernel's output is recomputed with it.
+        kept = attention if not self.point.model.flash_attention else []
+        return attention, kept
 
     def trace(self, name: str, inputs: Sequence[STensor], forward: Callable[[], STensor]) -> Traced:
         tr = self.tracer
         first_param = len(self.module.params)
+        first_cache = len(self.module.caches)
         tr.tape, tr.recording = [], True
         tr.begin_block(inputs)
         out = forward()
         fwd = tr.end_block()
         tape = tr.tape
         params = self.module.params[first_param:]
+        cache = sum(tr.nbytes(c) for c in self.module.caches[first_cache:])
+        if not self.train:
+            forward_block = self.add_block(f"{name}.forward", fwd)
+            return Traced(forward_block, None, None, 0.0, params, cache)
 
         tr.recording = False
         layout = {axis: gradient_layout(out.dist(axis)) for axis in tr.degrees}
@@ -81,21 +112,24 @@ class _Builder:
         grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
         tr.begin_block([grad_out])
         diff = Differentiator(tr, tape, self.module.leaf_ids)
-        replayed = self._replayed(name, tape)
+        replayed, kept = self._replayed(name, tape)
         diff.replay(replayed)
         grads = diff.run([(out, grad_out)], inputs)
         bwd = tr.end_block()
         input_grad_ops = [bwd.origin[id(g)] for g in grads.inputs.values() if id(g) in bwd.origin]
         output = max(input_grad_ops) if input_grad_ops else -1
 
-        saved = sum(tr.nbytes(t) for t in saved_activations(tape, replayed))
+        saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = self.add_block(f"{name}.forward", fwd)
         backward_block = self.add_block(f"{name}.backward", bwd, output)
         sync = self.grad_sync(name, grads.params)
         return Traced(forward_block, backward_block, sync, saved, params)
 
     def grad_sync(self, name: str, grads: list[tuple[STensor, STensor]]) -> int | None:
-        """One bucket per collective and axis: the gradient reduction of every parameter of the module."""
+        """One bucket per collective and axis: the gradient reduction of every parameter of the module.
+
+        Dense weights reduce over every data-parallel rank (dp x ep, and cp, whose tokens also differ); expert
+        weights only over the ranks that hold the same experts (dp / ep)."""
         tr, zero = self.tracer, self.point.parallel.zero
         tr.begin_block([g for _, g in grads])
         for param, grad in grads:
@@ -103,7 +137,11 @@ class _Builder:
                 continue
             self.synced.add(id(param))
             target: dict[str, Dist] = {"tp": gradient_layout(param.dist("tp"))}
-            target["dp"] = DUP if zero == 0 else Partition(param.dims[0])
+            for axis in DATA_AXES:
+                if axis == "ep" and is_expert(param):
+                    target[axis] = param.dist(axis)
+                else:
+                    target[axis] = DUP if zero == 0 else Partition(param.dims[0])
             tr.redistribute(grad, target, record=False)
         ops = tr.end_block().ops
         buckets: dict[tuple[str, str], float] = defaultdict(float)
@@ -125,23 +163,43 @@ class _Builder:
             )
         return self.add_block(f"{name}.grad_sync", merged)
 
-    def p2p_block(self, name: str, kind: OpKind, peer: int, size: float) -> int:
-        emitter = Emitter()
-        deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
-        emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
-        return self.add_block(name, emitter)
+    def p2p_block(self, kind: OpKind, peer: int, size: float) -> int:
+        """A send to (recv from) the stage `peer` positions along pp; one block per direction and offset."""
+        key = (kind, peer)
+        if key not in self.p2p:
+            direction = "fwd" if (peer > 0) == (kind is OpKind.SEND) else "bwd"
+            name = f"{kind.value}_{direction}" + ("" if abs(peer) == 1 else f"_{peer:+d}")
+            emitter = Emitter()
+            deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
+            emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
+            self.p2p[key] = self.add_block(name, emitter)
+        return self.p2p[key]
 
-    def optimizer_block(self, params: list[STensor]) -> tuple[int, dict[TensorKind, float]]:
-        """The Adam step over this stage's share of the parameters, and the static memory of model states."""
+    def optimizer_block(self, params: list[STensor]) -> tuple[int | None, dict[TensorKind, float]]:
+        """The Adam step over this stage's share of the parameters, and the static memory of model states.
+
+        A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas."""
         tr, p = self.tracer, self.point.parallel
-        tp_local = sum(tr.elems(w.relayout("dp", DUP)) for w in params)
         item = self.module.itemsize
-        opt_elems = tp_local / p.dp if p.zero >= 1 else tp_local
-        memory = {
-            TensorKind.PARAMETER: tp_local * item / (p.dp if p.zero == 3 else 1),
-            TensorKind.GRADIENT: tp_local * item / (p.dp if p.zero >= 2 else 1),
-            TensorKind.OPTIMIZER_STATE: opt_elems * OPTIMIZER_STATE_BYTES,
-        }
+        local = opt_elems = 0.0
+        zero_share = 0.0
+        by_group: dict[str, float] = defaultdict(float)
+        data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
+        for w in params:
+            unsharded = w.relayout("dp", DUP)
+            if not is_expert(w):
+                unsharded = unsharded.relayout("ep", DUP)
+            elems = tr.elems(unsharded)
+            replicas = p.dp // p.ep if is_expert(w) else p.dp
+            local += elems
+            zero_share += elems / replicas
+            by_group["dp" if is_expert(w) else data] += elems
+        opt_elems = zero_share if p.zero >= 1 else local
+        memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
+        if not self.train:
+            return None, memory
+        memory[TensorKind.GRADIENT] = (zero_share if p.zero >= 2 else local) * item
+        memory[TensorKind.OPTIMIZER_STATE] = opt_elems * OPTIMIZER_STATE_BYTES
         emitter = Emitter()
         adam = emitter.emit(
             Op(
@@ -153,17 +211,19 @@ class _Builder:
                 deps=(BLOCK_INPUT,),
             )
         )
-        if p.zero in (1, 2) and p.dp > 1:
-            emitter.emit(
-                Op(
-                    "params.all_gather",
-                    OpKind.COLLECTIVE,
-                    "all_gather",
-                    comm_bytes=tp_local * item,
-                    axis="dp",
-                    deps=(adam,),
+        # ZeRO-1/2: every replica group gathers the updated weights it sharded (experts over dp / ep ranks)
+        for axis, elems in sorted(by_group.items()) if p.zero in (1, 2) else ():
+            if axis and (axis != "dp" or p.dp // p.ep > 1):
+                emitter.emit(
+                    Op(
+                        "params.all_gather",
+                        OpKind.COLLECTIVE,
+                        "all_gather",
+                        comm_bytes=elems * item,
+                        axis=axis,
+                        deps=(adam,),
+                    )
                 )
-            )
         return self.add_block("optimizer", emitter), memory
 
     def build(self) -> Workload:
@@ -178,43 +238,45 @@ class _Builder:
             embed_table.append(table)
             return out
 
-        layer = self.trace("layer", [x], lambda: module.layer(x))
-        stage_layers = m.layers // p.pp
+        kinds = layer_kinds(m)
+        traced: dict[LayerKind, Traced] = {}
+        for kind in dict.fromkeys(kinds):
+            traced[kind] = self.trace(block_name(kind), [x], lambda kind=kind: module.layer(x, kind))
         embedding = self.trace("embed", [], embed)
         tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
         head_in = module.activation("x_final", ("b", "s", "h"))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
+        self.layer_traces = traced
+        self.outside = [embedding, head]
 
         act_bytes = self.tracer.nbytes(x)
-        sends = {
-            "send_fwd": self.p2p_block("send_fwd", OpKind.SEND, +1, act_bytes),
-            "recv_fwd": self.p2p_block("recv_fwd", OpKind.RECV, -1, act_bytes),
-            "send_bwd": self.p2p_block("send_bwd", OpKind.SEND, -1, act_bytes),
-            "recv_bwd": self.p2p_block("recv_bwd", OpKind.RECV, +1, act_bytes),
-        }
+        chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
+        self.chunks = chunks
+        self.sends = self.send_orders()
+        per_chunk = m.layers // (p.pp * chunks)
         programs = []
         for stage in range(p.pp):
+            vstages = [c * p.pp + stage for c in range(chunks)]
+            layers = {c: list(range(v * per_chunk, (v + 1) * per_chunk)) for c, v in enumerate(vstages)}
             first, last = stage == 0, stage == p.pp - 1
-            params = layer.params * stage_layers
+            params = [w for c in layers for i in layers[c] for w in traced[kinds[i]].params]
             params += embedding.params if first else []
             params += head.params if last else []
             optimizer, static = self.optimizer_block(params)
             program = Program(stage, f"stage{stage}")
             for kind, size in static.items():
                 program.tensors.append(Tensor(kind.value, kind, size))
-            self.schedule(
-                program,
-                stage,
-                layer,
-                embedding if first else None,
-                head if last else None,
-                sends,
-                stage_layers,
-                optimizer,
-            )
+            if not self.train:
+                cache = sum(traced[kinds[i]].cache_bytes for c in layers for i in layers[c])
+                if cache:
+                    total = cache * point.micro_batches
+                    program.tensors.append(Tensor("kv_cache", TensorKind.KV_CACHE, total))
+            self.schedule(program, stage, layers, kinds, embedding, head, act_bytes, optimizer)
             programs.append(program)
 
-        layout = RankLayout((("tp", p.tp), ("cp", p.cp), ("dp", p.dp), ("pp", p.pp)))
+        axes = [("tp", p.tp), ("cp", p.cp)]
+        axes += [("ep", p.ep), ("dp", p.dp // p.ep)] if p.ep > 1 else [("dp", p.dp)]
+        layout = RankLayout((*axes, ("pp", p.pp)))
         class_of = np.arange(layout.world) // (p.tp * p.cp * p.dp)
         return Workload(
             point.key,
@@ -222,71 +284,155 @@ class _Builder:
             self.blocks,
             programs,
             class_of,
-            point.workload.tokens,
+            point.workload.tokens if point.workload.mode != "decode" else point.workload.global_batch,
             model_flops(m, point.workload),
             m.dtype,
         )
+
+    def steps(self, stage: int) -> list[tuple[str, int, int]]:
+        """(F or B, micro-batch, chunk) in the order the stage runs them."""
+        p, chunks, microbatches = self.point.parallel, self.chunks, self.point.micro_batches
+        if not self.train:
+            return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
+        if p.pp_schedule == "interleaved":
+            return list(interleaved(p.pp, stage, microbatches, chunks))
+        return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
+
+    def tag(self, mb: int, vstage: int, backward: bool) -> int:
+        """Both ends of a transfer compute the same tag, from the sender's forward virtual stage."""
+        base = mb if self.chunks == 1 else mb * self.point.parallel.pp * self.chunks + vstage
+        return 1 + 2 * base + (1 if backward else 0)
+
+    def send_orders(self) -> dict[tuple[int, int], list[int]]:
+        """Per (sender stage, receiver stage), the tags in the order the sender sends them.
+
+        Sends and receives run in order on their streams (as NCCL p2p calls on one stream do), so a receiver
+        posts its receives from a sender in that sender's order; with one chunk per stage this is simply
+        micro-batch order, with interleaved chunks it lets a receive be posted before the step that reads it."""
+        p = self.point.parallel
+        vstages = p.pp * self.chunks
+        orders: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for stage in range(p.pp):
+            for step, mb, chunk in self.steps(stage):
+                vstage = chunk * p.pp + stage
+                if step == "F" and vstage < vstages - 1:
+                    orders[(stage, (vstage + 1) % p.pp)].append(self.tag(mb, vstage, False))
+                elif step == "B" and vstage > 0:
+                    orders[(stage, (vstage - 1) % p.pp)].append(self.tag(mb, vstage - 1, True))
+        return orders
 
     def schedule(
         self,
         program: Program,
         stage: int,
-        layer: Traced,
-        embed: Traced | None,
-        head: Traced | None,
-        sends: dict[str, int],
-        stage_layers: int,
-        optimizer: int,
+        layers: dict[int, list[int]],
+        kinds: list[LayerKind],
+        embed: Traced,
+        head: Traced,
+        act_bytes: float,
+        optimizer: int | None,
     ) -> None:
         """Calls of one stage in its pipeline schedule order, with the activations they keep alive."""
         p = self.point.parallel
         microbatches = self.point.micro_batches
+        chunks = self.chunks
+        vstages = p.pp * chunks
         sync_every = p.zero >= 2
         fwd_call: dict[tuple[int, int], int] = {}
         syncs: list[int] = []
-        first_layer = stage * stage_layers
-        layers = range(first_layer, first_layer + stage_layers)
+        synced: set[int] = set()
 
         def keep(name: str, nbytes: float, producer: int, consumer: int) -> None:
             program.tensors.append(Tensor(name, TensorKind.ACTIVATION, nbytes, producer, consumer))
 
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
-            if traced.sync is not None and (sync_every or mb == microbatches - 1):
+            last_mb = mb == microbatches - 1
+            if traced.sync is not None and (sync_every or last_mb) and (index, mb) not in synced:
+                synced.add((index, mb))
                 syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
 
-        for step, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches):
-            tag_base = 1 + 2 * mb
+        tag = self.tag
+        posted: dict[int, int] = {}
+        cursor: dict[int, int] = defaultdict(int)
+
+        def peer(vstage: int, step: int) -> int:
+            """Offset along pp of the rank holding virtual stage vstage + step."""
+            return (vstage + step) % p.pp - stage
+
+        def post(source_vstage: int, wanted: int) -> None:
+            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted`."""
+            source = source_vstage % p.pp
+            order = self.sends[(source, stage)]
+            while wanted not in posted:
+                t = order[cursor[source]]
+                cursor[source] += 1
+                recv = self.p2p_block(OpKind.RECV, source - stage, act_bytes)
+                mb_of = (t - 1) // 2 // (1 if chunks == 1 else vstages)
+                posted[t] = program.add(Call(recv, (), -1, mb_of, t))
+
+        def receive(source_vstage: int, wanted: int) -> int:
+            post(source_vstage, wanted)
+            return posted.pop(wanted)
+
+        steps = self.steps(stage)
+
+        def prefetch(i: int) -> None:
+            """Before a step's send, post the receive the next step reads (Megatron's send_forward_recv_forward
+            and send_backward_recv_backward), so neither end's send waits behind the other's."""
+            if i >= len(steps):
+                return
+            step, mb, chunk = steps[i]
+            vstage = chunk * p.pp + stage
+            if step == "F" and vstage > 0:
+                post(vstage - 1, tag(mb, vstage - 1, False))
+            elif step == "B" and vstage < vstages - 1:
+                post(vstage + 1, tag(mb, vstage, True))
+
+        for i, (step, mb, chunk) in enumerate(steps):
+            vstage = chunk * p.pp + stage
+            first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
-                if embed is not None:
+                if first:
                     prev = program.add(Call(embed.forward, (), -1, mb))
                     fwd_call[(-1, mb)] = prev
                 else:
-                    prev = program.add(Call(sends["recv_fwd"], (), -1, mb, tag_base))
-                for index in layers:
-                    prev = program.add(Call(layer.forward, (prev,), index, mb))
+                    prev = receive(vstage - 1, tag(mb, vstage - 1, False))
+                for index in layers[chunk]:
+                    prev = program.add(Call(self.layer_traces[kinds[index]].forward, (prev,), index, mb))
                     fwd_call[(index, mb)] = prev
-                if head is not None:
+                if last:
                     fwd_call[(-2, mb)] = program.add(Call(head.forward, (prev,), -2, mb))
                 else:
-                    program.add(Call(sends["send_fwd"], (prev,), -1, mb, tag_base))
+                    if chunks > 1:
+                        prefetch(i + 1)
+                    send = self.p2p_block(OpKind.SEND, peer(vstage, +1), act_bytes)
+                    program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
-            if head is not None:
+            if last:
+                assert head.backward is not None
                 prev = program.add(Call(head.backward, (fwd_call[(-2, mb)],), -2, mb))
                 keep("head", head.saved_bytes, fwd_call[(-2, mb)], prev)
                 sync(head, prev, mb, -2)
             else:
-                prev = program.add(Call(sends["recv_bwd"], (), -1, mb, tag_base + 1))
-            for index in reversed(layers):
-                prev = program.add(Call(layer.backward, (prev, fwd_call[(index, mb)]), index, mb))
-                keep(f"layer{index}", layer.saved_bytes, fwd_call[(index, mb)], prev)
-                sync(layer, prev, mb, index)
-            if embed is not None:
+                prev = receive(vstage + 1, tag(mb, vstage, True))
+            for index in reversed(layers[chunk]):
+                traced = self.layer_traces[kinds[index]]
+                assert traced.backward is not None
+                prev = program.add(Call(traced.backward, (prev, fwd_call[(index, mb)]), index, mb))
+                keep(f"layer{index}", traced.saved_bytes, fwd_call[(index, mb)], prev)
+                sync(traced, prev, mb, index)
+            if first:
+                assert embed.backward is not None
                 done = program.add(Call(embed.backward, (prev, fwd_call[(-1, mb)]), -1, mb))
                 keep("embed", embed.saved_bytes, fwd_call[(-1, mb)], done)
                 sync(embed, done, mb, -1)
             else:
-                program.add(Call(sends["send_bwd"], (prev,), -1, mb, tag_base + 1))
-        program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
+                if chunks > 1:
+                    prefetch(i + 1)
+                send = self.p2p_block(OpKind.SEND, peer(vstage, -1), act_bytes)
+                program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+        if optimizer is not None:
+            program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
 
 
 class SymbolicGenerator:
@@ -300,12 +446,12 @@ def count_parameters(point: DesignPoint) -> int:
     """Parameters of the model as the generated graph holds them (full, unsharded sizes)."""
     builder = _Builder(point)
     builder.build()
-    module = builder.module
-    outside = ("wte", "wpe", "lm_head", "ln_f")
-    layer_params = [w for w in module.params if not w.name.startswith(outside)]
-    per_layer = sum(builder.tracer.full_bytes(w) for w in layer_params) / module.itemsize
+    tr, item = builder.tracer, builder.module.itemsize
+    kinds = layer_kinds(point.model)
+    total = 0.0
+    for kind, traced in builder.layer_traces.items():
+        total += kinds.count(kind) * sum(tr.full_bytes(w) for w in traced.params) / item
     tied_copy = "lm_head" if point.model.tied_embeddings else None
-    others = sum(
-        builder.tracer.full_bytes(w) for w in module.params if w.name.startswith(outside) and w.name != tied_copy
-    )
-    return round(per_layer * point.model.layers + others / module.itemsize)
+    for traced in builder.outside:
+        total += sum(tr.full_bytes(w) for w in traced.params if w.name != tied_copy) / item
+    return round(total)

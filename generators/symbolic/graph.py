@@ -11,7 +11,7 @@ the backward block differentiates.
 """
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Literal
 
@@ -19,6 +19,9 @@ from dse.workload import BLOCK_INPUT, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Duplicated, PartialSum, Partition, collective_for
 
 Layout = tuple[tuple[str, Dist], ...]
+AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
+"""Rank layout order, innermost first (Megatron: tp, cp, then the data axes, pp outermost)."""
+JOINABLE = frozenset({"cp", "ep", "dp"})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -48,7 +51,9 @@ def make_layout(**dists: Dist) -> Layout:
     return tuple(sorted((a, d) for a, d in dists.items() if d != DUP))
 
 
-NodeKind = Literal["einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute"]
+NodeKind = Literal[
+    "einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute", "dropout", "relabel"
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +70,9 @@ class Node:
     axis: str = ""
     ops: tuple[Op, ...] = ()
     """The ops this node emitted (empty for a local slice), for recomputation."""
+    extra_saved: float = 0.0
+    """Bytes the node keeps for its backward beyond its input and output tensors (unfused attention's s x s
+    probabilities, dropout mask and dropped probabilities)."""
 
 
 @dataclass
@@ -158,8 +166,11 @@ class Tracer:
 
     # -- communication -------------------------------------------------------------------------------------
     def redistribute(self, t: STensor, target: dict[str, Dist], record: bool = True) -> STensor:
-        """Bring t to the target layout (axes not named stay Duplicated), one collective per axis that differs."""
+        """Bring t to the target layout (axes not named stay Duplicated), one collective per axis that differs;
+        outside the forward tape, the same collective on adjacent data axes (cp, ep, dp) is one collective over
+        their joint group (the dp x cp gradient all-reduce)."""
         current = t
+        last: tuple[int, Op] | None = None
         for axis in sorted(self.degrees):
             src, dst = current.dist(axis), target.get(axis, DUP)
             if src == dst:
@@ -174,6 +185,21 @@ class Tracer:
             mark = self._mark
             if collective is None:
                 self.emitter.same_origin(moved, current)
+                last = None
+            elif last is not None and not record and last[1].category == collective.value and axis in JOINABLE:
+                index, previous = last
+                size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
+                axes = set(previous.axis.split("+")) | {axis}
+                merged = replace(
+                    previous,
+                    axis="+".join(a for a in AXIS_ORDER if a in axes),
+                    comm_bytes=max(size, previous.comm_bytes),
+                )
+                self.emitter.ops[index] = merged
+                self.emitter.produced(moved, index)
+                if collective is Collective.ALL_GATHER and t.param:
+                    self.emitter.gathered_params += merged.comm_bytes - previous.comm_bytes
+                last = (index, merged)
             else:
                 size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
                 op = Op(
@@ -184,7 +210,8 @@ class Tracer:
                     axis=axis,
                     deps=self.emitter.deps([current]),
                 )
-                self.emitter.emit(op, [moved])
+                index = self.emitter.emit(op, [moved])
+                last = (index, op) if axis in JOINABLE else None
                 if collective is Collective.ALL_GATHER and t.param:
                     self.emitter.gathered_params += size
             if record:
@@ -211,6 +238,7 @@ class Tracer:
             bytes=nbytes,
             density=density,
             deps=self.emitter.deps(inputs),
+            out_bytes=sum(self.nbytes(t) for t in outputs),
         )
         self.emitter.emit(op, outputs)
         for t in outputs:
@@ -288,21 +316,78 @@ class Tracer:
         self._record(Node("norm", name, (x, *ws), result, "norm", flops_per_elem), mark)
         return result
 
-    def attention(self, name: str, q: STensor, k: STensor, v: STensor, causal: bool = True) -> STensor:
-        """Fused (flash) attention over q [b,s,n,d] and k, v [b,s,g,d]: no s x s tensor is kept."""
+    def attention(
+        self,
+        name: str,
+        q: STensor,
+        k: STensor,
+        v: STensor,
+        causal: bool = True,
+        fused: bool = True,
+        dropout: bool = False,
+    ) -> STensor:
+        """Attention of q [b,s,n,dq] over k [b,t,g,dk], v [b,t,g,dv]; the output is [b,s,n,dv].
+
+        Heads split over an axis split the kv heads alike; a query sequence split (context parallelism) needs
+        every key and value, so they are all-gathered over that axis (the backward reduce-scatters their
+        gradients). Fused (flash) attention keeps no s x t tensor; unfused keeps the softmax output (and with
+        dropout its 1-byte mask and the dropped probabilities), the 5 a s^2 b of Korthikanti et al.
+        """
         kv_target: dict[str, Dist] = {}
         for axis in self.degrees:
             d = q.dist(axis)
-            if isinstance(d, Partition):
-                kv_target[axis] = Partition(k.dims[2]) if d.dim == q.dims[2] else d
+            if isinstance(d, Partition) and d.dim == q.dims[2]:
+                kv_target[axis] = Partition(k.dims[2])
+            elif isinstance(d, Partition) and d.dim != q.dims[1]:
+                kv_target[axis] = d
         k2 = self.redistribute(k, kv_target)
         v2 = self.redistribute(v, kv_target)
-        out = STensor(name, q.dims, q.layout, q.itemsize)
-        b, s, n, d = (self.local_size(q, dim) for dim in q.dims)
-        flops = 4 * b * s * s * n * d
+        out_dims = (*q.dims[:3], v.dims[3])
+        out = STensor(name, out_dims, q.layout, q.itemsize)
+        b, sq, n, dq = (self.local_size(q, dim) for dim in q.dims)
+        skv, dv = self.local_size(k2, k2.dims[1]), self.local_size(v2, v2.dims[3])
+        flops = 2 * b * sq * skv * n * (dq + dv)
+        density = 0.5 if causal and sq > 1 else 1.0
+        extra = 0.0
+        if not fused:
+            probs = b * sq * skv * n
+            extra = probs * (q.itemsize + (1 + q.itemsize if dropout else 0))
         mark = self._mark
-        self._compute(name, "attention", flops, (q, k2, v2), (out,), density=0.5 if causal else 1.0)
-        self._record(Node("attention", name, (q, k2, v2), out, "attention", 0.5 if causal else 1.0), mark)
+        self._compute(name, "attention", flops, (q, k2, v2), (out,), density=density)
+        node = Node("attention", name, (q, k2, v2), out, "attention", density, extra_saved=extra)
+        self._record(node, mark)
+        return out
+
+    def dropout(self, name: str, x: STensor) -> STensor:
+        """Dropout: keeps a 1-byte mask for backward (the output is not needed)."""
+        mask = STensor(f"{name}.mask", x.dims, x.layout, 1)
+        out = STensor(name, x.dims, x.layout, x.itemsize)
+        mark = self._mark
+        self._compute(name, "elementwise", 2 * self.elems(x), (x,), (out, mask))
+        self._record(Node("dropout", name, (x, mask), out, "elementwise", 2.0), mark)
+        return out
+
+    def relabel(
+        self,
+        name: str,
+        x: STensor,
+        out_dims: tuple[str, ...],
+        dim_map: dict[str, str],
+        flops_per_elem: float = 0.0,
+        side: Sequence[STensor] = (),
+        category: str = "other",
+        overrides: dict[str, Dist] | None = None,
+    ) -> STensor:
+        """A permutation or regrouping of x's elements into new dimensions (MoE dispatch and combine, reshapes):
+        x's partitioning follows dim_map; side inputs (routing weights) are read too. Linear in x."""
+        layout: dict[str, Dist] = {}
+        for axis, d in x.layout:
+            layout[axis] = Partition(dim_map.get(d.dim, d.dim)) if isinstance(d, Partition) else d
+        layout |= overrides or {}
+        out = STensor(name, out_dims, make_layout(**layout), x.itemsize)
+        mark = self._mark
+        self._compute(name, category, flops_per_elem * self.elems(out), (x, *side), (out,))
+        self._record(Node("relabel", name, (x, *side), out, category, flops_per_elem), mark)
         return out
 
     def embedding(self, name: str, tokens: STensor, table: STensor, out_dims: tuple[str, ...]) -> STensor:

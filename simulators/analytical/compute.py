@@ -1,16 +1,79 @@
-"""Roofline time of one compute kernel.
+"""Time of one compute kernel: a measured table when it covers the op, the roofline otherwise.
 
-A kernel is bound either by its arithmetic or by its HBM traffic, whichever takes longer at the share of peak
-that kernels of its category reach in practice, plus a fixed launch cost, at the peak of the workload's dtype.
+Roofline: a kernel is bound either by its arithmetic or by its HBM traffic, whichever takes longer at the share of
+peak that kernels of its category reach in practice, plus a fixed launch cost, at the peak of the workload's
+dtype. A GEMM too small to fill every SM for several waves reaches less than its category's efficiency:
+efficiency(f) = efficiency * f / (f + f_half), f the GEMM's FLOPs and f_half the accelerator's
+`gemm_half_efficiency_gflop` (the size at which half the large-GEMM efficiency is lost to the last, partly filled
+wave and the prologue/epilogue). In time that is a fixed fill-and-drain cost per GEMM,
+t = (f + f_half) / (peak * efficiency): negligible for large GEMMs, dominant for small ones.
+
+A measured table (CSV: category, dtype, flops, bytes, time_us) is interpolated log-log along FLOPs (along bytes
+for ops without FLOPs) between the two nearest rows of the op's category and dtype; outside the measured range
+the roofline prices the op. `ComputeModel.source` says which one priced an op, and the timeline carries it.
 """
+
+import csv
+from bisect import bisect_left
+from math import exp, log
+from pathlib import Path
 
 from dse.errors import SpecError
 from dse.spec import AcceleratorSpec
 from dse.workload import Op
 
+ROOFLINE, TABLE, FREE = "roofline", "table", "free"
+
+
+class MeasuredTable:
+    """Measured kernel times per (category, dtype), sorted along the size they are interpolated on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        rows: dict[tuple[str, str, bool], list[tuple[float, float]]] = {}
+        try:
+            with path.open(newline="") as handle:
+                for number, row in enumerate(csv.DictReader(handle), start=2):
+                    try:
+                        flops, nbytes, micros = (
+                            float(row["flops"] or 0),
+                            float(row["bytes"] or 0),
+                            float(row["time_us"]),
+                        )
+                        category, dtype = row["category"].strip(), row["dtype"].strip()
+                    except (KeyError, TypeError, ValueError) as exc:
+                        raise SpecError(
+                            f"{path}: line {number} needs category,dtype,flops,bytes,time_us with numbers ({exc})"
+                        ) from None
+                    by_flops = flops > 0
+                    size = flops if by_flops else nbytes
+                    if size <= 0 or micros <= 0:
+                        raise SpecError(f"{path}: line {number} needs a positive size and time_us")
+                    rows.setdefault((category, dtype, by_flops), []).append((size, micros * 1e-6))
+        except OSError as exc:
+            raise SpecError(f"accelerator.measured_table: cannot read {path} ({exc.strerror}); fix the path") from None
+        self._rows = {key: sorted(values) for key, values in rows.items()}
+
+    def lookup(self, op: Op, dtype: str) -> float | None:
+        """Seconds interpolated for the op, or None when no two rows bracket its size (one exact row will do)."""
+        by_flops = op.flops > 0
+        size = op.flops * op.density if by_flops else op.bytes
+        rows = self._rows.get((op.category, dtype, by_flops))
+        if not rows or size <= 0:
+            return None
+        sizes = [s for s, _ in rows]
+        i = bisect_left(sizes, size)
+        if i < len(rows) and sizes[i] == size:
+            return rows[i][1]
+        if i == 0 or i == len(rows):
+            return None
+        (s0, t0), (s1, t1) = rows[i - 1], rows[i]
+        w = (log(size) - log(s0)) / (log(s1) - log(s0))
+        return exp(log(t0) + w * (log(t1) - log(t0)))
+
 
 def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
-    """Seconds one compute op takes; an op that neither computes nor moves bytes is free (no kernel runs)."""
+    """Seconds one compute op takes by the roofline; an op that neither computes nor moves bytes is free."""
     if op.flops == 0 and op.bytes == 0:
         return 0.0
     math = 0.0
@@ -21,6 +84,34 @@ def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
                 f"accelerator '{accelerator.name}' has no compute_efficiency.{op.category} (needed by op "
                 f"'{op.name}'); add it to the accelerator's catalog entry"
             )
-        math = op.flops * op.density / (accelerator.peak_flops(dtype) * efficiency)
+        executed = op.flops * op.density
+        peak = accelerator.peak_flops(dtype) * efficiency
+        math = executed / peak
+        if op.category == "gemm" and accelerator.gemm_half_efficiency_gflop:
+            math += accelerator.gemm_half_efficiency_gflop * 1e9 / peak
     memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
     return max(math, memory) + accelerator.kernel_launch_us * 1e-6
+
+
+class ComputeModel:
+    """Prices compute ops for one accelerator and dtype, from its measured table first when it has one."""
+
+    def __init__(self, accelerator: AcceleratorSpec, dtype: str, base_dir: Path | None = None) -> None:
+        self.accelerator = accelerator
+        self.dtype = dtype
+        self.table: MeasuredTable | None = None
+        if accelerator.measured_table:
+            path = Path(accelerator.measured_table)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            self.table = MeasuredTable(path)
+
+    def price(self, op: Op) -> tuple[float, str]:
+        """(seconds, source): source is 'table', 'roofline' or 'free' (an op with no work runs no kernel)."""
+        if op.flops == 0 and op.bytes == 0:
+            return 0.0, FREE
+        if self.table is not None:
+            measured = self.table.lookup(op, self.dtype)
+            if measured is not None:
+                return measured, TABLE
+        return compute_time(op, self.accelerator, self.dtype), ROOFLINE

@@ -85,6 +85,8 @@ class _Parked:
     seconds: float
     local: list[float]
     category: int
+    shares: tuple[int, ...] = ()
+    """Network streams the transfer occupies on this side (see plans.PlanOp)."""
 
 
 def schedule(workload: Workload, system: SystemSpec, timeline: bool = False) -> list[ClassSchedule]:
@@ -146,13 +148,16 @@ class _Scheduler:
                     inputs_ready = out_end[i]
             first, last = call_start[c], call_end[c]
             while j < len(ops):
-                kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link = ops[j]
+                kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
                 start = stream_end[stream]
                 if waits_on_inputs and inputs_ready > start:
                     start = inputs_ready
                 for d in deps:
                     if local[d] > start:
                         start = local[d]
+                for r in shares:
+                    if stream_end[r] > start:
+                        start = stream_end[r]
                 if start == inf:
                     run.call, run.op, run.local = c, j, local
                     call_start[c], call_end[c] = min(call_start[c], first), max(call_end[c], last)
@@ -163,6 +168,8 @@ class _Scheduler:
                     for k, offset in marks:
                         local[k] = start + offset
                     stream_end[stream] = end
+                    for r in shares:
+                        stream_end[r] = end
                     if kind == COMPUTE:
                         compute_starts.append(start)
                         compute_ends.append(end)
@@ -172,7 +179,7 @@ class _Scheduler:
                     if events is not None:
                         self._event(run, c, slot, start, end)
                 else:
-                    side = _Parked(run, c, slot, kind, stream, start, seconds, local, category)
+                    side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
                     start, end = self._rendezvous(side, (link, call.tag))
                     if end == inf:
                         j += 1
@@ -202,6 +209,9 @@ class _Scheduler:
             return inf, inf
         other = queue.popleft()
         start = max(side.ready, other.ready)
+        for end_of in (side, other):
+            for r in end_of.shares:
+                start = max(start, end_of.run.stream_end[r])
         end = start + (side.seconds if side.kind == SEND else other.seconds)
         self._settle(side, start, end)
         self._settle(other, start, end)
@@ -217,6 +227,8 @@ class _Scheduler:
         run = side.run
         side.local[side.op] = end
         run.stream_end[side.stream] = end
+        for r in side.shares:
+            run.stream_end[r] = max(run.stream_end[r], end)
         if side.op == run.plans[side.call].output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start
@@ -225,10 +237,10 @@ class _Scheduler:
         if run.events is not None:
             self._event(run, side.call, side.op, start, end)
 
-    @staticmethod
-    def _event(run: _Run, call: int, op_index: int, start: float, end: float) -> None:
+    def _event(self, run: _Run, call: int, op_index: int, start: float, end: float) -> None:
         op = run.plans[call].block.ops[op_index]
-        run.events.append(TimelineEvent(run.index, stream_of(op), op.name, op.category, start, end))
+        source = self._planner.source(run.program.calls[call].block, op_index)
+        run.events.append(TimelineEvent(run.index, stream_of(op), op.name, op.category, start, end, source))
 
     def _check_finished(self, runs: list[_Run]) -> None:
         stuck = []

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dse.spec import AcceleratorSpec, GiB
 from dse.workload import Block, Program, TensorKind
 
 _KINDS = list(TensorKind)
@@ -35,23 +36,42 @@ def peak_memory(
             times.append(call_end[tensor.consumer])
             deltas.append(-tensor.bytes)
             kinds.append(kind)
-    for c, call in enumerate(program.calls):
-        temp = blocks[call.block].temp_bytes
-        if temp:
-            times += [call_start[c], call_end[c]]
-            deltas += [temp, -temp]
-            kinds += [_TEMPORARY, _TEMPORARY]
+    block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
+    temp = block_temp[np.fromiter((call.block for call in program.calls), int, len(program.calls))]
+    held = np.flatnonzero(temp)
+    starts, ends = np.asarray(call_start, dtype=float)[held], np.asarray(call_end, dtype=float)[held]
+    times_all = np.concatenate((np.asarray(times, dtype=float), starts, ends))
+    deltas_all = np.concatenate((np.asarray(deltas, dtype=float), temp[held], -temp[held]))
+    kinds_all = np.concatenate((np.asarray(kinds, dtype=int), np.full(2 * len(held), _TEMPORARY, dtype=int)))
     at_peak = dict.fromkeys((kind.value for kind in _KINDS), 0.0)
-    if not times:
+    if not len(times_all):
         return 0.0, at_peak
-    delta = np.asarray(deltas)
-    order = np.lexsort((delta > 0, np.asarray(times)))
-    level = np.cumsum(delta[order])
+    # Instants closer than a nanosecond are one: a free and an allocation that the schedule puts at the same
+    # time must not be ordered by floating-point noise (the fast path shifts cached times by its t0).
+    order = np.lexsort((deltas_all > 0, np.round(times_all, 9)))
+    level = np.cumsum(deltas_all[order])
     peak = int(np.argmax(level))
     if level[peak] <= 0:
         return 0.0, at_peak
     upto = order[: peak + 1]
-    by_kind = np.bincount(np.asarray(kinds)[upto], weights=delta[upto], minlength=len(_KINDS))
-    for kind, held in zip(_KINDS, by_kind, strict=True):
-        at_peak[kind.value] = float(held)
+    by_kind = np.bincount(kinds_all[upto], weights=deltas_all[upto], minlength=len(_KINDS))
+    for kind, held_bytes in zip(_KINDS, by_kind, strict=True):
+        at_peak[kind.value] = float(held_bytes)
     return float(level[peak]), at_peak
+
+
+RESERVE, FRAGMENTATION = "reserve", "fragmentation"
+
+
+def with_runtime_reserve(peak: float, at_peak: dict[str, float], accelerator: AcceleratorSpec) -> float:
+    """The peak plus what the runtime takes besides the step's tensors, both added to the breakdown.
+
+    reserve: the CUDA context, cuBLAS workspaces and NCCL buffers, allocated before the step and fixed.
+    fragmentation: the caching allocator's blocks that are reserved but not usable for the next request, a share
+    of what the step allocates (the share torch.cuda.memory_reserved exceeds memory_allocated by at the peak).
+    """
+    reserve = accelerator.runtime_reserve_GiB * GiB
+    fragmentation = accelerator.fragmentation * peak
+    at_peak[RESERVE] = reserve
+    at_peak[FRAGMENTATION] = fragmentation
+    return peak + reserve + fragmentation

@@ -1,15 +1,28 @@
 """Collective and point-to-point times on the hierarchical network, innermost dimension first.
 
 Rank r sits at NPU r, so its coordinate in dimension i is (r // P_i) % npus_i with P_i the NPUs of the inner
-dimensions. A ring or a switch dimension runs the ring algorithm (NCCL builds rings over NVSwitch and IB
-switches too); a fully connected one runs the direct algorithm, which pays the bandwidth term of the ring but
-only one latency per phase. A group that spans several dimensions runs hierarchically, as ASTRA-sim and NCCL
-do: it reduce-scatters from the innermost dimension outward and all-gathers back, so each outer dimension only
-carries the shard the inner ones left. Bandwidths already include the dimension's efficiency, so the times are
-what nccl-tests would measure for the same buffer sizes.
+dimensions. A group that spans several dimensions runs hierarchically, as ASTRA-sim and NCCL do: it
+reduce-scatters from the innermost dimension outward and all-gathers back, so each outer dimension only carries
+the shard the inner ones left. Bandwidths already include the dimension's efficiency, so the times are what
+nccl-tests would measure for the same buffer sizes.
+
+Inside one dimension of n NPUs, per-NPU bandwidth B and latency a, a buffer of S bytes costs (nccl-tests sizes;
+an all-reduce is a reduce-scatter then an all-gather, so twice the one-phase figure):
+
+    algorithm          reduce-scatter / all-gather / all-to-all     all-reduce                 broadcast
+    ring               (n-1)/n S/B + (n-1) a                          2 (n-1)/n S/B + 2(n-1) a   S/B + (n-1) a
+    direct             (n-1)/n S/B + a                                2 (n-1)/n S/B + 2 a        S/B + a
+    halving_doubling   (n-1)/n S/B + log2(n) a                        2 (n-1)/n S/B + 2 log2(n) a  (tree)
+    tree (pipelined)   (ring)                                         2 S/B + 2 log2(n) a        S/B + log2(n) a
+
+`auto` picks direct on a fully connected dimension and ring elsewhere (NCCL's choice for large buffers on
+NVSwitch and InfiniBand). A torus runs a ring along each of its axes in turn, the axes nested like dimensions,
+with B the bandwidth of one link in one direction. All-to-all on a ring is priced at the injection bound, which is
+optimistic for a large ring (multi-hop traffic is not modelled).
 """
 
 from collections.abc import Sequence
+from math import ceil, log2
 
 from dse.spec import NetworkDim
 from dse.workload import Collective
@@ -33,13 +46,75 @@ def group_span(ranks: Sequence[int], network: Sequence[NetworkDim]) -> Span:
     return span
 
 
+def spanned_dims(ranks: Sequence[int], network: Sequence[NetworkDim]) -> tuple[int, ...]:
+    """Indices of the dimensions a group spans: the links its collectives occupy."""
+    out = []
+    inner = 1
+    for index, dim in enumerate(network):
+        if len({(rank // inner) % dim.npus for rank in ranks}) > 1:
+            out.append(index)
+        inner *= dim.npus
+    return tuple(out)
+
+
+def _log2(n: int) -> int:
+    return max(1, ceil(log2(n)))
+
+
+def algorithm(dim: NetworkDim) -> str:
+    """The algorithm a dimension runs: its own choice, or auto's per topology."""
+    if dim.algorithm != "auto":
+        return dim.algorithm
+    return "direct" if dim.topology == "fully_connected" else "ring"
+
+
+def torus_shape(dim: NetworkDim) -> list[int]:
+    """Side lengths of a torus dimension: its shape, or the most balanced factorisation of npus."""
+    if dim.shape is not None:
+        return list(dim.shape)
+    sides = int(dim.topology[-2])
+    shape = []
+    rest = dim.npus
+    for remaining in range(sides, 0, -1):
+        side = max(d for d in range(1, rest + 1) if rest % d == 0 and d <= round(rest ** (1 / remaining)) + 1e-9)
+        shape.append(side)
+        rest //= side
+    return sorted(shape)
+
+
 def _dim_time(kind: Collective, size: float, dim: NetworkDim, count: int) -> float:
-    """One dimension's share: the ring's (c-1)/c of the buffer per NPU, twice for an all-reduce (RS + AG)."""
-    steps = count - 1
-    volume = size if kind is Collective.BROADCAST else steps / count * size
-    hops = 1 if dim.topology == "fully_connected" else steps
+    """One dimension's share of a collective over `count` of its NPUs (see the module's table)."""
+    if dim.topology.startswith("torus") and count == dim.npus:
+        return _torus_time(kind, size, dim)
+    n = count
+    algo = algorithm(dim)
+    if kind is Collective.BROADCAST:
+        if algo in ("tree", "halving_doubling"):
+            return size / dim.bandwidth + _log2(n) * dim.latency
+        return size / dim.bandwidth + (1 if algo == "direct" else n - 1) * dim.latency
     phases = 2 if kind is Collective.ALL_REDUCE else 1
-    return phases * (volume / dim.bandwidth + hops * dim.latency)
+    if algo == "tree" and kind is Collective.ALL_REDUCE:
+        return 2 * (size / dim.bandwidth + _log2(n) * dim.latency)
+    hops = {"direct": 1, "halving_doubling": _log2(n)}.get(algo, n - 1)
+    if kind is Collective.ALL_TO_ALL and algo == "halving_doubling":
+        hops = n - 1
+    return phases * ((n - 1) / n * size / dim.bandwidth + hops * dim.latency)
+
+
+def _torus_time(kind: Collective, size: float, dim: NetworkDim) -> float:
+    """A ring along each axis of the torus in turn, shrinking the buffer like nested dimensions do."""
+    total = 0.0
+    for side in torus_shape(dim):
+        if side == 1:
+            continue
+        if kind is Collective.BROADCAST:
+            total += size / dim.bandwidth + (side - 1) * dim.latency
+            continue
+        phases = 2 if kind is Collective.ALL_REDUCE else 1
+        total += phases * ((side - 1) / side * size / dim.bandwidth + (side - 1) * dim.latency)
+        if kind in _SHARDING:
+            size /= side
+    return total
 
 
 def collective_time(kind: str, size: float, span: Span) -> float:
@@ -55,6 +130,17 @@ def collective_time(kind: str, size: float, span: Span) -> float:
         if collective in _SHARDING:
             size /= count
     return total
+
+
+def p2p_dim(src: int, dst: int, network: Sequence[NetworkDim]) -> int | None:
+    """Index of the dimension a send from src to dst crosses: the outermost one where their coordinates differ."""
+    hop = None
+    inner = 1
+    for index, dim in enumerate(network):
+        if (src // inner) % dim.npus != (dst // inner) % dim.npus:
+            hop = index
+        inner *= dim.npus
+    return hop
 
 
 def p2p_time(size: float, src: int, dst: int, network: Sequence[NetworkDim]) -> float:

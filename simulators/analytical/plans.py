@@ -22,11 +22,16 @@ _STREAM_PREFIX = {OpKind.COLLECTIVE: "comm", OpKind.SEND: "send", OpKind.RECV: "
 Link = tuple[int, int, str, int]
 """A p2p op's channel, named alike from both ends: sender class, receiver class, axis, receiver's offset."""
 
-PlanOp = tuple[int, int, float, tuple[int, ...], bool, int, tuple[tuple[int, float], ...], int, Link | None]
-"""(kind, stream, seconds, deps inside the block, waits on the call's inputs, slot, marks, category, link).
+PlanOp = tuple[
+    int, int, float, tuple[int, ...], bool, int, tuple[tuple[int, float], ...], int, Link | None, tuple[int, ...]
+]
+"""(kind, stream, seconds, deps inside the block, waits on the call's inputs, slot, marks, category, link, shares).
 
 slot: the block op whose end this op's end is (the last kernel of a fused run). marks: (block op, seconds from
-the start) for the kernels inside a fused run that a later op or the call's output needs.
+the start) for the kernels inside a fused run that a later op or the call's output needs. shares: the streams of
+the network dimensions a collective occupies ("net:<index>"): collectives of different axes that need the same
+dimension queue for it, so two concurrent transfers on one dimension take twice as long as one (their total
+bandwidth is the dimension's, as with fair sharing; the first simply finishes first).
 """
 
 
@@ -59,6 +64,7 @@ class _Draft:
     slot: int
     category: int
     link: Link | None
+    shares: tuple[int, ...] = ()
     marks: list[tuple[int, float]] = field(default_factory=list)
 
     def append(self, index: int, seconds: float, mark_previous: bool) -> None:
@@ -79,17 +85,21 @@ class _Draft:
             tuple(self.marks),
             self.category,
             self.link,
+            self.shares,
         )
 
 
 class Planner:
     """Builds and caches plans, and numbers the streams and categories that plans refer to."""
 
-    def __init__(self, workload: Workload, system: SystemSpec, fuse: bool) -> None:
+    def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
+        self.share_bandwidth = share_bandwidth
         self._pricer = BlockPricer(workload, system)
         self._fuse = fuse
         self._plans: dict[tuple[int, int], Plan] = {}
+        self._shared: dict[tuple, Plan] = {}
+        self._block_axes: dict[int, tuple[str, ...]] = {}
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
 
@@ -97,8 +107,32 @@ class Planner:
         key = (block_index, rank_class)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._build(block_index, rank_class)
+            # Classes whose groups span the network alike run a block without p2p ops identically: they share
+            # one plan (the fast path then shares its cached segments between such classes too).
+            alike = self._alike(block_index, rank_class)
+            plan = self._shared.get(alike) if alike is not None else None
+            if plan is None:
+                plan = self._build(block_index, rank_class)
+                if alike is not None:
+                    self._shared[alike] = plan
+            self._plans[key] = plan
         return plan
+
+    def _alike(self, block_index: int, rank_class: int) -> tuple | None:
+        """What a block's plan depends on besides the block: the span of each axis its collectives use; None for
+        a block with p2p ops (their links name the classes)."""
+        axes = self._block_axes.get(block_index)
+        if axes is None:
+            ops = self._workload.blocks[block_index].ops
+            if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in ops):
+                axes = self._block_axes[block_index] = ("p2p",)
+            else:
+                axes = self._block_axes[block_index] = tuple(
+                    sorted({op.axis for op in ops if op.kind is OpKind.COLLECTIVE})
+                )
+        if axes == ("p2p",):
+            return None
+        return (block_index, *(self._pricer.span_key(axis, rank_class) for axis in axes))
 
     def _build(self, block_index: int, rank_class: int) -> Plan:
         block = self._workload.blocks[block_index]
@@ -124,6 +158,7 @@ class Planner:
                     slot=index,
                     category=category,
                     link=self._link(op, rank_class),
+                    shares=self._shares(op, rank_class),
                 )
             )
         return Plan(
@@ -133,6 +168,23 @@ class Planner:
             category_seconds=tuple(totals.items()),
             categories=frozenset(self.categories[op.category] for op in block.ops),
         )
+
+    def source(self, block_index: int, op_index: int) -> str:
+        """What priced a compute op ('table', 'roofline', 'free'); '' for communication."""
+        return self._pricer.sources[block_index][op_index]
+
+    def _shares(self, op: Op, rank_class: int) -> tuple[int, ...]:
+        """Network streams the op occupies: a collective both directions of every dimension its group spans, a
+        send the outgoing and a recv the incoming direction of the dimension it crosses (links are full duplex,
+        so a stage's send and its recv do not queue for each other)."""
+        if not self.share_bandwidth or op.kind is OpKind.COMPUTE:
+            return ()
+        if op.kind is OpKind.COLLECTIVE:
+            names = [f"net:{d}:{way}" for d in self._pricer.dims(op.axis, rank_class) for way in ("out", "in")]
+        else:
+            d = self._pricer.p2p_dim(op.axis, op.peer, rank_class)
+            names = [] if d is None else [f"net:{d}:{'out' if op.kind is OpKind.SEND else 'in'}"]
+        return tuple(self.streams.setdefault(name, len(self.streams)) for name in names)
 
     def _link(self, op: Op, rank_class: int) -> Link | None:
         if op.kind not in (OpKind.SEND, OpKind.RECV):

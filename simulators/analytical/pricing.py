@@ -9,28 +9,31 @@ representative.
 
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Workload
-from simulators.analytical.compute import compute_time
-from simulators.analytical.network import Span, collective_time, group_span, p2p_time
+from simulators.analytical.compute import ComputeModel
+from simulators.analytical.network import Span, collective_time, group_span, p2p_dim, p2p_time, spanned_dims
 
 
 class BlockPricer:
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        self._dtype = workload.dtype
+        self._model = ComputeModel(system.accelerator, workload.dtype)
         self._compute: dict[int, list[float]] = {}
+        self.sources: dict[int, list[str]] = {}
+        """Per block, what priced each op: 'table', 'roofline', 'free', or '' for communication."""
         self._spans: dict[tuple[str, int], Span] = {}
+        self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
 
     def durations(self, block: int, rank_class: int) -> list[float]:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
         compute = self._compute.get(block)
         if compute is None:
-            accelerator = self._system.accelerator
-            compute = [
-                compute_time(op, accelerator, self._dtype) if op.kind is OpKind.COMPUTE else 0.0
+            priced = [
+                self._model.price(op) if op.kind is OpKind.COMPUTE else (0.0, "")
                 for op in self._workload.blocks[block].ops
             ]
-            self._compute[block] = compute
+            compute = self._compute[block] = [seconds for seconds, _ in priced]
+            self.sources[block] = [source for _, source in priced]
         out = []
         for op, seconds in zip(self._workload.blocks[block].ops, compute, strict=True):
             if op.kind is OpKind.COLLECTIVE:
@@ -49,3 +52,22 @@ class BlockPricer:
             group = self._workload.layout.group(self._workload.representative(rank_class), axis)
             span = self._spans[key] = group_span(group, self._system.network)
         return span
+
+    def dims(self, axis: str, rank_class: int) -> tuple[int, ...]:
+        """Network dimensions a collective on this axis occupies for this rank class."""
+        key = (axis, rank_class)
+        dims = self._dims.get(key)
+        if dims is None:
+            group = self._workload.layout.group(self._workload.representative(rank_class), axis)
+            dims = self._dims[key] = spanned_dims(group, self._system.network)
+        return dims
+
+    def p2p_dim(self, axis: str, offset: int, rank_class: int) -> int | None:
+        """The network dimension a p2p op of this class crosses to its peer (None: the peer is itself)."""
+        rank = self._workload.representative(rank_class)
+        peer = self._workload.layout.peer(rank, axis, offset)
+        return p2p_dim(rank, peer, self._system.network)
+
+    def span_key(self, axis: str, rank_class: int) -> tuple[tuple[int, int], ...]:
+        """(dimension index, NPUs spanned) per dimension the axis's group spans: equal keys, equal prices."""
+        return tuple(zip(self.dims(axis, rank_class), (count for _, count in self.span(axis, rank_class)), strict=True))

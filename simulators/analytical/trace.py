@@ -1,4 +1,7 @@
-"""Chrome / Perfetto trace JSON from a simulated timeline (open it at ui.perfetto.dev or chrome://tracing)."""
+"""Chrome / Perfetto trace JSON from a simulated timeline (open it at ui.perfetto.dev or chrome://tracing).
+
+dse.traces and `dse evaluate --trace` find it here by convention: a cost model package exports to_chrome_trace.
+"""
 
 from typing import Any
 
@@ -22,15 +25,16 @@ def to_chrome_trace(result: SimResult) -> dict[str, Any]:
             tid = threads[key] = len(threads)
             label = {"name": event.stream}
             events.append({"name": "thread_name", "ph": "M", "pid": event.rank_class, "tid": tid, "args": label})
-        events.append(
-            {
-                "name": event.name,
-                "cat": event.category,
-                "ph": "X",
-                "ts": event.start_s * 1e6,
-                "dur": (event.end_s - event.start_s) * 1e6,
-                "pid": event.rank_class,
-                "tid": tid,
-            }
-        )
+        record = {
+            "name": event.name,
+            "cat": event.category,
+            "ph": "X",
+            "ts": event.start_s * 1e6,
+            "dur": (event.end_s - event.start_s) * 1e6,
+            "pid": event.rank_class,
+            "tid": tid,
+        }
+        if event.source:
+            record["args"] = {"priced_by": event.source}
+        events.append(record)
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,128 @@
+"""Study throughput on this machine: trials/s with 1 and 2 Ray workers and their ratio, the driver's time per
+trial (all of it, and the part on the workers' critical path), and MLflow child runs written per second.
+
+The study is the quickstart's space (Llama-3-8B on 64 H100s, ~15 ms per evaluation with the analytical model)
+with the random sampler, MLflow off (child_runs: none), so the figures are the loop's own. Usage:
+
+    .venv/bin/python benchmarks/study_throughput.py [--trials 300]
+"""
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+
+from dse.executor import Outcome, PluginEvaluation, RayExecutor
+from dse.space import load_study
+from dse.spec import DesignPoint
+from dse.study import TIMINGS, open_study, run
+from dse.tracking import Tracker, write_results
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Timed:
+    """Wraps an executor to split the driver's wall time: inside wait() the driver idles; from a wait()'s
+    return to the next submit() a worker idles (the critical path); the rest overlaps the workers."""
+
+    def __init__(self, inner: RayExecutor) -> None:
+        self.inner = inner
+        self.workers = inner.workers
+        self.waiting = 0.0
+        self.critical = 0.0
+        self.submits = 0
+        self._returned: float | None = None
+
+    def submit(self, tag: int, point: DesignPoint) -> None:
+        if self._returned is not None:
+            self.critical += time.perf_counter() - self._returned
+            self._returned = None
+        self.submits += 1
+        self.inner.submit(tag, point)
+
+    def wait(self, timeout: float | None = None) -> Outcome | None:
+        start = time.perf_counter()
+        outcome = self.inner.wait(timeout)
+        self._returned = time.perf_counter()
+        self.waiting += self._returned - start
+        return outcome
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def one(workers: int, trials: int, folder: Path) -> dict[str, float]:
+    spec = load_study(ROOT / "studies" / "quickstart.yaml", trials=trials, workers=workers, sampler="random")
+    study = open_study(spec, folder / f"w{workers}")
+    executor = Timed(RayExecutor(PluginEvaluation(spec.generator, spec.cost_model), workers))
+    # Warm up the actors (plugin import, first trace) outside the timed part.
+    for number in range(workers):
+        executor.inner.submit(-1 - number, _warm_point(spec))
+    for _ in range(workers):
+        executor.inner.wait()
+    start = time.perf_counter()
+    run(spec, study, executor, trials)
+    wall = time.perf_counter() - start
+    executor.close()
+    evaluated = sum(TIMINGS in t.user_attrs for t in study.trials)
+    return {
+        "trials_per_s": trials / wall,
+        "evaluations_per_s": evaluated / wall,
+        "driver_ms_per_trial": 1000 * (wall - executor.waiting) / trials,
+        "critical_ms_per_evaluation": 1000 * executor.critical / max(executor.submits - workers, 1),
+        "evaluated": evaluated,
+        "wall_s": wall,
+    }
+
+
+def _warm_point(spec) -> DesignPoint:
+    from dse.space import decode
+
+    point = decode(spec, {name: param.first for name, param in spec.space.items()})
+    assert isinstance(point, DesignPoint)
+    return point
+
+
+def mlflow_rate(folder: Path, trials: int) -> float:
+    """Child runs per second the background writer puts into a local sqlite store."""
+    spec = load_study(ROOT / "studies" / "quickstart.yaml", trials=trials, workers=2, sampler="random")
+    out = folder / "w2"
+    study = open_study(spec, out)
+    results = write_results(spec, study, out)
+    tracker = Tracker(f"sqlite:///{folder / 'mlflow.db'}", spec, out)
+    tracker.start(study)
+    tracker.finish(study, results, completed=True)
+    return tracker.written / tracker.write_seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=300)
+    args = parser.parse_args()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    import ray
+
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        figures = {workers: one(workers, args.trials, folder) for workers in (1, 2)}
+        for workers, f in figures.items():
+            print(
+                f"{workers} worker(s): {f['trials_per_s']:.1f} trials/s ({f['evaluations_per_s']:.1f} evaluations/s, "
+                f"{f['evaluated']} of {args.trials} trials evaluated, {f['wall_s']:.1f} s); driver "
+                f"{f['driver_ms_per_trial']:.2f} ms/trial in all, {f['critical_ms_per_evaluation']:.2f} ms per "
+                f"evaluation on the critical path"
+            )
+        ratio = figures[2]["trials_per_s"] / figures[1]["trials_per_s"]
+        print(f"speed-up 2 vs 1 workers: {ratio:.2f}x (target >= 1.7x)")
+        rate = mlflow_rate(folder, args.trials)
+        print(f"MLflow child runs written per second (local sqlite, background writer): {rate:.1f}")
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The calibration set: published end-to-end training measurements, and the model's error on each.
+
+Every case is a design point in the point-file format and what was measured on it (tokens/s per GPU, and peak
+memory where the source gives it), with the source. `dse calibrate` prices each case with the chosen generator
+and cost model and prints model against measurement. The accelerator and network efficiencies in the catalog are
+set from kernel and collective measurements (see the catalog files' sources), never fitted per case; these cases
+check the result. Float8 rows of the torchtitan table are left out: the generator emits bf16 GEMMs only.
+"""
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dse import plugins
+from dse.evaluate import evaluate
+from dse.interfaces import CostModel, WorkloadGenerator
+from dse.points import build_point, expand
+from dse.spec import GiB
+
+FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"
+TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (iteration 90)"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    point: dict[str, Any]
+    tokens_per_s_per_gpu: float
+    peak_memory_GiB: float | None
+    source: str
+    note: str = ""
+
+
+def _fsdp_blog(model: str, system: str, world: int, recompute: str, tokens: float) -> Case:
+    gpu = "A100" if "a100" in system else "H100"
+    return Case(
+        name=f"{model} {gpu}x{world} FSDP, AC {recompute}",
+        point={
+            "model": model,
+            "workload": {"seq_len": 4096, "global_batch": 2 * world, "micro_batch": 2},
+            "parallel": {"dp": world, "zero": 3, "recompute": recompute},
+            "system": system,
+        },
+        tokens_per_s_per_gpu=tokens,
+        peak_memory_GiB=None,
+        source=FSDP_BLOG,
+    )
+
+
+CASES: list[Case] = [
+    _fsdp_blog("llama2-7b", "ibm-a100-fsdp", 128, "none", 3700),
+    _fsdp_blog("llama2-13b", "ibm-a100-fsdp", 128, "selective", 1800),
+    _fsdp_blog("llama2-34b", "ibm-a100-fsdp", 128, "full", 700),
+    _fsdp_blog("llama2-70b", "ibm-a100-fsdp", 128, "full", 370),
+    _fsdp_blog("llama2-7b", "ibm-h100-fsdp", 96, "none", 7500),
+    _fsdp_blog("llama2-13b", "ibm-h100-fsdp", 96, "selective", 3800),
+    _fsdp_blog("llama2-34b", "ibm-h100-fsdp", 96, "full", 1550),
+    _fsdp_blog("llama2-70b", "ibm-h100-fsdp", 96, "full", 800),
+    Case(
+        name="llama3.1-8b H100x8 FSDP, AC selective, eager",
+        point={
+            "model": "llama3-8b",
+            "workload": {"seq_len": 8192, "global_batch": 16, "micro_batch": 2},
+            "parallel": {"dp": 8, "zero": 3, "recompute": "selective"},
+            "system": "torchtitan-h100",
+        },
+        tokens_per_s_per_gpu=5762,
+        peak_memory_GiB=82.4,
+        source=TORCHTITAN,
+        note="eager: one kernel per op, as the model prices them; torch.compile (6,667 tok/s) fuses elementwise ops",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    case: Case
+    tokens_per_s_per_gpu: float
+    peak_memory_GiB: float
+
+    @property
+    def throughput_error(self) -> float:
+        """Signed relative error of the model's tokens/s per GPU."""
+        return self.tokens_per_s_per_gpu / self.case.tokens_per_s_per_gpu - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.case.peak_memory_GiB is None:
+            return None
+        return self.peak_memory_GiB / self.case.peak_memory_GiB - 1
+
+
+def run(generator: WorkloadGenerator, cost_model: CostModel, cases: list[Case] = CASES) -> list[Row]:
+    rows = []
+    for case in cases:
+        point = build_point(expand(case.point), f"calibration case '{case.name}'")
+        evaluation = evaluate(point, generator, cost_model)
+        result = evaluation.result
+        tokens = evaluation.workload.tokens / result.step_time_s / point.parallel.world
+        rows.append(Row(case, tokens, result.peak_memory_bytes / GiB))
+    return rows
+
+
+def errors(rows: list[Row]) -> list[float]:
+    """Absolute relative errors of every compared figure (throughput of every case, memory where measured)."""
+    out = [abs(row.throughput_error) for row in rows]
+    out += [abs(row.memory_error) for row in rows if row.memory_error is not None]
+    return out
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="model against published measurements",
+        description="Price every case of the calibration set (published tokens/s per GPU and peak memory) and "
+        "print model against measurement with per-case and mean error.",
+    )
+    calibrate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
+    calibrate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
+    calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    rows = run(plugins.generator(args.generator), plugins.cost_model(args.cost_model))
+    if args.json:
+        print(json.dumps([_as_dict(row) for row in rows]))
+        return 0
+    table = Table(title="calibration: model vs measured")
+    for column in ("case", "tokens/s/GPU model", "measured", "error", "peak GiB model", "measured", "error"):
+        table.add_column(column, justify="left" if column == "case" else "right", no_wrap=column == "case")
+    for row in rows:
+        memory = row.memory_error
+        table.add_row(
+            row.case.name,
+            f"{row.tokens_per_s_per_gpu:,.0f}",
+            f"{row.case.tokens_per_s_per_gpu:,.0f}",
+            f"{100 * row.throughput_error:+.1f}%",
+            f"{row.peak_memory_GiB:.1f}",
+            "-" if row.case.peak_memory_GiB is None else f"{row.case.peak_memory_GiB:.1f}",
+            "-" if memory is None else f"{100 * memory:+.1f}%",
+        )
+    console.print(table)
+    figures = errors(rows)
+    console.print(
+        f"{len(figures)} figures: mean |error| {100 * sum(figures) / len(figures):.1f}%, max {100 * max(figures):.1f}%"
+    )
+    for source in sorted({row.case.source for row in rows}):
+        console.print(f"source: {source}", soft_wrap=True)
+    return 0
+
+
+def _as_dict(row: Row) -> dict[str, Any]:
+    return {
+        "case": row.case.name,
+        "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu,
+        "measured_tokens_per_s_per_gpu": row.case.tokens_per_s_per_gpu,
+        "throughput_error": row.throughput_error,
+        "peak_memory_GiB": row.peak_memory_GiB,
+        "measured_peak_memory_GiB": row.case.peak_memory_GiB,
+        "memory_error": row.memory_error,
+    }

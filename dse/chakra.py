@@ -1,0 +1,385 @@
+"""IR <-> Chakra execution traces (the format ASTRA-sim reads).
+
+Export writes `OUT/<prefix>.<rank>.et` for every rank and `OUT/<prefix>.comm_groups.json` (ASTRA-sim's
+`--comm-group-configuration`: `{"<pg_name>": [ranks...]}`). Units are converted here, at the edge, to what
+ASTRA-sim reads: `num_ops` is FLOPs, `tensor_size` and `comm_size` are bytes (comm_size is the collective's whole
+buffer, the nccl-tests convention the IR already uses), `pg_name` is a decimal string id >= 1, `involved_dim` says
+which network dimensions a group spans. Files are deterministic: node ids are issue order, group ids follow the
+sorted axis names and the lowest rank of each group, and p2p tags come from the pipeline schedule, so identical
+input gives byte-identical files.
+
+Dependencies: `data_deps` are the IR's data dependencies; `ctrl_deps` keep each rank's compute stream in issue
+order (the pipeline schedule) and each process group's collectives in one order on every member.
+
+The reader turns Chakra files (ours or traces captured elsewhere) back into a Workload with one program per rank.
+"""
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from chakra.schema.protobuf import et_def_pb2 as pb
+from chakra.src.third_party.utils.protolib import decodeMessage as decode_message
+from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
+
+from dse.errors import DseError
+from dse.spec import AcceleratorSpec
+from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload, expand
+
+SCHEMA_VERSION = "0.0.4"
+COMM_TYPE = {
+    Collective.ALL_REDUCE: pb.ALL_REDUCE,
+    Collective.ALL_GATHER: pb.ALL_GATHER,
+    Collective.REDUCE_SCATTER: pb.REDUCE_SCATTER,
+    Collective.ALL_TO_ALL: pb.ALL_TO_ALL,
+    Collective.BROADCAST: pb.BROADCAST,
+}
+COLLECTIVE_OF = {v: k for k, v in COMM_TYPE.items()}
+TAG_STRIDE = 1 << 12
+"""comm_tag = schedule tag * TAG_STRIDE + position of the p2p op in its call (fits int32 for 2^19 tags)."""
+
+
+class ChakraError(DseError):
+    """A Chakra file that cannot be read or a workload that cannot be exported."""
+
+
+@dataclass(frozen=True)
+class CommGroups:
+    """Every process group the workload uses, numbered from 1: (axis, lowest rank) -> pg id."""
+
+    ids: dict[tuple[str, int], int]
+    members: dict[int, list[int]]
+
+    @classmethod
+    def of(cls, layout: RankLayout, axes: Sequence[str]) -> "CommGroups":
+        ids: dict[tuple[str, int], int] = {}
+        members: dict[int, list[int]] = {}
+        for axis in sorted(set(axes)):
+            for group in layout.groups(axis):
+                pg = len(members) + 1
+                ids[(axis, group[0])] = pg
+                members[pg] = group
+        return cls(ids, members)
+
+    def of_rank(self, layout: RankLayout, rank: int, axis: str) -> int:
+        return self.ids[(axis, layout.group(rank, axis)[0])]
+
+
+def involved_dims(members: Sequence[int], network: Sequence[int]) -> list[bool]:
+    """Which network dimensions (sizes innermost first) a group's members differ in."""
+    out = []
+    stride = 1
+    for size in network:
+        coords = {(r // stride) % size for r in members}
+        out.append(len(coords) > 1)
+        stride *= size
+    return out
+
+
+def _attr(name: str, **value: object) -> pb.AttributeProto:
+    return pb.AttributeProto(name=name, **value)
+
+
+def _encoded(message: object) -> bytes:
+    buffer = io.BytesIO()
+    encode_message(buffer, message)
+    return buffer.getvalue()
+
+
+def _io(ids: Sequence[int], sizes: Sequence[int], itemsize: int) -> pb.IOInfo:
+    """A PyTorch-ET style tensor list: [tensor_id, storage_id, offset, numel, itemsize, device] per tensor."""
+    values = [[i, i, 0, max(1, size // itemsize), itemsize, "cuda"] for i, size in zip(ids, sizes, strict=True)]
+    return pb.IOInfo(
+        values=json.dumps(values, separators=(",", ":")),
+        shapes=json.dumps([[v[3]] for v in values], separators=(",", ":")),
+        types=json.dumps(["Tensor"] * len(values)),
+    )
+
+
+def roofline_micros(op: Op, accelerator: AcceleratorSpec | None, dtype: str) -> int:
+    """A compute op's duration on the accelerator by the roofline (per-category efficiency) plus its launch cost,
+    in whole microseconds, for ASTRA-sim runs without its own roofline; 0 without an accelerator."""
+    if accelerator is None:
+        return 0
+    efficiency = accelerator.compute_efficiency.get(op.category, 1.0)  # type: ignore[call-overload]
+    compute = op.flops * op.density / (accelerator.peak_flops(dtype) * efficiency)
+    memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
+    return round(max(compute, memory) * 1e6 + accelerator.kernel_launch_us)
+
+
+class _Exporter:
+    def __init__(
+        self, workload: Workload, network: Sequence[int], itemsize: int, accelerator: AcceleratorSpec | None = None
+    ):
+        self.accelerator = accelerator
+        self.w = workload
+        self.network = list(network)
+        self.itemsize = itemsize
+        if int(np.prod(self.network)) != workload.layout.world:
+            raise ChakraError(
+                f"system network has {int(np.prod(self.network))} NPUs but the workload has "
+                f"{workload.layout.world} ranks; export with the point's own system"
+            )
+        axes = [op.axis for b in workload.blocks for op in b.ops if op.kind is OpKind.COLLECTIVE]
+        self.groups = CommGroups.of(workload.layout, axes)
+        self.involved = {pg: involved_dims(m, self.network) for pg, m in self.groups.members.items()}
+
+    def class_nodes(self, program: Program) -> tuple[list, list[tuple]]:
+        """The rank-independent part of a class's nodes, and per node what a rank fills in."""
+        flat = list(expand(self.w, program))
+        out_size = [int(f.op.comm_bytes if f.op.is_comm else (f.op.out_bytes or f.op.bytes)) for f in flat]
+        nodes = []
+        last_compute = -1
+        last_coll: dict[str, int] = {}
+        for f in flat:
+            op = f.op
+            ctrl: list[int] = []
+            if op.kind is OpKind.COMPUTE:
+                if last_compute >= 0:
+                    ctrl.append(last_compute)
+                last_compute = f.index
+            elif op.kind is OpKind.COLLECTIVE:
+                if op.axis in last_coll:
+                    ctrl.append(last_coll[op.axis])
+                last_coll[op.axis] = f.index
+            deps = sorted(set(f.deps))
+            node = pb.Node(id=f.index, name=op.name, ctrl_deps=ctrl, data_deps=deps)
+            if op.kind is OpKind.COMPUTE:
+                node.duration_micros = roofline_micros(op, self.accelerator, self.w.dtype)
+            node.inputs.CopyFrom(_io(deps, [out_size[d] for d in deps], self.itemsize))
+            node.outputs.CopyFrom(_io([f.index], [out_size[f.index]], self.itemsize))
+            attrs = [_attr("is_cpu_op", bool_val=False)]
+            if op.kind is OpKind.COMPUTE:
+                node.type = pb.COMP_NODE
+                attrs += [
+                    _attr("num_ops", int64_val=round(op.flops * op.density)),
+                    _attr("tensor_size", uint64_val=round(op.bytes)),
+                    _attr("op_category", string_val=op.category),
+                    _attr("model_flops", int64_val=round(op.flops)),
+                ]
+            elif op.kind is OpKind.COLLECTIVE:
+                node.type = pb.COMM_COLL_NODE
+                attrs += [
+                    _attr("comm_type", int64_val=COMM_TYPE[Collective(op.category)]),
+                    _attr("comm_size", int64_val=round(op.comm_bytes)),
+                    _attr("axis", string_val=op.axis),
+                ]
+            else:
+                node.type = pb.COMM_SEND_NODE if op.kind is OpKind.SEND else pb.COMM_RECV_NODE
+                call = program.calls[f.call]
+                position = f.index - self._call_start(flat, f)
+                attrs += [
+                    _attr("comm_size", int64_val=round(op.comm_bytes)),
+                    _attr("tensor_size", uint64_val=round(op.comm_bytes)),
+                    _attr("comm_tag", int32_val=call.tag * TAG_STRIDE + position),
+                    _attr("axis", string_val=op.axis),
+                ]
+            node.attr.extend(attrs)
+            nodes.append((node, op))
+        return nodes, flat
+
+    @staticmethod
+    def _call_start(flat: list, f: object) -> int:
+        i = f.index  # type: ignore[attr-defined]
+        while i > 0 and flat[i - 1].call == f.call:  # type: ignore[attr-defined]
+            i -= 1
+        return i
+
+    def metadata(self) -> bytes:
+        layout = ",".join(f"{a}={n}" for a, n in self.w.layout.axes)
+        meta = pb.GlobalMetadata(version=SCHEMA_VERSION)
+        meta.attr.extend(
+            [
+                _attr("dse_layout", string_val=layout),
+                _attr("dse_tokens", int64_val=self.w.tokens),
+                _attr("dse_model_flops", double_val=self.w.model_flops),
+                _attr("dse_dtype", string_val=self.w.dtype),
+                _attr("dse_point", string_val=self.w.point_key),
+            ]
+        )
+        return _encoded(meta)
+
+    def write(self, out: Path, prefix: str) -> list[Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        layout = self.w.layout
+        header = self.metadata()
+        paths = []
+        for program in self.w.programs:
+            nodes, _ = self.class_nodes(program)
+            fixed: dict[int, bytes] = {}
+            cache: dict[tuple[int, int, int], bytes] = {}
+            for i, (node, op) in enumerate(nodes):
+                if op.kind is OpKind.COMPUTE:
+                    fixed[i] = _encoded(node)
+            for rank in self.w.ranks_of(program.rank_class):
+                rank = int(rank)
+                parts = [header]
+                for i, (node, op) in enumerate(nodes):
+                    if i in fixed:
+                        parts.append(fixed[i])
+                        continue
+                    if op.kind is OpKind.COLLECTIVE:
+                        key = (i, self.groups.of_rank(layout, rank, op.axis), 0)
+                    else:
+                        key = (i, rank, 0)
+                    blob = cache.get(key)
+                    if blob is None:
+                        blob = _encoded(self._rank_node(node, op, rank, key[1]))
+                        cache[key] = blob
+                    parts.append(blob)
+                path = out / f"{prefix}.{rank}.et"
+                path.write_bytes(b"".join(parts))
+                paths.append(path)
+        groups = {str(pg): members for pg, members in self.groups.members.items()}
+        (out / f"{prefix}.comm_groups.json").write_text(json.dumps(groups, sort_keys=False) + "\n")
+        return paths
+
+    def _rank_node(self, template: pb.Node, op: Op, rank: int, pg: int) -> pb.Node:
+        node = pb.Node()
+        node.CopyFrom(template)
+        if op.kind is OpKind.COLLECTIVE:
+            node.attr.extend(
+                [
+                    _attr("pg_name", string_val=str(pg)),
+                    _attr("involved_dim", bool_list=pb.BoolList(values=self.involved[pg])),
+                ]
+            )
+        else:
+            peer = self.w.layout.peer(rank, op.axis, op.peer)
+            src, dst = (rank, peer) if op.kind is OpKind.SEND else (peer, rank)
+            node.attr.extend([_attr("comm_src", int32_val=src), _attr("comm_dst", int32_val=dst)])
+        return node
+
+
+def export(
+    workload: Workload,
+    out_dir: str | Path,
+    network: Sequence[int],
+    prefix: str = "trace",
+    itemsize: int = 2,
+    accelerator: AcceleratorSpec | None = None,
+) -> list[Path]:
+    """Write one .et file per rank and the communicator-group JSON; returns the .et paths in rank order.
+
+    network: the NPUs of each network dimension, innermost first (the system's `network[i].npus`).
+    accelerator: when given, compute nodes also carry duration_micros from its roofline (ASTRA-sim uses it when
+    its own roofline is off).
+    """
+    paths = _Exporter(workload, network, itemsize, accelerator).write(Path(out_dir), prefix)
+    return sorted(paths, key=lambda p: int(p.name.rsplit(".", 2)[1]))
+
+
+# -- reading -------------------------------------------------------------------------------------------------
+
+
+def read_nodes(path: str | Path) -> tuple[pb.GlobalMetadata, list[pb.Node]]:
+    """Decode one .et file with mlc-chakra: its metadata and its nodes in file order."""
+    meta = pb.GlobalMetadata()
+    nodes = []
+    with open(path, "rb") as f:
+        if not decode_message(f, meta):
+            raise ChakraError(f"{path}: not a Chakra execution trace (no metadata message)")
+        while True:
+            node = pb.Node()
+            if not decode_message(f, node):
+                break
+            nodes.append(node)
+    return meta, nodes
+
+
+def attrs(node: pb.Node) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for a in node.attr:
+        which = a.WhichOneof("value")
+        value = getattr(a, which) if which else None
+        out[a.name] = list(value.values) if hasattr(value, "values") else value
+    return out
+
+
+def _layout_of(meta: pb.GlobalMetadata, world: int) -> RankLayout:
+    for a in meta.attr:
+        if a.name == "dse_layout":
+            return RankLayout(tuple((k, int(v)) for k, v in (p.split("=") for p in a.string_val.split(","))))
+    return RankLayout((("rank", world),))
+
+
+def _meta(meta: pb.GlobalMetadata, name: str, default: object) -> object:
+    for a in meta.attr:
+        if a.name == name:
+            return getattr(a, a.WhichOneof("value"))
+    return default
+
+
+def read(directory: str | Path, prefix: str = "trace") -> Workload:
+    """Chakra files `<prefix>.<rank>.et` back into the IR: one block and one program per rank.
+
+    Collective axes come from our `axis` attribute, else `pg<pg_name>`; p2p peers become offsets along the
+    axis when the layout is known, else along the flat rank axis.
+    """
+    directory = Path(directory)
+    files = sorted(directory.glob(f"{prefix}.*.et"), key=lambda p: int(p.name.rsplit(".", 2)[1]))
+    if not files:
+        raise ChakraError(f"{directory}: no files named {prefix}.<rank>.et")
+    blocks, programs = [], []
+    meta = pb.GlobalMetadata()
+    layout = None
+    for rank, path in enumerate(files):
+        meta, nodes = read_nodes(path)
+        layout = layout or _layout_of(meta, len(files))
+        index = {n.id: i for i, n in enumerate(nodes)}
+        ops = []
+        for n in nodes:
+            a = attrs(n)
+            deps = tuple(sorted(index[d] for d in n.data_deps if d in index))
+            name = n.name
+            if n.type == pb.COMP_NODE:
+                flops = float(a.get("model_flops", a.get("num_ops", 0)))
+                executed = float(a.get("num_ops", 0))
+                density = executed / flops if flops else 1.0
+                category = str(a.get("op_category", "other"))
+                ops.append(
+                    Op(name, OpKind.COMPUTE, category, flops, float(a.get("tensor_size", 0)), density, deps=deps)
+                )
+            elif n.type == pb.COMM_COLL_NODE:
+                collective = COLLECTIVE_OF.get(int(a.get("comm_type", 0)))
+                if collective is None:
+                    raise ChakraError(f"{path}: node {n.id} has an unsupported comm_type {a.get('comm_type')}")
+                axis = str(a.get("axis") or f"pg{a.get('pg_name', '')}")
+                ops.append(
+                    Op(
+                        name,
+                        OpKind.COLLECTIVE,
+                        collective.value,
+                        comm_bytes=float(a["comm_size"]),
+                        axis=axis,
+                        deps=deps,
+                    )
+                )
+            elif n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+                kind = OpKind.SEND if n.type == pb.COMM_SEND_NODE else OpKind.RECV
+                src, dst = int(a["comm_src"]), int(a["comm_dst"])
+                other = dst if kind is OpKind.SEND else src
+                axis = str(a.get("axis", "rank"))
+                if axis not in dict(layout.axes):
+                    axis = layout.axes[0][0]
+                stride = layout.stride(axis)
+                size = float(a.get("comm_size", a.get("tensor_size", 0)))
+                ops.append(
+                    Op(name, kind, kind.value, comm_bytes=size, axis=axis, peer=(other - rank) // stride, deps=deps)
+                )
+        blocks.append(Block(f"rank{rank}", tuple(ops)))
+        programs.append(Program(rank, f"rank{rank}", [Call(rank)]))
+    assert layout is not None
+    return Workload(
+        str(_meta(meta, "dse_point", directory.name)),
+        layout,
+        blocks,
+        programs,
+        np.arange(len(files)),
+        int(_meta(meta, "dse_tokens", 0)),
+        float(_meta(meta, "dse_model_flops", 0.0)),
+        str(_meta(meta, "dse_dtype", "bf16")),
+    )

@@ -1,0 +1,118 @@
+"""The commands around a study's results: `dse sync`, `dse compare` and `dse nightly`.
+
+They live here rather than in cli.py so that each stays a small function over tracking, report and nightly;
+cli.py adds their parsers and dispatches to them.
+"""
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import optuna
+from rich.console import Console
+
+from dse import nightly, report, tracking
+from dse import study as studies
+from dse.errors import DseError
+from dse.executor import connect
+
+T = TypeVar("T")
+EXIT_CHANGED = 1
+"""`dse nightly`: a tracked figure moved beyond its threshold (user errors exit 2, as everywhere)."""
+
+
+def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    sync = commands.add_parser(
+        "sync",
+        help="write a study's missing MLflow runs (after an MLflow outage)",
+        description="Write to MLflow exactly the child runs and artifacts a study's output folder has but MLflow "
+        "lacks, e.g. after the tracking server was down during `dse run`. Safe to repeat.",
+    )
+    sync.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
+    sync.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
+
+    compare = commands.add_parser(
+        "compare",
+        help="diff two studies' Pareto fronts",
+        description="Compare two studies' best feasible point per objective and their Pareto fronts (from their "
+        "trials tables), e.g. the same study before and after a catalog change.",
+    )
+    compare.add_argument("a", type=Path, metavar="OUT_A", help="first study's output folder")
+    compare.add_argument("b", type=Path, metavar="OUT_B", help="second study's output folder")
+
+    night = commands.add_parser(
+        "nightly",
+        help="run a suite of studies and report changes since the last night",
+        description="Run every study file in SUITE_DIR into ROOT/NIGHT/<study>, compare each study's best "
+        "feasible figures and front with the last successful night (from MLflow, else the trials tables under "
+        "ROOT), write ROOT/NIGHT/report.md, log it to MLflow, and exit 1 when a figure moved beyond --threshold.",
+    )
+    night.add_argument("suite", type=Path, metavar="SUITE_DIR", help="folder of study files, e.g. studies/nightly")
+    night.add_argument("--root", type=Path, default=Path("runs/nightly"), help="nights' folder (default: runs/nightly)")
+    night.add_argument("--night", default=None, help="this night's name (default: today's date, UTC)")
+    night.add_argument("--threshold", type=float, default=0.01, help="relative change that counts (default: 0.01)")
+    night.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///ROOT/mlflow.db)"
+    )
+    night.add_argument("--address", help="Ray cluster to join for every study (default: a local Ray)")
+    night.add_argument("--workers", type=int, help="evaluations in flight per study (default: the study's)")
+
+
+def sync(args: argparse.Namespace, console: Console) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = tracking.load_saved_spec(args.out)
+    study = studies.open_study(spec, args.out)
+    uri = (
+        args.tracking_uri or study.user_attrs.get(tracking.TRACKING_URI_ATTR) or tracking.default_tracking_uri(args.out)
+    )
+    tracker = tracking.Tracker(uri, spec, args.out)
+    tracker.start(study)
+    results = tracking.write_results(spec, study, args.out)
+    completed = len(studies.counted(study.get_trials(deepcopy=False))) >= spec.trials
+    missing = tracker.finish(study, results, completed)
+    if tracker.error:
+        raise DseError(f"MLflow at {uri} still fails ({tracker.error}); {missing} child runs are missing, try again")
+    console.print(
+        f"uploaded {tracker.written} child runs and the study's artifacts to {uri} (experiment '{spec.name}')",
+        soft_wrap=True,
+    )
+    return 0
+
+
+def compare(args: argparse.Namespace, console: Console) -> int:
+    a, b = tracking.read_parquet(args.a), tracking.read_parquet(args.b)
+    console.print(report.compare(a, b, str(args.a), str(args.b)))
+    return 0
+
+
+def run_nightly(args: argparse.Namespace, console: Console) -> int:
+    if not 0 <= args.threshold < 1:
+        raise DseError(f"--threshold {args.threshold}: give a relative change between 0 and 1, e.g. 0.01 for 1 %")
+    suite = nightly.load_suite(args.suite)
+    night = args.night or nightly.default_night()
+    root: Path = args.root
+    root.mkdir(parents=True, exist_ok=True)
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(root)
+    run_args = ["--workers", str(args.workers)] if args.workers else []
+    text, moved = _with_ray(args.address, lambda: nightly.run_suite(suite, root, night, uri, run_args, args.threshold))
+    print(text)
+    print(f"report: {root / night / nightly.REPORT}", file=sys.stderr)
+    return EXIT_CHANGED if moved else 0
+
+
+def _with_ray(address: str | None, work: Callable[[], T]) -> T:
+    """Join (or start) Ray once for the whole suite; each study's executor reuses it instead of paying a start."""
+    import ray
+
+    started = connect(address)
+    try:
+        return work()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+HANDLERS = {"sync": sync, "compare": compare, "nightly": run_nightly}

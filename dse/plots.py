@@ -1,0 +1,99 @@
+"""Pareto plots of a study, as the STAGE paper draws its DSE figures: step time against peak memory per GPU,
+colour by parallel shape (tp x pp x dp), marker by ZeRO stage, the front joined by a line.
+
+A PNG (matplotlib, for reports and the MLflow artifact preview) and an interactive HTML (plotly, self-contained
+so it opens offline from MLflow's artifact view) with every trial's shape and metrics on hover.
+"""
+
+from pathlib import Path
+
+import pandas as pd
+
+from dse.spec import GiB
+
+PNG = "pareto.png"
+HTML = "pareto.html"
+X, Y = "peak_memory_bytes", "step_time_s"
+MARKERS = {0: "o", 1: "s", 2: "^", 3: "D"}
+PLOTLY_MARKERS = {0: "circle", 1: "square", 2: "triangle-up", 3: "diamond"}
+
+
+def _shape(frame: pd.DataFrame) -> pd.Series:
+    def degree(column: str) -> pd.Series:
+        if column not in frame:
+            return pd.Series(["1"] * len(frame), index=frame.index)
+        return frame[column].map(lambda v: "?" if pd.isna(v) else f"{v:.0f}")
+
+    return "tp" + degree("parallel.tp") + " pp" + degree("parallel.pp") + " dp" + degree("parallel.dp")
+
+
+def _points(frame: pd.DataFrame) -> pd.DataFrame:
+    """COMPLETE trials with both axes, one per design point, with their shape, ZeRO stage and feasibility."""
+    if frame.empty or X not in frame or Y not in frame:
+        return pd.DataFrame(columns=[X, Y, "shape", "zero", "feasible", "number"])
+    done = frame[(frame["state"] == "COMPLETE") & frame[X].notna() & frame[Y].notna()].drop_duplicates("point_key")
+    out = done[["number", X, Y, "feasible"]].copy()
+    out["shape"] = _shape(done)
+    out["zero"] = done["parallel.zero"].fillna(0).astype(int) if "parallel.zero" in done else 0
+    return out
+
+
+def pareto_png(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and in Ray workers
+    import matplotlib.pyplot as plt
+
+    points = _points(frame)
+    fig, ax = plt.subplots(figsize=(9, 6), dpi=110)
+    colours = plt.get_cmap("tab20")
+    for index, (shape, group) in enumerate(points.groupby("shape", sort=True)):
+        for zero, rows in group.groupby("zero"):
+            feasible = rows["feasible"] == True  # noqa: E712 - nullable column
+            style = {"marker": MARKERS.get(int(zero), "x"), "color": colours(index % 20), "s": 36}
+            ax.scatter(rows.loc[feasible, X] / GiB, rows.loc[feasible, Y], **style, label=f"{shape} zero{zero}")
+            ax.scatter(rows.loc[~feasible, X] / GiB, rows.loc[~feasible, Y], **style, alpha=0.25)
+    if not front.empty:
+        ax.plot(front[X] / GiB, front[Y], color="black", linewidth=1, drawstyle="steps-post", label="Pareto front")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("step time (s)")
+    ax.set_title(f"{title}: faded points do not fit in HBM")
+    ax.grid(alpha=0.3)
+    if len(points):
+        ax.legend(fontsize=7, ncol=2, loc="upper right", framealpha=0.8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def pareto_html(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: str) -> Path:
+    import plotly.graph_objects as go
+
+    points = _points(frame)
+    fig = go.Figure()
+    for shape, group in points.groupby("shape", sort=True):
+        fig.add_trace(
+            go.Scatter(
+                x=group[X] / GiB,
+                y=group[Y],
+                mode="markers",
+                name=shape,
+                marker={
+                    "symbol": [PLOTLY_MARKERS.get(int(z), "x") for z in group["zero"]],
+                    "opacity": [1.0 if f == True else 0.3 for f in group["feasible"]],  # noqa: E712
+                    "size": 9,
+                },
+                text=[f"trial {n}, zero {z}" for n, z in zip(group["number"], group["zero"], strict=True)],
+                hovertemplate="%{text}<br>%{x:.2f} GiB, %{y:.4g} s<extra>%{fullData.name}</extra>",
+            )
+        )
+    if not front.empty:
+        fig.add_trace(go.Scatter(x=front[X] / GiB, y=front[Y], mode="lines", name="Pareto front", line={"shape": "hv"}))
+    fig.update_layout(
+        title=f"{title} (marker: ZeRO stage circle 0, square 1, triangle 2, diamond 3; faded: over HBM)",
+        xaxis_title="peak memory per GPU (GiB)",
+        yaxis_title="step time (s)",
+    )
+    fig.write_html(path, include_plotlyjs=True, full_html=True)
+    return path

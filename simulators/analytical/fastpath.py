@@ -1,0 +1,552 @@
+"""The fast path: the reference schedule, with every run of calls between two p2p calls priced once per state.
+
+A program is a sequence of *segments* (maximal runs of calls without a send or recv) separated by p2p calls.
+A segment's ops depend only on the state it is entered with: when each stream it uses is free and when its
+external inputs (outputs of earlier calls) are ready. Relative to the compute stream's free time `t0`, that
+state repeats: every forward of a 1F1B steady state enters its stage the same way, and so does every backward.
+So a segment is simulated once per (rank class, call structure, relative entry state) by the reference rules,
+and every later segment with the same key reuses the result shifted by its own `t0`: the end of each stream, each
+call's start, end and output, the busy intervals (merged) and the busy seconds per category.
+
+Entry times before t0 mostly decide nothing (a stream that was free earlier, an input ready long before), so a
+key first clamps them to t0 and recurs far more often; the simulation checks whether a clamped time decided any
+op's start and, if one did, the key falls back to the exact times (see `_run_segment`). Inside a simulated
+segment, calls are priced the same way one by one (`_price_call`), so the chained layers of a segment that is
+new as a whole still come from the cache.
+
+Keys round relative times to `QUANTUM_S`, so a reused result can be off by at most that per segment, far below
+the 1% the fast path promises (`tests/test_analytical_fastpath.py` checks it against the reference). P2p calls
+run through the reference rules one by one, so pipeline stages still couple through their rendezvous; a segment
+whose entry state is not known yet (it waits on a recv still unmatched) parks its program as the reference does.
+"""
+
+from dataclasses import dataclass
+from math import inf
+
+import numpy as np
+
+from dse.spec import SystemSpec
+from dse.workload import OpKind, Workload
+from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
+from simulators.analytical.intervals import merge_intervals, union_length
+from simulators.analytical.plans import COMPUTE
+
+QUANTUM_S = 1e-9
+"""Resolution of the relative entry times in a segment's key (a nanosecond)."""
+_SCALE = 1.0 / QUANTUM_S
+
+
+@dataclass(slots=True, frozen=True)
+class _Segment:
+    """Calls [start, end) of one program and what their key is made of."""
+
+    start: int
+    end: int
+    signature: tuple[int, ...]
+    """Per call its block, its number of inputs and their offsets from it, flat: the segment's structure,
+    wherever it sits."""
+    external: tuple[int, ...]
+    """Earlier calls whose outputs the segment reads, in the order the signature meets them."""
+    streams: tuple[int, ...]
+    first_inputs: tuple[int, ...]
+    """Inputs of the segment's first call: the latest of them and the compute stream's end make its t0."""
+    structure: int
+    """(rank class, signature) numbered: cache keys hash a small int instead of the whole signature."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Outcome:
+    """A simulated segment, every time relative to its t0."""
+
+    stream_end: tuple[tuple[int, float], ...]
+    call_start: np.ndarray
+    call_end: np.ndarray
+    out_end: tuple[float, ...]
+    compute: tuple[np.ndarray, np.ndarray]
+    """Merged busy intervals of the compute stream (starts, ends)."""
+    comm: tuple[np.ndarray, np.ndarray]
+    """Merged busy intervals of the communication streams."""
+    category_time: tuple[tuple[int, float], ...]
+
+
+_CLAMP_ALL, _CLAMP_INPUTS, _CLAMP_NONE = range(3)
+"""How a key treats entry times before t0: all clamped to t0, only the inputs' clamped, none clamped."""
+_NONE = np.zeros(0)
+_UNCLAMPABLE = _Outcome((), _NONE, _NONE, (), (_NONE, _NONE), (_NONE, _NONE), ())
+"""Cached under a clamped key whose clamp decided some op's start: look the exact key up instead."""
+
+
+def schedule_fast(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:
+    """The same schedules as `engine.schedule` (within QUANTUM_S per segment), without a timeline."""
+    return _FastScheduler(workload, system).run()
+
+
+def _streams(signature: tuple[int, ...], block_streams: dict[int, frozenset[int]]) -> tuple[int, ...]:
+    """The streams the calls of a flat signature use."""
+    used: set[int] = set()
+    k = 0
+    while k < len(signature):
+        used |= block_streams[signature[k]]
+        k += 2 + signature[k + 1]
+    return tuple(sorted(used))
+
+
+_BOUND = object()
+"""A call whose ops' start a clamped entry time decided (see _FastScheduler._simulate)."""
+
+
+def _price_call(
+    plan, stream_end: list[float], floor: set[int], ready: float, ready_floor: bool, base: float, streams: tuple
+) -> "tuple | object":
+    """One call of a segment by the reference rules, relative to `base`: the streams' new ends, the call's first
+    start, last end and output, and its compute and communication intervals; _BOUND if a clamped time decided an
+    op's start. Works on copies: the caller applies the result, so that a cached result applies the same way."""
+    ends = {x: stream_end[x] for x in streams}
+    floored = floor.intersection(streams) if floor else set()
+    local = [0.0] * len(plan.block.ops)
+    first, last = inf, 0.0
+    cs: list[float] = []
+    ce: list[float] = []
+    ms: list[float] = []
+    me: list[float] = []
+    for kind, stream, seconds, deps, waits_on_inputs, slot, marks, _category, _link, shares in plan.ops:
+        start = ends[stream]
+        bound = stream in floored
+        if waits_on_inputs:
+            if ready > start:
+                start, bound = ready, ready_floor
+            elif ready == start:
+                bound = bound and ready_floor
+        for d in deps:
+            if local[d] >= start:
+                start, bound = local[d], False
+        for r in shares:
+            if ends[r] > start:
+                start, bound = ends[r], r in floored
+            elif ends[r] == start:
+                bound = bound and r in floored
+        if bound:
+            return _BOUND
+        floored.discard(stream)
+        end = start + seconds
+        local[slot] = end
+        for j, offset in marks:
+            local[j] = start + offset
+        ends[stream] = end
+        for r in shares:
+            ends[r] = end
+            floored.discard(r)
+        if kind == COMPUTE:
+            cs.append(start - base)
+            ce.append(end - base)
+        else:
+            ms.append(start - base)
+            me.append(end - base)
+        if start < first:
+            first = start
+        if end > last:
+            last = end
+    return (
+        tuple(ends[x] - base for x in streams),
+        first - base,
+        last - base,
+        local[plan.output] - base,
+        tuple(cs),
+        tuple(ce),
+        tuple(ms),
+        tuple(me),
+    )
+
+
+class _FastScheduler(_Scheduler):
+    """The reference scheduler's p2p pairing and parking, with segments priced through the caches."""
+
+    def __init__(self, workload: Workload, system: SystemSpec) -> None:
+        super().__init__(workload, system, timeline=False)
+        self._outcomes: dict[tuple, _Outcome] = {}
+        self._first_tier: dict[int, int] = {}
+        self._structures: dict[tuple, int] = {}
+        self._structure_streams: list[tuple[int, ...]] = []
+        self._class_tokens: dict[tuple, int] = {}
+        self._calls: dict[tuple, tuple | object] = {}
+        """Calls priced inside segment simulations, by plan and relative entry state (see _price_call)."""
+        self._plan_streams: dict[int, tuple[int, ...]] = {}
+        self._p2p_blocks = frozenset(
+            b
+            for b, block in enumerate(workload.blocks)
+            if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in block.ops)
+        )
+        self._segments: list[dict[int, _Segment]] = []
+        self._compute_stream = 0
+
+    def run(self) -> list[ClassSchedule]:
+        programs = self._workload.programs
+        used = [sorted({c.block for c in p.calls}) for p in programs]
+        plans = []
+        for index, blocks in enumerate(used):
+            built = {b: self._planner.plan(b, index) for b in blocks}
+            plans.append(built)
+        self._compute_stream = self._planner.streams.setdefault("compute", len(self._planner.streams))
+        self._segments = [self._split(index, p.calls, plans[index]) for index, p in enumerate(programs)]
+        self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
+        self._block_plans = plans
+        runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
+        self._runnable.extend(runs)
+        while self._runnable:
+            run = self._runnable.popleft()
+            run.queued = False
+            self._advance(run)
+        self._check_finished(runs)
+        return [self._finish(run) for run in runs]
+
+    def _split(self, index: int, calls: list, plans: dict) -> dict[int, _Segment]:
+        """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of
+        the program once, so it is kept to the bare minimum per call."""
+        p2p = self._p2p_blocks
+        block_streams = {b: frozenset(x for op in plan.ops for x in (op[1], *op[9])) for b, plan in plans.items()}
+        out: dict[int, _Segment] = {}
+        start = -1
+        signature: list[int] = []
+        external: list[int] = []
+        extend, add_external = signature.extend, external.append
+        structures = self._structures
+        streams_of = self._structure_streams
+
+        token = tuple(sorted((b, id(plan)) for b, plan in plans.items() if b not in p2p))
+        # Classes that run the same plans (middle pipeline stages) share segment structures, and so outcomes.
+        owner = self._class_tokens.setdefault(token, index)
+
+        def close(end: int) -> None:
+            key = (owner, tuple(signature))
+            structure = structures.get(key)
+            if structure is None:
+                structure = structures[key] = len(structures)
+                streams_of.append(_streams(key[1], block_streams))
+            out[start] = _Segment(
+                start, end, key[1], tuple(external), streams_of[structure], calls[start].inputs, structure
+            )
+
+        for c, call in enumerate(calls):
+            block = call.block
+            if block in p2p:
+                if start >= 0:
+                    close(c)
+                    start = -1
+                continue
+            if start < 0:
+                start = c
+                signature.clear()
+                external.clear()
+            inputs = call.inputs
+            if len(inputs) == 1:
+                i = inputs[0]
+                if i < start:
+                    add_external(i)
+                extend((block, 1, i - c))
+            else:
+                extend((block, len(inputs)))
+                for i in inputs:
+                    if i < start:
+                        add_external(i)
+                    signature.append(i - c)
+        if start >= 0:
+            close(len(calls))
+        return out
+
+    def _start_fast(self, index: int, program) -> _Run:
+        calls = len(program.calls)
+        plans = self._block_plans[index]
+        first = plans[program.calls[0].block] if calls else None
+        return _Run(
+            index=index,
+            program=program,
+            plans=_PlanView(program.calls, plans),
+            stream_end=[0.0] * len(self._planner.streams),
+            out_end=[0.0] * calls,
+            call_start=[inf] * calls,
+            call_end=[0.0] * calls,
+            category_time=[0.0] * len(self._planner.categories),
+            events=None,
+            local=[0.0] * len(first.block.ops) if first else [],
+            queued=True,
+        )
+
+    def _advance(self, run: _Run) -> None:
+        calls = run.program.calls
+        segments = self._segments[run.index]
+        while run.call < len(calls):
+            segment = segments.get(run.call) if run.op == 0 else None
+            if segment is None:
+                if not self._reference_call(run):
+                    return
+                continue
+            if not self._run_segment(run, segment):
+                return
+
+    def _run_segment(self, run: _Run, segment: _Segment) -> bool:
+        """Price a segment from the cache or by the reference rules; False when it must wait (parks the run).
+
+        Entry times before t0 are first tried clamped to t0: a stream that was free earlier, or an input that was
+        ready earlier, rarely decides anything, and clamped keys recur far more often. The simulation checks
+        whether a clamp decided an op's start; if one did, that key is marked and the exact times are used.
+        """
+        stream_end, out_end = run.stream_end, run.out_end
+        t0 = stream_end[self._compute_stream]
+        for i in segment.first_inputs:
+            if out_end[i] > t0:
+                t0 = out_end[i]
+        if t0 == inf:
+            return False
+        streams = []
+        for s in segment.streams:
+            value = stream_end[s]
+            if value == inf:
+                return False
+            streams.append(round((value - t0) * _SCALE))
+        inputs = []
+        for i in segment.external:
+            value = out_end[i]
+            if value > t0:
+                if value == inf:
+                    return False
+                inputs.append(round((value - t0) * _SCALE))
+            else:
+                inputs.append(0)
+        outcome = None
+        structure = segment.structure
+        tier = self._first_tier.get(structure, _CLAMP_ALL)
+        while outcome is None or outcome is _UNCLAMPABLE:
+            if tier == _CLAMP_ALL:
+                times = tuple([x if x > 0 else 0 for x in streams] + inputs)
+            elif tier == _CLAMP_INPUTS:
+                times = tuple(streams + inputs)
+            else:
+                times = tuple(streams + [round((out_end[i] - t0) * _SCALE) for i in segment.external])
+            key = (structure, tier, times)
+            outcome = self._outcomes.get(key)
+            if outcome is None:
+                outcome = self._simulate(run, segment, t0, tier) or _UNCLAMPABLE
+                self._outcomes[key] = outcome
+            if outcome is _UNCLAMPABLE:
+                # A clamp that failed once for this structure usually fails again (an op that does not wait for
+                # the segment's input, like a prefetch): start from the next tier next time.
+                tier += 1
+                self._first_tier[structure] = tier
+        start, end = segment.start, segment.end
+        for s, rel in outcome.stream_end:
+            stream_end[s] = t0 + rel
+        out_end[start:end] = [t0 + x for x in outcome.out_end]
+        self._applied[run.index].append((t0, outcome, start))
+        run.call = end
+        return True
+
+    def _simulate(self, run: _Run, segment: _Segment, t0: float, tier: int) -> "_Outcome | None":
+        """The reference rules over one segment, from the run's current state, on scratch copies.
+
+        Entry times before t0 count as t0 (stream ends and inputs with _CLAMP_ALL, inputs only with
+        _CLAMP_INPUTS); returns None if such a clamped time decided the start of any op (then the result would
+        differ from the exact one).
+        """
+        stream_end = list(run.stream_end)
+        out_end = run.out_end
+        calls = run.program.calls
+        first_call = segment.start
+        compute_stream = self._compute_stream
+        floor: set[int] = set()
+        clamp = tier != _CLAMP_NONE
+        if tier == _CLAMP_ALL:
+            for s in segment.streams:
+                if stream_end[s] < t0:
+                    stream_end[s] = t0
+                    floor.add(s)
+        n = segment.end - first_call
+        call_start, call_end, outputs = [inf] * n, [0.0] * n, [0.0] * n
+        compute_s: list[float] = []
+        compute_e: list[float] = []
+        comm_s: list[float] = []
+        comm_e: list[float] = []
+        totals: dict[int, float] = {}
+        for k in range(n):
+            c = first_call + k
+            call = calls[c]
+            plan = run.plans[c]
+            ready, floored_input = 0.0, False
+            for i in call.inputs:
+                if i >= first_call:
+                    value = outputs[i - first_call]
+                else:
+                    value = out_end[i]
+                    if clamp and value < t0:
+                        floored_input = True
+                        continue
+                if value > ready:
+                    ready = value
+            if floored_input and ready < t0:
+                ready_floor = True
+                ready = t0
+            else:
+                ready_floor = False
+            streams = self._plan_streams.get(id(plan))
+            if streams is None:
+                streams = self._plan_streams[id(plan)] = tuple(sorted({x for op in plan.ops for x in (op[1], *op[9])}))
+            base = stream_end[compute_stream]
+            if ready > base:
+                base = ready
+            key = (
+                id(plan),
+                round((ready - base) * _SCALE),
+                ready_floor,
+                tuple([round((stream_end[x] - base) * _SCALE) for x in streams]),
+                tuple([x in floor for x in streams]) if floor else (),
+            )
+            priced = self._calls.get(key)
+            if priced is None:
+                priced = self._calls[key] = _price_call(plan, stream_end, floor, ready, ready_floor, base, streams)
+            if priced is _BOUND:
+                return None
+            ends, first, last, output, cs, ce, ms, me = priced
+            for x, rel in zip(streams, ends, strict=True):
+                stream_end[x] = base + rel
+            if floor:
+                floor.difference_update(streams)
+            compute_s.extend([base + x for x in cs])
+            compute_e.extend([base + x for x in ce])
+            comm_s.extend([base + x for x in ms])
+            comm_e.extend([base + x for x in me])
+            first, last = base + first, base + last
+            call_start[k], call_end[k], outputs[k] = first, last, base + output
+            for index, busy in plan.category_seconds:
+                totals[index] = totals.get(index, 0.0) + busy
+            continue
+
+        def rel(values: list[float]) -> np.ndarray:
+            return np.asarray(values, dtype=float) - t0
+
+        def merged(starts: list[float], ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
+            s, e = merge_intervals(starts, ends)
+            return rel(s), rel(e)
+
+        return _Outcome(
+            stream_end=tuple((s, stream_end[s] - t0) for s in segment.streams),
+            call_start=rel(call_start),
+            call_end=rel(call_end),
+            out_end=tuple(v - t0 for v in outputs),
+            compute=merged(compute_s, compute_e),
+            comm=merged(comm_s, comm_e),
+            category_time=tuple(totals.items()),
+        )
+
+    def _reference_call(self, run: _Run) -> bool:
+        """One call by the reference rules (p2p calls and anything outside a segment); False when parked."""
+        c = run.call
+        call, plan = run.program.calls[c], run.plans[c]
+        if run.op == 0:
+            run.local = [0.0] * len(plan.block.ops)
+        stream_end, out_end, local = run.stream_end, run.out_end, run.local
+        ready = 0.0
+        for i in call.inputs:
+            if out_end[i] > ready:
+                ready = out_end[i]
+        first, last = run.call_start[c], run.call_end[c]
+        ops = plan.ops
+        j = run.op
+        while j < len(ops):
+            kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
+            start = stream_end[stream]
+            if waits_on_inputs and ready > start:
+                start = ready
+            for d in deps:
+                if local[d] > start:
+                    start = local[d]
+            for r in shares:
+                if stream_end[r] > start:
+                    start = stream_end[r]
+            if start == inf:
+                run.op = j
+                run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
+                return False
+            if link is None:
+                end = start + seconds
+                local[slot] = end
+                for k, offset in marks:
+                    local[k] = start + offset
+                stream_end[stream] = end
+                for r in shares:
+                    stream_end[r] = end
+                if kind == COMPUTE:
+                    run.compute_starts.append(start)
+                    run.compute_ends.append(end)
+                else:
+                    run.comm_starts.append(start)
+                    run.comm_ends.append(end)
+            else:
+                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
+                start, end = self._rendezvous(side, (link, call.tag))
+                if end == inf:
+                    j += 1
+                    continue
+            first = min(first, start)
+            last = max(last, end)
+            j += 1
+        run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
+        out_end[c] = local[plan.output]
+        for index, busy in plan.category_seconds:
+            run.category_time[index] += busy
+        run.call, run.op = c + 1, 0
+        return True
+
+    def _finish(self, run: _Run) -> ClassSchedule:
+        """Lay the applied segments' call times and intervals out with numpy, one outcome at a time."""
+        call_start = np.asarray(run.call_start, dtype=float)
+        call_end = np.asarray(run.call_end, dtype=float)
+        compute = [(np.asarray(run.compute_starts), np.asarray(run.compute_ends))]
+        comm = [(np.asarray(run.comm_starts), np.asarray(run.comm_ends))]
+        by_outcome: dict[int, tuple[_Outcome, list[float], list[int]]] = {}
+        for t0, outcome, first in self._applied[run.index]:
+            entry = by_outcome.get(id(outcome))
+            if entry is None:
+                entry = by_outcome[id(outcome)] = (outcome, [], [])
+            entry[1].append(t0)
+            entry[2].append(first)
+        category_time = list(run.category_time)
+        for outcome, t0s, firsts in by_outcome.values():
+            for index, busy in outcome.category_time:
+                category_time[index] += busy * len(t0s)
+            shift = np.asarray(t0s)[:, None]
+            index = np.asarray(firsts)[:, None] + np.arange(len(outcome.call_start))
+            call_start[index] = shift + outcome.call_start
+            call_end[index] = shift + outcome.call_end
+            compute.append(((shift + outcome.compute[0]).ravel(), (shift + outcome.compute[1]).ravel()))
+            comm.append(((shift + outcome.comm[0]).ravel(), (shift + outcome.comm[1]).ravel()))
+        compute_starts = np.concatenate([c[0] for c in compute])
+        compute_ends = np.concatenate([c[1] for c in compute])
+        comm_starts = np.concatenate([c[0] for c in comm])
+        comm_ends = np.concatenate([c[1] for c in comm])
+        compute_s = union_length(compute_starts, compute_ends)
+        busy = union_length(np.concatenate((compute_starts, comm_starts)), np.concatenate((compute_ends, comm_ends)))
+        names = list(self._planner.categories)
+        used = set().union(*(plan.categories for plan in self._block_plans[run.index].values()))
+        ends = np.concatenate((compute_ends, comm_ends))
+        return ClassSchedule(
+            end_s=float(ends.max()) if len(ends) else 0.0,
+            compute_s=compute_s,
+            comm_s=union_length(comm_starts, comm_ends),
+            exposed_comm_s=max(0.0, busy - compute_s),
+            time_by_category={names[i]: category_time[i] for i in sorted(used)},
+            call_start=call_start,
+            call_end=call_end,
+            events=[],
+        )
+
+
+class _PlanView:
+    """run.plans[c] for the shared engine code, without a list of one plan per call."""
+
+    __slots__ = ("_calls", "_plans")
+
+    def __init__(self, calls: list, plans: dict) -> None:
+        self._calls = calls
+        self._plans = plans
+
+    def __getitem__(self, c: int):
+        return self._plans[self._calls[c].block]

@@ -1,0 +1,70 @@
+"""The fast path (segments priced once per entry state) against the reference schedule (every call by itself).
+
+Generated workloads cover what changes a segment's entry state: pipeline warm-up and cool-down, per-micro-batch
+gradient syncs (ZeRO-2), parameter prefetch gathers (ZeRO-3), recompute, GPipe, 1F1B and interleaved schedules,
+tensor, sequence, context and expert parallelism, and every model family (dense, MoE, MLA, SSM, hybrid). The
+issue asks for agreement within 1%; keys round to a nanosecond, so the figures agree far closer.
+"""
+
+import pytest
+
+from dse.spec import DesignPoint
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import AnalyticalCostModel
+from tests.helpers import make_point
+
+DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
+CASES = {
+    "tp2-pp4-1f1b-zero1": dict(tp=2, pp=4, dp=2, zero=1, sp=True, global_batch=32, system=DGX),
+    "pp8-gpipe-full": dict(pp=4, dp=4, pp_schedule="gpipe", recompute="full", global_batch=32, system=DGX),
+    "tp4-pp2-zero2-selective": dict(tp=4, pp=2, dp=2, zero=2, recompute="selective", global_batch=16, system=DGX),
+    "dp8-zero3": dict(dp=8, zero=3, global_batch=16, system=DGX),
+    "tp2-pp2-dp2-ring": dict(tp=2, pp=2, dp=2, global_batch=16),
+    "llama3-8b-tp8-pp2": dict(model="llama3-8b", tp=8, pp=2, sp=True, seq_len=4096, global_batch=16, system=DGX),
+    "moe-tp2-pp2": dict(model="tiny-moe", tp=2, pp=2, dp=4, global_batch=16, system=DGX),
+    "moe-ep4-zero1": dict(model="tiny-moe", ep=4, dp=8, zero=1, global_batch=16, system=DGX),
+    "mla-tp2-pp2": dict(model="tiny-deepseek", tp=2, pp=2, dp=4, global_batch=16, system=DGX),
+    "mamba-tp2-pp2": dict(model="tiny-mamba", tp=2, pp=2, dp=4, global_batch=16, system=DGX),
+    "hybrid-full": dict(model="tiny-hybrid", tp=2, pp=2, dp=4, recompute="full", global_batch=16, system=DGX),
+    "interleaved": dict(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=32, system=DGX),
+    "cp2": dict(tp=2, cp=2, pp=2, dp=2, global_batch=16, system=DGX),
+}
+
+
+def _both(point: DesignPoint):
+    workload = SymbolicGenerator().generate(point)
+    fast = AnalyticalCostModel().simulate(workload, point.system)
+    exact = AnalyticalCostModel(exact=True).simulate(workload, point.system)
+    # The reference with a timeline runs every op by itself (no fusion of kernel runs): the fully expanded graph.
+    expanded = AnalyticalCostModel(timeline=True).simulate(workload, point.system)
+    assert exact.step_time_s == pytest.approx(expanded.step_time_s, rel=1e-9)
+    assert exact.peak_memory_bytes == pytest.approx(expanded.peak_memory_bytes, rel=1e-9)
+    return fast, exact
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fast_path_equals_the_reference_within_one_percent(case):
+    fast, exact = _both(make_point(**CASES[case]))
+    tolerance = dict(rel=1e-2, abs=1e-9)
+    assert fast.step_time_s == pytest.approx(exact.step_time_s, **tolerance)
+    assert fast.compute_time_s == pytest.approx(exact.compute_time_s, **tolerance)
+    assert fast.comm_time_s == pytest.approx(exact.comm_time_s, **tolerance)
+    assert fast.exposed_comm_time_s == pytest.approx(exact.exposed_comm_time_s, **tolerance)
+    assert fast.peak_memory_bytes == pytest.approx(exact.peak_memory_bytes, rel=1e-2)
+    for f, e in zip(fast.classes, exact.classes, strict=True):
+        assert f.end_s == pytest.approx(e.end_s, **tolerance)
+        assert f.time_by_category == pytest.approx(e.time_by_category, rel=1e-9)
+        assert f.memory_at_peak == pytest.approx(e.memory_at_peak, rel=1e-2, abs=1.0)
+
+
+def test_the_fast_path_reuses_segments():
+    """Most segments of a long 1F1B step are priced from the cache: far fewer simulations than segments."""
+    from simulators.analytical.fastpath import _FastScheduler
+
+    point = make_point(tp=2, pp=4, dp=2, sp=True, global_batch=128, system=DGX)
+    workload = SymbolicGenerator().generate(point)
+    scheduler = _FastScheduler(workload, point.system)
+    scheduler.run()
+    segments = sum(len(s) for s in scheduler._segments)
+    assert segments > 300  # 64 micro-batches on 4 stages; stage 0 runs B(j) and F(j+3) as one segment
+    assert len(scheduler._outcomes) < segments / 4

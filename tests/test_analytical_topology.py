@@ -1,0 +1,176 @@
+"""Collective algorithms per dimension, torus dimensions, and bandwidth shared by concurrent collectives.
+
+Closed forms (n NPUs, buffer S, per-NPU bandwidth B, latency a) are written out in each test; the network module's
+docstring has the table they come from.
+"""
+
+from math import log2
+
+import numpy as np
+import pytest
+
+from dse.spec import AcceleratorSpec, NetworkDim, SystemSpec
+from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Workload
+from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.network import collective_time, torus_shape
+
+S = 64 * 2**20
+B, A = 100e9, 2e-6
+
+
+def dim(topology: str, npus: int, algorithm: str = "auto", **extra) -> NetworkDim:
+    return NetworkDim(topology=topology, npus=npus, bandwidth_GBps=100, latency_ns=2000, algorithm=algorithm, **extra)
+
+
+def test_switch_runs_the_ring_by_default():
+    n = 8
+    assert collective_time("all_reduce", S, [(dim("switch", n), n)]) == pytest.approx(
+        2 * (n - 1) / n * S / B + 2 * (n - 1) * A, rel=1e-12
+    )
+
+
+def test_fully_connected_runs_direct_by_default():
+    n = 8
+    assert collective_time("reduce_scatter", S, [(dim("fully_connected", n), n)]) == pytest.approx(
+        (n - 1) / n * S / B + A, rel=1e-12
+    )
+    assert collective_time("all_to_all", S, [(dim("fully_connected", n), n)]) == pytest.approx(
+        (n - 1) / n * S / B + A, rel=1e-12
+    )
+
+
+def test_direct_on_a_switch_when_asked():
+    n = 4
+    assert collective_time("all_reduce", S, [(dim("switch", n, "direct"), n)]) == pytest.approx(
+        2 * (n - 1) / n * S / B + 2 * A, rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("n", [2, 8, 16])
+def test_halving_doubling_pays_log2_latencies(n):
+    d = dim("switch", n, "halving_doubling")
+    assert collective_time("all_reduce", S, [(d, n)]) == pytest.approx(
+        2 * (n - 1) / n * S / B + 2 * log2(n) * A, rel=1e-12
+    )
+    assert collective_time("all_gather", S, [(d, n)]) == pytest.approx((n - 1) / n * S / B + log2(n) * A, rel=1e-12)
+
+
+def test_tree_all_reduce_and_broadcast():
+    n = 16
+    d = dim("switch", n, "tree")
+    assert collective_time("all_reduce", S, [(d, n)]) == pytest.approx(2 * (S / B + 4 * A), rel=1e-12)
+    assert collective_time("broadcast", S, [(d, n)]) == pytest.approx(S / B + 4 * A, rel=1e-12)
+    # NCCL has no tree reduce-scatter: the ring's figure.
+    assert collective_time("reduce_scatter", S, [(d, n)]) == pytest.approx((n - 1) / n * S / B + (n - 1) * A)
+
+
+def test_small_buffers_favour_low_latency_algorithms():
+    """At 4 KiB the latency term dominates: halving-doubling and tree beat the ring on 64 NPUs."""
+    small, n = 4096, 64
+    ring = collective_time("all_reduce", small, [(dim("switch", n, "ring"), n)])
+    hd = collective_time("all_reduce", small, [(dim("switch", n, "halving_doubling"), n)])
+    tree = collective_time("all_reduce", small, [(dim("switch", n, "tree"), n)])
+    assert hd < ring / 5 and tree < ring / 5
+
+
+def test_torus_shapes():
+    assert torus_shape(dim("torus2d", 16)) == [4, 4]
+    assert torus_shape(dim("torus2d", 32)) == [4, 8]
+    assert torus_shape(dim("torus3d", 64)) == [4, 4, 4]
+    assert torus_shape(dim("torus2d", 32, shape=[2, 16])) == [2, 16]
+
+
+def test_torus2d_all_reduce_is_a_ring_per_axis_on_the_shrinking_buffer():
+    t = dim("torus2d", 16)
+    x = 2 * 3 / 4 * S / B + 2 * 3 * A
+    y = 2 * 3 / 4 * (S / 4) / B + 2 * 3 * A
+    assert collective_time("all_reduce", S, [(t, 16)]) == pytest.approx(x + y, rel=1e-12)
+
+
+def test_torus3d_all_gather_and_all_to_all():
+    t = dim("torus3d", 8)
+    gather = sum(1 / 2 * (S / 2**i) / B + A for i in range(3))
+    assert collective_time("all_gather", S, [(t, 8)]) == pytest.approx(gather, rel=1e-12)
+    assert collective_time("all_to_all", S, [(t, 8)]) == pytest.approx(3 * (S / 2 / B + A), rel=1e-12)
+
+
+def test_torus_beats_a_ring_of_the_same_size_on_latency():
+    ring = collective_time("all_reduce", 4096, [(dim("ring", 64), 64)])
+    torus = collective_time("all_reduce", 4096, [(dim("torus2d", 64), 64)])
+    assert torus < ring / 3
+
+
+def test_a_shape_that_does_not_multiply_to_npus_is_rejected():
+    with pytest.raises(ValueError, match="shape"):
+        dim("torus2d", 16, shape=[4, 3])
+    with pytest.raises(ValueError, match="torus"):
+        dim("switch", 16, shape=[4, 4])
+
+
+# -- bandwidth sharing in the schedule ----------------------------------------------------------------------
+
+UNIT = AcceleratorSpec(
+    name="unit",
+    peak_tflops={"bf16": 1.0},
+    hbm_GiB=80,
+    hbm_bandwidth_GBps=1000,
+    compute_efficiency={"gemm": 1.0},
+    memory_efficiency=1.0,
+    kernel_launch_us=0.0,
+)
+
+
+def _two_collectives(axes: tuple[str, str], layout: RankLayout, network: list[NetworkDim]) -> float:
+    ops = tuple(Op(f"ar{i}", OpKind.COLLECTIVE, "all_reduce", comm_bytes=1e6, axis=axis) for i, axis in enumerate(axes))
+    program = Program(0, "all")
+    program.add(Call(0))
+    workload = Workload("unit", layout, [Block("b", ops)], [program], np.zeros(layout.world, int), 1, 1.0)
+    system = SystemSpec(name="unit", accelerator=UNIT, network=network)
+    return AnalyticalCostModel().simulate(workload, system).step_time_s
+
+
+def test_two_concurrent_collectives_on_one_dimension_take_twice_as_long():
+    """tp and dp groups of 2 both inside one 4-NPU switch: their all-reduces share its links."""
+    layout = RankLayout((("tp", 2), ("dp", 2)))
+    one = 2 * 1 / 2 * 1e6 / 1e9
+    network = [NetworkDim(topology="switch", npus=4, bandwidth_GBps=1, latency_ns=0)]
+    assert _two_collectives(("tp", "tp"), layout, network) == pytest.approx(2 * one, rel=1e-12)
+    assert _two_collectives(("tp", "dp"), layout, network) == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_collectives_on_different_dimensions_run_concurrently():
+    layout = RankLayout((("tp", 2), ("dp", 2)))
+    network = [NetworkDim(topology="switch", npus=2, bandwidth_GBps=1, latency_ns=0)] * 2
+    assert _two_collectives(("tp", "dp"), layout, network) == pytest.approx(1e6 / 1e9, rel=1e-12)
+
+
+def _pipeline(stage0: tuple[Op, ...], stage1: tuple[Op, ...]) -> float:
+    """Two pipeline stages (pp=2) of two dp ranks each, all four NPUs on one 1 GB/s switch."""
+    layout = RankLayout((("dp", 2), ("pp", 2)))
+    programs = []
+    for index in range(2):
+        program = Program(index, f"stage{index}")
+        program.add(Call(index, tag=1))
+        programs.append(program)
+    blocks = [Block("s0", stage0), Block("s1", stage1)]
+    workload = Workload("unit", layout, blocks, programs, np.array([0, 0, 1, 1]), 1, 1.0)
+    network = [NetworkDim(topology="switch", npus=4, bandwidth_GBps=1, latency_ns=0)]
+    return AnalyticalCostModel().simulate(workload, SystemSpec(name="u", accelerator=UNIT, network=network)).step_time_s
+
+
+def _p2p(kind: OpKind, peer: int) -> Op:
+    return Op(kind.value, kind, kind.value, comm_bytes=1e6, axis="pp", peer=peer)
+
+
+def test_a_send_and_a_collective_on_one_dimension_share_it():
+    """A 1 ms send and a 1 ms all-reduce leave the same NIC: 2 ms, not 1."""
+    all_reduce = Op("ar", OpKind.COLLECTIVE, "all_reduce", comm_bytes=1e6, axis="dp")
+    step = _pipeline((all_reduce, _p2p(OpKind.SEND, +1)), (_p2p(OpKind.RECV, -1),))
+    assert step == pytest.approx(2e-3, rel=1e-12)
+
+
+def test_links_are_full_duplex_for_opposite_transfers():
+    """Stage 0 sends forward while stage 1 sends backward: each NIC sends one and receives one, 1 ms."""
+    stage0 = (_p2p(OpKind.SEND, +1), _p2p(OpKind.RECV, +1))
+    stage1 = (_p2p(OpKind.RECV, -1), _p2p(OpKind.SEND, -1))
+    assert _pipeline(stage0, stage1) == pytest.approx(1e-3, rel=1e-12)

@@ -1,0 +1,112 @@
+"""MLflow as a team runs it: a real `mlflow server` over HTTP, stopped mid-study (an outage) and started again,
+then `dse sync` uploading exactly the runs it missed; and the child_runs choice for large studies.
+"""
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from conftest import ROOT, wait_until
+from mlflow import MlflowClient
+
+TRIALS = 150
+
+
+def study_file(tmp_path: Path, name: str, **fields) -> Path:
+    """The quickstart's space (15 ms per point), random sampler: enough trials to outlast a server stop."""
+    spec = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
+    spec.update(name=name, sampler="random", workers=2, **fields)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def dse(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dse.cli", *args], cwd=ROOT, capture_output=True, text=True, **kwargs)
+
+
+def runs(uri: str, experiment: str) -> tuple[list, list]:
+    """(parent runs, child runs) of an experiment."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return [], []
+    everything = client.search_runs([found.experiment_id], max_results=5000)
+    children = [r for r in everything if "mlflow.parentRunId" in r.data.tags]
+    return [r for r in everything if "mlflow.parentRunId" not in r.data.tags], children
+
+
+def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_missing_runs(
+    mlflow_server, ray_address, tmp_path
+):
+    out = tmp_path / "out"
+    uri = mlflow_server.uri
+    stopped_at: list[pd.Timestamp] = []
+
+    def stop_server_after_a_few_runs() -> None:
+        wait_until(lambda: len(runs(uri, "outage")[1]) >= 3, "3 child runs on the server", timeout=120)
+        mlflow_server.stop()
+        stopped_at.append(pd.Timestamp.now(tz="UTC"))
+
+    stopper = threading.Thread(target=stop_server_after_a_few_runs)
+    stopper.start()
+    try:
+        args = ["run", str(study_file(tmp_path, "outage", trials=TRIALS)), "--out", str(out)]
+        result = dse(*args, "--address", ray_address, "--tracking-uri", uri, timeout=300)
+    finally:
+        stopper.join()
+        if mlflow_server.process is None:
+            mlflow_server.start()
+
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"warning: MLflow at {uri} failed" in result.stderr and f"dse sync {out}" in result.stderr
+    frame = pd.read_parquet(out / "trials.parquet")
+    assert len(frame) == TRIALS and set(frame["state"]) <= {"COMPLETE", "PRUNED"}
+    assert (frame["datetime_complete"].dt.tz_localize("UTC") > stopped_at[0]).any(), "the study went on"
+
+    _, before = runs(uri, "outage")
+    written = {int(r.data.tags["trial_number"]) for r in before if r.info.status != "RUNNING"}
+    assert 3 <= len(written) < TRIALS
+
+    synced = dse("sync", str(out), timeout=300)
+    assert synced.returncode == 0, synced.stderr
+    missing = TRIALS - len(written)
+    assert f"uploaded {missing} child runs" in synced.stdout
+
+    parents, children = runs(uri, "outage")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert sorted(int(r.data.tags["trial_number"]) for r in children) == list(range(TRIALS)), "each run once"
+    pareto = {int(r.data.tags["trial_number"]) for r in children if r.data.tags["pareto"] == "true"}
+    assert pareto == set(pd.read_csv(out / "pareto.csv")["number"])
+    artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parents[0].info.run_id)}
+    assert {"study.yaml", "trials.parquet", "pareto.csv", "pareto.png", "pareto.html", "best"} <= artifacts
+
+    again = dse("sync", str(out), timeout=300)
+    assert again.returncode == 0 and "uploaded 0 child runs" in again.stdout
+    assert len(runs(uri, "outage")[1]) == TRIALS
+
+
+def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow_server, ray_address, tmp_path):
+    for mode in ("pareto", "none"):
+        out = tmp_path / mode
+        path = study_file(tmp_path, f"children-{mode}", trials=40, tracking={"child_runs": mode})
+        started = time.monotonic()
+        result = dse("run", str(path), "--out", str(out), "--address", ray_address, "--tracking-uri", mlflow_server.uri)
+        assert result.returncode == 0, result.stderr
+        assert time.monotonic() - started < 120
+        frame = pd.read_parquet(out / "trials.parquet")
+        assert len(frame) == 40, "the table always has every trial"
+        parents, children = runs(mlflow_server.uri, f"children-{mode}")
+        assert len(parents) == 1
+        numbers = sorted(int(r.data.tags["trial_number"]) for r in children)
+        if mode == "pareto":
+            front = sorted(pd.read_csv(out / "pareto.csv")["number"])
+            assert numbers == front and front
+            assert {r.data.tags["pareto"] for r in children} == {"true"}
+        else:
+            assert numbers == []

@@ -209,11 +209,13 @@ class _Loop:
 
 
 def _evaluated(trials: list[FrozenTrial]) -> dict[str, tuple[int, Result]]:
-    """Results already in the storage by point key, so a resumed study does not evaluate a point again."""
+    """Results already in the storage by point key, so a resumed study does not evaluate a point again.
+
+    Trials from journals written before metrics were one attribute have none to reuse; their points run again."""
     out: dict[str, tuple[int, Result]] = {}
     for trial in trials:
         attrs = trial.user_attrs
-        if trial.state == TrialState.COMPLETE and POINT_KEY in attrs and attrs[POINT_KEY] not in out:
+        if trial.state == TrialState.COMPLETE and METRICS in attrs and attrs.get(POINT_KEY) not in out:
             out[attrs[POINT_KEY]] = (trial.number, {"metrics": attrs[METRICS], "violations": trial.constraints})
     return out
 

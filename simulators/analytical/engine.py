@@ -132,72 +132,73 @@ class _Scheduler:
 
     def _advance(self, run: _Run) -> None:
         """Schedule the run's ops in issue order until it finishes or needs a time not known yet."""
-        calls, plans = run.program.calls, run.plans
-        stream_end, out_end = run.stream_end, run.out_end
-        call_start, call_end = run.call_start, run.call_end
-        compute_starts, compute_ends = run.compute_starts, run.compute_ends
-        comm_starts, comm_ends = run.comm_starts, run.comm_ends
-        category_time, events = run.category_time, run.events
-        c, j, local = run.call, run.op, run.local
-        while c < len(calls):
-            call, plan = calls[c], plans[c]
-            ops = plan.ops
-            inputs_ready = 0.0
-            for i in call.inputs:
-                if out_end[i] > inputs_ready:
-                    inputs_ready = out_end[i]
-            first, last = call_start[c], call_end[c]
-            while j < len(ops):
-                kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
-                start = stream_end[stream]
-                if waits_on_inputs and inputs_ready > start:
-                    start = inputs_ready
-                for d in deps:
-                    if local[d] > start:
-                        start = local[d]
+        calls = run.program.calls
+        while run.call < len(calls):
+            if not self._issue_call(run):
+                return
+
+    def _issue_call(self, run: _Run) -> bool:
+        """Schedule the rest of the run's current call; False when it parks on a p2p partner not reached yet."""
+        c = run.call
+        call, plan = run.program.calls[c], run.plans[c]
+        if run.op == 0:
+            run.local = [0.0] * len(plan.block.ops)
+        stream_end, out_end, local, events = run.stream_end, run.out_end, run.local, run.events
+        inputs_ready = 0.0
+        for i in call.inputs:
+            if out_end[i] > inputs_ready:
+                inputs_ready = out_end[i]
+        first, last = run.call_start[c], run.call_end[c]
+        ops = plan.ops
+        j = run.op
+        while j < len(ops):
+            kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
+            start = stream_end[stream]
+            if waits_on_inputs and inputs_ready > start:
+                start = inputs_ready
+            for d in deps:
+                if local[d] > start:
+                    start = local[d]
+            for r in shares:
+                if stream_end[r] > start:
+                    start = stream_end[r]
+            if start == inf:
+                run.op = j
+                run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
+                return False
+            if link is None:
+                end = start + seconds
+                local[slot] = end
+                for k, offset in marks:
+                    local[k] = start + offset
+                stream_end[stream] = end
                 for r in shares:
-                    if stream_end[r] > start:
-                        start = stream_end[r]
-                if start == inf:
-                    run.call, run.op, run.local = c, j, local
-                    call_start[c], call_end[c] = min(call_start[c], first), max(call_end[c], last)
-                    return
-                if link is None:
-                    end = start + seconds
-                    local[slot] = end
-                    for k, offset in marks:
-                        local[k] = start + offset
-                    stream_end[stream] = end
-                    for r in shares:
-                        stream_end[r] = end
-                    if kind == COMPUTE:
-                        compute_starts.append(start)
-                        compute_ends.append(end)
-                    else:
-                        comm_starts.append(start)
-                        comm_ends.append(end)
-                    if events is not None:
-                        self._event(run, c, slot, start, end)
+                    stream_end[r] = end
+                if kind == COMPUTE:
+                    run.compute_starts.append(start)
+                    run.compute_ends.append(end)
                 else:
-                    side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
-                    start, end = self._rendezvous(side, (link, call.tag))
-                    if end == inf:
-                        j += 1
-                        continue
-                if start < first:
-                    first = start
-                if end > last:
-                    last = end
-                j += 1
-            call_start[c], call_end[c] = min(call_start[c], first), max(call_end[c], last)
-            out_end[c] = local[plan.output]
-            for index, busy in plan.category_seconds:
-                category_time[index] += busy
-            c += 1
-            j = 0
-            if c < len(calls):
-                local = [0.0] * len(plans[c].block.ops)
-        run.call, run.op, run.local = c, j, local
+                    run.comm_starts.append(start)
+                    run.comm_ends.append(end)
+                if events is not None:
+                    self._event(run, c, slot, start, end)
+            else:
+                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
+                start, end = self._rendezvous(side, (link, call.tag))
+                if end == inf:
+                    j += 1
+                    continue
+            if start < first:
+                first = start
+            if end > last:
+                last = end
+            j += 1
+        run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
+        out_end[c] = local[plan.output]
+        for index, busy in plan.category_seconds:
+            run.category_time[index] += busy
+        run.call, run.op = c + 1, 0
+        return True
 
     def _rendezvous(self, side: _Parked, key: tuple[Link, int]) -> tuple[float, float]:
         """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Workload
-from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
+from simulators.analytical.engine import ClassSchedule, _Run, _Scheduler
 from simulators.analytical.intervals import merge_intervals, union_length
 from simulators.analytical.plans import COMPUTE
 
@@ -277,7 +277,7 @@ class _FastScheduler(_Scheduler):
         while run.call < len(calls):
             segment = segments.get(run.call) if run.op == 0 else None
             if segment is None:
-                if not self._reference_call(run):
+                if not self._issue_call(run):
                     return
                 continue
             if not self._run_segment(run, segment):
@@ -435,65 +435,6 @@ class _FastScheduler(_Scheduler):
             comm=merged(comm_s, comm_e),
             category_time=tuple(totals.items()),
         )
-
-    def _reference_call(self, run: _Run) -> bool:
-        """One call by the reference rules (p2p calls and anything outside a segment); False when parked."""
-        c = run.call
-        call, plan = run.program.calls[c], run.plans[c]
-        if run.op == 0:
-            run.local = [0.0] * len(plan.block.ops)
-        stream_end, out_end, local = run.stream_end, run.out_end, run.local
-        ready = 0.0
-        for i in call.inputs:
-            if out_end[i] > ready:
-                ready = out_end[i]
-        first, last = run.call_start[c], run.call_end[c]
-        ops = plan.ops
-        j = run.op
-        while j < len(ops):
-            kind, stream, seconds, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
-            start = stream_end[stream]
-            if waits_on_inputs and ready > start:
-                start = ready
-            for d in deps:
-                if local[d] > start:
-                    start = local[d]
-            for r in shares:
-                if stream_end[r] > start:
-                    start = stream_end[r]
-            if start == inf:
-                run.op = j
-                run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
-                return False
-            if link is None:
-                end = start + seconds
-                local[slot] = end
-                for k, offset in marks:
-                    local[k] = start + offset
-                stream_end[stream] = end
-                for r in shares:
-                    stream_end[r] = end
-                if kind == COMPUTE:
-                    run.compute_starts.append(start)
-                    run.compute_ends.append(end)
-                else:
-                    run.comm_starts.append(start)
-                    run.comm_ends.append(end)
-            else:
-                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
-                start, end = self._rendezvous(side, (link, call.tag))
-                if end == inf:
-                    j += 1
-                    continue
-            first = min(first, start)
-            last = max(last, end)
-            j += 1
-        run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
-        out_end[c] = local[plan.output]
-        for index, busy in plan.category_seconds:
-            run.category_time[index] += busy
-        run.call, run.op = c + 1, 0
-        return True
 
     def _finish(self, run: _Run) -> ClassSchedule:
         """Lay the applied segments' call times and intervals out with numpy, one outcome at a time."""

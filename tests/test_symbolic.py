@@ -178,3 +178,21 @@ def test_matcher_derives_the_collective_from_the_two_layouts(src, dst, collectiv
 def test_matcher_rejects_making_a_partial_sum():
     with pytest.raises(ImpossibleRedistribution):
         collective_for(DUP, PARTIAL)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_schedule_reused_from_a_point_of_the_same_shape_equals_a_fresh_one(schedule):
+    from generators.symbolic import generator as module
+
+    shape = {"tp": 2, "pp": 2, "dp": 2, "sp": True, "zero": 2, "pp_schedule": schedule}
+    seen = make_point("tiny-llama", seq_len=256, global_batch=16, recompute="none", **shape)
+    point = make_point("tiny-llama", seq_len=512, global_batch=16, recompute="full", **shape)
+    module._SKELETONS.clear()
+    fresh = GEN.generate(point)
+    module._SKELETONS.clear()
+    GEN.generate(seen)
+    reused = GEN.generate(point)
+    assert len(module._SKELETONS) == 2  # one per stage, filled by `seen`, hit by `point`
+    assert reused.blocks == fresh.blocks
+    assert [p.calls for p in reused.programs] == [p.calls for p in fresh.programs]
+    assert [p.tensors for p in reused.programs] == [p.tensors for p in fresh.programs]

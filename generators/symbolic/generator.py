@@ -271,7 +271,7 @@ class _Builder:
                 if cache:
                     total = cache * point.micro_batches
                     program.tensors.append(Tensor("kv_cache", TensorKind.KV_CACHE, total))
-            self.schedule(program, stage, layers, kinds, embedding, head, act_bytes, optimizer)
+            self.scheduled(program, stage, layers, kinds, embedding, head, act_bytes, optimizer)
             programs.append(program)
 
         axes = [("tp", p.tp), ("cp", p.cp)]
@@ -321,7 +321,7 @@ class _Builder:
                     orders[(stage, (vstage - 1) % p.pp)].append(self.tag(mb, vstage - 1, True))
         return orders
 
-    def schedule(
+    def scheduled(
         self,
         program: Program,
         stage: int,
@@ -332,7 +332,57 @@ class _Builder:
         act_bytes: float,
         optimizer: int | None,
     ) -> None:
-        """Calls of one stage in its pipeline schedule order, with the activations they keep alive."""
+        """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
+
+        The calls of a stage depend only on the shape of the step (stages, chunks, micro-batches, layer kinds,
+        block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
+        from this point's traced blocks. A study's points share few shapes, so most generations skip the walk
+        over every layer and micro-batch."""
+        p = self.point.parallel
+        traces = (embed, head, *self.layer_traces.values())
+        key = (
+            stage, p.pp, self.chunks, p.pp_schedule, self.point.micro_batches, self.train, p.zero >= 2,
+            len(self.blocks), tuple(self.p2p.items()), optimizer, tuple(kinds),
+            tuple((c, tuple(indices)) for c, indices in layers.items()),
+            tuple((t.forward, t.backward, t.sync) for t in traces),
+        )
+        saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
+        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
+        skeleton = _SKELETONS.get(key)
+        if skeleton is None:
+            first_p2p, first_tensor = len(self.p2p), len(program.tensors)
+            sources = self.schedule(program, stage, layers, kinds, embed, head, act_bytes, optimizer)
+            added = program.tensors[first_tensor:]
+            skeleton = _Skeleton(
+                tuple(program.calls),
+                tuple(list(self.p2p)[first_p2p:]),
+                tuple((t.name, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)),
+            )
+            if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
+                _SKELETONS.clear()
+            _SKELETONS[key] = skeleton
+            return
+        for kind, peer in skeleton.p2p:
+            self.p2p_block(kind, peer, act_bytes)
+        program.calls = list(skeleton.calls)
+        program.tensors += [
+            Tensor(name, TensorKind.ACTIVATION, saved[source], producer, consumer)
+            for name, source, producer, consumer in skeleton.activations
+        ]
+
+    def schedule(
+        self,
+        program: Program,
+        stage: int,
+        layers: dict[int, list[int]],
+        kinds: list[LayerKind],
+        embed: Traced,
+        head: Traced,
+        act_bytes: float,
+        optimizer: int | None,
+    ) -> list[str | LayerKind]:
+        """Calls of one stage in its pipeline schedule order, with the activations they keep alive; returns the
+        block (embed, head or a layer kind) whose saved bytes each activation tensor holds."""
         p = self.point.parallel
         microbatches = self.point.micro_batches
         chunks = self.chunks
@@ -342,8 +392,11 @@ class _Builder:
         syncs: list[int] = []
         synced: set[int] = set()
 
-        def keep(name: str, nbytes: float, producer: int, consumer: int) -> None:
+        sources: list[str | LayerKind] = []
+
+        def keep(name: str, source: str | LayerKind, nbytes: float, producer: int, consumer: int) -> None:
             program.tensors.append(Tensor(name, TensorKind.ACTIVATION, nbytes, producer, consumer))
+            sources.append(source)
 
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
             last_mb = mb == microbatches - 1
@@ -411,7 +464,7 @@ class _Builder:
             if last:
                 assert head.backward is not None
                 prev = program.add(Call(head.backward, (fwd_call[(-2, mb)],), -2, mb))
-                keep("head", head.saved_bytes, fwd_call[(-2, mb)], prev)
+                keep("head", "head", head.saved_bytes, fwd_call[(-2, mb)], prev)
                 sync(head, prev, mb, -2)
             else:
                 prev = receive(vstage + 1, tag(mb, vstage, True))
@@ -419,12 +472,12 @@ class _Builder:
                 traced = self.layer_traces[kinds[index]]
                 assert traced.backward is not None
                 prev = program.add(Call(traced.backward, (prev, fwd_call[(index, mb)]), index, mb))
-                keep(f"layer{index}", traced.saved_bytes, fwd_call[(index, mb)], prev)
+                keep(f"layer{index}", kinds[index], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 sync(traced, prev, mb, index)
             if first:
                 assert embed.backward is not None
                 done = program.add(Call(embed.backward, (prev, fwd_call[(-1, mb)]), -1, mb))
-                keep("embed", embed.saved_bytes, fwd_call[(-1, mb)], done)
+                keep("embed", "embed", embed.saved_bytes, fwd_call[(-1, mb)], done)
                 sync(embed, done, mb, -1)
             else:
                 if chunks > 1:
@@ -433,6 +486,22 @@ class _Builder:
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
         if optimizer is not None:
             program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
+        return sources
+
+
+@dataclass(frozen=True, slots=True)
+class _Skeleton:
+    """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
+    and the block whose saved bytes each holds."""
+
+    calls: tuple[Call, ...]
+    p2p: tuple[tuple[OpKind, int], ...]
+    activations: tuple[tuple[str, str | LayerKind, int, int], ...]
+
+
+SKELETON_CACHE_SIZE = 256
+_SKELETONS: dict[tuple, _Skeleton] = {}
+"""Per process (an evaluator actor keeps it across trials); emptied when full."""
 
 
 class SymbolicGenerator:

@@ -72,6 +72,7 @@ class _Builder:
         self.blocks: list[Block] = []
         self.synced: set[int] = set()
         self.p2p: dict[tuple[OpKind, int], int] = {}
+        self._elems: dict[int, float] = {}
 
     def add_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
         temp = emitter.peak_temp + emitter.gathered_params
@@ -175,21 +176,28 @@ class _Builder:
             self.p2p[key] = self.add_block(name, emitter)
         return self.p2p[key]
 
+    def _replica_elems(self, w: STensor) -> float:
+        """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
+        elems = self._elems.get(id(w))
+        if elems is None:
+            unsharded = w.relayout("dp", DUP)
+            if not is_expert(w):
+                unsharded = unsharded.relayout("ep", DUP)
+            elems = self._elems[id(w)] = self.tracer.elems(unsharded)
+        return elems
+
     def optimizer_block(self, params: list[STensor]) -> tuple[int | None, dict[TensorKind, float]]:
         """The Adam step over this stage's share of the parameters, and the static memory of model states.
 
         A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas."""
-        tr, p = self.tracer, self.point.parallel
+        p = self.point.parallel
         item = self.module.itemsize
         local = opt_elems = 0.0
         zero_share = 0.0
         by_group: dict[str, float] = defaultdict(float)
         data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
         for w in params:
-            unsharded = w.relayout("dp", DUP)
-            if not is_expert(w):
-                unsharded = unsharded.relayout("ep", DUP)
-            elems = tr.elems(unsharded)
+            elems = self._replica_elems(w)
             replicas = p.dp // p.ep if is_expert(w) else p.dp
             local += elems
             zero_share += elems / replicas

@@ -138,7 +138,7 @@ def connect(address: str | None) -> bool:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     try:
         if address and address.startswith("ray://"):
-            ray.init(address=address, logging_level=logging.WARNING)  # Ray Client takes no local-node options
+            _client_init(address)
         else:
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, TimeoutError) as exc:
@@ -147,6 +147,25 @@ def connect(address: str | None) -> bool:
             f"--address out to start a local Ray"
         ) from None
     return True
+
+
+CLIENT_INIT_ATTEMPTS = 3
+CLIENT_INIT_BACKOFF_S = 2.0
+
+
+def _client_init(address: str) -> None:
+    """Ray Client: the head starts a server per client and aborts the connection when that server is slow to
+    come up (a busy head); such an abort is transient, so it is tried again before giving up."""
+    import ray
+
+    for attempt in range(1, CLIENT_INIT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)  # Ray Client takes no local-node options
+            return
+        except ConnectionAbortedError:
+            if attempt == CLIENT_INIT_ATTEMPTS:
+                raise
+            time.sleep(CLIENT_INIT_BACKOFF_S * attempt)
 
 
 class RayExecutor:

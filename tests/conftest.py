@@ -185,6 +185,9 @@ def ray_cluster() -> Iterator[RayCluster]:
     # Every node and client of the cluster authenticates with the machine's token (~/.ray/auth_token), as a
     # local `ray start` cluster does by default; a worker node started without the mode set is refused.
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # The head's Ray Client proxy gives a client's server 30 s to come up; on 2 busy cores that is not always
+    # enough, and the client is told "Initialization failure from server".
+    env["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "120"
     temp = tempfile.mkdtemp(prefix="dse-ray-")
     port = free_port()
     address = f"127.0.0.1:{port}"

@@ -119,7 +119,7 @@ class _Loop:
         self.executor = executor
         self.on_trial = on_trial
         self.distributions = optuna_distributions(spec)
-        self.known: dict[str, tuple[int, Result]] = _evaluated(study.get_trials(deepcopy=False))
+        self.known: dict[str, tuple[int, Result]] = _evaluated(study.get_trials(deepcopy=False), spec)
         self.ready: list[_Job] = []
         """Asked points that need an evaluation and wait for a free worker."""
         self.in_flight: dict[int, _Job] = {}
@@ -208,15 +208,21 @@ class _Loop:
         self.on_trial(self.study.tell(trial, **how))
 
 
-def _evaluated(trials: list[FrozenTrial]) -> dict[str, tuple[int, Result]]:
+def _evaluated(trials: list[FrozenTrial], spec: StudySpec) -> dict[str, tuple[int, Result]]:
     """Results already in the storage by point key, so a resumed study does not evaluate a point again.
 
-    Trials from journals written before metrics were one attribute have none to reuse; their points run again."""
+    A trial whose metrics were stored counts even if it was then failed by a resume: the driver was killed
+    between storing them and telling the trial, and its point need not run again. Its violations come from the
+    metrics (a constraint's metric is its violation), since the kill can land before they were stored. Trials
+    from journals written before metrics were one attribute have none to reuse; their points run again."""
     out: dict[str, tuple[int, Result]] = {}
     for trial in trials:
         attrs = trial.user_attrs
-        if trial.state == TrialState.COMPLETE and METRICS in attrs and attrs.get(POINT_KEY) not in out:
-            out[attrs[POINT_KEY]] = (trial.number, {"metrics": attrs[METRICS], "violations": trial.constraints})
+        stored = trial.state in (TrialState.COMPLETE, TrialState.FAIL) and METRICS in attrs
+        if stored and attrs.get(POINT_KEY) not in out:
+            metrics = attrs[METRICS]
+            violations = trial.constraints or {c.name: metrics[c.metric] for c in spec.constraint_list}
+            out[attrs[POINT_KEY]] = (trial.number, {"metrics": metrics, "violations": violations})
     return out
 
 

@@ -259,3 +259,28 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     everything = client.search_runs([client.get_experiment_by_name("small").experiment_id], max_results=1000)
     assert len(everything) == 12 + 1, "one parent run, reused by the resume"
+
+
+def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_evaluate_it_again(tmp_path):
+    """The journal takes a trial's metrics and its tell as separate writes; a SIGKILL between them leaves a
+    RUNNING trial whose evaluation is done. The resume fails and retries it, and the retry reuses the metrics."""
+    from dse.space import decode
+    from dse.study import METRICS
+
+    spec = load_study(SMALL, trials=1, workers=1)
+    study = open_study(spec, tmp_path)
+    trial = study.ask(optuna_distributions(spec))
+    point = decode(spec, trial.params)
+    assert isinstance(point, DesignPoint)
+    metrics = {**fake_result(point)["metrics"], "memory_excess_bytes": -1.0}
+    trial.set_user_attr(POINT_KEY, point.key)
+    trial.set_user_attr(METRICS, metrics)  # ... and here the driver died
+
+    evaluation = Counting()
+    run(spec, open_study(spec, tmp_path), InlineExecutor(evaluation), spec.trials)
+    assert evaluation.keys == []
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    assert trials[1].user_attrs[DUPLICATE_OF] == trials[0].number
+    assert trials[1].values == [metrics[m] for m in spec.metrics]
+    assert trials[1].constraints == {"fits_memory": -1.0}

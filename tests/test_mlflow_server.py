@@ -19,7 +19,7 @@ TRIALS = 150
 def study_file(tmp_path: Path, name: str, **fields) -> Path:
     """The quickstart's space (15 ms per point), random sampler: enough trials to outlast a server stop."""
     spec = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
-    spec.update(name=name, sampler="random", workers=2, **fields)
+    spec.update({"name": name, "sampler": "random", "workers": 2, **fields})
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -49,13 +49,14 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
 
     def stop_server_after_a_few_runs() -> None:
         wait_until(lambda: len(runs(uri, "outage")[1]) >= 3, "3 child runs on the server", timeout=120)
+        stopped_at.append(pd.Timestamp.now(tz="UTC"))  # the outage starts with the signal, not when shutdown ends
         mlflow_server.stop()
-        stopped_at.append(pd.Timestamp.now(tz="UTC"))
 
     stopper = threading.Thread(target=stop_server_after_a_few_runs)
     stopper.start()
     try:
-        args = ["run", str(study_file(tmp_path, "outage", trials=TRIALS)), "--out", str(out)]
+        # One worker: the study must outlast the few seconds until the server is down.
+        args = ["run", str(study_file(tmp_path, "outage", trials=TRIALS, workers=1)), "--out", str(out)]
         result = dse(*args, "--address", ray_address, "--tracking-uri", uri, timeout=300)
     finally:
         stopper.join()

@@ -354,8 +354,6 @@ class _Builder:
             tuple((c, tuple(indices)) for c, indices in layers.items()),
             tuple((t.forward, t.backward, t.sync) for t in traces),
         )
-        saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
-        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
         skeleton = _SKELETONS.get(key)
         if skeleton is None:
             first_p2p, first_tensor = len(self.p2p), len(program.tensors)
@@ -370,6 +368,8 @@ class _Builder:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
             return
+        saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
+        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
         for kind, peer in skeleton.p2p:
             self.p2p_block(kind, peer, act_bytes)
         program.calls = list(skeleton.calls)

@@ -106,6 +106,10 @@ class _Scheduler:
         programs = self._workload.programs
         plans = [[self._planner.plan(c.block, index) for c in p.calls] for index, p in enumerate(programs)]
         runs = [self._start(index, program, plans[index]) for index, program in enumerate(programs)]
+        return self._drive(runs)
+
+    def _drive(self, runs: list[_Run]) -> list[ClassSchedule]:
+        """Advance runnable programs until none is left, check every one finished, and summarise them."""
         self._runnable.extend(runs)
         while self._runnable:
             run = self._runnable.popleft()

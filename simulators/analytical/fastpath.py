@@ -191,13 +191,7 @@ class _FastScheduler(_Scheduler):
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
-        self._runnable.extend(runs)
-        while self._runnable:
-            run = self._runnable.popleft()
-            run.queued = False
-            self._advance(run)
-        self._check_finished(runs)
-        return [self._finish(run) for run in runs]
+        return self._drive(runs)
 
     def _split(self, index: int, calls: list, plans: dict) -> dict[int, _Segment]:
         """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of

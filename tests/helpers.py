@@ -3,7 +3,18 @@
 from typing import Any
 
 from dse.points import assign, build_point, expand
-from dse.spec import DesignPoint
+from dse.spec import AcceleratorSpec, DesignPoint
+
+UNIT_ACCELERATOR = AcceleratorSpec(
+    name="unit",
+    peak_tflops={"bf16": 1.0},
+    hbm_GiB=80,
+    hbm_bandwidth_GBps=1000,
+    compute_efficiency={"gemm": 1.0, "norm": 1.0, "optimizer": 1.0},
+    memory_efficiency=1.0,
+    kernel_launch_us=0.0,
+)
+"""1 TFLOP/s at full efficiency and no launch cost: a GEMM of ms * 1e9 FLOPs takes ms milliseconds."""
 
 
 def make_point(

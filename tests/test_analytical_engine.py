@@ -9,30 +9,22 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from helpers import UNIT_ACCELERATOR
 
 from dse.errors import InfeasibleError
 from dse.interfaces import CostModel
-from dse.spec import AcceleratorSpec, NetworkDim, SystemSpec
+from dse.spec import NetworkDim, SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Call, Op, OpKind, Program, RankLayout, Workload, expand
 from simulators.analytical import AnalyticalCostModel, to_chrome_trace
 from simulators.analytical.compute import compute_time
 from simulators.analytical.network import collective_time, group_span
 
 MS = 1e-3
-ACCELERATOR = AcceleratorSpec(
-    name="unit",
-    peak_tflops={"bf16": 1.0},
-    hbm_GiB=80,
-    hbm_bandwidth_GBps=1000,
-    compute_efficiency={"gemm": 1.0, "norm": 1.0, "optimizer": 1.0},
-    memory_efficiency=1.0,
-    kernel_launch_us=0.0,
-)
 
 
 def system(*npus: int) -> SystemSpec:
     dims = [NetworkDim(topology="ring", npus=n, bandwidth_GBps=1, latency_ns=0) for n in npus]
-    return SystemSpec(name="unit", accelerator=ACCELERATOR, network=dims)
+    return SystemSpec(name="unit", accelerator=UNIT_ACCELERATOR, network=dims)
 
 
 def gemm(name: str, ms: float, deps: tuple[int, ...] = ()) -> Op:

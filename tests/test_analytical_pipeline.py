@@ -7,8 +7,9 @@ step is the textbook (m + p - 1)(TF + TB).
 
 import numpy as np
 import pytest
+from helpers import UNIT_ACCELERATOR
 
-from dse.spec import AcceleratorSpec, NetworkDim, SystemSpec
+from dse.spec import NetworkDim, SystemSpec
 from dse.workload import (
     BLOCK_INPUT,
     Block,
@@ -85,15 +86,7 @@ def simulate(stages: int, micro_batches: int, schedule=one_f_one_b):
     programs = [stage_program(s, stages, schedule(s, stages, micro_batches)) for s in range(stages)]
     layout = RankLayout((("pp", stages),))
     w = Workload("pipe", layout, _blocks(), programs, np.arange(stages), tokens=1, model_flops=1.0)
-    accelerator = AcceleratorSpec(
-        name="unit",
-        peak_tflops={"bf16": 1.0},
-        hbm_GiB=80,
-        hbm_bandwidth_GBps=1000,
-        compute_efficiency={"gemm": 1.0},
-        memory_efficiency=1.0,
-        kernel_launch_us=0.0,
-    )
+    accelerator = UNIT_ACCELERATOR
     network = [NetworkDim(topology="ring", npus=stages, bandwidth_GBps=100, latency_ns=0)]
     system = SystemSpec(name="unit", accelerator=accelerator, network=network)
     return AnalyticalCostModel().simulate(w, system)

@@ -8,8 +8,9 @@ from math import log2
 
 import numpy as np
 import pytest
+from helpers import UNIT_ACCELERATOR
 
-from dse.spec import AcceleratorSpec, NetworkDim, SystemSpec
+from dse.spec import NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Workload
 from simulators.analytical import AnalyticalCostModel
 from simulators.analytical.network import collective_time, torus_shape
@@ -109,23 +110,13 @@ def test_a_shape_that_does_not_multiply_to_npus_is_rejected():
 
 # -- bandwidth sharing in the schedule ----------------------------------------------------------------------
 
-UNIT = AcceleratorSpec(
-    name="unit",
-    peak_tflops={"bf16": 1.0},
-    hbm_GiB=80,
-    hbm_bandwidth_GBps=1000,
-    compute_efficiency={"gemm": 1.0},
-    memory_efficiency=1.0,
-    kernel_launch_us=0.0,
-)
-
 
 def _two_collectives(axes: tuple[str, str], layout: RankLayout, network: list[NetworkDim]) -> float:
     ops = tuple(Op(f"ar{i}", OpKind.COLLECTIVE, "all_reduce", comm_bytes=1e6, axis=axis) for i, axis in enumerate(axes))
     program = Program(0, "all")
     program.add(Call(0))
     workload = Workload("unit", layout, [Block("b", ops)], [program], np.zeros(layout.world, int), 1, 1.0)
-    system = SystemSpec(name="unit", accelerator=UNIT, network=network)
+    system = SystemSpec(name="unit", accelerator=UNIT_ACCELERATOR, network=network)
     return AnalyticalCostModel().simulate(workload, system).step_time_s
 
 
@@ -155,7 +146,11 @@ def _pipeline(stage0: tuple[Op, ...], stage1: tuple[Op, ...]) -> float:
     blocks = [Block("s0", stage0), Block("s1", stage1)]
     workload = Workload("unit", layout, blocks, programs, np.array([0, 0, 1, 1]), 1, 1.0)
     network = [NetworkDim(topology="switch", npus=4, bandwidth_GBps=1, latency_ns=0)]
-    return AnalyticalCostModel().simulate(workload, SystemSpec(name="u", accelerator=UNIT, network=network)).step_time_s
+    return (
+        AnalyticalCostModel()
+        .simulate(workload, SystemSpec(name="u", accelerator=UNIT_ACCELERATOR, network=network))
+        .step_time_s
+    )
 
 
 def _p2p(kind: OpKind, peer: int) -> Op:

@@ -147,6 +147,9 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if uri.startswith("sqlite:"):
         make_ui = "make ui, or " if out.resolve() == Path(MAKE_UI_OUT).resolve() else ""
         console.print(f"browse        {make_ui}mlflow ui --backend-store-uri {uri}", soft_wrap=True)
+    elif uri.startswith(("http:", "https:")) and tracker.parent_id:
+        page = f"{uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{tracker.parent_id}"
+        console.print(f"browse        {page}", soft_wrap=True)
     if not completed:
         print(RESUME_HINT, file=sys.stderr)
         return EXIT_INTERRUPTED

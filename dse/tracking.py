@@ -43,9 +43,11 @@ HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
 }
-"""MLflow's own defaults retry a refused connection for minutes; a study should notice an outage in seconds.
-The user's environment wins."""
+"""MLflow's own defaults retry a refused connection for minutes; a study should notice an outage in seconds. And
+over HTTP MLflow prints a 'View run' line per ended run, hundreds of them through the progress bar; the parent
+run's address is printed once at the end instead. The user's environment wins."""
 
 
 def default_tracking_uri(out_dir: Path) -> str:

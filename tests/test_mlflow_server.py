@@ -108,6 +108,9 @@ def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow
         if mode == "pareto":
             front = sorted(pd.read_csv(out / "pareto.csv")["number"])
             assert numbers == front and front
+            # one line leads to the parent run, instead of MLflow's 'View run' line per child run
+            page = f"{mlflow_server.uri}/#/experiments/{parents[0].info.experiment_id}/runs/{parents[0].info.run_id}"
+            assert f"browse        {page}" in result.stdout and "View run" not in result.stdout
             assert {r.data.tags["pareto"] for r in children} == {"true"}
         else:
             assert numbers == []

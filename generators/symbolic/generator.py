@@ -6,9 +6,11 @@ calls to those blocks in the order of the pipeline schedule. Training traces for
 prefill and decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
 """
 
-from collections import defaultdict
+import hashlib
+import json
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -512,11 +514,36 @@ _SKELETONS: dict[tuple, _Skeleton] = {}
 """Per process (an evaluator actor keeps it across trials); emptied when full."""
 
 
+WORKLOAD_CACHE_SIZE = 16
+
+
 class SymbolicGenerator:
+    """A workload depends on the model, the workload and the parallel layout, never on the system, so a study
+    that sweeps HBM sizes, link bandwidths or topologies prices one generated workload many times. The last
+    WORKLOAD_CACHE_SIZE are kept per instance (an evaluator actor keeps its instance across trials); a hit is a
+    shallow copy carrying the new point's key. Cost models only read workloads."""
+
     name = "symbolic"
 
+    def __init__(self) -> None:
+        self._workloads: OrderedDict[str, Workload] = OrderedDict()
+
     def generate(self, point: DesignPoint) -> Workload:
-        return _Builder(point).build()
+        key = workload_key(point)
+        workload = self._workloads.get(key)
+        if workload is None:
+            workload = self._workloads[key] = _Builder(point).build()
+            if len(self._workloads) > WORKLOAD_CACHE_SIZE:
+                self._workloads.popitem(last=False)
+        else:
+            self._workloads.move_to_end(key)
+        return replace(workload, point_key=point.key)
+
+
+def workload_key(point: DesignPoint) -> str:
+    """What the generated workload depends on: every field but the system's."""
+    canonical = json.dumps(point.model_dump(mode="json", exclude={"system"}), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def count_parameters(point: DesignPoint) -> int:

@@ -65,8 +65,6 @@ def infeasibility(point: DesignPoint) -> str | None:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.cp={p.cp}"
     if w.mode == "decode" and (p.cp > 1 or p.sp):
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
-    if w.mode == "decode" and "mla" in mixers:
-        return f"model '{m.name}': MLA in workload.mode=decode is not generated yet; use mode train or prefill"
     if w.mode != "train" and p.zero:
         return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
     return None

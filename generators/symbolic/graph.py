@@ -325,8 +325,12 @@ class Tracer:
         causal: bool = True,
         fused: bool = True,
         dropout: bool = False,
+        value_dim: str | None = None,
     ) -> STensor:
         """Attention of q [b,s,n,dq] over k [b,t,g,dk], v [b,t,g,dv]; the output is [b,s,n,dv].
+
+        value_dim: the values are the first value_dim channels of the keys (v is k, read once: MLA's absorbed
+        decode attends over its latent cache).
 
         Heads split over an axis split the kv heads alike; a query sequence split (context parallelism) needs
         every key and value, so they are all-gathered over that axis (the backward reduce-scatters their
@@ -342,10 +346,11 @@ class Tracer:
                 kv_target[axis] = d
         k2 = self.redistribute(k, kv_target)
         v2 = self.redistribute(v, kv_target)
-        out_dims = (*q.dims[:3], v.dims[3])
+        out_dims = (*q.dims[:3], value_dim or v.dims[3])
         out = STensor(name, out_dims, q.layout, q.itemsize)
         b, sq, n, dq = (self.local_size(q, dim) for dim in q.dims)
-        skv, dv = self.local_size(k2, k2.dims[1]), self.local_size(v2, v2.dims[3])
+        skv, dv = self.local_size(k2, k2.dims[1]), self.local_size(out, out_dims[3])
+        reads = (q, k2) if value_dim else (q, k2, v2)
         flops = 2 * b * sq * skv * n * (dq + dv)
         density = 0.5 if causal and sq > 1 else 1.0
         extra = 0.0
@@ -353,7 +358,7 @@ class Tracer:
             probs = b * sq * skv * n
             extra = probs * (q.itemsize + (1 + q.itemsize if dropout else 0))
         mark = self._mark
-        self._compute(name, "attention", flops, (q, k2, v2), (out,), density=density)
+        self._compute(name, "attention", flops, reads, (out,), density=density)
         node = Node("attention", name, (q, k2, v2), out, "attention", density, extra_saved=extra)
         self._record(node, mark)
         return out

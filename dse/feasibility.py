@@ -63,6 +63,8 @@ def infeasibility(point: DesignPoint) -> str | None:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.tp={p.tp} (sequence parallelism)"
     if w.seq_len % p.cp:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.cp={p.cp}"
+    if p.cp_algorithm == "ring" and p.cp > 1 and w.seq_len % (2 * p.cp):
+        return f"workload.seq_len={w.seq_len} is not a multiple of 2*parallel.cp={2 * p.cp} (ring CP's zigzag chunks)"
     if w.mode == "decode" and (p.cp > 1 or p.sp):
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
     if w.mode != "train" and p.zero:

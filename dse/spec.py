@@ -147,6 +147,11 @@ class ParallelSpec(Spec):
     recompute: Literal["none", "selective", "full"] = "none"
     ep: PositiveInt = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    cp_algorithm: Literal["allgather", "ring"] = Field(
+        "allgather",
+        description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "
+        "the attention of the chunk held (zigzag causal balance: rank r holds chunks r and 2cp-1-r)",
+    )
 
     @property
     def world(self) -> int:

@@ -13,7 +13,8 @@ cache row, u the latent cache's one head copied on each TP rank (size tp, split 
 w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
 
 Parallel axes of the tensors: tp (Megatron: column-parallel QKV, MLP-in and expert-in, row-parallel outputs,
-vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered), ep
+vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered or
+passed around a ring), ep
 (experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated or, under ZeRO-3,
 sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens split over both.
 """
@@ -227,8 +228,9 @@ class DenseModule:
     def _core_attention(self, q: STensor, k: STensor, v: STensor) -> STensor:
         m = self.point.model
         train = self.mode == "train"
+        ring = "cp" if self.point.parallel.cp_algorithm == "ring" else None
         return self.tracer.attention(
-            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train
+            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train, ring=ring
         )
 
     def latent_attention(self, h1: STensor) -> STensor:

@@ -44,6 +44,8 @@ class DenseModule:
     leaf_ids: set[int] = field(default_factory=set)
     caches: list[STensor] = field(default_factory=list)
     """KV caches and SSM states a layer reads (inference)."""
+    strategy: str = "tp"
+    """How the layer being traced uses the tp ranks: tensor parallel, or ('dp') as more data-parallel ranks."""
 
     def __post_init__(self) -> None:
         m, p, w = self.point.model, self.point.parallel, self.point.workload
@@ -102,22 +104,26 @@ class DenseModule:
     def batch_layout(self) -> dict[str, Dist]:
         return {"dp": Partition("b"), "ep": Partition("b"), "cp": Partition("s")}
 
-    def residual_layout(self) -> dict[str, Dist]:
-        """The residual stream: batch split over the data axes, sequence over cp, and over tp under Megatron SP."""
+    def residual_layout(self, strategy: str | None = None) -> dict[str, Dist]:
+        """The residual stream: batch split over the data axes, sequence over cp, and over tp under Megatron SP;
+        a layer using the tp ranks for data parallelism splits the batch over them too."""
+        if (strategy or self.strategy) == "dp":
+            return self.batch_layout() | {"tp": Partition("b")}
         return self.batch_layout() | {"tp": Partition("s") if self.point.parallel.sp else DUP}
 
     def layout(self, **dists: Dist) -> tuple:
         """A layout over the axes this point splits (degree > 1)."""
         return make_layout(**{a: d for a, d in dists.items() if a in self.tracer.degrees})
 
-    def activation(self, name: str, dims: tuple[str, ...]) -> STensor:
-        return STensor(name, dims, self.layout(**self.residual_layout()), self.itemsize)
+    def activation(self, name: str, dims: tuple[str, ...], strategy: str | None = None) -> STensor:
+        return STensor(name, dims, self.layout(**self.residual_layout(strategy)), self.itemsize)
 
     def param(self, name: str, dims: tuple[str, ...], tp: Dist = DUP, ep: Dist = DUP) -> STensor:
         """A weight: split over tp (and experts over ep); under ZeRO-3 also sharded over the data axes."""
         p = self.point.parallel
         zero3 = p.zero == 3 and self.mode == "train"
         shard = Partition(dims[0]) if zero3 else DUP
+        tp = tp if self.strategy == "tp" else DUP
         layout = self.layout(tp=tp, dp=shard, ep=ep if ep != DUP else shard)
         t = STensor(name, dims, layout, self.itemsize, param=True)
         self.params.append(t)
@@ -159,7 +165,16 @@ class DenseModule:
         return self.add(name, x, y)
 
     # -- layers ------------------------------------------------------------------------------------------------
-    def layer(self, x: STensor, kind: LayerKind = ("attn", "dense")) -> STensor:
+    def layer(self, x: STensor, kind: LayerKind = ("attn", "dense"), strategy: str = "tp") -> STensor:
+        """One layer; x comes in the previous layer's residual layout, and the matcher brings it to this layer's
+        strategy (a local slice into a data-parallel layer, an all-gather out of one)."""
+        self.strategy = strategy
+        try:
+            return self._layer(self.tracer.redistribute(x, self.residual_layout()), kind)
+        finally:
+            self.strategy = "tp"
+
+    def _layer(self, x: STensor, kind: LayerKind) -> STensor:
         m, tr = self.point.model, self.tracer
         mixer, mlp = kind
         h1 = self.norm("ln1", x)
@@ -276,9 +291,7 @@ class DenseModule:
         self.tracer.pointwise("kv_latent_cache.write", (ckv, k_rope), 0.0, category="other")
         return cache
 
-    def _absorbed_attention(
-        self, q: STensor, cache: STensor, w_uk: STensor, w_uv: STensor, w_o: STensor
-    ) -> STensor:
+    def _absorbed_attention(self, q: STensor, cache: STensor, w_uk: STensor, w_uv: STensor, w_o: STensor) -> STensor:
         """Decode with W_UK absorbed into the query and W_UV into the output (DeepSeek-V2 appendix B): each head's
         query is taken to latent space, scores are the latent query against the cached latent plus the RoPE
         query against the cached RoPE key, the values are the cached latents themselves (read once with the
@@ -316,7 +329,7 @@ class DenseModule:
         xc = tr.pointwise("conv", (xi, conv_w, conv_b), conv_flops)
         xc = tr.pointwise("silu", (xc,), 4.0)
         dbc = self.linear("x_proj", xc, self.param("x_proj", ("i", "x"), col), ("b", "s", "x"))
-        dbc = tr.redistribute(dbc, {a: xc.dist(a) for a in tr.degrees if a != "tp"})
+        dbc = tr.redistribute(dbc, {a: xc.dist(a) for a in tr.degrees if xc.dist(a) != col})
         dt_in = tr.relabel("dt_slice", dbc, ("b", "s", "dt"), {})
         dt = self.linear("dt_proj", dt_in, self.param("dt_proj", ("dt", "i"), col), ("b", "s", "i"))
         dt = tr.pointwise("dt_bias_softplus", (dt, self.use(self.param("dt_proj.bias", ("i",), col))), 4.0)

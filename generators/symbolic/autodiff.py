@@ -40,9 +40,8 @@ def needed(node: Node) -> tuple[STensor, ...]:
 
 def _is_gather(node: Node) -> bool:
     """A value brought from other ranks, which backward brings again rather than keeping."""
-    if node.kind == "shift":
-        return True
-    return node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
+    gather = node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
+    return gather or node.kind == "shift"
 
 
 def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> list[STensor]:
@@ -128,7 +127,7 @@ class Differentiator:
         forward's own path."""
         node = self.gathered_from[id(t)]
         further = self.ring_back[id(t)]
-        if further is not None and (id(further) in self.alias or id(further) not in self.gathered_from):
+        if further is not None and (id(further) in self.alias or id(further) not in self.ring_back):
             source, peer = self.value(further), -node.peer
         else:
             source, peer = self.value(node.inputs[0]), node.peer

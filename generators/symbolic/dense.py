@@ -9,14 +9,16 @@ Dimensions: b micro-batch (over all data-parallel ranks), s sequence (queries), 
 decode), h hidden, n heads, g kv heads, d head dim, f MLP width, v vocabulary, p position-table rows; MoE: e
 experts, c token slots per expert (b s top_k / e), r expert width, rs shared experts' width; MLA: ql, kl query and
 kv ranks, qk = dn + dr query/key head dim (no-RoPE and RoPE parts), dv value head dim, kr = kl + dr a latent
-cache row, u the latent cache's one head copied on each TP rank (size tp, split over tp); SSM: i inner width, N state,
-w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
+cache row, u the latent cache's one head copied on each TP rank (size tp, split over tp); SSM: i inner width, N
+state, w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
 
 Parallel axes of the tensors: tp (Megatron: column-parallel QKV, MLP-in and expert-in, row-parallel outputs,
-vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered or
-passed around a ring), ep
-(experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated or, under ZeRO-3,
-sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens split over both.
+vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered or passed
+around a ring), ep (experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated
+or, under ZeRO-3, sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens
+split over both. A layer may use the tp ranks as more data-parallel ranks instead (parallel.layer_strategies
+'dp'): its batch splits over tp and its weights are whole; the matcher moves the residual stream between layers of
+different strategies.
 """
 
 from dataclasses import dataclass, field

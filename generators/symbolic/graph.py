@@ -390,9 +390,9 @@ class Tracer:
         causal triangles plus one full quarter, a step with an earlier rank's chunks both query chunks against
         the first key chunk, a step with a later rank's the last query chunk against both key chunks.
 
-        The backward is derived: each step's backward reads the chunk it used again (see
-        `Differentiator.value`, which brings it back around the ring the other way), and the adjoint of each
-        send carries the chunk's key/value gradient back to where the chunk came from."""
+        The backward is derived: each step's backward reads the chunk it used again (backward re-sends it rather
+        than keeping it, round the ring the other way: `Differentiator._around_the_ring`), and the adjoint of
+        each shift carries the chunk's key/value gradient one hop back towards the rank that owns the chunk."""
         steps: list[Node] = []
         out: STensor | None = None
         for j in range(self.degrees[axis]):

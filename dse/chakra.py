@@ -39,7 +39,8 @@ COMM_TYPE = {
 }
 COLLECTIVE_OF = {v: k for k, v in COMM_TYPE.items()}
 TAG_STRIDE = 1 << 12
-"""comm_tag = schedule tag * TAG_STRIDE + position of the p2p op in its call (fits int32 for 2^19 tags)."""
+"""comm_tag = schedule tag * TAG_STRIDE + how many p2p ops of its kind come before it in its call (a ring step's
+send and the neighbour's matching recv count alike); fits int32 for 2^19 tags."""
 
 
 class ChakraError(DseError):
@@ -170,7 +171,7 @@ class _Exporter:
             else:
                 node.type = pb.COMM_SEND_NODE if op.kind is OpKind.SEND else pb.COMM_RECV_NODE
                 call = program.calls[f.call]
-                position = f.index - self._call_start(flat, f)
+                position = sum(g.op.kind is op.kind for g in flat[self._call_start(flat, f) : f.index])
                 attrs += [
                     _attr("comm_size", int64_val=round(op.comm_bytes)),
                     _attr("tensor_size", uint64_val=round(op.comm_bytes)),

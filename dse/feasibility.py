@@ -63,10 +63,18 @@ def infeasibility(point: DesignPoint) -> str | None:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.tp={p.tp} (sequence parallelism)"
     if w.seq_len % p.cp:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.cp={p.cp}"
+    if "dp" in p.layer_strategies and p.tp > 1:
+        if w.mode != "train":
+            return f"parallel.layer_strategies 'dp' applies to training only; use all 'tp' with workload.mode={w.mode}"
+        if w.micro_batch % p.tp:
+            return (
+                f"workload.micro_batch={w.micro_batch} is not a multiple of parallel.tp={p.tp}: 'dp' layers in "
+                "parallel.layer_strategies split the micro-batch over the tp ranks"
+            )
+    if p.cp_algorithm == "ring" and p.cp > 1 and w.seq_len % (2 * p.cp):
+        return f"workload.seq_len={w.seq_len} is not a multiple of 2*parallel.cp={2 * p.cp} (ring CP's zigzag chunks)"
     if w.mode == "decode" and (p.cp > 1 or p.sp):
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
-    if w.mode == "decode" and "mla" in mixers:
-        return f"model '{m.name}': MLA in workload.mode=decode is not generated yet; use mode train or prefill"
     if w.mode != "train" and p.zero:
         return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
     return None

@@ -147,6 +147,19 @@ class ParallelSpec(Spec):
     recompute: Literal["none", "selective", "full"] = "none"
     ep: PositiveInt = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    cp_algorithm: Literal["allgather", "ring"] = Field(
+        "allgather",
+        description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "
+        "the attention of the chunk held (zigzag causal balance: rank r holds chunks r and 2cp-1-r)",
+    )
+    layer_strategies: tuple[Literal["tp", "dp"], ...] = Field(
+        (),
+        description="per layer, cycled: tp uses the tp ranks for tensor parallelism, dp as more data-parallel "
+        "ranks (batch split, weights replicated, gradients reduced over tp and dp); empty: every layer tp",
+    )
+
+    def layer_strategy(self, layer: int) -> str:
+        return self.layer_strategies[layer % len(self.layer_strategies)] if self.layer_strategies else "tp"
 
     @property
     def world(self) -> int:

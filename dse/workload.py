@@ -180,11 +180,11 @@ class RankLayout:
         return out
 
     def peer(self, rank: int, axis: str, offset: int) -> int:
-        coord = self.coord(rank, axis) + offset
+        """The rank `offset` positions along the axis, around its ring (a ring step's last rank sends to the
+        first)."""
+        coord = self.coord(rank, axis)
         size = dict(self.axes)[axis]
-        if not 0 <= coord < size:
-            raise ValueError(f"rank {rank} has no peer {offset:+d} along {axis}")
-        return rank + offset * self.stride(axis)
+        return rank + ((coord + offset) % size - coord) * self.stride(axis)
 
 
 @dataclass

@@ -170,8 +170,6 @@ def test_family_sections_are_required_and_unsupported_combinations_are_named():
     assert "ep" in infeasibility(make_point("tiny-llama", dp=8, ep=2))
     assert "moe.experts" in infeasibility(make_point("tiny-moe", dp=8, ep=8, overrides={"model.moe.experts": 6}))
     assert "virtual_stages" in infeasibility(make_point("tiny-llama", dp=4, pp=2, virtual_stages=2))
-    decode = make_point("tiny-deepseek", dp=8, overrides={"workload.mode": "decode"})
-    assert "MLA" in infeasibility(decode)
     assert issubclass(SpecError, DseError)
 
 

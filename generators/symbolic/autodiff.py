@@ -30,7 +30,7 @@ def needed(node: Node) -> tuple[STensor, ...]:
         case "pointwise":
             return () if node.linear else node.inputs
         case "attention":
-            return (*node.inputs, node.output)
+            return (*node.inputs, node.final or node.output)
         case "dropout":
             return (node.inputs[1],)
         case "relabel":
@@ -39,7 +39,9 @@ def needed(node: Node) -> tuple[STensor, ...]:
 
 
 def _is_gather(node: Node) -> bool:
-    return node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
+    """A value brought from other ranks, which backward brings again rather than keeping."""
+    gather = node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
+    return gather or node.kind == "shift"
 
 
 def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> list[STensor]:
@@ -77,6 +79,7 @@ class Differentiator:
         self.leaf_params = leaf_params
         self.alias: dict[int, STensor] = {}
         self.gathered_from = {id(n.output): n for n in tape if _is_gather(n)}
+        self.ring_back = _ring_neighbours(tape, tracer.degrees)
         self.grads: dict[int, list[STensor]] = {}
         self.result = Gradients()
 
@@ -102,6 +105,8 @@ class Differentiator:
         """A forward value for backward to read: recomputed, gathered again, or kept from forward."""
         if id(t) in self.alias:
             return self.alias[id(t)]
+        if id(t) in self.ring_back:
+            return self._around_the_ring(t)
         node = self.gathered_from.get(id(t))
         if node is not None:
             source = self.value(node.inputs[0])
@@ -114,6 +119,21 @@ class Differentiator:
             self.alias[id(t)] = again
             return again
         return t
+
+    def _around_the_ring(self, t: STensor) -> STensor:
+        """A chunk passed around a ring in forward, received again in backward: from the neighbour holding the
+        chunk one step further on when that one is at hand (backward visits the ring's steps last to first, so
+        it goes round the other way, one hop per step, as ring-flash-attention's backward does), else along the
+        forward's own path."""
+        node = self.gathered_from[id(t)]
+        further = self.ring_back[id(t)]
+        if further is not None and (id(further) in self.alias or id(further) not in self.ring_back):
+            source, peer = self.value(further), -node.peer
+        else:
+            source, peer = self.value(node.inputs[0]), node.peer
+        again = self.tr.shift(source, node.axis, peer, record=False)
+        self.alias[id(t)] = again
+        return again
 
     def run(self, seeds: Sequence[tuple[STensor, STensor]], inputs: Sequence[STensor]) -> Gradients:
         for tensor, grad in seeds:
@@ -156,6 +176,10 @@ class Differentiator:
     # -- rules -----------------------------------------------------------------------------------------------
     def _backward(self, node: Node, grads: list[STensor]) -> None:
         tr = self.tr
+        if node.kind == "shift":
+            total = self._sum(grads)
+            self._contribute(node.inputs[0], tr.shift(total, node.axis, -node.peer, record=False))
+            return
         if node.kind == "redistribute":
             total = self._sum(grads)
             source = node.inputs[0]
@@ -184,7 +208,7 @@ class Differentiator:
                     self._contribute(t, d)
             case "attention":
                 q, k, v = node.inputs
-                reads = [self.value(t) for t in (q, k, v, node.output)]
+                reads = [self.value(t) for t in (q, k, v, node.final or node.output)]
                 outs = [_grad_like(q), *(self._kv_grad(q, t) for t in (k, v))]
                 fwd = next(op for op in node.ops if op.category == "attention")
                 tr._compute(f"{name}.backward", "attention", 2 * fwd.flops, (g, *reads), outs, fwd.density)
@@ -256,6 +280,22 @@ class Differentiator:
         reduced = STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
         self.tr._compute(f"{t.name}.grad_reduce", "elementwise", self.tr.elems(g), (g,), (reduced,))
         return reduced
+
+
+def _ring_neighbours(tape: Sequence[Node], degrees: dict[str, int]) -> dict[int, STensor | None]:
+    """For each chunk received in a ring of shifts: the chunk one step further on, or, for the ring's last step,
+    its start (one more step would bring it back); None when the chain does not close the ring."""
+    shifts = [n for n in tape if n.kind == "shift"]
+    source = {id(n.output): n.inputs[0] for n in shifts}
+    further: dict[int, STensor | None] = {id(n.inputs[0]): n.output for n in shifts}
+    out: dict[int, STensor | None] = {}
+    for n in shifts:
+        start, hops = n.output, 0
+        while id(start) in source:
+            start, hops = source[id(start)], hops + 1
+        closes = (hops + 1) * n.peer % degrees.get(n.axis, 1) == 0
+        out[id(n.output)] = further.get(id(n.output), start if closes else None)
+    return out
 
 
 def _grad_like(t: STensor) -> STensor:

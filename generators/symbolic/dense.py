@@ -8,18 +8,21 @@ A layer is a mixer and an MLP, each behind a norm and a residual add:
 Dimensions: b micro-batch (over all data-parallel ranks), s sequence (queries), t keys/values (the KV cache in
 decode), h hidden, n heads, g kv heads, d head dim, f MLP width, v vocabulary, p position-table rows; MoE: e
 experts, c token slots per expert (b s top_k / e), r expert width, rs shared experts' width; MLA: ql, kl query and
-kv ranks, qk = dn + dr query/key head dim (no-RoPE and RoPE parts), dv value head dim; SSM: i inner width, N state,
-w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
+kv ranks, qk = dn + dr query/key head dim (no-RoPE and RoPE parts), dv value head dim, kr = kl + dr a latent
+cache row, u the latent cache's one head copied on each TP rank (size tp, split over tp); SSM: i inner width, N
+state, w convolution width, dt the step-size rank, x the x_proj output (dt + 2N).
 
 Parallel axes of the tensors: tp (Megatron: column-parallel QKV, MLP-in and expert-in, row-parallel outputs,
-vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered), ep
-(experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated or, under ZeRO-3,
-sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens split over both.
+vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered or passed
+around a ring), ep (experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated
+or, under ZeRO-3, sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens
+split over both. A layer may use the tp ranks as more data-parallel ranks instead (parallel.layer_strategies
+'dp'): its batch splits over tp and its weights are whole; the matcher moves the residual stream between layers of
+different strategies.
 """
 
 from dataclasses import dataclass, field
 
-from dse.errors import DseError
 from dse.modelstats import LayerKind, dt_rank, ssm_inner
 from dse.spec import DesignPoint
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
@@ -33,10 +36,6 @@ ROUTER_FLOPS = 6.0
 TOKEN_BYTES = 8
 
 
-class UnsupportedCombination(DseError):
-    """A model feature and a workload or parallelism the generator does not combine."""
-
-
 @dataclass
 class DenseModule:
     """The tracer, the parameters it has created, and the layouts of the residual stream."""
@@ -47,6 +46,8 @@ class DenseModule:
     leaf_ids: set[int] = field(default_factory=set)
     caches: list[STensor] = field(default_factory=list)
     """KV caches and SSM states a layer reads (inference)."""
+    strategy: str = "tp"
+    """How the layer being traced uses the tp ranks: tensor parallel, or ('dp') as more data-parallel ranks."""
 
     def __post_init__(self) -> None:
         m, p, w = self.point.model, self.point.parallel, self.point.workload
@@ -80,6 +81,8 @@ class DenseModule:
                 "dn": a.qk_nope_head_dim,
                 "dr": a.qk_rope_head_dim,
                 "dv": a.v_head_dim,
+                "kr": a.kv_lora_rank + a.qk_rope_head_dim,
+                "u": p.tp,
             }
         if m.ssm:
             sizes |= {
@@ -103,22 +106,26 @@ class DenseModule:
     def batch_layout(self) -> dict[str, Dist]:
         return {"dp": Partition("b"), "ep": Partition("b"), "cp": Partition("s")}
 
-    def residual_layout(self) -> dict[str, Dist]:
-        """The residual stream: batch split over the data axes, sequence over cp, and over tp under Megatron SP."""
+    def residual_layout(self, strategy: str | None = None) -> dict[str, Dist]:
+        """The residual stream: batch split over the data axes, sequence over cp, and over tp under Megatron SP;
+        a layer using the tp ranks for data parallelism splits the batch over them too."""
+        if (strategy or self.strategy) == "dp":
+            return self.batch_layout() | {"tp": Partition("b")}
         return self.batch_layout() | {"tp": Partition("s") if self.point.parallel.sp else DUP}
 
     def layout(self, **dists: Dist) -> tuple:
         """A layout over the axes this point splits (degree > 1)."""
         return make_layout(**{a: d for a, d in dists.items() if a in self.tracer.degrees})
 
-    def activation(self, name: str, dims: tuple[str, ...]) -> STensor:
-        return STensor(name, dims, self.layout(**self.residual_layout()), self.itemsize)
+    def activation(self, name: str, dims: tuple[str, ...], strategy: str | None = None) -> STensor:
+        return STensor(name, dims, self.layout(**self.residual_layout(strategy)), self.itemsize)
 
     def param(self, name: str, dims: tuple[str, ...], tp: Dist = DUP, ep: Dist = DUP) -> STensor:
         """A weight: split over tp (and experts over ep); under ZeRO-3 also sharded over the data axes."""
         p = self.point.parallel
         zero3 = p.zero == 3 and self.mode == "train"
         shard = Partition(dims[0]) if zero3 else DUP
+        tp = tp if self.strategy == "tp" else DUP
         layout = self.layout(tp=tp, dp=shard, ep=ep if ep != DUP else shard)
         t = STensor(name, dims, layout, self.itemsize, param=True)
         self.params.append(t)
@@ -160,7 +167,16 @@ class DenseModule:
         return self.add(name, x, y)
 
     # -- layers ------------------------------------------------------------------------------------------------
-    def layer(self, x: STensor, kind: LayerKind = ("attn", "dense")) -> STensor:
+    def layer(self, x: STensor, kind: LayerKind = ("attn", "dense"), strategy: str = "tp") -> STensor:
+        """One layer; x comes in the previous layer's residual layout, and the matcher brings it to this layer's
+        strategy (a local slice into a data-parallel layer, an all-gather out of one)."""
+        self.strategy = strategy
+        try:
+            return self._layer(self.tracer.redistribute(x, self.residual_layout()), kind)
+        finally:
+            self.strategy = "tp"
+
+    def _layer(self, x: STensor, kind: LayerKind) -> STensor:
         m, tr = self.point.model, self.tracer
         mixer, mlp = kind
         h1 = self.norm("ln1", x)
@@ -229,19 +245,18 @@ class DenseModule:
     def _core_attention(self, q: STensor, k: STensor, v: STensor) -> STensor:
         m = self.point.model
         train = self.mode == "train"
+        ring = "cp" if self.point.parallel.cp_algorithm == "ring" else None
         return self.tracer.attention(
-            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train
+            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train, ring=ring
         )
 
     def latent_attention(self, h1: STensor) -> STensor:
         """DeepSeek MLA: queries through an optional low-rank bottleneck, keys and values up-projected per head
-        from a shared kv latent, a decoupled RoPE key shared by all heads."""
+        from a shared kv latent, a decoupled RoPE key shared by all heads. Inference caches the latent and the
+        RoPE key (kl + dr per token), not the per-head keys and values; decode attends over that cache in the
+        absorbed form."""
         m, tr = self.point.model, self.tracer
         assert m.mla is not None
-        if self.mode == "decode":
-            raise UnsupportedCombination(
-                f"model '{m.name}': MLA in workload.mode=decode is not generated yet; use mode train or prefill"
-            )
         col = Partition("n")
         if m.mla.q_lora_rank:
             cq = self.linear("wq_a", h1, self.param("wq_a", ("h", "ql")), ("b", "s", "ql"))
@@ -252,14 +267,55 @@ class DenseModule:
         ckv = self.linear("wkv_a", h1, self.param("wkv_a", ("h", "kl")), ("b", "s", "kl"))
         k_rope = self.linear("wk_rope", h1, self.param("wk_rope", ("h", "dr")), ("b", "s", "dr"))
         ckv = self.norm("kv_norm", ckv)
-        ckv = self._kv("kv_latent", ckv)
-        k = self.linear("wk_b", ckv, self.param("wk_b", ("kl", "n", "dn"), col), ("b", "s", "n", "dn"))
-        v = self.linear("wv_b", ckv, self.param("wv_b", ("kl", "n", "dv"), col), ("b", "s", "n", "dv"))
         q = tr.pointwise("rope_q", (q,), ROPE_FLOPS)
         k_rope = tr.pointwise("rope_k", (k_rope,), ROPE_FLOPS)
+        w_uk = self.param("wk_b", ("kl", "n", "dn"), col)
+        w_uv = self.param("wv_b", ("kl", "n", "dv"), col)
+        w_o = self.param("wo", ("n", "dv", "h"), col)
+        cache = self._latent_cache(ckv, k_rope)
+        if self.mode == "decode":
+            return self._absorbed_attention(q, cache, w_uk, w_uv, w_o)
+        k = self.linear("wk_b", ckv, w_uk, ("b", "s", "n", "dn"))
+        v = self.linear("wv_b", ckv, w_uv, ("b", "s", "n", "dv"))
         k = tr.pointwise("k_concat", (k, k_rope), 0.0, linear=True)
         o = self._core_attention(q, k, v)
-        return self.linear("wo", o, self.param("wo", ("n", "dv", "h"), col), ("b", "s", "h"))
+        return self.linear("wo", o, w_o, ("b", "s", "h"))
+
+    def _latent_cache(self, ckv: STensor, k_rope: STensor) -> STensor | None:
+        """Inference writes the token's latent and RoPE key into one cache row of kl + dr (DeepSeek-V2 sec. 2.1.3:
+        (d_c + d_h^R) elements per token per layer); every TP rank holds the whole cache (the latent is shared
+        by all heads)."""
+        if self.mode == "train":
+            return None
+        layout = dict(ckv.layout) | {"tp": Partition("u")}
+        cache = STensor("kv_latent_cache", ("b", "t", "u", "kr"), self.layout(**layout), self.itemsize)
+        self.caches.append(cache)
+        self.tracer.pointwise("kv_latent_cache.write", (ckv, k_rope), 0.0, category="other")
+        return cache
+
+    def _absorbed_attention(self, q: STensor, cache: STensor, w_uk: STensor, w_uv: STensor, w_o: STensor) -> STensor:
+        """Decode with W_UK absorbed into the query and W_UV into the output (DeepSeek-V2 appendix B): each head's
+        query is taken to latent space, scores are the latent query against the cached latent plus the RoPE
+        query against the cached RoPE key, the values are the cached latents themselves (read once with the
+        keys), and the per-head latent output goes through W_UV before the output projection."""
+        tr = self.tracer
+        q_nope, q_rope = self._split(q, {"dn": "qk", "dr": "qk"})
+        q_latent = tr.einsum("q_absorb", q_nope, self.use(w_uk), ("b", "s", "n", "kl"))
+        q_abs = tr.relabel("q_concat", q_latent, ("b", "s", "n", "kr"), {}, side=(q_rope,))
+        m = self.point.model
+        o_latent = tr.attention("attention", q_abs, cache, cache, causal=True, fused=m.flash_attention, value_dim="kl")
+        o = tr.einsum("o_absorb", o_latent, self.use(w_uv), ("b", "s", "n", "dv"))
+        return self.linear("wo", o, w_o, ("b", "s", "h"))
+
+    def _split(self, t: STensor, parts: dict[str, str]) -> list[STensor]:
+        """Views of t's channel groups (dims replacing `parts[dim]`): a slice, no copy, ready when t is."""
+        views = []
+        for dim, whole in parts.items():
+            dims = tuple(dim if d == whole else d for d in t.dims)
+            view = STensor(f"{t.name}.{dim}", dims, t.layout, t.itemsize)
+            self.tracer.emitter.same_origin(view, t)
+            views.append(view)
+        return views
 
     def selective_scan(self, h1: STensor) -> STensor:
         """Mamba (S6) block: in-projection to x and z, depthwise causal conv, input-dependent dt, B, C, the
@@ -275,7 +331,7 @@ class DenseModule:
         xc = tr.pointwise("conv", (xi, conv_w, conv_b), conv_flops)
         xc = tr.pointwise("silu", (xc,), 4.0)
         dbc = self.linear("x_proj", xc, self.param("x_proj", ("i", "x"), col), ("b", "s", "x"))
-        dbc = tr.redistribute(dbc, {a: xc.dist(a) for a in tr.degrees if a != "tp"})
+        dbc = tr.redistribute(dbc, {a: xc.dist(a) for a in tr.degrees if xc.dist(a) != col})
         dt_in = tr.relabel("dt_slice", dbc, ("b", "s", "dt"), {})
         dt = self.linear("dt_proj", dt_in, self.param("dt_proj", ("dt", "i"), col), ("b", "s", "i"))
         dt = tr.pointwise("dt_bias_softplus", (dt, self.use(self.param("dt_proj.bias", ("i",), col))), 4.0)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dse.modelstats import LayerKind, layer_kinds, model_flops
-from dse.spec import DesignPoint
+from dse.spec import DesignPoint, ParallelSpec
 from dse.workload import (
     BLOCK_INPUT,
     Block,
@@ -58,6 +58,26 @@ class Traced:
 def block_name(kind: LayerKind) -> str:
     """'layer' for the dense transformer layer (every dense model's only kind), else layer.<mixer>.<mlp>."""
     return "layer" if kind == ("attn", "dense") else f"layer.{kind[0]}.{kind[1]}"
+
+
+LayerKey = tuple[LayerKind, str, str]
+"""A layer's kind, its strategy for the tp ranks, and the previous layer's (whose layout its input comes in)."""
+
+
+def layer_keys(kinds: list[LayerKind], p: ParallelSpec) -> list[LayerKey]:
+    """Per layer, what it is traced for: layers alike in all three share one trace. The embedding hands on in
+    the tp layout."""
+    strategies = [p.layer_strategy(i) for i in range(len(kinds))]
+    previous = ["tp", *strategies[:-1]]
+    return list(zip(kinds, strategies, previous, strict=True))
+
+
+def layer_block_name(key: LayerKey) -> str:
+    """block_name, marked '.dp' for a layer using the tp ranks as data parallel and '.from_<s>' when its input
+    changes layout from the previous layer's strategy s."""
+    kind, strategy, previous = key
+    name = block_name(kind) + ("" if strategy == "tp" else f".{strategy}")
+    return name + ("" if previous == strategy else f".from_{previous}")
 
 
 def is_expert(param: STensor) -> bool:
@@ -248,13 +268,17 @@ class _Builder:
             embed_table.append(table)
             return out
 
-        kinds = layer_kinds(m)
-        traced: dict[LayerKind, Traced] = {}
-        for kind in dict.fromkeys(kinds):
-            traced[kind] = self.trace(block_name(kind), [x], lambda kind=kind: module.layer(x, kind))
+        kinds = layer_keys(layer_kinds(m), p)
+        self.layer_keys = kinds
+        traced: dict[LayerKey, Traced] = {}
+        for key in dict.fromkeys(kinds):
+            x_in = module.activation("x", ("b", "s", "h"), key[2])
+            traced[key] = self.trace(
+                layer_block_name(key), [x_in], lambda key=key, x_in=x_in: module.layer(x_in, key[0], key[1])
+            )
         embedding = self.trace("embed", [], embed)
         tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
-        head_in = module.activation("x_final", ("b", "s", "h"))
+        head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
         self.layer_traces = traced
         self.outside = [embedding, head]
@@ -551,10 +575,9 @@ def count_parameters(point: DesignPoint) -> int:
     builder = _Builder(point)
     builder.build()
     tr, item = builder.tracer, builder.module.itemsize
-    kinds = layer_kinds(point.model)
     total = 0.0
-    for kind, traced in builder.layer_traces.items():
-        total += kinds.count(kind) * sum(tr.full_bytes(w) for w in traced.params) / item
+    for key, traced in builder.layer_traces.items():
+        total += builder.layer_keys.count(key) * sum(tr.full_bytes(w) for w in traced.params) / item
     tied_copy = "lm_head" if point.model.tied_embeddings else None
     for traced in builder.outside:
         total += sum(tr.full_bytes(w) for w in traced.params if w.name != tied_copy) / item

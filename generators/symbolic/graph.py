@@ -52,8 +52,11 @@ def make_layout(**dists: Dist) -> Layout:
 
 
 NodeKind = Literal[
-    "einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute", "dropout", "relabel"
+    "einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute", "dropout", "relabel", "shift"
 ]
+MERGE_FLOPS = 3.0
+"""Per output element, folding one ring step's partial attention into the running output: two rescalings by the
+softmax statistics (whose exponentials are per row) and a sum."""
 
 
 @dataclass(slots=True, eq=False)
@@ -73,6 +76,11 @@ class Node:
     extra_saved: float = 0.0
     """Bytes the node keeps for its backward beyond its input and output tensors (unfused attention's s x s
     probabilities, dropout mask and dropped probabilities)."""
+    peer: int = 0
+    """A shift's offset along its axis."""
+    final: "STensor | None" = None
+    """For one step of a ring attention, the combined output its backward reads (with the softmax statistics)
+    instead of the step's partial output, as flash attention's backward does."""
 
 
 @dataclass
@@ -219,6 +227,19 @@ class Tracer:
             current = moved
         return current
 
+    def shift(self, t: STensor, axis: str, peer: int, record: bool = True) -> STensor:
+        """Send t `peer` positions along the axis's ring and receive the neighbour's chunk from `peer` positions
+        back in its place: one step of a ring (every rank of the axis runs it at once)."""
+        moved = STensor(f"{t.name}.shift", t.dims, t.layout, t.itemsize, t.param)
+        size = self.nbytes(t)
+        mark = self._mark
+        send = Op(f"{t.name}.send", OpKind.SEND, "send", comm_bytes=size, axis=axis, peer=peer)
+        self.emitter.emit(replace(send, deps=self.emitter.deps([t])))
+        self.emitter.emit(Op(f"{t.name}.recv", OpKind.RECV, "recv", comm_bytes=size, axis=axis, peer=-peer), [moved])
+        if record:
+            self._record(Node("shift", f"{t.name}.{axis}", (t,), moved, axis=axis, peer=peer), mark)
+        return moved
+
     # -- compute -------------------------------------------------------------------------------------------
     def _compute(
         self,
@@ -325,14 +346,21 @@ class Tracer:
         causal: bool = True,
         fused: bool = True,
         dropout: bool = False,
+        value_dim: str | None = None,
+        ring: str | None = None,
     ) -> STensor:
         """Attention of q [b,s,n,dq] over k [b,t,g,dk], v [b,t,g,dv]; the output is [b,s,n,dv].
 
+        value_dim: the values are the first value_dim channels of the keys (v is k, read once: MLA's absorbed
+        decode attends over its latent cache).
+
         Heads split over an axis split the kv heads alike; a query sequence split (context parallelism) needs
         every key and value, so they are all-gathered over that axis (the backward reduce-scatters their
-        gradients). Fused (flash) attention keeps no s x t tensor; unfused keeps the softmax output (and with
-        dropout its 1-byte mask and the dropped probabilities), the 5 a s^2 b of Korthikanti et al.
+        gradients), or, over the `ring` axis, passed around it (see `_ring_attention`). Fused (flash) attention
+        keeps no s x t tensor; unfused keeps the softmax output (and with dropout its 1-byte mask and the
+        dropped probabilities), the 5 a s^2 b of Korthikanti et al.
         """
+        ring = ring if ring in self.degrees and q.dist(ring) == Partition(q.dims[1]) else None
         kv_target: dict[str, Dist] = {}
         for axis in self.degrees:
             d = q.dist(axis)
@@ -340,12 +368,65 @@ class Tracer:
                 kv_target[axis] = Partition(k.dims[2])
             elif isinstance(d, Partition) and d.dim != q.dims[1]:
                 kv_target[axis] = d
+            elif axis == ring:
+                kv_target[axis] = Partition(k.dims[1])
         k2 = self.redistribute(k, kv_target)
         v2 = self.redistribute(v, kv_target)
-        out_dims = (*q.dims[:3], v.dims[3])
+        if ring is not None:
+            return self._ring_attention(name, q, k2, v2, ring, causal, fused, dropout)
+        out, _ = self._attention_step(name, q, k2, v2, causal, fused, dropout, value_dim)
+        return out
+
+    def _ring_attention(
+        self, name: str, q: STensor, k: STensor, v: STensor, axis: str, causal: bool, fused: bool, dropout: bool
+    ) -> STensor:
+        """Ring attention over a query-sequence split (ring-flash-attention, Megatron-CP's p2p variant): in step j
+        each rank attends to the key/value chunk it holds while sending it to the next rank and receiving the
+        previous one's, so the transfer for step j + 1 runs beside the compute of step j; the partial outputs
+        are folded into one by their softmax statistics.
+
+        Causal balance (the zigzag of Megatron-CP): the sequence is cut into 2 cp chunks and rank r holds chunks
+        r and 2 cp - 1 - r, so every step computes half of its query x key block: the diagonal step its two
+        causal triangles plus one full quarter, a step with an earlier rank's chunks both query chunks against
+        the first key chunk, a step with a later rank's the last query chunk against both key chunks.
+
+        The backward is derived: each step's backward reads the chunk it used again (backward re-sends it rather
+        than keeping it, round the ring the other way: `Differentiator._around_the_ring`), and the adjoint of
+        each shift carries the chunk's key/value gradient one hop back towards the rank that owns the chunk."""
+        steps: list[Node] = []
+        out: STensor | None = None
+        for j in range(self.degrees[axis]):
+            received = (self.shift(k, axis, 1), self.shift(v, axis, 1)) if j + 1 < self.degrees[axis] else None
+            partial, node = self._attention_step(f"{name}.step{j}", q, k, v, causal, fused, dropout)
+            steps.append(node)
+            if out is None:
+                out = partial
+            else:
+                out = self.pointwise(f"{name}.merge{j}", (out, partial), MERGE_FLOPS, linear=True)
+            if received is not None:
+                k, v = received
+        assert out is not None
+        for node in steps:
+            node.final = out
+        return out
+
+    def _attention_step(
+        self,
+        name: str,
+        q: STensor,
+        k: STensor,
+        v: STensor,
+        causal: bool,
+        fused: bool,
+        dropout: bool,
+        value_dim: str | None = None,
+    ) -> tuple[STensor, Node]:
+        """One attention kernel of q over the keys and values as laid out here."""
+        out_dims = (*q.dims[:3], value_dim or v.dims[3])
         out = STensor(name, out_dims, q.layout, q.itemsize)
         b, sq, n, dq = (self.local_size(q, dim) for dim in q.dims)
-        skv, dv = self.local_size(k2, k2.dims[1]), self.local_size(v2, v2.dims[3])
+        skv, dv = self.local_size(k, k.dims[1]), self.local_size(out, out_dims[3])
+        reads = (q, k) if value_dim else (q, k, v)
         flops = 2 * b * sq * skv * n * (dq + dv)
         density = 0.5 if causal and sq > 1 else 1.0
         extra = 0.0
@@ -353,10 +434,10 @@ class Tracer:
             probs = b * sq * skv * n
             extra = probs * (q.itemsize + (1 + q.itemsize if dropout else 0))
         mark = self._mark
-        self._compute(name, "attention", flops, (q, k2, v2), (out,), density=density)
-        node = Node("attention", name, (q, k2, v2), out, "attention", density, extra_saved=extra)
+        self._compute(name, "attention", flops, reads, (out,), density=density)
+        node = Node("attention", name, (q, k, v), out, "attention", density, extra_saved=extra)
         self._record(node, mark)
-        return out
+        return out, node
 
     def dropout(self, name: str, x: STensor) -> STensor:
         """Dropout: keeps a 1-byte mask for backward (the output is not needed)."""

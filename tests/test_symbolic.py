@@ -106,10 +106,10 @@ def test_data_parallel_gradients_are_synchronised_once_per_layer(zero, collectiv
 
 def test_zero3_gathers_parameters_in_forward_and_backward():
     point = make_point("tiny-llama", global_batch=16, dp=8, zero=3)
-    fwd = layer_comm(point, "layer.forward")
+    fwd = layer_comm(point, "layer.forward.gather")
     bwd = layer_comm(point, "layer.backward")
     gathered = sum(size * n for (cat, _, size), n in fwd.items() if cat == "all_gather")
-    regathered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "all_gather")
+    regathered = sum(size * n for (cat, _, size), n in layer_comm(point, "layer.backward.gather").items())
     scattered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "reduce_scatter")
     m = point.model
     layer_bytes = 2 * (

@@ -58,7 +58,7 @@ class Traced:
     cache_bytes: float = 0.0
     """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
     gathers: tuple[int | None, int | None] = (None, None)
-    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one layer ahead."""
+    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one module ahead."""
     gathered_bytes: tuple[float, float] = (0.0, 0.0)
     """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
     unrecomputed: "Traced | None" = None
@@ -411,7 +411,7 @@ class _Builder:
             stage, p.pp, self.chunks, p.pp_schedule, self.point.micro_batches, self.train, p.zero >= 2,
             p.recompute_every, len(self.blocks), tuple(self.p2p.items()), optimizer, tuple(kinds),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync) for t in traces),
+            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
         )
         skeleton = _SKELETONS.get(key)
         if skeleton is None:
@@ -444,6 +444,7 @@ class _Builder:
         return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
 
     def unit_trace(self, unit: Unit, embed: Traced, head: Traced) -> Traced:
+        """The traced module a unit of the schedule runs."""
         key, unrecomputed = unit
         if key == "embed":
             return embed
@@ -567,8 +568,8 @@ class _Builder:
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 gathered = gather(units, 0, 0, (), mb)
                 for pos, (index, unit) in enumerate(units):
-                    ahead = gather(units, pos + 1, 0, () if prev is None else (prev,), mb)
                     inputs = () if prev is None else (prev,)
+                    ahead = gather(units, pos + 1, 0, inputs, mb)
                     forward = self.unit_trace(unit, embed, head).forward
                     prev = program.add(Call(forward, (*inputs, *gathered), index, mb))
                     hold(unit, 0, index, gathered, prev)

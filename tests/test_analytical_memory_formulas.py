@@ -152,3 +152,28 @@ def test_zero3_prefetches_one_layer_ahead():
     )
     live = [sum(step for _, step in events[: i + 1]) for i in range(len(events))]
     assert max(live) == 2
+
+
+def test_recompute_every_second_layer_recomputes_half_the_layers():
+    """Layer-level selective checkpointing (torchtitan's option '2', the FSDP blog's p = 1/2): layers 1 and 3 of
+    four recompute (keeping Korthikanti's 2 sbh), layers 0 and 2 keep everything (32 sbh); only the recomputing
+    layers' backward runs the forward again."""
+    point = make_point(model="tiny-gpt", seq_len=S, global_batch=8, dp=8, recompute="full", recompute_every=2)
+    workload = SymbolicGenerator().generate(point)
+    saved = {t.name: t.bytes for t in workload.programs[0].tensors if t.name.startswith("layer")}
+    sbh = {"layer0": 32, "layer1": 2, "layer2": 32, "layer3": 2}
+    assert saved == pytest.approx({name: n * S * H for name, n in sbh.items()})
+    blocks = workload.blocks
+    flops = {blocks[c.block].name: sum(op.flops for op in blocks[c.block].ops) for c in workload.programs[0].calls}
+    forward, plain, again = flops["layer.forward"], flops["layer.backward.unrecomputed"], flops["layer.backward"]
+    assert again - plain == pytest.approx(forward, rel=1e-12)
+
+
+def test_cross_entropy_keeps_fp32_log_probabilities():
+    """The loss runs in fp32: the head keeps 4 bytes per logit for backward (and the final norm's input and
+    output for the LM head's backward), not the bf16 logits."""
+    point = make_point(model="tiny-gpt", seq_len=S, global_batch=8, dp=8)
+    workload = SymbolicGenerator().generate(point)
+    (head,) = [t for t in workload.programs[0].tensors if t.name == "head"]
+    vocab = point.model.vocab
+    assert head.bytes == pytest.approx(S * (4 * vocab + 2 * 2 * H), rel=1e-12)

@@ -18,6 +18,7 @@ from dse.workload import (
     BLOCK_INPUT,
     Block,
     Call,
+    Collective,
     Op,
     OpKind,
     Program,
@@ -607,9 +608,9 @@ class _Builder:
 
 
 def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
-    """torchtitan's per-op selective checkpointing (`selective_ac_option: op`): the outputs of attention and of
-    the matmuls are saved, except every second matmul's (the 2nd, 4th, ... of the layer); every other op is
-    recomputed in backward from what is saved."""
+    """torchtitan's per-op selective checkpointing (`selective_ac_option: op`, its `_save_list`): the outputs of
+    attention, of the matmuls except every second one (the 2nd, 4th, ... of the layer) and of the tensor-parallel
+    reduce-scatters are saved; every other op is recomputed in backward from what is saved."""
     saved: set[int] = set()
     matmuls = 0
     for node in tape:
@@ -617,7 +618,7 @@ def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
             matmuls += 1
             if matmuls % 2:
                 saved.add(id(node))
-        elif node.kind == "attention":
+        elif node.kind == "attention" or any(op.category == Collective.REDUCE_SCATTER for op in node.ops):
             saved.add(id(node))
     return [node for node in tape if id(node) not in saved]
 

@@ -91,7 +91,7 @@ class Emitter:
     prefetch call to its end when `prefetch` is on."""
     prefetch: bool = False
     """Emit the ZeRO-3 parameter all-gathers into `gathers`, a block of their own that the schedule issues one
-    layer ahead (FSDP's prefetch), instead of into this block; the gathered weights are inputs of this block."""
+    module ahead (FSDP's prefetch), instead of into this block; the gathered weights are inputs of this block."""
     gathers: list[Op] = field(default_factory=list)
     alive: list[STensor] = field(default_factory=list)
     """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""

@@ -144,7 +144,12 @@ class ParallelSpec(Spec):
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
     zero: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage; 3 = FSDP")
     pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
-    recompute: Literal["none", "selective", "full"] = "none"
+    recompute: Literal["none", "selective", "full", "selective_op"] = Field(
+        "none",
+        description="activation recomputation: selective = Megatron's (core attention), selective_op = "
+        "torchtitan's per-op policy (keeps matmul outputs but every second one, and attention's; recomputes the "
+        "rest), full = whole layers",
+    )
     ep: PositiveInt = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
     cp_algorithm: Literal["allgather", "ring"] = Field(
@@ -156,6 +161,11 @@ class ParallelSpec(Spec):
         (),
         description="per layer, cycled: tp uses the tp ranks for tensor parallelism, dp as more data-parallel "
         "ranks (batch split, weights replicated, gradients reduced over tp and dp); empty: every layer tp",
+    )
+    recompute_every: PositiveInt = Field(
+        1,
+        description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
+        "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
     )
 
     def layer_strategy(self, layer: int) -> str:

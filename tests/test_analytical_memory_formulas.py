@@ -18,6 +18,7 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator, count_parameters
 from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.engine import schedule
 from tests.helpers import make_point
 
 S, H = 256, 256
@@ -115,3 +116,64 @@ def test_first_stage_holds_the_korthikanti_interleaving_factor(schedule, virtual
     (per_layer,) = {t.bytes for t in workload.programs[0].tensors if t.name.startswith("layer")}
     factor = 1 + (4 - 1) / (4 * virtual) if virtual > 1 else 1.0
     assert result.classes[0].memory_at_peak["activation"] == pytest.approx(factor * 16 * per_layer, rel=1e-12)
+
+
+def _llama_layer(recompute: str):
+    """tiny-llama (h 256, 8 heads of 32, 4 kv heads, SwiGLU width 688), one sequence of S tokens per rank."""
+    point = make_point(model="tiny-llama", seq_len=S, global_batch=8, dp=8, recompute=recompute)
+    workload = SymbolicGenerator().generate(point)
+    (layer0,) = [t for t in workload.programs[0].tensors if t.name == "layer0"]
+    (backward,) = [b for b in workload.blocks if b.name == "layer.backward"]
+    return point.model, layer0.bytes, sum(op.flops for op in backward.ops if op.category == "gemm")
+
+
+def test_per_op_selective_checkpointing_keeps_every_other_matmul_and_attention():
+    """torchtitan's `op` policy saves the layer input and the outputs of wq, wv, attention, w1 and w2 (matmuls 1,
+    3, 5, 7; 2, 4 and 6 are recomputed), and recomputes wk, wo and w3 in backward."""
+    m, saved, backward_flops = _llama_layer("selective_op")
+    _, _, plain_flops = _llama_layer("none")
+    n_d, g_d = m.heads * m.d_head, m.n_kv_heads * m.d_head
+    kept = m.hidden + n_d + g_d + n_d + m.ffn + m.hidden
+    assert saved == pytest.approx(2 * S * kept, rel=1e-12)
+    assert backward_flops - plain_flops == pytest.approx(2 * S * m.hidden * (g_d + n_d + m.ffn), rel=1e-12)
+
+
+def test_zero3_prefetches_one_layer_ahead():
+    """FSDP's prefetch: a module's weights are gathered once the module before it may start and freed when it
+    ends, so at most two modules' gathered weights are live at once, forward and backward alike."""
+    point = make_point(model={"base": "tiny-llama", "layers": 12}, seq_len=S, global_batch=8, dp=8, zero=3)
+    workload = SymbolicGenerator().generate(point)
+    (timeline,) = schedule(workload, point.system)
+    weights = [t for t in workload.programs[0].tensors if t.name.endswith(".weights")]
+    # every layer and the head, forward and backward, and the embedding forward (its backward reads no weights)
+    assert len(weights) == 2 * (12 + 1) + 1
+    events = sorted(
+        [(timeline.call_start[t.producer], 1) for t in weights] + [(timeline.call_end[t.consumer], -1) for t in weights]
+    )
+    live = [sum(step for _, step in events[: i + 1]) for i in range(len(events))]
+    assert max(live) == 2
+
+
+def test_recompute_every_second_layer_recomputes_half_the_layers():
+    """Layer-level selective checkpointing (torchtitan's option '2', the FSDP blog's p = 1/2): layers 1 and 3 of
+    four recompute (keeping Korthikanti's 2 sbh), layers 0 and 2 keep everything (32 sbh); only the recomputing
+    layers' backward runs the forward again."""
+    point = make_point(model="tiny-gpt", seq_len=S, global_batch=8, dp=8, recompute="full", recompute_every=2)
+    workload = SymbolicGenerator().generate(point)
+    saved = {t.name: t.bytes for t in workload.programs[0].tensors if t.name.startswith("layer")}
+    sbh = {"layer0": 32, "layer1": 2, "layer2": 32, "layer3": 2}
+    assert saved == pytest.approx({name: n * S * H for name, n in sbh.items()})
+    blocks = workload.blocks
+    flops = {blocks[c.block].name: sum(op.flops for op in blocks[c.block].ops) for c in workload.programs[0].calls}
+    forward, plain, again = flops["layer.forward"], flops["layer.backward.unrecomputed"], flops["layer.backward"]
+    assert again - plain == pytest.approx(forward, rel=1e-12)
+
+
+def test_cross_entropy_keeps_fp32_log_probabilities():
+    """The loss runs in fp32: the head keeps 4 bytes per logit for backward (and the final norm's input and
+    output for the LM head's backward), not the bf16 logits."""
+    point = make_point(model="tiny-gpt", seq_len=S, global_batch=8, dp=8)
+    workload = SymbolicGenerator().generate(point)
+    (head,) = [t for t in workload.programs[0].tensors if t.name == "head"]
+    vocab = point.model.vocab
+    assert head.bytes == pytest.approx(S * (4 * vocab + 2 * 2 * H), rel=1e-12)

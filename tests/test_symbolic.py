@@ -106,10 +106,10 @@ def test_data_parallel_gradients_are_synchronised_once_per_layer(zero, collectiv
 
 def test_zero3_gathers_parameters_in_forward_and_backward():
     point = make_point("tiny-llama", global_batch=16, dp=8, zero=3)
-    fwd = layer_comm(point, "layer.forward")
+    fwd = layer_comm(point, "layer.forward.gather")
     bwd = layer_comm(point, "layer.backward")
     gathered = sum(size * n for (cat, _, size), n in fwd.items() if cat == "all_gather")
-    regathered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "all_gather")
+    regathered = sum(size * n for (cat, _, size), n in layer_comm(point, "layer.backward.gather").items())
     scattered = sum(size * n for (cat, _, size), n in bwd.items() if cat == "reduce_scatter")
     m = point.model
     layer_bytes = 2 * (
@@ -196,3 +196,15 @@ def test_a_schedule_reused_from_a_point_of_the_same_shape_equals_a_fresh_one(sch
     assert reused.blocks == fresh.blocks
     assert [p.calls for p in reused.programs] == [p.calls for p in fresh.programs]
     assert [p.tensors for p in reused.programs] == [p.tensors for p in fresh.programs]
+
+
+def test_flash_attention_backward_executes_two_and_a_half_forwards():
+    """A fused kernel keeps no probabilities, so its backward computes Q K^T again: five s x s matmuls to the
+    forward's two (FlashAttention-2's count), while the op's conventional FLOPs stay twice the forward's."""
+    for flash, executed in ((True, 2.5), (False, 2.0)):
+        point = make_point({"base": "tiny-llama", "flash_attention": flash}, dp=8)
+        blocks = {b.name: b for b in GEN.generate(point).blocks}
+        (fwd,) = [op for op in blocks["layer.forward"].ops if op.category == "attention"]
+        (bwd,) = [op for op in blocks["layer.backward"].ops if op.category == "attention"]
+        assert bwd.flops == pytest.approx(2 * fwd.flops)
+        assert bwd.flops * bwd.density == pytest.approx(executed * fwd.flops * fwd.density)

@@ -13,6 +13,13 @@ from dse.workload import Collective, Op
 from generators.symbolic.dist import PARTIAL, Dist, Partition, gradient_layout
 from generators.symbolic.graph import Node, STensor, Tracer, make_layout, reduction_layout
 
+FUSED_ATTENTION_BACKWARD = 2.5
+"""FLOPs fused (flash) attention's backward executes per forward FLOP: it keeps no probabilities, so it computes
+Q K^T again besides dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q, five s x t matmuls to the forward's
+two (FlashAttention-2's own count, whose fwd+bwd TFLOP/s divide 3.5 forward FLOPs). The op keeps the
+conventional count (twice the forward, what unfused attention executes from its kept probabilities) and says
+the rest through its density. A fused node is one that keeps nothing extra."""
+
 
 @dataclass
 class Gradients:
@@ -25,8 +32,10 @@ class Gradients:
 def needed(node: Node) -> tuple[STensor, ...]:
     """Forward values the node's backward reads."""
     match node.kind:
-        case "einsum" | "norm" | "loss":
+        case "einsum" | "norm":
             return node.inputs
+        case "loss":
+            return ()  # the fp32 log-probabilities, kept as the node's extra_saved
         case "pointwise":
             return () if node.linear else node.inputs
         case "attention":
@@ -45,17 +54,19 @@ def _is_gather(node: Node) -> bool:
 
 
 def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> list[STensor]:
-    """The activations kept from forward to backward: what backward reads, minus what it recomputes, with
-    all-gathered tensors stored in their pre-gather shard (backward gathers them again, as Megatron SP does).
-    kept: replayed nodes whose output is stored all the same (Megatron's selective recompute keeps the core
-    attention output that the output projection reads)."""
+    """The activations kept from forward to backward: what backward reads and what recomputation starts from,
+    minus what it recomputes, with all-gathered tensors stored in their pre-gather shard (backward gathers them
+    again, as Megatron SP does). kept: replayed nodes whose output is stored all the same (Megatron's selective
+    recompute keeps the core attention output that the output projection reads)."""
     gathered_from = {id(n.output): n.inputs[0] for n in tape if _is_gather(n)}
     kept_ids = {id(n) for n in kept}
     recomputed = {id(n.output) for n in replayed if id(n) not in kept_ids}
     recomputed |= {id(n.inputs[1]) for n in replayed if n.kind == "dropout"}
+    replayed_ids = {id(n) for n in replayed}
     saved: dict[int, STensor] = {}
     for node in tape:
-        for t in needed(node):
+        reads = (*needed(node), *node.inputs) if id(node) in replayed_ids else needed(node)
+        for t in reads:
             while id(t) in gathered_from:
                 t = gathered_from[id(t)]
             if not t.param and id(t) not in recomputed and t.dims:
@@ -96,7 +107,7 @@ class Differentiator:
             )
             deps = self.tr.emitter.deps(inputs)
             for op in node.ops:
-                self.tr.emitter.emit(_with_deps(op, deps, "recompute"), [out])
+                self._emit(node, _with_deps(op, deps, "recompute"), out)
             if not node.ops:
                 self.tr.emitter.same_origin(out, inputs[0])
             self.alias[id(node.output)] = out
@@ -113,9 +124,7 @@ class Differentiator:
             again = STensor(t.name + ".regather", t.dims, t.layout, t.itemsize, t.param)
             deps = self.tr.emitter.deps([source])
             for op in node.ops:
-                self.tr.emitter.emit(_with_deps(op, deps, "regather"), [again])
-                if t.param:
-                    self.tr.emitter.gathered_params += op.comm_bytes
+                self._emit(node, _with_deps(op, deps, "regather"), again)
             self.alias[id(t)] = again
             return again
         return t
@@ -134,6 +143,13 @@ class Differentiator:
         again = self.tr.shift(source, node.axis, peer, record=False)
         self.alias[id(t)] = again
         return again
+
+    def _emit(self, node: Node, op: Op, out: STensor) -> None:
+        """Emit a forward op again; a weight's all-gather goes where the block's weight gathers go (prefetch)."""
+        if _is_gather(node) and node.output.param:
+            self.tr.emitter.emit_param_gather(op, [out])
+        else:
+            self.tr.emitter.emit(op, [out])
 
     def run(self, seeds: Sequence[tuple[STensor, STensor]], inputs: Sequence[STensor]) -> Gradients:
         for tensor, grad in seeds:
@@ -204,6 +220,8 @@ class Differentiator:
                 outs = [self._input_grad(g, t) for t in node.inputs]
                 flops = 2 * node.flops_per_elem * max(tr.elems(t) for t in node.inputs)
                 tr._compute(f"{name}.backward", node.category, flops, (g, *reads), outs)
+                if node.kind == "loss":  # log-softmax's backward: fp32 gradients in and out, both held at once
+                    tr.emitter.peak_temp = max(tr.emitter.peak_temp, 2 * node.extra_saved)
                 for t, d in zip(node.inputs, outs, strict=True):
                     self._contribute(t, d)
             case "attention":
@@ -211,7 +229,9 @@ class Differentiator:
                 reads = [self.value(t) for t in (q, k, v, node.final or node.output)]
                 outs = [_grad_like(q), *(self._kv_grad(q, t) for t in (k, v))]
                 fwd = next(op for op in node.ops if op.category == "attention")
-                tr._compute(f"{name}.backward", "attention", 2 * fwd.flops, (g, *reads), outs, fwd.density)
+                executed = FUSED_ATTENTION_BACKWARD / 2 if node.extra_saved == 0 else 1.0
+                flops = 2 * fwd.flops
+                tr._compute(f"{name}.backward", "attention", flops, (g, *reads), outs, fwd.density * executed)
                 for t, d in zip((q, k, v), outs, strict=True):
                     self._contribute(t, d)
             case "dropout":

@@ -20,6 +20,7 @@ from dse.workload import (
     BLOCK_INPUT,
     Block,
     Call,
+    Collective,
     Op,
     OpKind,
     Program,
@@ -28,7 +29,7 @@ from dse.workload import (
     TensorKind,
     Workload,
 )
-from generators.symbolic.autodiff import Differentiator, saved_bytes
+from generators.symbolic.autodiff import Differentiator, Gradients, saved_bytes
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.graph import Emitter, Node, STensor
@@ -40,6 +41,12 @@ ADAM_FLOPS = 12
 ADAM_BYTES = 28
 """Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
 DATA_AXES = ("dp", "ep")
+Unit = tuple[str | LayerKind, bool]
+"""A traced module a call runs: "embed", "head" or a layer kind, and whether it is the layer's variant whose
+backward recomputes nothing (see `_Builder.unrecomputed`)."""
+Source = tuple[str | LayerKind, bool, int]
+"""What sizes a scheduled tensor: a unit and what of it: -1 its saved activations, 0 and 1 the weights its
+forward and its backward gather."""
 
 
 @dataclass
@@ -53,6 +60,12 @@ class Traced:
     params: list[STensor] = field(default_factory=list)
     cache_bytes: float = 0.0
     """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
+    gathers: tuple[int | None, int | None] = (None, None)
+    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one module ahead."""
+    gathered_bytes: tuple[float, float] = (0.0, 0.0)
+    """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
+    unrecomputed: "Traced | None" = None
+    """The same layer with a backward that recomputes nothing, for the layers `recompute_every` skips."""
 
 
 def block_name(kind: LayerKind) -> str:
@@ -97,8 +110,15 @@ class _Builder:
         self._elems: dict[int, float] = {}
 
     def add_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
-        temp = emitter.peak_temp + emitter.gathered_params
+        temp = emitter.peak_temp + (0.0 if emitter.prefetch else emitter.gathered_params)
         self.blocks.append(Block(name, tuple(emitter.ops), output, temp))
+        return len(self.blocks) - 1
+
+    def gather_block(self, name: str, emitter: Emitter) -> int | None:
+        """The weight all-gathers a prefetching block's ops read, as a block of their own."""
+        if not emitter.gathers:
+            return None
+        self.blocks.append(Block(f"{name}.gather", tuple(emitter.gathers)))
         return len(self.blocks) - 1
 
     def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
@@ -108,6 +128,8 @@ class _Builder:
             return [], []
         if policy == "full":
             return list(tape), []
+        if policy == "selective_op":
+            return _per_op_recomputed(tape), []
         attention = [n for n in tape if n.kind == "attention"]
         # Megatron's selective recompute re-runs the unfused core attention (QK^T, softmax, dropout, over V) and
         # keeps its output, which the output projection reads; a fused kernel's output is recomputed with it.
@@ -120,6 +142,9 @@ class _Builder:
         first_cache = len(self.module.caches)
         tr.tape, tr.recording = [], True
         tr.begin_block(inputs)
+        # ZeRO-3 weight gathers get calls of their own, issued one module ahead (FSDP's forward and backward
+        # prefetch, FSDP2's implicit prefetch); see `schedule`.
+        tr.emitter.prefetch = self.train and self.point.parallel.zero == 3
         out = forward()
         fwd = tr.end_block()
         tape = tr.tape
@@ -130,23 +155,58 @@ class _Builder:
             return Traced(forward_block, None, None, 0.0, params, cache)
 
         tr.recording = False
-        layout = {axis: gradient_layout(out.dist(axis)) for axis in tr.degrees}
-        grad_out = STensor(f"{out.name}.grad", out.dims, tuple(sorted(layout.items())), out.itemsize)
-        grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
-        tr.begin_block([grad_out])
-        diff = Differentiator(tr, tape, self.module.leaf_ids)
         replayed, kept = self._replayed(name, tape)
-        diff.replay(replayed)
-        grads = diff.run([(out, grad_out)], inputs)
-        bwd = tr.end_block()
-        input_grad_ops = [bwd.origin[id(g)] for g in grads.inputs.values() if id(g) in bwd.origin]
-        output = max(input_grad_ops) if input_grad_ops else -1
-
+        bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = self.add_block(f"{name}.forward", fwd)
         backward_block = self.add_block(f"{name}.backward", bwd, output)
         sync = self.grad_sync(name, grads.params)
-        return Traced(forward_block, backward_block, sync, saved, params)
+        gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
+        gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
+        traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
+        if replayed and self.point.parallel.recompute_every > 1:
+            plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            traced.unrecomputed = replace(
+                traced,
+                backward=self.add_block(f"{name}.backward.unrecomputed", plain, plain_output),
+                saved_bytes=saved_bytes(tr, tape, [], []),
+                gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
+                gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
+            )
+        return traced
+
+    def _derive(
+        self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool
+    ) -> tuple[Emitter, Gradients, int]:
+        """The backward block of a traced forward that recomputes `replayed` first, its gradients, and the op
+        whose end hands the input gradients on."""
+        tr = self.tracer
+        layout = {axis: gradient_layout(out.dist(axis)) for axis in tr.degrees}
+        grad_out = STensor(f"{out.name}.grad", out.dims, tuple(sorted(layout.items())), out.itemsize)
+        grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
+        tr.begin_block([grad_out])
+        tr.emitter.prefetch = prefetch
+        diff = Differentiator(tr, tape, self.module.leaf_ids)
+        diff.replay(replayed)
+        grads = diff.run([(out, grad_out)], inputs)
+        bwd = tr.end_block()
+        input_grad_ops = [bwd.origin[id(g)] for g in grads.inputs.values() if id(g) in bwd.origin]
+        return bwd, grads, max(input_grad_ops) if input_grad_ops else -1
+
+    def unrecomputed(self, kind: LayerKind, index: int) -> bool:
+        """Whether layer `index` runs its backward without recompute: with `recompute_every` n only every n-th
+        layer recomputes (layers n-1, 2n-1, ..., as torchtitan's layer-level selective checkpointing and the FSDP
+        blog's checkpointing of every n-th block); the others keep every activation their backward reads."""
+        every = self.point.parallel.recompute_every
+        return self.layer_traces[kind].unrecomputed is not None and (index + 1) % every != 0
+
+    def layer_trace(self, kind: LayerKind, index: int) -> Traced:
+        """The traced layer that layer `index` runs (see `unrecomputed`)."""
+        traced = self.layer_traces[kind]
+        if self.unrecomputed(kind, index):
+            assert traced.unrecomputed is not None
+            return traced.unrecomputed
+        return traced
 
     def grad_sync(self, name: str, grads: list[tuple[STensor, STensor]]) -> int | None:
         """One bucket per collective and axis: the gradient reduction of every parameter of the module.
@@ -376,9 +436,9 @@ class _Builder:
         traces = (embed, head, *self.layer_traces.values())
         key = (
             stage, p.pp, self.chunks, p.pp_schedule, self.point.micro_batches, self.train, p.zero >= 2,
-            len(self.blocks), tuple(self.p2p.items()), optimizer, tuple(kinds),
+            p.recompute_every, len(self.blocks), tuple(self.p2p.items()), optimizer, tuple(kinds),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync) for t in traces),
+            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
         )
         skeleton = _SKELETONS.get(key)
         if skeleton is None:
@@ -388,21 +448,40 @@ class _Builder:
             skeleton = _Skeleton(
                 tuple(program.calls),
                 tuple(list(self.p2p)[first_p2p:]),
-                tuple((t.name, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)),
+                tuple(
+                    (t.name, t.kind, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)
+                ),
             )
             if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
             return
-        saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
-        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
         for kind, peer in skeleton.p2p:
             self.p2p_block(kind, peer, act_bytes)
         program.calls = list(skeleton.calls)
         program.tensors += [
-            Tensor(name, TensorKind.ACTIVATION, saved[source], producer, consumer)
-            for name, source, producer, consumer in skeleton.activations
+            Tensor(name, kind, self.source_bytes(source, embed, head), producer, consumer)
+            for name, kind, source, producer, consumer in skeleton.activations
         ]
+
+    def source_bytes(self, source: Source, embed: Traced, head: Traced) -> float:
+        """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
+        key, unrecomputed, what = source
+        traced = self.unit_trace((key, unrecomputed), embed, head)
+        return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
+
+    def unit_trace(self, unit: Unit, embed: Traced, head: Traced) -> Traced:
+        """The traced module a unit of the schedule runs."""
+        key, unrecomputed = unit
+        if key == "embed":
+            return embed
+        if key == "head":
+            return head
+        traced = self.layer_traces[key]  # type: ignore[index]
+        if unrecomputed:
+            assert traced.unrecomputed is not None
+            return traced.unrecomputed
+        return traced
 
     def schedule(
         self,
@@ -414,9 +493,9 @@ class _Builder:
         head: Traced,
         act_bytes: float,
         optimizer: int | None,
-    ) -> list[str | LayerKind]:
-        """Calls of one stage in its pipeline schedule order, with the activations they keep alive; returns the
-        block (embed, head or a layer kind) whose saved bytes each activation tensor holds."""
+    ) -> list[Source]:
+        """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
+        keep alive; returns what sizes each of those tensors (a `Source`)."""
         p = self.point.parallel
         microbatches = self.point.micro_batches
         chunks = self.chunks
@@ -426,11 +505,42 @@ class _Builder:
         syncs: list[int] = []
         synced: set[int] = set()
 
-        sources: list[str | LayerKind] = []
+        sources: list[Source] = []
 
-        def keep(name: str, source: str | LayerKind, nbytes: float, producer: int, consumer: int) -> None:
-            program.tensors.append(Tensor(name, TensorKind.ACTIVATION, nbytes, producer, consumer))
+        def keep(
+            name: str,
+            source: Source,
+            nbytes: float,
+            producer: int,
+            consumer: int,
+            kind: TensorKind = TensorKind.ACTIVATION,
+        ) -> None:
+            program.tensors.append(Tensor(name, kind, nbytes, producer, consumer))
             sources.append(source)
+
+        def unit_name(index: int) -> str:
+            return {-1: "embed", -2: "head"}.get(index, f"layer{index}")
+
+        def gather(
+            units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
+        ) -> tuple[int, ...]:
+            """The call that all-gathers the weights of units[pos] for its forward (way 0) or backward (1), if it
+            prefetches. It is issued before the unit run ahead of it (`after` is that unit's input), as FSDP
+            issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
+            at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
+            when their module ends)."""
+            if pos >= len(units):
+                return ()
+            index, unit = units[pos]
+            block = self.unit_trace(unit, embed, head).gathers[way]
+            if block is None:
+                return ()
+            return (program.add(Call(block, after, index, mb)),)
+
+        def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
+            for producer in gathered:
+                nbytes = self.unit_trace(unit, embed, head).gathered_bytes[way]
+                keep(f"{unit_name(index)}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
             last_mb = mb == microbatches - 1
@@ -478,42 +588,42 @@ class _Builder:
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
             first, last = vstage == 0, vstage == vstages - 1
+            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if first else []
+            units += [(index, (kinds[index], self.unrecomputed(kinds[index], index))) for index in layers[chunk]]
+            units += [(-2, ("head", False))] if last else []
             if step == "F":
-                if first:
-                    prev = program.add(Call(embed.forward, (), -1, mb))
-                    fwd_call[(-1, mb)] = prev
-                else:
-                    prev = receive(vstage - 1, tag(mb, vstage - 1, False))
-                for index in layers[chunk]:
-                    prev = program.add(Call(self.layer_traces[kinds[index]].forward, (prev,), index, mb))
+                prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
+                gathered = gather(units, 0, 0, (), mb)
+                for pos, (index, unit) in enumerate(units):
+                    inputs = () if prev is None else (prev,)
+                    ahead = gather(units, pos + 1, 0, inputs, mb)
+                    forward = self.unit_trace(unit, embed, head).forward
+                    prev = program.add(Call(forward, (*inputs, *gathered), index, mb))
+                    hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
-                if last:
-                    fwd_call[(-2, mb)] = program.add(Call(head.forward, (prev,), -2, mb))
-                else:
+                    gathered = ahead
+                if not last:
                     if chunks > 1:
                         prefetch(i + 1)
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), act_bytes)
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
-            if last:
-                assert head.backward is not None
-                prev = program.add(Call(head.backward, (fwd_call[(-2, mb)],), -2, mb))
-                keep("head", "head", head.saved_bytes, fwd_call[(-2, mb)], prev)
-                sync(head, prev, mb, -2)
-            else:
-                prev = receive(vstage + 1, tag(mb, vstage, True))
-            for index in reversed(layers[chunk]):
-                traced = self.layer_traces[kinds[index]]
+            prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
+            units.reverse()
+            # a module is gathered again for its backward once its forward has freed its weights
+            gathered = gather(units, 0, 1, (fwd_call[(units[0][0], mb)],), mb) if units else ()
+            for pos, (index, unit) in enumerate(units):
+                traced = self.unit_trace(unit, embed, head)
                 assert traced.backward is not None
-                prev = program.add(Call(traced.backward, (prev, fwd_call[(index, mb)]), index, mb))
-                keep(f"layer{index}", kinds[index], traced.saved_bytes, fwd_call[(index, mb)], prev)
+                inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
+                ahead = gather(units, pos + 1, 1, inputs, mb)
+                prev = program.add(Call(traced.backward, (*inputs, *gathered), index, mb))
+                hold(unit, 1, index, gathered, prev)
+                keep(unit_name(index), (*unit, -1), traced.saved_bytes, fwd_call[(index, mb)], prev)
+                gathered = ahead
                 sync(traced, prev, mb, index)
-            if first:
-                assert embed.backward is not None
-                done = program.add(Call(embed.backward, (prev, fwd_call[(-1, mb)]), -1, mb))
-                keep("embed", "embed", embed.saved_bytes, fwd_call[(-1, mb)], done)
-                sync(embed, done, mb, -1)
-            else:
+            if not first:
+                assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), act_bytes)
@@ -523,6 +633,22 @@ class _Builder:
         return sources
 
 
+def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
+    """torchtitan's per-op selective checkpointing (`selective_ac_option: op`, its `_save_list`): the outputs of
+    attention, of the matmuls except every second one (the 2nd, 4th, ... of the layer) and of the tensor-parallel
+    reduce-scatters are saved; every other op is recomputed in backward from what is saved."""
+    saved: set[int] = set()
+    matmuls = 0
+    for node in tape:
+        if node.kind == "einsum":
+            matmuls += 1
+            if matmuls % 2:
+                saved.add(id(node))
+        elif node.kind == "attention" or any(op.category == Collective.REDUCE_SCATTER for op in node.ops):
+            saved.add(id(node))
+    return [node for node in tape if id(node) not in saved]
+
+
 @dataclass(frozen=True, slots=True)
 class _Skeleton:
     """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
@@ -530,7 +656,7 @@ class _Skeleton:
 
     calls: tuple[Call, ...]
     p2p: tuple[tuple[OpKind, int], ...]
-    activations: tuple[tuple[str, str | LayerKind, int, int], ...]
+    activations: tuple[tuple[str, TensorKind, Source, int, int], ...]
 
 
 SKELETON_CACHE_SIZE = 256

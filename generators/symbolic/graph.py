@@ -22,6 +22,8 @@ Layout = tuple[tuple[str, Dist], ...]
 AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
 """Rank layout order, innermost first (Megatron: tp, cp, then the data axes, pp outermost)."""
 JOINABLE = frozenset({"cp", "ep", "dp"})
+LOSS_ITEMSIZE = 4
+"""The cross-entropy's working dtype (fp32)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -93,7 +95,12 @@ class Emitter:
     """Redistributions already done in this block: a value gathered once serves every consumer."""
     peak_temp: float = 0.0
     gathered_params: float = 0.0
-    """Bytes of parameters all-gathered for this block (ZeRO-3), held while it runs."""
+    """Bytes of parameters all-gathered for this block (ZeRO-3): held while it runs, or from the start of its
+    prefetch call to its end when `prefetch` is on."""
+    prefetch: bool = False
+    """Emit the ZeRO-3 parameter all-gathers into `gathers`, a block of their own that the schedule issues one
+    module ahead (FSDP's prefetch), instead of into this block; the gathered weights are inputs of this block."""
+    gathers: list[Op] = field(default_factory=list)
     alive: list[STensor] = field(default_factory=list)
     """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""
 
@@ -119,6 +126,17 @@ class Emitter:
 
     def mark_input(self, t: STensor) -> None:
         self.produced(t, BLOCK_INPUT)
+
+    def emit_param_gather(self, op: Op, outputs: Sequence[STensor]) -> None:
+        """A ZeRO-3 weight all-gather: into this block, or with `prefetch` into the gather block whose call feeds
+        this one (its outputs are then ready when this block's inputs are)."""
+        self.gathered_params += op.comm_bytes
+        if not self.prefetch:
+            self.emit(op, outputs)
+            return
+        self.gathers.append(replace(op, deps=(BLOCK_INPUT,)))
+        for t in outputs:
+            self.mark_input(t)
 
     def remember_move(self, src: STensor, axis: str, dist: Dist, moved: STensor) -> None:
         self.moved[(id(src), axis, dist)] = moved
@@ -160,9 +178,10 @@ class Tracer:
         done, self.emitter = self.emitter, Emitter()
         return done
 
-    def _record(self, node: Node, first_op: int) -> None:
+    def _record(self, node: Node, first_op: int, ops: tuple[Op, ...] | None = None) -> None:
+        """Put node on the tape with the ops emitted since first_op (or `ops`, those it routed elsewhere)."""
         if self.recording:
-            node.ops = tuple(self.emitter.ops[first_op:])
+            node.ops = tuple(self.emitter.ops[first_op:]) if ops is None else ops
             self.tape.append(node)
 
     @property
@@ -189,6 +208,7 @@ class Tracer:
                 continue
             collective = collective_for(src, dst)
             moved = current.relayout(axis, dst)
+            routed: tuple[Op, ...] | None = None
             self.emitter.remember_move(current, axis, dst, moved)
             mark = self._mark
             if collective is None:
@@ -218,12 +238,16 @@ class Tracer:
                     axis=axis,
                     deps=self.emitter.deps([current]),
                 )
-                index = self.emitter.emit(op, [moved])
-                last = (index, op) if axis in JOINABLE else None
                 if collective is Collective.ALL_GATHER and t.param:
-                    self.emitter.gathered_params += size
+                    self.emitter.emit_param_gather(op, [moved])
+                    routed = (op,)
+                    last = None
+                else:
+                    index = self.emitter.emit(op, [moved])
+                    last = (index, op) if axis in JOINABLE else None
             if record:
-                self._record(Node("redistribute", f"{t.name}.{axis}", (current,), moved, axis=axis), mark)
+                node = Node("redistribute", f"{t.name}.{axis}", (current,), moved, axis=axis)
+                self._record(node, mark, routed)
             current = moved
         return current
 
@@ -505,7 +529,12 @@ class Tracer:
                     self.emitter.emit(op, [stats])
         out = STensor(name, (), (), 4)
         self._compute(name, "elementwise", 5 * self.elems(logits), (logits, stats), (out,))
-        self._record(Node("loss", name, (logits,), out, "elementwise", 5), mark)
+        # The cross-entropy runs in fp32 (PyTorch's on logits.float(), Megatron's vocab-parallel one likewise):
+        # the fp32 copy of the logits is held beside them while the fp32 log-probabilities are formed, and
+        # those are what backward reads.
+        log_probs = LOSS_ITEMSIZE * self.elems(logits)
+        self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(logits) + log_probs)
+        self._record(Node("loss", name, (logits,), out, "elementwise", 5, extra_saved=log_probs), mark)
         return out
 
 

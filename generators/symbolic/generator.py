@@ -18,6 +18,7 @@ from dse.workload import (
     BLOCK_INPUT,
     Block,
     Call,
+    CallShape,
     Op,
     OpKind,
     Program,
@@ -360,19 +361,21 @@ class _Builder:
             sources = self.schedule(program, stage, layers, kinds, embed, head, act_bytes, optimizer)
             added = program.tensors[first_tensor:]
             skeleton = _Skeleton(
-                tuple(program.calls),
+                CallShape(tuple(program.calls)),
                 tuple(list(self.p2p)[first_p2p:]),
                 tuple((t.name, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)),
             )
             if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
+            program.shape = skeleton.shape
             return
         saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
         saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
         for kind, peer in skeleton.p2p:
             self.p2p_block(kind, peer, act_bytes)
-        program.calls = list(skeleton.calls)
+        program.calls = list(skeleton.shape.calls)
+        program.shape = skeleton.shape
         program.tensors += [
             Tensor(name, TensorKind.ACTIVATION, saved[source], producer, consumer)
             for name, source, producer, consumer in skeleton.activations
@@ -500,9 +503,10 @@ class _Builder:
 @dataclass(frozen=True, slots=True)
 class _Skeleton:
     """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
-    and the block whose saved bytes each holds."""
+    and the block whose saved bytes each holds. Every program built from it carries its `shape`, on which cost
+    models keep what they derive from the calls alone."""
 
-    calls: tuple[Call, ...]
+    shape: CallShape
     p2p: tuple[tuple[OpKind, int], ...]
     activations: tuple[tuple[str, str | LayerKind, int, int], ...]
 

@@ -26,7 +26,7 @@ from math import inf
 import numpy as np
 
 from dse.spec import SystemSpec
-from dse.workload import OpKind, Workload
+from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Run, _Scheduler
 from simulators.analytical.intervals import merge_intervals, union_length
 from simulators.analytical.plans import COMPUTE
@@ -42,16 +42,102 @@ class _Segment:
 
     start: int
     end: int
-    signature: tuple[int, ...]
-    """Per call its block, its number of inputs and their offsets from it, flat: the segment's structure,
-    wherever it sits."""
+    kind: int
+    """Index of the segment's signature in its layout."""
     external: tuple[int, ...]
-    """Earlier calls whose outputs the segment reads, in the order the signature meets them."""
-    streams: tuple[int, ...]
+    """Earlier calls whose outputs the segment reads, one per read, in the order the signature meets them."""
     first_inputs: tuple[int, ...]
     """Inputs of the segment's first call: the latest of them and the compute stream's end make its t0."""
-    structure: int
-    """(rank class, signature) numbered: cache keys hash a small int instead of the whole signature."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Layout:
+    """Where a program's p2p calls split it. Derived from its calls alone, so a program whose CallShape holds
+    keeps it in the shape's memo, and later points of the same shape skip the walk over every call."""
+
+    segments: list["_Segment | None"]
+    """By call: the segment that starts there; None for a p2p call and for calls inside a segment."""
+    signatures: tuple[tuple[int, ...], ...]
+    """The distinct segment structures: per call its block, its number of inputs and, per input, its position
+    in the segment or, for an external input, -1 - its place in `external`, flat. Where the segment sits and
+    which earlier calls it reads do not enter: only those calls' times do, through the key."""
+    blocks: tuple[frozenset[int], ...]
+    """The blocks of each signature."""
+    used: tuple[int, ...]
+    """Every block the program calls, sorted."""
+
+
+def _layout(calls: "list | tuple", p2p: frozenset[int]) -> _Layout:
+    """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of the
+    program once, so it is kept to the bare minimum per call."""
+    segments: list[_Segment | None] = [None] * len(calls)
+    kinds: dict[tuple[int, ...], int] = {}
+    start = -1
+    signature: list[int] = []
+    external: list[int] = []
+    extend, add_external = signature.extend, external.append
+    transfers: set[int] = set()
+
+    def close(end: int) -> None:
+        kind = kinds.setdefault(tuple(signature), len(kinds))
+        segments[start] = _Segment(start, end, kind, tuple(external), calls[start].inputs)
+
+    for c, call in enumerate(calls):
+        block = call.block
+        if block in p2p:
+            transfers.add(block)
+            if start >= 0:
+                close(c)
+                start = -1
+            continue
+        if start < 0:
+            start = c
+            signature.clear()
+            external.clear()
+        inputs = call.inputs
+        if len(inputs) == 1:
+            i = inputs[0]
+            if i < start:
+                i = -1 - len(external)
+                add_external(inputs[0])
+            else:
+                i -= start
+            extend((block, 1, i))
+        else:
+            extend((block, len(inputs)))
+            for i in inputs:
+                if i < start:
+                    signature.append(-1 - len(external))
+                    add_external(i)
+                else:
+                    signature.append(i - start)
+    if start >= 0:
+        close(len(calls))
+    signatures = tuple(kinds)
+    blocks = tuple(frozenset(sig[k] for k in _call_offsets(sig)) for sig in signatures)
+    used = transfers.union(*blocks)
+    return _Layout(segments, signatures, blocks, tuple(sorted(used)))
+
+
+def _call_offsets(signature: tuple[int, ...]) -> list[int]:
+    """Where each call starts in a flat signature."""
+    offsets, k = [], 0
+    while k < len(signature):
+        offsets.append(k)
+        k += 2 + signature[k + 1]
+    return offsets
+
+
+def program_layout(program: Program, p2p: frozenset[int]) -> _Layout:
+    """The program's layout, from its CallShape's memo when the shape still holds its calls."""
+    shape = program.call_shape()
+    if shape is None:
+        return _layout(program.calls, p2p)
+    key = ("fastpath.layout", p2p)
+    layout = shape.memo.get(key)
+    if layout is None:
+        layout = shape.memo[key] = _layout(shape.calls, p2p)
+    return layout
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,16 +165,6 @@ _UNCLAMPABLE = _Outcome((), _NONE, _NONE, (), (_NONE, _NONE), (_NONE, _NONE), ()
 def schedule_fast(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:
     """The same schedules as `engine.schedule` (within QUANTUM_S per segment), without a timeline."""
     return _FastScheduler(workload, system).run()
-
-
-def _streams(signature: tuple[int, ...], block_streams: dict[int, frozenset[int]]) -> tuple[int, ...]:
-    """The streams the calls of a flat signature use."""
-    used: set[int] = set()
-    k = 0
-    while k < len(signature):
-        used |= block_streams[signature[k]]
-        k += 2 + signature[k + 1]
-    return tuple(sorted(used))
 
 
 _BOUND = object()
@@ -167,7 +243,6 @@ class _FastScheduler(_Scheduler):
         self._first_tier: dict[int, int] = {}
         self._structures: dict[tuple, int] = {}
         self._structure_streams: list[tuple[int, ...]] = []
-        self._class_tokens: dict[tuple, int] = {}
         self._calls: dict[tuple, tuple | object] = {}
         """Calls priced inside segment simulations, by plan and relative entry state (see _price_call)."""
         self._plan_streams: dict[int, tuple[int, ...]] = {}
@@ -176,76 +251,36 @@ class _FastScheduler(_Scheduler):
             for b, block in enumerate(workload.blocks)
             if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in block.ops)
         )
-        self._segments: list[dict[int, _Segment]] = []
+        self._layouts: list[_Layout] = []
+        self._kinds: list[list[int]] = []
+        """Per program, the structure number of each signature of its layout."""
         self._compute_stream = 0
 
     def run(self) -> list[ClassSchedule]:
         programs = self._workload.programs
-        used = [sorted({c.block for c in p.calls}) for p in programs]
-        plans = []
-        for index, blocks in enumerate(used):
-            built = {b: self._planner.plan(b, index) for b in blocks}
-            plans.append(built)
+        self._layouts = [program_layout(p, self._p2p_blocks) for p in programs]
+        plans = [{b: self._planner.plan(b, index) for b in layout.used} for index, layout in enumerate(self._layouts)]
         self._compute_stream = self._planner.streams.setdefault("compute", len(self._planner.streams))
-        self._segments = [self._split(index, p.calls, plans[index]) for index, p in enumerate(programs)]
+        self._kinds = [self._structures_of(index, plans[index]) for index in range(len(programs))]
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
         return self._drive(runs)
 
-    def _split(self, index: int, calls: list, plans: dict) -> dict[int, _Segment]:
-        """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of
-        the program once, so it is kept to the bare minimum per call."""
-        p2p = self._p2p_blocks
-        block_streams = {b: frozenset(x for op in plan.ops for x in (op[1], *op[9])) for b, plan in plans.items()}
-        out: dict[int, _Segment] = {}
-        start = -1
-        signature: list[int] = []
-        external: list[int] = []
-        extend, add_external = signature.extend, external.append
-        structures = self._structures
-        streams_of = self._structure_streams
-
-        token = tuple(sorted((b, id(plan)) for b, plan in plans.items() if b not in p2p))
-        # Classes that run the same plans (middle pipeline stages) share segment structures, and so outcomes.
-        owner = self._class_tokens.setdefault(token, index)
-
-        def close(end: int) -> None:
-            key = (owner, tuple(signature))
-            structure = structures.get(key)
+    def _structures_of(self, index: int, plans: dict) -> list[int]:
+        """Number the distinct (plans, signature) pairs of a program's segments: cache keys hash a small int.
+        Classes that run a segment's blocks with the same plans (pipeline stages alike but for their ends) share
+        its structure, and so its outcomes."""
+        numbers = []
+        for signature, blocks in zip(self._layouts[index].signatures, self._layouts[index].blocks, strict=True):
+            key = (tuple([id(plans[b]) for b in sorted(blocks)]), signature)
+            structure = self._structures.get(key)
             if structure is None:
-                structure = structures[key] = len(structures)
-                streams_of.append(_streams(key[1], block_streams))
-            out[start] = _Segment(
-                start, end, key[1], tuple(external), streams_of[structure], calls[start].inputs, structure
-            )
-
-        for c, call in enumerate(calls):
-            block = call.block
-            if block in p2p:
-                if start >= 0:
-                    close(c)
-                    start = -1
-                continue
-            if start < 0:
-                start = c
-                signature.clear()
-                external.clear()
-            inputs = call.inputs
-            if len(inputs) == 1:
-                i = inputs[0]
-                if i < start:
-                    add_external(i)
-                extend((block, 1, i - c))
-            else:
-                extend((block, len(inputs)))
-                for i in inputs:
-                    if i < start:
-                        add_external(i)
-                    signature.append(i - c)
-        if start >= 0:
-            close(len(calls))
-        return out
+                structure = self._structures[key] = len(self._structures)
+                streams = {x for b in blocks for op in plans[b].ops for x in (op[1], *op[9])}
+                self._structure_streams.append(tuple(sorted(streams)))
+            numbers.append(structure)
+        return numbers
 
     def _start_fast(self, index: int, program) -> _Run:
         calls = len(program.calls)
@@ -267,9 +302,9 @@ class _FastScheduler(_Scheduler):
 
     def _advance(self, run: _Run) -> None:
         calls = run.program.calls
-        segments = self._segments[run.index]
+        segments = self._layouts[run.index].segments
         while run.call < len(calls):
-            segment = segments.get(run.call) if run.op == 0 else None
+            segment = segments[run.call] if run.op == 0 else None
             if segment is None:
                 if not self._issue_call(run):
                     return
@@ -285,6 +320,7 @@ class _FastScheduler(_Scheduler):
         whether a clamp decided an op's start; if one did, that key is marked and the exact times are used.
         """
         stream_end, out_end = run.stream_end, run.out_end
+        structure = self._kinds[run.index][segment.kind]
         t0 = stream_end[self._compute_stream]
         for i in segment.first_inputs:
             if out_end[i] > t0:
@@ -292,7 +328,8 @@ class _FastScheduler(_Scheduler):
         if t0 == inf:
             return False
         streams = []
-        for s in segment.streams:
+        segment_streams = self._structure_streams[structure]
+        for s in segment_streams:
             value = stream_end[s]
             if value == inf:
                 return False
@@ -307,7 +344,6 @@ class _FastScheduler(_Scheduler):
             else:
                 inputs.append(0)
         outcome = None
-        structure = segment.structure
         tier = self._first_tier.get(structure, _CLAMP_ALL)
         while outcome is None or outcome is _UNCLAMPABLE:
             if tier == _CLAMP_ALL:
@@ -319,7 +355,7 @@ class _FastScheduler(_Scheduler):
             key = (structure, tier, times)
             outcome = self._outcomes.get(key)
             if outcome is None:
-                outcome = self._simulate(run, segment, t0, tier) or _UNCLAMPABLE
+                outcome = self._simulate(run, segment, segment_streams, t0, tier) or _UNCLAMPABLE
                 self._outcomes[key] = outcome
             if outcome is _UNCLAMPABLE:
                 # A clamp that failed once for this structure usually fails again (an op that does not wait for
@@ -334,7 +370,9 @@ class _FastScheduler(_Scheduler):
         run.call = end
         return True
 
-    def _simulate(self, run: _Run, segment: _Segment, t0: float, tier: int) -> "_Outcome | None":
+    def _simulate(
+        self, run: _Run, segment: _Segment, streams_used: tuple[int, ...], t0: float, tier: int
+    ) -> "_Outcome | None":
         """The reference rules over one segment, from the run's current state, on scratch copies.
 
         Entry times before t0 count as t0 (stream ends and inputs with _CLAMP_ALL, inputs only with
@@ -349,7 +387,7 @@ class _FastScheduler(_Scheduler):
         floor: set[int] = set()
         clamp = tier != _CLAMP_NONE
         if tier == _CLAMP_ALL:
-            for s in segment.streams:
+            for s in streams_used:
                 if stream_end[s] < t0:
                     stream_end[s] = t0
                     floor.add(s)
@@ -421,7 +459,7 @@ class _FastScheduler(_Scheduler):
             return rel(s), rel(e)
 
         return _Outcome(
-            stream_end=tuple((s, stream_end[s] - t0) for s in segment.streams),
+            stream_end=tuple((s, stream_end[s] - t0) for s in streams_used),
             call_start=rel(call_start),
             call_end=rel(call_end),
             out_end=tuple(v - t0 for v in outputs),

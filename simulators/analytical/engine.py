@@ -22,7 +22,7 @@ from math import inf
 from dse.interfaces import TimelineEvent
 from dse.spec import SystemSpec
 from dse.workload import Program, Workload
-from simulators.analytical.intervals import union_length
+from simulators.analytical.intervals import split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
 
 
@@ -267,15 +267,14 @@ class _Scheduler:
         return run.plans[call].block.ops[op_index].name
 
     def _finish(self, run: _Run) -> ClassSchedule:
-        compute_s = union_length(run.compute_starts, run.compute_ends)
-        busy = union_length(run.compute_starts + run.comm_starts, run.compute_ends + run.comm_ends)
+        compute_s, comm_s, exposed_s = split_busy(run.compute_starts, run.compute_ends, run.comm_starts, run.comm_ends)
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in run.plans))
         return ClassSchedule(
             end_s=max(run.compute_ends + run.comm_ends, default=0.0),
             compute_s=compute_s,
-            comm_s=union_length(run.comm_starts, run.comm_ends),
-            exposed_comm_s=max(0.0, busy - compute_s),
+            comm_s=comm_s,
+            exposed_comm_s=exposed_s,
             time_by_category={names[i]: run.category_time[i] for i in sorted(used)},
             call_start=run.call_start,
             call_end=run.call_end,

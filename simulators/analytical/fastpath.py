@@ -28,7 +28,7 @@ import numpy as np
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Run, _Scheduler
-from simulators.analytical.intervals import merge_intervals, union_length
+from simulators.analytical.intervals import merge, split_busy
 from simulators.analytical.plans import COMPUTE
 
 QUANTUM_S = 1e-9
@@ -149,7 +149,7 @@ class _Outcome:
     call_end: np.ndarray
     out_end: tuple[float, ...]
     compute: tuple[np.ndarray, np.ndarray]
-    """Merged busy intervals of the compute stream (starts, ends)."""
+    """Merged busy intervals (starts, ends) of the compute stream."""
     comm: tuple[np.ndarray, np.ndarray]
     """Merged busy intervals of the communication streams."""
     category_time: tuple[tuple[int, float], ...]
@@ -455,8 +455,8 @@ class _FastScheduler(_Scheduler):
             return np.asarray(values, dtype=float) - t0
 
         def merged(starts: list[float], ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
-            s, e = merge_intervals(starts, ends)
-            return rel(s), rel(e)
+            s, e = merge(starts, ends)
+            return s - t0, e - t0
 
         return _Outcome(
             stream_end=tuple((s, stream_end[s] - t0) for s in streams_used),
@@ -472,6 +472,7 @@ class _FastScheduler(_Scheduler):
         """Lay the applied segments' call times and intervals out with numpy, one outcome at a time."""
         call_start = np.asarray(run.call_start, dtype=float)
         call_end = np.asarray(run.call_end, dtype=float)
+        # The ops issued one by one (the p2p ones) next to the segments' merged intervals.
         compute = [(np.asarray(run.compute_starts), np.asarray(run.compute_ends))]
         comm = [(np.asarray(run.comm_starts), np.asarray(run.comm_ends))]
         by_outcome: dict[int, tuple[_Outcome, list[float], list[int]]] = {}
@@ -483,28 +484,27 @@ class _FastScheduler(_Scheduler):
             entry[2].append(first)
         category_time = list(run.category_time)
         for outcome, t0s, firsts in by_outcome.values():
-            for index, busy in outcome.category_time:
-                category_time[index] += busy * len(t0s)
+            for index, seconds in outcome.category_time:
+                category_time[index] += seconds * len(t0s)
             shift = np.asarray(t0s)[:, None]
             index = np.asarray(firsts)[:, None] + np.arange(len(outcome.call_start))
             call_start[index] = shift + outcome.call_start
             call_end[index] = shift + outcome.call_end
             compute.append(((shift + outcome.compute[0]).ravel(), (shift + outcome.compute[1]).ravel()))
             comm.append(((shift + outcome.comm[0]).ravel(), (shift + outcome.comm[1]).ravel()))
-        compute_starts = np.concatenate([c[0] for c in compute])
         compute_ends = np.concatenate([c[1] for c in compute])
-        comm_starts = np.concatenate([c[0] for c in comm])
         comm_ends = np.concatenate([c[1] for c in comm])
-        compute_s = union_length(compute_starts, compute_ends)
-        busy = union_length(np.concatenate((compute_starts, comm_starts)), np.concatenate((compute_ends, comm_ends)))
+        compute_s, comm_s, exposed_s = split_busy(
+            np.concatenate([c[0] for c in compute]), compute_ends, np.concatenate([c[0] for c in comm]), comm_ends
+        )
+        ends = np.concatenate((compute_ends, comm_ends))
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in self._block_plans[run.index].values()))
-        ends = np.concatenate((compute_ends, comm_ends))
         return ClassSchedule(
             end_s=float(ends.max()) if len(ends) else 0.0,
             compute_s=compute_s,
-            comm_s=union_length(comm_starts, comm_ends),
-            exposed_comm_s=max(0.0, busy - compute_s),
+            comm_s=comm_s,
+            exposed_comm_s=exposed_s,
             time_by_category={names[i]: category_time[i] for i in sorted(used)},
             call_start=call_start,
             call_end=call_end,

@@ -1,38 +1,56 @@
-"""Length of a union of time intervals: how long at least one of several overlapping streams is busy."""
+"""Busy time of overlapping streams: how long compute runs, how long communication runs, and how much of the
+communication no compute hides."""
 
 from collections.abc import Sequence
 
 import numpy as np
 
 
-def union_length(starts: Sequence[float], ends: Sequence[float]) -> float:
-    """Seconds covered by at least one interval [starts[i], ends[i]].
+def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [starts[i], ends[i]] as disjoint intervals, sorted; touching intervals become one.
 
-    Sorted by start, an interval only adds what reaches past the furthest end before it: everything between
-    its start and that end is already covered, because the interval that reached that far started no later.
-    """
-    if len(starts) == 0:
-        return 0.0
+    Sorted by start, an interval opens a new one only if it starts past the furthest end before it: everything up
+    to that end is covered already, because the interval that reached that far started no later."""
     s = np.asarray(starts, dtype=float)
     e = np.asarray(ends, dtype=float)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    added = e[1:] - np.maximum(s[1:], reach[:-1])
-    return float(e[0] - s[0] + np.clip(added, 0.0, None).sum())
+    if not len(s):
+        return s, e
+    order = np.argsort(s)
+    s, reach = s[order], np.maximum.accumulate(e[order])
+    opens = np.empty(len(s), dtype=bool)
+    opens[0] = True
+    np.greater(s[1:], reach[:-1], out=opens[1:])
+    first = np.flatnonzero(opens)
+    return s[first], reach[np.append(first[1:] - 1, len(s) - 1)]
 
 
-def merge_intervals(starts: Sequence[float], ends: Sequence[float]) -> tuple[list[float], list[float]]:
-    """The same union as disjoint intervals, sorted: touching or overlapping intervals become one."""
-    if not starts:
-        return [], []
-    pairs = sorted(zip(starts, ends, strict=True))
-    out_s, out_e = [pairs[0][0]], [pairs[0][1]]
-    for s, e in pairs[1:]:
-        if s <= out_e[-1]:
-            if e > out_e[-1]:
-                out_e[-1] = e
-        else:
-            out_s.append(s)
-            out_e.append(e)
-    return out_s, out_e
+def split_busy(
+    compute_starts: Sequence[float],
+    compute_ends: Sequence[float],
+    comm_starts: Sequence[float],
+    comm_ends: Sequence[float],
+) -> tuple[float, float, float]:
+    """Seconds of compute, of communication (the union of its streams) and of communication no compute overlaps.
+
+    Compute runs on one in-order stream, so its intervals never overlap one another: their starts and ends sort
+    apart and their lengths add up. The hidden communication is measured as the overlap itself, not as compute +
+    communication - busy, so a step without overlap reports every communication second as exposed, exactly.
+    """
+    # A zero-length interval before every time (all are >= 0) lets each query find an interval at or before it.
+    cs = np.sort(np.append(np.asarray(compute_starts, dtype=float), -1.0))
+    ce = np.sort(np.append(np.asarray(compute_ends, dtype=float), -1.0))
+    lengths = ce - cs
+    compute = float(lengths.sum())
+    ms, me = merge(comm_starts, comm_ends)
+    comm = float((me - ms).sum())
+    if len(cs) == 1 or not len(ms):
+        return compute, comm, comm
+    before = np.cumsum(lengths) - lengths  # compute seconds of the intervals before each one
+    hidden = float((_compute_until(me, cs, ce, before) - _compute_until(ms, cs, ce, before)).sum())
+    return compute, comm, max(0.0, comm - hidden)
+
+
+def _compute_until(t: np.ndarray, cs: np.ndarray, ce: np.ndarray, before: np.ndarray) -> np.ndarray:
+    """Compute seconds before each time of a sorted array, from disjoint sorted compute intervals."""
+    k = np.searchsorted(cs, t, side="right") - 1  # the last compute interval starting at or before t
+    return before[k] + (np.minimum(t, ce[k]) - cs[k])

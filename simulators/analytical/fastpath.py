@@ -27,7 +27,7 @@ import numpy as np
 
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Program, Workload
-from simulators.analytical.engine import ClassSchedule, _Run, _Scheduler
+from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
 from simulators.analytical.intervals import merge, split_busy
 from simulators.analytical.plans import COMPUTE
 
@@ -253,6 +253,8 @@ class _FastScheduler(_Scheduler):
         )
         self._layouts: list[_Layout] = []
         self._kinds: list[list[int]] = []
+        self._lone_transfers: list[set[int]] = []
+        """Per program, the blocks that are one p2p op (see _issue_transfer)."""
         """Per program, the structure number of each signature of its layout."""
         self._compute_stream = 0
 
@@ -262,6 +264,9 @@ class _FastScheduler(_Scheduler):
         plans = [{b: self._planner.plan(b, index) for b in layout.used} for index, layout in enumerate(self._layouts)]
         self._compute_stream = self._planner.streams.setdefault("compute", len(self._planner.streams))
         self._kinds = [self._structures_of(index, plans[index]) for index in range(len(programs))]
+        self._lone_transfers = [
+            {b for b, plan in built.items() if len(plan.ops) == 1 and plan.ops[0][8] is not None} for built in plans
+        ]
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
@@ -303,14 +308,48 @@ class _FastScheduler(_Scheduler):
     def _advance(self, run: _Run) -> None:
         calls = run.program.calls
         segments = self._layouts[run.index].segments
+        alone = self._lone_transfers[run.index]
         while run.call < len(calls):
-            segment = segments[run.call] if run.op == 0 else None
-            if segment is None:
-                if not self._issue_call(run):
-                    return
-                continue
-            if not self._run_segment(run, segment):
+            if run.op:
+                issued = self._issue_call(run)
+            elif (segment := segments[run.call]) is not None:
+                issued = self._run_segment(run, segment)
+            elif calls[run.call].block in alone:
+                issued = self._issue_transfer(run)
+            else:
+                issued = self._issue_call(run)
+            if not issued:
                 return
+
+    def _issue_transfer(self, run: _Run) -> bool:
+        """`_issue_call` for a call whose block is a single send or recv (a pipeline transfer), without the loop
+        over a block's ops; False when it parks."""
+        c = run.call
+        call, plan = run.program.calls[c], run.plans[c]
+        kind, stream, seconds, _, waits_on_inputs, slot, _, category, link, shares = plan.ops[0]
+        stream_end, out_end = run.stream_end, run.out_end
+        start = stream_end[stream]
+        if waits_on_inputs:
+            for i in call.inputs:
+                if out_end[i] > start:
+                    start = out_end[i]
+        for r in shares:
+            if stream_end[r] > start:
+                start = stream_end[r]
+        if start == inf:
+            return False
+        local = [0.0] * len(plan.block.ops)
+        start, end = self._rendezvous(
+            _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares), (link, call.tag)
+        )
+        if end != inf:
+            if start < run.call_start[c]:
+                run.call_start[c] = start
+            if end > run.call_end[c]:
+                run.call_end[c] = end
+        out_end[c] = local[plan.output]
+        run.call += 1
+        return True
 
     def _run_segment(self, run: _Run, segment: _Segment) -> bool:
         """Price a segment from the cache or by the reference rules; False when it must wait (parks the run).
@@ -327,41 +366,31 @@ class _FastScheduler(_Scheduler):
                 t0 = out_end[i]
         if t0 == inf:
             return False
-        streams = []
         segment_streams = self._structure_streams[structure]
-        for s in segment_streams:
-            value = stream_end[s]
-            if value == inf:
-                return False
-            streams.append(round((value - t0) * _SCALE))
-        inputs = []
-        for i in segment.external:
-            value = out_end[i]
-            if value > t0:
-                if value == inf:
-                    return False
-                inputs.append(round((value - t0) * _SCALE))
-            else:
-                inputs.append(0)
-        outcome = None
+        ends = [stream_end[s] for s in segment_streams]
+        inputs = [out_end[i] for i in segment.external]
+        if inf in ends or inf in inputs:
+            return False
         tier = self._first_tier.get(structure, _CLAMP_ALL)
-        while outcome is None or outcome is _UNCLAMPABLE:
+        while True:
             if tier == _CLAMP_ALL:
-                times = tuple([x if x > 0 else 0 for x in streams] + inputs)
+                times = tuple([round((v - t0) * _SCALE) if v > t0 else 0 for v in ends + inputs])
             elif tier == _CLAMP_INPUTS:
-                times = tuple(streams + inputs)
+                late = [round((v - t0) * _SCALE) if v > t0 else 0 for v in inputs]
+                times = tuple([round((v - t0) * _SCALE) for v in ends] + late)
             else:
-                times = tuple(streams + [round((out_end[i] - t0) * _SCALE) for i in segment.external])
+                times = tuple([round((v - t0) * _SCALE) for v in ends + inputs])
             key = (structure, tier, times)
             outcome = self._outcomes.get(key)
             if outcome is None:
                 outcome = self._simulate(run, segment, segment_streams, t0, tier) or _UNCLAMPABLE
                 self._outcomes[key] = outcome
-            if outcome is _UNCLAMPABLE:
-                # A clamp that failed once for this structure usually fails again (an op that does not wait for
-                # the segment's input, like a prefetch): start from the next tier next time.
-                tier += 1
-                self._first_tier[structure] = tier
+            if outcome is not _UNCLAMPABLE:
+                break
+            # A clamp that failed once for this structure usually fails again (an op that does not wait for
+            # the segment's input, like a prefetch): start from the next tier next time.
+            tier += 1
+            self._first_tier[structure] = tier
         start, end = segment.start, segment.end
         for s, rel in outcome.stream_end:
             stream_end[s] = t0 + rel

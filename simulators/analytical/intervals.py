@@ -36,21 +36,19 @@ def split_busy(
     apart and their lengths add up. The hidden communication is measured as the overlap itself, not as compute +
     communication - busy, so a step without overlap reports every communication second as exposed, exactly.
     """
-    # A zero-length interval before every time (all are >= 0) lets each query find an interval at or before it.
-    cs = np.sort(np.append(np.asarray(compute_starts, dtype=float), -1.0))
-    ce = np.sort(np.append(np.asarray(compute_ends, dtype=float), -1.0))
-    lengths = ce - cs
-    compute = float(lengths.sum())
+    cs = np.sort(np.asarray(compute_starts, dtype=float))
+    ce = np.sort(np.asarray(compute_ends, dtype=float))
+    done = np.cumsum(ce - cs)  # compute seconds by the end of each interval
+    compute = float(done[-1]) if len(done) else 0.0
     ms, me = merge(comm_starts, comm_ends)
     comm = float((me - ms).sum())
-    if len(cs) == 1 or not len(ms):
+    if not len(cs) or not len(ms):
         return compute, comm, comm
-    before = np.cumsum(lengths) - lengths  # compute seconds of the intervals before each one
-    hidden = float((_compute_until(me, cs, ce, before) - _compute_until(ms, cs, ce, before)).sum())
+    # Compute seconds before a time, piecewise linear: flat between intervals, rising inside them. Knots that meet
+    # carry one value, so a communication interval between two compute intervals finds exactly no compute.
+    knots = np.empty(2 * len(cs))
+    knots[0::2], knots[1::2] = cs, ce
+    values = np.empty(2 * len(cs))
+    values[0], values[2::2], values[1::2] = 0.0, done[:-1], done
+    hidden = float((np.interp(me, knots, values) - np.interp(ms, knots, values)).sum())
     return compute, comm, max(0.0, comm - hidden)
-
-
-def _compute_until(t: np.ndarray, cs: np.ndarray, ce: np.ndarray, before: np.ndarray) -> np.ndarray:
-    """Compute seconds before each time of a sorted array, from disjoint sorted compute intervals."""
-    k = np.searchsorted(cs, t, side="right") - 1  # the last compute interval starting at or before t
-    return before[k] + (np.minimum(t, ce[k]) - cs[k])

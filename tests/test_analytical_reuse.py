@@ -59,3 +59,16 @@ def test_results_with_and_without_the_shapes_agree_exactly():
     assert a.step_time_s == b.step_time_s
     assert [c.peak_memory_bytes for c in a.classes] == [c.peak_memory_bytes for c in b.classes]
     assert [c.time_by_category for c in a.classes] == [c.time_by_category for c in b.classes]
+
+
+def test_points_with_the_same_saved_bytes_share_activation_tensors_equal_to_fresh_ones():
+    """ZeRO 0 and 1 differ in optimizer memory, not in calls or activations: the second point reuses the first's
+    activation tensors, and they equal those of a fresh generation."""
+    module._SKELETONS.clear()
+    fresh = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1}))
+    module._SKELETONS.clear()
+    first = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 0}))
+    reused = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1}))
+    assert [p.tensors for p in reused.programs] == [p.tensors for p in fresh.programs]
+    assert reused.programs[0].tensors[-1] is first.programs[0].tensors[-1]
+    assert any(t.kind == "optimizer_state" for t in reused.programs[0].tensors)

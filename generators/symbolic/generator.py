@@ -368,18 +368,32 @@ class _Builder:
             if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
+            skeleton.tensors[self._saved_bytes(embed, head)] = tuple(added)
             program.shape = skeleton.shape
             return
-        saved = {"embed": embed.saved_bytes, "head": head.saved_bytes}
-        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
+        sizes = self._saved_bytes(embed, head)
         for kind, peer in skeleton.p2p:
             self.p2p_block(kind, peer, act_bytes)
         program.calls = list(skeleton.shape.calls)
         program.shape = skeleton.shape
-        program.tensors += [
-            Tensor(name, TensorKind.ACTIVATION, saved[source], producer, consumer)
-            for name, source, producer, consumer in skeleton.activations
-        ]
+        # Tensors are immutable: points whose saved bytes match (another ZeRO stage, another network) share them.
+        activations = skeleton.tensors.get(sizes)
+        if activations is None:
+            saved = dict(sizes)
+            activations = tuple(
+                Tensor(name, TensorKind.ACTIVATION, saved[source], producer, consumer)
+                for name, source, producer, consumer in skeleton.activations
+            )
+            if len(skeleton.tensors) >= SKELETON_TENSOR_SETS:
+                skeleton.tensors.clear()
+            skeleton.tensors[sizes] = activations
+        program.tensors += activations
+
+    def _saved_bytes(self, embed: Traced, head: Traced) -> tuple[tuple[str | LayerKind, float], ...]:
+        """The bytes each block kind's activation tensor holds, as the skeleton names them."""
+        saved: dict[str | LayerKind, float] = {"embed": embed.saved_bytes, "head": head.saved_bytes}
+        saved.update((kind, traced.saved_bytes) for kind, traced in self.layer_traces.items())
+        return tuple(saved.items())
 
     def schedule(
         self,
@@ -509,9 +523,12 @@ class _Skeleton:
     shape: CallShape
     p2p: tuple[tuple[OpKind, int], ...]
     activations: tuple[tuple[str, str | LayerKind, int, int], ...]
+    tensors: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
+    """The activation tensors built for recent points, by their blocks' saved bytes."""
 
 
 SKELETON_CACHE_SIZE = 256
+SKELETON_TENSOR_SETS = 4
 _SKELETONS: dict[tuple, _Skeleton] = {}
 """Per process (an evaluator actor keeps it across trials); emptied when full."""
 

@@ -29,7 +29,6 @@ from dse.spec import SystemSpec
 from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
 from simulators.analytical.intervals import merge, split_busy
-from simulators.analytical.periodic import Period, Recurrence, find_period
 from simulators.analytical.plans import COMPUTE
 
 QUANTUM_S = 1e-9
@@ -235,19 +234,6 @@ def _price_call(
     )
 
 
-def program_period(program: Program, layout: _Layout, p2p: frozenset[int]) -> tuple[Period | None, list[int]]:
-    """Where the program repeats, and its transfer calls; kept on its CallShape like its layout."""
-    shape = program.call_shape()
-    key = ("fastpath.period", p2p)
-    found = None if shape is None else shape.memo.get(key)
-    if found is None:
-        calls = program.calls
-        found = find_period(calls, layout.segments, p2p), [c for c, call in enumerate(calls) if call.block in p2p]
-        if shape is not None:
-            shape.memo[key] = found
-    return found
-
-
 class _FastScheduler(_Scheduler):
     """The reference scheduler's p2p pairing and parking, with segments priced through the caches."""
 
@@ -268,7 +254,6 @@ class _FastScheduler(_Scheduler):
         self._layouts: list[_Layout] = []
         self._kinds: list[list[int]] = []
         self._lone_transfers: list[set[int]] = []
-        self._recurrence: Recurrence | None = None
         """Per program, the blocks that are one p2p op (see _issue_transfer)."""
         """Per program, the structure number of each signature of its layout."""
         self._compute_stream = 0
@@ -285,19 +270,7 @@ class _FastScheduler(_Scheduler):
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
-        self._recurrence = self._watch(programs, runs)
         return self._drive(runs)
-
-    def _watch(self, programs: list[Program], runs: list[_Run]) -> Recurrence | None:
-        """A watch for the steady state when every program repeats and its transfers are single p2p ops."""
-        periods, transfers = [], []
-        for index, program in enumerate(programs):
-            period, calls = program_period(program, self._layouts[index], self._p2p_blocks)
-            if period is None or any(program.calls[c].block not in self._lone_transfers[index] for c in calls):
-                return None
-            periods.append(period)
-            transfers.append(calls)
-        return Recurrence(self, runs, periods, transfers) if periods else None
 
     def _structures_of(self, index: int, plans: dict) -> list[int]:
         """Number the distinct (plans, signature) pairs of a program's segments: cache keys hash a small int.
@@ -333,8 +306,6 @@ class _FastScheduler(_Scheduler):
         )
 
     def _advance(self, run: _Run) -> None:
-        if run.index == 0 and self._recurrence is not None:
-            self._recurrence.observe()
         calls = run.program.calls
         segments = self._layouts[run.index].segments
         alone = self._lone_transfers[run.index]

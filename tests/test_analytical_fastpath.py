@@ -28,6 +28,10 @@ CASES = {
     "hybrid-full": dict(model="tiny-hybrid", tp=2, pp=2, dp=4, recompute="full", global_batch=16, system=DGX),
     "interleaved": dict(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=32, system=DGX),
     "cp2": dict(tp=2, cp=2, pp=2, dp=2, global_batch=16, system=DGX),
+    # Long steady states: dozens of periods priced from one cached outcome each.
+    "long-1f1b": dict(tp=2, pp=4, dp=2, sp=True, global_batch=128, system=DGX),
+    "long-1f1b-zero2-selective": dict(tp=2, pp=4, dp=2, zero=2, recompute="selective", global_batch=256, system=DGX),
+    "long-gpipe": dict(tp=2, pp=4, dp=2, pp_schedule="gpipe", global_batch=128, system=DGX),
 }
 
 

@@ -15,7 +15,8 @@ def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[np.ndarray, n
     e = np.asarray(ends, dtype=float)
     if not len(s):
         return s, e
-    order = np.argsort(s)
+    # Stable sorting (timsort) is fast on what callers pass: a few runs that are each already in order.
+    order = np.argsort(s, kind="stable")
     s, reach = s[order], np.maximum.accumulate(e[order])
     opens = np.empty(len(s), dtype=bool)
     opens[0] = True
@@ -36,8 +37,8 @@ def split_busy(
     apart and their lengths add up. The hidden communication is measured as the overlap itself, not as compute +
     communication - busy, so a step without overlap reports every communication second as exposed, exactly.
     """
-    cs = np.sort(np.asarray(compute_starts, dtype=float))
-    ce = np.sort(np.asarray(compute_ends, dtype=float))
+    cs = np.sort(np.asarray(compute_starts, dtype=float), kind="stable")
+    ce = np.sort(np.asarray(compute_ends, dtype=float), kind="stable")
     done = np.cumsum(ce - cs)  # compute seconds by the end of each interval
     compute = float(done[-1]) if len(done) else 0.0
     ms, me = merge(comm_starts, comm_ends)

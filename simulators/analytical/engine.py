@@ -208,21 +208,27 @@ class _Scheduler:
         """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked."""
         queue = self._mailbox.get(key)
         if not queue or queue[0].kind == side.kind:
-            self._mailbox.setdefault(key, deque()).append(side)
+            if queue is None:
+                queue = self._mailbox[key] = deque()
+            queue.append(side)
             side.local[side.op] = inf
             side.run.stream_end[side.stream] = inf
             return inf, inf
         other = queue.popleft()
-        start = max(side.ready, other.ready)
+        start = side.ready if side.ready > other.ready else other.ready
         for end_of in (side, other):
+            stream_end = end_of.run.stream_end
             for r in end_of.shares:
-                start = max(start, end_of.run.stream_end[r])
+                if stream_end[r] > start:
+                    start = stream_end[r]
         end = start + (side.seconds if side.kind == SEND else other.seconds)
         self._settle(side, start, end)
         self._settle(other, start, end)
         run = other.run
-        run.call_start[other.call] = min(run.call_start[other.call], start)
-        run.call_end[other.call] = max(run.call_end[other.call], end)
+        if start < run.call_start[other.call]:
+            run.call_start[other.call] = start
+        if end > run.call_end[other.call]:
+            run.call_end[other.call] = end
         if not run.queued:
             run.queued = True
             self._runnable.append(run)
@@ -233,7 +239,8 @@ class _Scheduler:
         side.local[side.op] = end
         run.stream_end[side.stream] = end
         for r in side.shares:
-            run.stream_end[r] = max(run.stream_end[r], end)
+            if end > run.stream_end[r]:
+                run.stream_end[r] = end
         if side.op == run.plans[side.call].output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start

@@ -325,7 +325,8 @@ class _FastScheduler(_Scheduler):
         """`_issue_call` for a call whose block is a single send or recv (a pipeline transfer), without the loop
         over a block's ops; False when it parks."""
         c = run.call
-        call, plan = run.program.calls[c], run.plans[c]
+        call = run.program.calls[c]
+        plan = self._block_plans[run.index][call.block]
         kind, stream, seconds, _, waits_on_inputs, slot, _, category, link, shares = plan.ops[0]
         stream_end, out_end = run.stream_end, run.out_end
         start = stream_end[stream]

@@ -4,9 +4,16 @@ A program is a sequence of *segments* (maximal runs of calls without a send or r
 A segment's ops depend only on the state it is entered with: when each stream it uses is free and when its
 external inputs (outputs of earlier calls) are ready. Relative to the compute stream's free time `t0`, that
 state repeats: every forward of a 1F1B steady state enters its stage the same way, and so does every backward.
-So a segment is simulated once per (rank class, call structure, relative entry state) by the reference rules,
-and every later segment with the same key reuses the result shifted by its own `t0`: the end of each stream, each
-call's start, end and output, the busy intervals (merged) and the busy seconds per category.
+So a segment is simulated once per (plans of its blocks, call structure, relative entry state) by the reference
+rules, and every later segment with the same key reuses the result shifted by its own `t0`: the end of each
+stream, each call's start, end and output, the busy intervals (merged) and the busy seconds per category. A
+structure names the segment's external inputs by the order it reads them, not by where they are: a backward reads
+its forward's activation from however far back, and only that output's time (in the key) matters. Pipeline stages
+that run a segment's blocks with the same plans share its structure, and so its outcomes.
+
+Where the p2p calls split a program (its `_Layout`) depends on its calls alone; the generator hands every program
+of a later point with the same schedule shape the same `CallShape`, which keeps the layout, so only the first point
+of a shape walks the calls.
 
 Entry times before t0 mostly decide nothing (a stream that was free earlier, an input ready long before), so a
 key first clamps them to t0 and recurs far more often; the simulation checks whether a clamped time decided any

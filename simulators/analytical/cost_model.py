@@ -38,7 +38,7 @@ def _copy(result: SimResult) -> SimResult:
 
 
 class AnalyticalCostModel:
-    """Prices a workload in CPU milliseconds (about 20 ms for Llama-3-70B on 1024 GPUs, 12k calls, on the fast
+    """Prices a workload in CPU milliseconds (about 10 ms for Llama-3-70B on 1024 GPUs, 12k calls, on the fast
     path), cheap enough for a study to sweep thousands of points.
 
     timeline: also keep every op's interval for `to_chrome_trace`. It is off by default because a large step has

@@ -1,11 +1,14 @@
 """Design points per second per core, generate + simulate, for Llama-3-70B on 1024 H100s.
 
 The issue's reference configuration (TP8, PP8, DP16, 1F1B, global batch 1024, seq 8192), varied over
-micro-batch size, recompute and ZeRO stage so that no result is reused. Prints the rate and the split between
-generation and simulation. Run: .venv/bin/python benchmarks/evaluate_rate.py
+micro-batch size, recompute and ZeRO stage so that no result is reused. Prints the rate (the mean over all points
+in one process, as a study's evaluator actor sees them), the split between generation and simulation, the median
+and slowest point, and the garbage collector's share. Run: .venv/bin/python benchmarks/evaluate_rate.py
 """
 
+import gc
 import itertools
+import statistics
 import time
 
 from dse import plugins
@@ -32,15 +35,44 @@ def main() -> None:
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     batch = list(points())
     gen = sim = 0.0
+    per_point = []
+    collecting = _GarbageCollectionClock()
     start = time.process_time()
     for point in batch:
+        began = time.process_time()
         result = evaluate(point, generator, cost_model)
+        per_point.append(time.process_time() - began)
         gen += result.generate_s
         sim += result.simulate_s
     cpu = time.process_time() - start
+    collecting.stop()
     print(f"llama3-70b on 1024 H100 (TP8 PP8 DP16 1F1B, GBS 1024, seq 8192): {len(batch)} points")
     print(f"  points per second per core: {len(batch) / cpu:.1f}")
     print(f"  mean generate: {1e3 * gen / len(batch):.1f} ms, mean simulate: {1e3 * sim / len(batch):.1f} ms")
+    # The first point of each schedule shape (micro-batch count, ZeRO-2 or not: 4 here) builds its schedule and
+    # segment layout from scratch; later points of that shape reuse them.
+    print(
+        f"  per point: median {1e3 * statistics.median(per_point):.1f} ms, slowest {1e3 * max(per_point):.1f} ms; "
+        f"garbage collection {100 * collecting.seconds / cpu:.0f}% of the CPU time"
+    )
+
+
+class _GarbageCollectionClock:
+    """CPU seconds the cyclic garbage collector runs, through gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._began
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._tick)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,23 @@ class Tensor:
     consumer: int | None = None
 
 
+@dataclass(slots=True, eq=False)
+class CallShape:
+    """One sequence of calls, shared by every program that runs it (a generator hands the same object to the
+    programs of later points of the same shape).
+
+    What a cost model derives from the calls alone (where pipeline transfers split a program, which calls read
+    which) is the same for all of them, so it may keep that in `memo` and skip the walk for later programs;
+    `holds` is the check that a program's calls are still these."""
+
+    calls: tuple[Call, ...]
+    memo: dict = field(default_factory=dict)
+
+    def holds(self, calls: list[Call]) -> bool:
+        # Equal calls compare by identity first, so this is cheap when the program copied the sequence.
+        return len(calls) == len(self.calls) and tuple(calls) == self.calls
+
+
 @dataclass(slots=True)
 class Program:
     """What every rank of one rank class runs."""
@@ -127,10 +144,17 @@ class Program:
     name: str
     calls: list[Call] = field(default_factory=list)
     tensors: list[Tensor] = field(default_factory=list)
+    shape: CallShape | None = field(default=None, compare=False)
+    """The calls as a shared sequence, when the generator knows one (see CallShape); None otherwise."""
 
     def add(self, call: Call) -> int:
         self.calls.append(call)
         return len(self.calls) - 1
+
+    def call_shape(self) -> CallShape | None:
+        """`shape` if it still holds the program's calls, else None (the calls were edited after generation)."""
+        shape = self.shape
+        return shape if shape is not None and shape.holds(self.calls) else None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ CASES = {
     "hybrid-full": dict(model="tiny-hybrid", tp=2, pp=2, dp=4, recompute="full", global_batch=16, system=DGX),
     "interleaved": dict(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=32, system=DGX),
     "cp2": dict(tp=2, cp=2, pp=2, dp=2, global_batch=16, system=DGX),
+    # Long steady states: dozens of periods priced from one cached outcome each.
+    "long-1f1b": dict(tp=2, pp=4, dp=2, sp=True, global_batch=128, system=DGX),
+    "long-1f1b-zero2-selective": dict(tp=2, pp=4, dp=2, zero=2, recompute="selective", global_batch=256, system=DGX),
+    "long-gpipe": dict(tp=2, pp=4, dp=2, pp_schedule="gpipe", global_batch=128, system=DGX),
 }
 
 
@@ -50,11 +54,11 @@ def test_fast_path_equals_the_reference_within_one_percent(case):
     assert fast.compute_time_s == pytest.approx(exact.compute_time_s, **tolerance)
     assert fast.comm_time_s == pytest.approx(exact.comm_time_s, **tolerance)
     assert fast.exposed_comm_time_s == pytest.approx(exact.exposed_comm_time_s, **tolerance)
-    assert fast.peak_memory_bytes == pytest.approx(exact.peak_memory_bytes, rel=1e-2)
+    assert fast.peak_memory_bytes == exact.peak_memory_bytes  # the same calls overlap at the peak
     for f, e in zip(fast.classes, exact.classes, strict=True):
         assert f.end_s == pytest.approx(e.end_s, **tolerance)
         assert f.time_by_category == pytest.approx(e.time_by_category, rel=1e-9)
-        assert f.memory_at_peak == pytest.approx(e.memory_at_peak, rel=1e-2, abs=1.0)
+        assert f.memory_at_peak == pytest.approx(e.memory_at_peak, rel=1e-12)
 
 
 def test_the_fast_path_reuses_segments():
@@ -65,6 +69,6 @@ def test_the_fast_path_reuses_segments():
     workload = SymbolicGenerator().generate(point)
     scheduler = _FastScheduler(workload, point.system)
     scheduler.run()
-    segments = sum(len(s) for s in scheduler._segments)
+    segments = sum(s is not None for layout in scheduler._layouts for s in layout.segments)
     assert segments > 300  # 64 micro-batches on 4 stages; stage 0 runs B(j) and F(j+3) as one segment
     assert len(scheduler._outcomes) < segments / 4

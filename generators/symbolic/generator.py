@@ -20,6 +20,7 @@ from dse.workload import (
     BLOCK_INPUT,
     Block,
     Call,
+    CallShape,
     Collective,
     Op,
     OpKind,
@@ -445,24 +446,42 @@ class _Builder:
             first_p2p, first_tensor = len(self.p2p), len(program.tensors)
             sources = self.schedule(program, stage, layers, kinds, embed, head, act_bytes, optimizer)
             added = program.tensors[first_tensor:]
+            activations = tuple(
+                (t.name, t.kind, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)
+            )
             skeleton = _Skeleton(
-                tuple(program.calls),
+                CallShape(tuple(program.calls)),
                 tuple(list(self.p2p)[first_p2p:]),
-                tuple(
-                    (t.name, t.kind, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)
-                ),
+                activations,
+                tuple(dict.fromkeys(source for _, _, source, _, _ in activations)),
             )
             if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
+            skeleton.tensors[self._source_sizes(skeleton, embed, head)] = tuple(added)
+            program.shape = skeleton.shape
             return
+        sizes = self._source_sizes(skeleton, embed, head)
         for kind, peer in skeleton.p2p:
             self.p2p_block(kind, peer, act_bytes)
-        program.calls = list(skeleton.calls)
-        program.tensors += [
-            Tensor(name, kind, self.source_bytes(source, embed, head), producer, consumer)
-            for name, kind, source, producer, consumer in skeleton.activations
-        ]
+        program.calls = list(skeleton.shape.calls)
+        program.shape = skeleton.shape
+        # Tensors are immutable: points whose tensor sizes match (another network, another HBM) share them.
+        tensors = skeleton.tensors.get(sizes)
+        if tensors is None:
+            nbytes = dict(sizes)
+            tensors = tuple(
+                Tensor(name, kind, nbytes[source], producer, consumer)
+                for name, kind, source, producer, consumer in skeleton.activations
+            )
+            if len(skeleton.tensors) >= SKELETON_TENSOR_SETS:
+                skeleton.tensors.clear()
+            skeleton.tensors[sizes] = tensors
+        program.tensors += tensors
+
+    def _source_sizes(self, skeleton: "_Skeleton", embed: Traced, head: Traced) -> tuple[tuple[Source, float], ...]:
+        """This point's bytes of each distinct source of the skeleton's tensors."""
+        return tuple((source, self.source_bytes(source, embed, head)) for source in skeleton.sources)
 
     def source_bytes(self, source: Source, embed: Traced, head: Traced) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
@@ -652,14 +671,20 @@ def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
 @dataclass(frozen=True, slots=True)
 class _Skeleton:
     """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
-    and the block whose saved bytes each holds."""
+    and the block whose saved bytes each holds. Every program built from it carries its `shape`, on which cost
+    models keep what they derive from the calls alone."""
 
-    calls: tuple[Call, ...]
+    shape: CallShape
     p2p: tuple[tuple[OpKind, int], ...]
     activations: tuple[tuple[str, TensorKind, Source, int, int], ...]
+    sources: tuple[Source, ...]
+    """The distinct sources of the activations' sizes."""
+    tensors: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
+    """The tensors built for recent points, by their sources' sizes."""
 
 
 SKELETON_CACHE_SIZE = 256
+SKELETON_TENSOR_SETS = 4
 _SKELETONS: dict[tuple, _Skeleton] = {}
 """Per process (an evaluator actor keeps it across trials); emptied when full."""
 

@@ -1,5 +1,7 @@
 """The analytical cost model: roofline kernels, closed-form collectives, stream-level scheduling."""
 
+from dataclasses import replace
+
 import numpy as np
 
 from dse.errors import InfeasibleError
@@ -10,9 +12,33 @@ from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
 
+RESULT_CACHE_SIZE = 32
+_RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
+"""Results of this process by point key, system and settings (an optimizer may propose a point again). An entry
+serves only a workload equal to the one it priced (`_contents`), so a workload built otherwise under the same key,
+or edited since, is priced afresh; emptied when full."""
+
+
+def _contents(workload: Workload) -> tuple:
+    """What a workload is made of, with every list copied: their items are immutable, so this stays equal to the
+    workload as it was. Programs generated from one skeleton share their calls and activation tensors, so two
+    such snapshots compare by identity, item by item, and cheaply."""
+    w = workload
+    programs = tuple((p.rank_class, p.name, list(p.calls), list(p.tensors)) for p in w.programs)
+    return (w.point_key, w.layout, w.tokens, w.model_flops, w.dtype, w.class_of.tolist(), list(w.blocks), programs)
+
+
+def _copy(result: SimResult) -> SimResult:
+    """A copy the caller may change without changing the cached result."""
+    classes = [
+        replace(c, memory_at_peak=dict(c.memory_at_peak), time_by_category=dict(c.time_by_category))
+        for c in result.classes
+    ]
+    return SimResult(result.step_time_s, classes, list(result.timeline))
+
 
 class AnalyticalCostModel:
-    """Prices a workload in CPU milliseconds (about 20 ms for Llama-3-70B on 1024 GPUs, 12k calls, on the fast
+    """Prices a workload in CPU milliseconds (about 10 ms for Llama-3-70B on 1024 GPUs, 12k calls, on the fast
     path), cheap enough for a study to sweep thousands of points.
 
     timeline: also keep every op's interval for `to_chrome_trace`. It is off by default because a large step has
@@ -34,6 +60,21 @@ class AnalyticalCostModel:
         self.exact = exact
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
+        """The step's result; a point priced before in this process with the same settings is read back."""
+        if self.timeline:  # a timeline is large and wanted once
+            return self._simulate(workload, system)
+        key = (workload.point_key, system.model_dump_json(), self.exact)
+        contents = _contents(workload)
+        cached = _RESULTS.get(key)
+        if cached is not None and cached[0] == contents:
+            return _copy(cached[1])
+        result = self._simulate(workload, system)
+        if len(_RESULTS) >= RESULT_CACHE_SIZE:
+            _RESULTS.clear()
+        _RESULTS[key] = (contents, _copy(result))
+        return result
+
+    def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
         if workload.layout.world > system.npus:
             raise InfeasibleError(
                 f"the workload has {workload.layout.world} ranks but system '{system.name}' has "

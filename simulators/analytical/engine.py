@@ -22,7 +22,7 @@ from math import inf
 from dse.interfaces import TimelineEvent
 from dse.spec import SystemSpec
 from dse.workload import Program, Workload
-from simulators.analytical.intervals import union_length
+from simulators.analytical.intervals import split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
 
 
@@ -208,21 +208,27 @@ class _Scheduler:
         """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked."""
         queue = self._mailbox.get(key)
         if not queue or queue[0].kind == side.kind:
-            self._mailbox.setdefault(key, deque()).append(side)
+            if queue is None:
+                queue = self._mailbox[key] = deque()
+            queue.append(side)
             side.local[side.op] = inf
             side.run.stream_end[side.stream] = inf
             return inf, inf
         other = queue.popleft()
-        start = max(side.ready, other.ready)
+        start = side.ready if side.ready > other.ready else other.ready
         for end_of in (side, other):
+            stream_end = end_of.run.stream_end
             for r in end_of.shares:
-                start = max(start, end_of.run.stream_end[r])
+                if stream_end[r] > start:
+                    start = stream_end[r]
         end = start + (side.seconds if side.kind == SEND else other.seconds)
         self._settle(side, start, end)
         self._settle(other, start, end)
         run = other.run
-        run.call_start[other.call] = min(run.call_start[other.call], start)
-        run.call_end[other.call] = max(run.call_end[other.call], end)
+        if start < run.call_start[other.call]:
+            run.call_start[other.call] = start
+        if end > run.call_end[other.call]:
+            run.call_end[other.call] = end
         if not run.queued:
             run.queued = True
             self._runnable.append(run)
@@ -233,7 +239,8 @@ class _Scheduler:
         side.local[side.op] = end
         run.stream_end[side.stream] = end
         for r in side.shares:
-            run.stream_end[r] = max(run.stream_end[r], end)
+            if end > run.stream_end[r]:
+                run.stream_end[r] = end
         if side.op == run.plans[side.call].output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start
@@ -267,15 +274,14 @@ class _Scheduler:
         return run.plans[call].block.ops[op_index].name
 
     def _finish(self, run: _Run) -> ClassSchedule:
-        compute_s = union_length(run.compute_starts, run.compute_ends)
-        busy = union_length(run.compute_starts + run.comm_starts, run.compute_ends + run.comm_ends)
+        compute_s, comm_s, exposed_s = split_busy(run.compute_starts, run.compute_ends, run.comm_starts, run.comm_ends)
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in run.plans))
         return ClassSchedule(
             end_s=max(run.compute_ends + run.comm_ends, default=0.0),
             compute_s=compute_s,
-            comm_s=union_length(run.comm_starts, run.comm_ends),
-            exposed_comm_s=max(0.0, busy - compute_s),
+            comm_s=comm_s,
+            exposed_comm_s=exposed_s,
             time_by_category={names[i]: run.category_time[i] for i in sorted(used)},
             call_start=run.call_start,
             call_end=run.call_end,

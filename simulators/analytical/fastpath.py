@@ -4,9 +4,16 @@ A program is a sequence of *segments* (maximal runs of calls without a send or r
 A segment's ops depend only on the state it is entered with: when each stream it uses is free and when its
 external inputs (outputs of earlier calls) are ready. Relative to the compute stream's free time `t0`, that
 state repeats: every forward of a 1F1B steady state enters its stage the same way, and so does every backward.
-So a segment is simulated once per (rank class, call structure, relative entry state) by the reference rules,
-and every later segment with the same key reuses the result shifted by its own `t0`: the end of each stream, each
-call's start, end and output, the busy intervals (merged) and the busy seconds per category.
+So a segment is simulated once per (plans of its blocks, call structure, relative entry state) by the reference
+rules, and every later segment with the same key reuses the result shifted by its own `t0`: the end of each
+stream, each call's start, end and output, the busy intervals (merged) and the busy seconds per category. A
+structure names the segment's external inputs by the order it reads them, not by where they are: a backward reads
+its forward's activation from however far back, and only that output's time (in the key) matters. Pipeline stages
+that run a segment's blocks with the same plans share its structure, and so its outcomes.
+
+Where the p2p calls split a program (its `_Layout`) depends on its calls alone; the generator hands every program
+of a later point with the same schedule shape the same `CallShape`, which keeps the layout, so only the first point
+of a shape walks the calls.
 
 Entry times before t0 mostly decide nothing (a stream that was free earlier, an input ready long before), so a
 key first clamps them to t0 and recurs far more often; the simulation checks whether a clamped time decided any
@@ -26,9 +33,9 @@ from math import inf
 import numpy as np
 
 from dse.spec import SystemSpec
-from dse.workload import OpKind, Workload
-from simulators.analytical.engine import ClassSchedule, _Run, _Scheduler
-from simulators.analytical.intervals import merge_intervals, union_length
+from dse.workload import OpKind, Program, Workload
+from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
+from simulators.analytical.intervals import merge, split_busy
 from simulators.analytical.plans import COMPUTE
 
 QUANTUM_S = 1e-9
@@ -42,16 +49,102 @@ class _Segment:
 
     start: int
     end: int
-    signature: tuple[int, ...]
-    """Per call its block, its number of inputs and their offsets from it, flat: the segment's structure,
-    wherever it sits."""
+    kind: int
+    """Index of the segment's signature in its layout."""
     external: tuple[int, ...]
-    """Earlier calls whose outputs the segment reads, in the order the signature meets them."""
-    streams: tuple[int, ...]
+    """Earlier calls whose outputs the segment reads, one per read, in the order the signature meets them."""
     first_inputs: tuple[int, ...]
     """Inputs of the segment's first call: the latest of them and the compute stream's end make its t0."""
-    structure: int
-    """(rank class, signature) numbered: cache keys hash a small int instead of the whole signature."""
+
+
+@dataclass(slots=True, frozen=True)
+class _Layout:
+    """Where a program's p2p calls split it. Derived from its calls alone, so a program whose CallShape holds
+    keeps it in the shape's memo, and later points of the same shape skip the walk over every call."""
+
+    segments: list["_Segment | None"]
+    """By call: the segment that starts there; None for a p2p call and for calls inside a segment."""
+    signatures: tuple[tuple[int, ...], ...]
+    """The distinct segment structures: per call its block, its number of inputs and, per input, its position
+    in the segment or, for an external input, -1 - its place in `external`, flat. Where the segment sits and
+    which earlier calls it reads do not enter: only those calls' times do, through the key."""
+    blocks: tuple[frozenset[int], ...]
+    """The blocks of each signature."""
+    used: tuple[int, ...]
+    """Every block the program calls, sorted."""
+
+
+def _layout(calls: "list | tuple", p2p: frozenset[int]) -> _Layout:
+    """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of the
+    program once, so it is kept to the bare minimum per call."""
+    segments: list[_Segment | None] = [None] * len(calls)
+    kinds: dict[tuple[int, ...], int] = {}
+    start = -1
+    signature: list[int] = []
+    external: list[int] = []
+    extend, add_external = signature.extend, external.append
+    transfers: set[int] = set()
+
+    def close(end: int) -> None:
+        kind = kinds.setdefault(tuple(signature), len(kinds))
+        segments[start] = _Segment(start, end, kind, tuple(external), calls[start].inputs)
+
+    for c, call in enumerate(calls):
+        block = call.block
+        if block in p2p:
+            transfers.add(block)
+            if start >= 0:
+                close(c)
+                start = -1
+            continue
+        if start < 0:
+            start = c
+            signature.clear()
+            external.clear()
+        inputs = call.inputs
+        if len(inputs) == 1:
+            i = inputs[0]
+            if i < start:
+                i = -1 - len(external)
+                add_external(inputs[0])
+            else:
+                i -= start
+            extend((block, 1, i))
+        else:
+            extend((block, len(inputs)))
+            for i in inputs:
+                if i < start:
+                    signature.append(-1 - len(external))
+                    add_external(i)
+                else:
+                    signature.append(i - start)
+    if start >= 0:
+        close(len(calls))
+    signatures = tuple(kinds)
+    blocks = tuple(frozenset(sig[k] for k in _call_offsets(sig)) for sig in signatures)
+    used = transfers.union(*blocks)
+    return _Layout(segments, signatures, blocks, tuple(sorted(used)))
+
+
+def _call_offsets(signature: tuple[int, ...]) -> list[int]:
+    """Where each call starts in a flat signature."""
+    offsets, k = [], 0
+    while k < len(signature):
+        offsets.append(k)
+        k += 2 + signature[k + 1]
+    return offsets
+
+
+def program_layout(program: Program, p2p: frozenset[int]) -> _Layout:
+    """The program's layout, from its CallShape's memo when the shape still holds its calls."""
+    shape = program.call_shape()
+    if shape is None:
+        return _layout(program.calls, p2p)
+    key = ("fastpath.layout", p2p)
+    layout = shape.memo.get(key)
+    if layout is None:
+        layout = shape.memo[key] = _layout(shape.calls, p2p)
+    return layout
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,7 +156,7 @@ class _Outcome:
     call_end: np.ndarray
     out_end: tuple[float, ...]
     compute: tuple[np.ndarray, np.ndarray]
-    """Merged busy intervals of the compute stream (starts, ends)."""
+    """Merged busy intervals (starts, ends) of the compute stream."""
     comm: tuple[np.ndarray, np.ndarray]
     """Merged busy intervals of the communication streams."""
     category_time: tuple[tuple[int, float], ...]
@@ -79,16 +172,6 @@ _UNCLAMPABLE = _Outcome((), _NONE, _NONE, (), (_NONE, _NONE), (_NONE, _NONE), ()
 def schedule_fast(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:
     """The same schedules as `engine.schedule` (within QUANTUM_S per segment), without a timeline."""
     return _FastScheduler(workload, system).run()
-
-
-def _streams(signature: tuple[int, ...], block_streams: dict[int, frozenset[int]]) -> tuple[int, ...]:
-    """The streams the calls of a flat signature use."""
-    used: set[int] = set()
-    k = 0
-    while k < len(signature):
-        used |= block_streams[signature[k]]
-        k += 2 + signature[k + 1]
-    return tuple(sorted(used))
 
 
 _BOUND = object()
@@ -167,7 +250,6 @@ class _FastScheduler(_Scheduler):
         self._first_tier: dict[int, int] = {}
         self._structures: dict[tuple, int] = {}
         self._structure_streams: list[tuple[int, ...]] = []
-        self._class_tokens: dict[tuple, int] = {}
         self._calls: dict[tuple, tuple | object] = {}
         """Calls priced inside segment simulations, by plan and relative entry state (see _price_call)."""
         self._plan_streams: dict[int, tuple[int, ...]] = {}
@@ -176,76 +258,41 @@ class _FastScheduler(_Scheduler):
             for b, block in enumerate(workload.blocks)
             if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in block.ops)
         )
-        self._segments: list[dict[int, _Segment]] = []
+        self._layouts: list[_Layout] = []
+        self._kinds: list[list[int]] = []
+        self._lone_transfers: list[set[int]] = []
+        """Per program, the blocks that are one p2p op (see _issue_transfer)."""
+        """Per program, the structure number of each signature of its layout."""
         self._compute_stream = 0
 
     def run(self) -> list[ClassSchedule]:
         programs = self._workload.programs
-        used = [sorted({c.block for c in p.calls}) for p in programs]
-        plans = []
-        for index, blocks in enumerate(used):
-            built = {b: self._planner.plan(b, index) for b in blocks}
-            plans.append(built)
+        self._layouts = [program_layout(p, self._p2p_blocks) for p in programs]
+        plans = [{b: self._planner.plan(b, index) for b in layout.used} for index, layout in enumerate(self._layouts)]
         self._compute_stream = self._planner.streams.setdefault("compute", len(self._planner.streams))
-        self._segments = [self._split(index, p.calls, plans[index]) for index, p in enumerate(programs)]
+        self._kinds = [self._structures_of(index, plans[index]) for index in range(len(programs))]
+        self._lone_transfers = [
+            {b for b, plan in built.items() if len(plan.ops) == 1 and plan.ops[0][8] is not None} for built in plans
+        ]
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
         return self._drive(runs)
 
-    def _split(self, index: int, calls: list, plans: dict) -> dict[int, _Segment]:
-        """Segments by their first call; p2p calls stay out of every segment. This loop touches every call of
-        the program once, so it is kept to the bare minimum per call."""
-        p2p = self._p2p_blocks
-        block_streams = {b: frozenset(x for op in plan.ops for x in (op[1], *op[9])) for b, plan in plans.items()}
-        out: dict[int, _Segment] = {}
-        start = -1
-        signature: list[int] = []
-        external: list[int] = []
-        extend, add_external = signature.extend, external.append
-        structures = self._structures
-        streams_of = self._structure_streams
-
-        token = tuple(sorted((b, id(plan)) for b, plan in plans.items() if b not in p2p))
-        # Classes that run the same plans (middle pipeline stages) share segment structures, and so outcomes.
-        owner = self._class_tokens.setdefault(token, index)
-
-        def close(end: int) -> None:
-            key = (owner, tuple(signature))
-            structure = structures.get(key)
+    def _structures_of(self, index: int, plans: dict) -> list[int]:
+        """Number the distinct (plans, signature) pairs of a program's segments: cache keys hash a small int.
+        Classes that run a segment's blocks with the same plans (pipeline stages alike but for their ends) share
+        its structure, and so its outcomes."""
+        numbers = []
+        for signature, blocks in zip(self._layouts[index].signatures, self._layouts[index].blocks, strict=True):
+            key = (tuple([id(plans[b]) for b in sorted(blocks)]), signature)
+            structure = self._structures.get(key)
             if structure is None:
-                structure = structures[key] = len(structures)
-                streams_of.append(_streams(key[1], block_streams))
-            out[start] = _Segment(
-                start, end, key[1], tuple(external), streams_of[structure], calls[start].inputs, structure
-            )
-
-        for c, call in enumerate(calls):
-            block = call.block
-            if block in p2p:
-                if start >= 0:
-                    close(c)
-                    start = -1
-                continue
-            if start < 0:
-                start = c
-                signature.clear()
-                external.clear()
-            inputs = call.inputs
-            if len(inputs) == 1:
-                i = inputs[0]
-                if i < start:
-                    add_external(i)
-                extend((block, 1, i - c))
-            else:
-                extend((block, len(inputs)))
-                for i in inputs:
-                    if i < start:
-                        add_external(i)
-                    signature.append(i - c)
-        if start >= 0:
-            close(len(calls))
-        return out
+                structure = self._structures[key] = len(self._structures)
+                streams = {x for b in blocks for op in plans[b].ops for x in (op[1], *op[9])}
+                self._structure_streams.append(tuple(sorted(streams)))
+            numbers.append(structure)
+        return numbers
 
     def _start_fast(self, index: int, program) -> _Run:
         calls = len(program.calls)
@@ -267,15 +314,50 @@ class _FastScheduler(_Scheduler):
 
     def _advance(self, run: _Run) -> None:
         calls = run.program.calls
-        segments = self._segments[run.index]
+        segments = self._layouts[run.index].segments
+        alone = self._lone_transfers[run.index]
         while run.call < len(calls):
-            segment = segments.get(run.call) if run.op == 0 else None
-            if segment is None:
-                if not self._issue_call(run):
-                    return
-                continue
-            if not self._run_segment(run, segment):
+            if run.op:
+                issued = self._issue_call(run)
+            elif (segment := segments[run.call]) is not None:
+                issued = self._run_segment(run, segment)
+            elif calls[run.call].block in alone:
+                issued = self._issue_transfer(run)
+            else:
+                issued = self._issue_call(run)
+            if not issued:
                 return
+
+    def _issue_transfer(self, run: _Run) -> bool:
+        """`_issue_call` for a call whose block is a single send or recv (a pipeline transfer), without the loop
+        over a block's ops; False when it parks."""
+        c = run.call
+        call = run.program.calls[c]
+        plan = self._block_plans[run.index][call.block]
+        kind, stream, seconds, _, waits_on_inputs, slot, _, category, link, shares = plan.ops[0]
+        stream_end, out_end = run.stream_end, run.out_end
+        start = stream_end[stream]
+        if waits_on_inputs:
+            for i in call.inputs:
+                if out_end[i] > start:
+                    start = out_end[i]
+        for r in shares:
+            if stream_end[r] > start:
+                start = stream_end[r]
+        if start == inf:
+            return False
+        local = [0.0] * len(plan.block.ops)
+        start, end = self._rendezvous(
+            _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares), (link, call.tag)
+        )
+        if end != inf:
+            if start < run.call_start[c]:
+                run.call_start[c] = start
+            if end > run.call_end[c]:
+                run.call_end[c] = end
+        out_end[c] = local[plan.output]
+        run.call += 1
+        return True
 
     def _run_segment(self, run: _Run, segment: _Segment) -> bool:
         """Price a segment from the cache or by the reference rules; False when it must wait (parks the run).
@@ -285,47 +367,38 @@ class _FastScheduler(_Scheduler):
         whether a clamp decided an op's start; if one did, that key is marked and the exact times are used.
         """
         stream_end, out_end = run.stream_end, run.out_end
+        structure = self._kinds[run.index][segment.kind]
         t0 = stream_end[self._compute_stream]
         for i in segment.first_inputs:
             if out_end[i] > t0:
                 t0 = out_end[i]
         if t0 == inf:
             return False
-        streams = []
-        for s in segment.streams:
-            value = stream_end[s]
-            if value == inf:
-                return False
-            streams.append(round((value - t0) * _SCALE))
-        inputs = []
-        for i in segment.external:
-            value = out_end[i]
-            if value > t0:
-                if value == inf:
-                    return False
-                inputs.append(round((value - t0) * _SCALE))
-            else:
-                inputs.append(0)
-        outcome = None
-        structure = segment.structure
+        segment_streams = self._structure_streams[structure]
+        ends = [stream_end[s] for s in segment_streams]
+        inputs = [out_end[i] for i in segment.external]
+        if inf in ends or inf in inputs:
+            return False
         tier = self._first_tier.get(structure, _CLAMP_ALL)
-        while outcome is None or outcome is _UNCLAMPABLE:
+        while True:
             if tier == _CLAMP_ALL:
-                times = tuple([x if x > 0 else 0 for x in streams] + inputs)
+                times = tuple([round((v - t0) * _SCALE) if v > t0 else 0 for v in ends + inputs])
             elif tier == _CLAMP_INPUTS:
-                times = tuple(streams + inputs)
+                late = [round((v - t0) * _SCALE) if v > t0 else 0 for v in inputs]
+                times = tuple([round((v - t0) * _SCALE) for v in ends] + late)
             else:
-                times = tuple(streams + [round((out_end[i] - t0) * _SCALE) for i in segment.external])
+                times = tuple([round((v - t0) * _SCALE) for v in ends + inputs])
             key = (structure, tier, times)
             outcome = self._outcomes.get(key)
             if outcome is None:
-                outcome = self._simulate(run, segment, t0, tier) or _UNCLAMPABLE
+                outcome = self._simulate(run, segment, segment_streams, t0, tier) or _UNCLAMPABLE
                 self._outcomes[key] = outcome
-            if outcome is _UNCLAMPABLE:
-                # A clamp that failed once for this structure usually fails again (an op that does not wait for
-                # the segment's input, like a prefetch): start from the next tier next time.
-                tier += 1
-                self._first_tier[structure] = tier
+            if outcome is not _UNCLAMPABLE:
+                break
+            # A clamp that failed once for this structure usually fails again (an op that does not wait for
+            # the segment's input, like a prefetch): start from the next tier next time.
+            tier += 1
+            self._first_tier[structure] = tier
         start, end = segment.start, segment.end
         for s, rel in outcome.stream_end:
             stream_end[s] = t0 + rel
@@ -334,7 +407,9 @@ class _FastScheduler(_Scheduler):
         run.call = end
         return True
 
-    def _simulate(self, run: _Run, segment: _Segment, t0: float, tier: int) -> "_Outcome | None":
+    def _simulate(
+        self, run: _Run, segment: _Segment, streams_used: tuple[int, ...], t0: float, tier: int
+    ) -> "_Outcome | None":
         """The reference rules over one segment, from the run's current state, on scratch copies.
 
         Entry times before t0 count as t0 (stream ends and inputs with _CLAMP_ALL, inputs only with
@@ -349,7 +424,7 @@ class _FastScheduler(_Scheduler):
         floor: set[int] = set()
         clamp = tier != _CLAMP_NONE
         if tier == _CLAMP_ALL:
-            for s in segment.streams:
+            for s in streams_used:
                 if stream_end[s] < t0:
                     stream_end[s] = t0
                     floor.add(s)
@@ -417,11 +492,11 @@ class _FastScheduler(_Scheduler):
             return np.asarray(values, dtype=float) - t0
 
         def merged(starts: list[float], ends: list[float]) -> tuple[np.ndarray, np.ndarray]:
-            s, e = merge_intervals(starts, ends)
-            return rel(s), rel(e)
+            s, e = merge(starts, ends)
+            return s - t0, e - t0
 
         return _Outcome(
-            stream_end=tuple((s, stream_end[s] - t0) for s in segment.streams),
+            stream_end=tuple((s, stream_end[s] - t0) for s in streams_used),
             call_start=rel(call_start),
             call_end=rel(call_end),
             out_end=tuple(v - t0 for v in outputs),
@@ -434,6 +509,7 @@ class _FastScheduler(_Scheduler):
         """Lay the applied segments' call times and intervals out with numpy, one outcome at a time."""
         call_start = np.asarray(run.call_start, dtype=float)
         call_end = np.asarray(run.call_end, dtype=float)
+        # The ops issued one by one (the p2p ones) next to the segments' merged intervals.
         compute = [(np.asarray(run.compute_starts), np.asarray(run.compute_ends))]
         comm = [(np.asarray(run.comm_starts), np.asarray(run.comm_ends))]
         by_outcome: dict[int, tuple[_Outcome, list[float], list[int]]] = {}
@@ -445,28 +521,27 @@ class _FastScheduler(_Scheduler):
             entry[2].append(first)
         category_time = list(run.category_time)
         for outcome, t0s, firsts in by_outcome.values():
-            for index, busy in outcome.category_time:
-                category_time[index] += busy * len(t0s)
+            for index, seconds in outcome.category_time:
+                category_time[index] += seconds * len(t0s)
             shift = np.asarray(t0s)[:, None]
             index = np.asarray(firsts)[:, None] + np.arange(len(outcome.call_start))
             call_start[index] = shift + outcome.call_start
             call_end[index] = shift + outcome.call_end
             compute.append(((shift + outcome.compute[0]).ravel(), (shift + outcome.compute[1]).ravel()))
             comm.append(((shift + outcome.comm[0]).ravel(), (shift + outcome.comm[1]).ravel()))
-        compute_starts = np.concatenate([c[0] for c in compute])
         compute_ends = np.concatenate([c[1] for c in compute])
-        comm_starts = np.concatenate([c[0] for c in comm])
         comm_ends = np.concatenate([c[1] for c in comm])
-        compute_s = union_length(compute_starts, compute_ends)
-        busy = union_length(np.concatenate((compute_starts, comm_starts)), np.concatenate((compute_ends, comm_ends)))
+        compute_s, comm_s, exposed_s = split_busy(
+            np.concatenate([c[0] for c in compute]), compute_ends, np.concatenate([c[0] for c in comm]), comm_ends
+        )
+        ends = np.concatenate((compute_ends, comm_ends))
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in self._block_plans[run.index].values()))
-        ends = np.concatenate((compute_ends, comm_ends))
         return ClassSchedule(
             end_s=float(ends.max()) if len(ends) else 0.0,
             compute_s=compute_s,
-            comm_s=union_length(comm_starts, comm_ends),
-            exposed_comm_s=max(0.0, busy - compute_s),
+            comm_s=comm_s,
+            exposed_comm_s=exposed_s,
             time_by_category={names[i]: category_time[i] for i in sorted(used)},
             call_start=call_start,
             call_end=call_end,

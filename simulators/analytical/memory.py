@@ -24,25 +24,23 @@ def peak_memory(
     """The peak bytes and, at the moment of the peak, the bytes by tensor kind (block working memory counts as
     temporary). Frees at an instant go before allocations at that instant: a call that starts as another ends
     reuses the memory the other released."""
-    times: list[float] = []
-    deltas: list[float] = []
-    kinds: list[int] = []
-    for tensor in program.tensors:
-        kind = _KIND_INDEX[tensor.kind]
-        times.append(0.0 if tensor.producer is None else call_start[tensor.producer])
-        deltas.append(tensor.bytes)
-        kinds.append(kind)
-        if tensor.consumer is not None:
-            times.append(call_end[tensor.consumer])
-            deltas.append(-tensor.bytes)
-            kinds.append(kind)
+    tensors = program.tensors
+    call_start = np.asarray(call_start, dtype=float)
+    call_end = np.asarray(call_end, dtype=float)
+    producer = np.array([-1 if t.producer is None else t.producer for t in tensors], dtype=np.intp)
+    consumer = np.array([-1 if t.consumer is None else t.consumer for t in tensors], dtype=np.intp)
+    size = np.array([t.bytes for t in tensors], dtype=float)
+    kind = np.array([_KIND_INDEX[t.kind] for t in tensors], dtype=np.intp)
+    made = producer >= 0
+    allocated = np.zeros(len(tensors))
+    allocated[made] = call_start[producer[made]]
+    freed = consumer >= 0
     block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
-    temp = block_temp[np.fromiter((call.block for call in program.calls), int, len(program.calls))]
+    temp = block_temp[_call_blocks(program)]
     held = np.flatnonzero(temp)
-    starts, ends = np.asarray(call_start, dtype=float)[held], np.asarray(call_end, dtype=float)[held]
-    times_all = np.concatenate((np.asarray(times, dtype=float), starts, ends))
-    deltas_all = np.concatenate((np.asarray(deltas, dtype=float), temp[held], -temp[held]))
-    kinds_all = np.concatenate((np.asarray(kinds, dtype=int), np.full(2 * len(held), _TEMPORARY, dtype=int)))
+    times_all = np.concatenate((allocated, call_end[consumer[freed]], call_start[held], call_end[held]))
+    deltas_all = np.concatenate((size, -size[freed], temp[held], -temp[held]))
+    kinds_all = np.concatenate((kind, kind[freed], np.full(2 * len(held), _TEMPORARY, dtype=np.intp)))
     at_peak = dict.fromkeys((kind.value for kind in _KINDS), 0.0)
     if not len(times_all):
         return 0.0, at_peak
@@ -58,6 +56,18 @@ def peak_memory(
     for kind, held_bytes in zip(_KINDS, by_kind, strict=True):
         at_peak[kind.value] = float(held_bytes)
     return float(level[peak]), at_peak
+
+
+def _call_blocks(program: Program) -> np.ndarray:
+    """The block of each call; kept on the program's CallShape, since later points of its shape call alike."""
+    shape = program.call_shape()
+    calls = program.calls if shape is None else shape.calls
+    blocks = None if shape is None else shape.memo.get("memory.call_blocks")
+    if blocks is None:
+        blocks = np.fromiter((call.block for call in calls), np.intp, len(calls))
+        if shape is not None:
+            shape.memo["memory.call_blocks"] = blocks
+    return blocks
 
 
 RESERVE, FRAGMENTATION = "reserve", "fragmentation"

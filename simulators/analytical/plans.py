@@ -189,7 +189,7 @@ class Planner:
     def _link(self, op: Op, rank_class: int) -> Link | None:
         if op.kind not in (OpKind.SEND, OpKind.RECV):
             return None
-        rank = self._workload.representative(rank_class)
+        rank = self._pricer.representative(rank_class)
         peer_class = int(self._workload.class_of[self._workload.layout.peer(rank, op.axis, op.peer)])
         if op.kind is OpKind.SEND:
             return (rank_class, peer_class, op.axis, op.peer)

@@ -23,6 +23,15 @@ class BlockPricer:
         """Per block, what priced each op: 'table', 'roofline', 'free', or '' for communication."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._representatives: dict[int, int] = {}
+
+    def representative(self, rank_class: int) -> int:
+        """The rank whose groups and peers price the class's communication; finding it searches every rank, so it
+        is kept."""
+        rank = self._representatives.get(rank_class)
+        if rank is None:
+            rank = self._representatives[rank_class] = self._workload.representative(rank_class)
+        return rank
 
     def durations(self, block: int, rank_class: int) -> list[float]:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
@@ -39,7 +48,7 @@ class BlockPricer:
             if op.kind is OpKind.COLLECTIVE:
                 seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class))
             elif op.is_comm:
-                rank = self._workload.representative(rank_class)
+                rank = self.representative(rank_class)
                 peer = self._workload.layout.peer(rank, op.axis, op.peer)
                 seconds = p2p_time(op.comm_bytes, rank, peer, self._system.network)
             out.append(seconds)
@@ -49,7 +58,7 @@ class BlockPricer:
         key = (axis, rank_class)
         span = self._spans.get(key)
         if span is None:
-            group = self._workload.layout.group(self._workload.representative(rank_class), axis)
+            group = self._workload.layout.group(self.representative(rank_class), axis)
             span = self._spans[key] = group_span(group, self._system.network)
         return span
 
@@ -58,13 +67,13 @@ class BlockPricer:
         key = (axis, rank_class)
         dims = self._dims.get(key)
         if dims is None:
-            group = self._workload.layout.group(self._workload.representative(rank_class), axis)
+            group = self._workload.layout.group(self.representative(rank_class), axis)
             dims = self._dims[key] = spanned_dims(group, self._system.network)
         return dims
 
     def p2p_dim(self, axis: str, offset: int, rank_class: int) -> int | None:
         """The network dimension a p2p op of this class crosses to its peer (None: the peer is itself)."""
-        rank = self._workload.representative(rank_class)
+        rank = self.representative(rank_class)
         peer = self._workload.layout.peer(rank, axis, offset)
         return p2p_dim(rank, peer, self._system.network)
 

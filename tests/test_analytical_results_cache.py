@@ -1,0 +1,67 @@
+"""The cost model's results cache: a point priced again in one process is read back, never for other settings,
+another system or a workload that differs under the same key."""
+
+from dataclasses import replace
+
+import pytest
+
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import AnalyticalCostModel, cost_model
+from tests.helpers import make_point
+
+DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """Counts the schedules actually computed (fast and reference), from an empty cache."""
+    counts = {"fast": 0, "exact": 0}
+    fast, exact = cost_model.schedule_fast, cost_model.schedule
+
+    def counting_fast(*args, **kwargs):
+        counts["fast"] += 1
+        return fast(*args, **kwargs)
+
+    def counting_exact(*args, **kwargs):
+        counts["exact"] += 1
+        return exact(*args, **kwargs)
+
+    monkeypatch.setattr(cost_model, "schedule_fast", counting_fast)
+    monkeypatch.setattr(cost_model, "schedule", counting_exact)
+    monkeypatch.setattr(cost_model, "_RESULTS", {})
+    return counts
+
+
+def test_a_point_priced_again_is_read_back_and_equal(priced):
+    point = make_point(tp=2, pp=2, dp=2, global_batch=16, system=DGX)
+    model = AnalyticalCostModel()
+    first = model.simulate(SymbolicGenerator().generate(point), point.system)
+    again = model.simulate(SymbolicGenerator().generate(point), point.system)
+    assert priced == {"fast": 1, "exact": 0}
+    assert again == first
+    again.classes[0].time_by_category.clear()  # the caller's copy: the cached result stays whole
+    assert model.simulate(SymbolicGenerator().generate(point), point.system) == first
+
+
+def test_other_settings_or_another_system_are_priced_afresh(priced):
+    point = make_point(tp=2, pp=2, dp=2, global_batch=16, system=DGX)
+    workload = SymbolicGenerator().generate(point)
+    AnalyticalCostModel().simulate(workload, point.system)
+    AnalyticalCostModel(exact=True).simulate(workload, point.system)
+    slower = point.system.model_copy(
+        update={"accelerator": point.system.accelerator.model_copy(update={"fragmentation": 0.5})}
+    )
+    AnalyticalCostModel().simulate(workload, slower)
+    assert priced == {"fast": 2, "exact": 1}
+
+
+def test_a_workload_that_differs_under_the_same_key_is_priced_afresh(priced):
+    point = make_point(tp=2, pp=2, dp=2, global_batch=16, system=DGX)
+    workload = SymbolicGenerator().generate(point)
+    model = AnalyticalCostModel()
+    before = model.simulate(workload, point.system)
+    program = workload.programs[0]
+    program.tensors[-1] = replace(program.tensors[-1], bytes=program.tensors[-1].bytes + 2**30)  # edited in place
+    after = model.simulate(workload, point.system)
+    assert priced["fast"] == 2
+    assert after.classes[0].peak_memory_bytes > before.classes[0].peak_memory_bytes

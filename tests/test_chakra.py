@@ -39,6 +39,19 @@ def decode_all(path):
     return meta, nodes
 
 
+def p2p_ends(paths) -> tuple[Counter, Counter]:
+    """Sends and receives of a trace set, each counted by (source, destination, tag, size): equal when every
+    send has its receive."""
+    sends, recvs = Counter(), Counter()
+    for path in paths:
+        for n in decode_all(path)[1]:
+            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+                a = chakra.attrs(n)
+                key = (a["comm_src"], a["comm_dst"], a["comm_tag"], a["comm_size"])
+                (sends if n.type == pb.COMM_SEND_NODE else recvs)[key] += 1
+    return sends, recvs
+
+
 @pytest.fixture(scope="module")
 def dense3d(tmp_path_factory):
     point = make_point("tiny-llama", global_batch=8, tp=2, pp=2, dp=2, sp=True, zero=1)
@@ -100,13 +113,7 @@ def test_process_groups_have_string_ids_and_involved_dims_from_the_network(dense
 
 def test_sends_and_receives_pair_up_by_source_destination_tag_and_size(dense3d):
     point, _workload, paths = dense3d
-    sends, recvs = Counter(), Counter()
-    for path in paths:
-        for n in decode_all(path)[1]:
-            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-                a = chakra.attrs(n)
-                key = (a["comm_src"], a["comm_dst"], a["comm_tag"], a["comm_size"])
-                (sends if n.type == pb.COMM_SEND_NODE else recvs)[key] += 1
+    sends, recvs = p2p_ends(paths)
     assert sends == recvs
     assert len(sends) == 8 * 2 * point.micro_batches // 2  # 4 stage pairs x 2 directions x micro-batches
     assert all(src ^ dst == 4 for src, dst, _, _ in sends)  # pp peers are 4 ranks apart (tp*dp = 4)

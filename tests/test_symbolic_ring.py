@@ -1,11 +1,9 @@
 """Ring-attention context parallelism: K/V chunks passed around the cp ring beside the attention of the chunk held."""
 
-from collections import Counter
 
 import pytest
-from chakra.schema.protobuf import et_def_pb2 as pb
 from helpers import make_point
-from test_chakra import decode_all
+from test_chakra import p2p_ends
 
 from dse import chakra
 from dse.feasibility import infeasibility
@@ -102,13 +100,7 @@ def test_chakra_sends_and_receives_pair_up(tmp_path):
     p = point(4)
     workload = GEN.generate(p)
     paths = chakra.export(workload, tmp_path / "ring", [d.npus for d in p.system.network])
-    sends, recvs = Counter(), Counter()
-    for path in paths:
-        for n in decode_all(path)[1]:
-            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
-                a = chakra.attrs(n)
-                key = (a["comm_src"], a["comm_dst"], a["comm_tag"], a["comm_size"])
-                (sends if n.type == pb.COMM_SEND_NODE else recvs)[key] += 1
+    sends, recvs = p2p_ends(paths)
     assert sends and sends == recvs
     stride = p.parallel.tp  # cp neighbours are tp ranks apart, the last wrapping to the first
     assert {(dst - src) % (stride * 4) for src, dst, _, _ in sends} == {stride, 3 * stride}

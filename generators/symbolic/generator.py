@@ -42,6 +42,8 @@ ADAM_FLOPS = 12
 ADAM_BYTES = 28
 """Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
 DATA_AXES = ("dp", "ep")
+TIED_SYNC_TAG = 0
+"""The tied-weight gradient exchange's p2p tag: pipeline transfers' tags start at 1 (`_Builder.tag`)."""
 Unit = tuple[str | LayerKind, bool]
 """A traced module a call runs: "embed", "head" or a layer kind, and whether it is the layer's variant whose
 backward recomputes nothing (see `_Builder.unrecomputed`)."""
@@ -247,6 +249,23 @@ class _Builder:
             )
         return self.add_block(f"{name}.grad_sync", merged)
 
+    def tied_sync_blocks(self, table: STensor) -> dict[int, int]:
+        """With pipeline stages, the first stage's token table and the last stage's LM head are two copies of one
+        tied weight: after backward the two stages add up each other's gradient (Megatron's embedding-group
+        all-reduce, which over its two ranks moves what one send each way does). By stage, the block doing it."""
+        p = self.point.parallel
+        if not self.train or p.pp == 1:
+            return {}
+        size = self._replica_elems(table) * self.module.itemsize
+        blocks = {}
+        for stage, peer in ((0, p.pp - 1), (p.pp - 1, 1 - p.pp)):
+            emitter = Emitter()
+            send = Op("tied_grad.send", OpKind.SEND, "send", comm_bytes=size, axis="pp", peer=peer, deps=(BLOCK_INPUT,))
+            emitter.emit(send)
+            emitter.emit(replace(send, name="tied_grad.recv", kind=OpKind.RECV, category="recv", deps=()))
+            blocks[stage] = self.add_block("tied_grad_sync", emitter)
+        return blocks
+
     def p2p_block(self, kind: OpKind, peer: int, size: float) -> int:
         """A send to (recv from) the stage `peer` positions along pp; one block per direction and offset."""
         key = (kind, peer)
@@ -343,6 +362,7 @@ class _Builder:
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
         self.layer_traces = traced
         self.outside = [embedding, head]
+        self.tied_sync = self.tied_sync_blocks(embed_table[0]) if tie is None and m.tied_embeddings else {}
 
         act_bytes = self.tracer.nbytes(x)
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
@@ -521,6 +541,7 @@ class _Builder:
         vstages = p.pp * chunks
         sync_every = p.zero >= 2
         fwd_call: dict[tuple[int, int], int] = {}
+        last_backward: dict[int, int] = {}
         syncs: list[int] = []
         synced: set[int] = set()
 
@@ -636,7 +657,7 @@ class _Builder:
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb)
-                prev = program.add(Call(traced.backward, (*inputs, *gathered), index, mb))
+                prev = last_backward[index] = program.add(Call(traced.backward, (*inputs, *gathered), index, mb))
                 hold(unit, 1, index, gathered, prev)
                 keep(unit_name(index), (*unit, -1), traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
@@ -647,6 +668,11 @@ class _Builder:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), act_bytes)
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+        tied = self.tied_sync.get(stage)
+        if tied is not None:
+            # after the last backward of the embedding (first stage) or the head (last stage)
+            owner = -1 if stage == 0 else -2
+            syncs.append(program.add(Call(tied, (last_backward[owner],), owner, microbatches - 1, TIED_SYNC_TAG)))
         if optimizer is not None:
             program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
         return sources

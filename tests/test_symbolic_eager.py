@@ -110,3 +110,33 @@ def test_eager_full_recompute_replays_every_eager_kernel():
     forward = builder.blocks[plain.forward].ops
     extra = len(recompute_builder.blocks[recomputed.backward].ops) - len(builder.blocks[plain.backward].ops)
     assert extra == len(forward)
+
+
+def _collectives(kernels: str, **parallel) -> dict[str, float]:
+    point = make_point(seq_len=T, global_batch=8, overrides={"workload.kernels": kernels}, **parallel)
+    builder = _Builder(point)
+    builder.build()
+    totals: dict[str, float] = {}
+    for block in builder.blocks:
+        for op in block.ops:
+            if op.is_comm:
+                key = f"{op.category}@{op.axis}"
+                totals[key] = totals.get(key, 0.0) + op.comm_bytes
+    return totals
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2, "sp": True, "dp": 4}, {"tp": 2, "dp": 4}, {"dp": 8, "zero": 3}])
+def test_eager_kernels_leave_the_communication_as_it_is(parallel):
+    """Decomposing elementwise work changes local kernels only: the TP all-reduces and SP reduce-scatters, the
+    norm weights' gradient reduction and the ZeRO-3 gathers are the fused ones."""
+    assert _collectives("eager", **parallel) == _collectives("fused", **parallel)
+
+
+def test_eager_context_parallelism_moves_the_repeated_keys_and_values():
+    """Eager SDPA receives K and V already repeated to every query head, so the cp gathers (and their gradients'
+    reduce-scatters) carry heads / kv_heads = 2 times the fused bytes; everything else is unchanged."""
+    parallel = {"cp": 2, "tp": 2, "dp": 2}
+    eager, fused = _collectives("eager", **parallel), _collectives("fused", **parallel)
+    assert eager.keys() == fused.keys() >= {"all_gather@cp", "reduce_scatter@cp"}
+    for key, nbytes in fused.items():
+        assert eager[key] == (HEADS // KV * nbytes if key.endswith("@cp") else nbytes)

@@ -19,6 +19,11 @@ or, under ZeRO-3, sharded and all-gathered before use). With ep > 1 the data-par
 split over both. A layer may use the tp ranks as more data-parallel ranks instead (parallel.layer_strategies
 'dp'): its batch splits over tp and its weights are whole; the matcher moves the residual stream between layers of
 different strategies.
+
+Kernels (workload.kernels): fused prices each norm, RoPE and activation as one kernel (Megatron/TransformerEngine,
+torch.compile); eager decomposes RMSNorm, RoPE and SwiGLU into the aten ops the reference PyTorch Llama code runs,
+in their dtypes, with the gradients and saved tensors of eager autograd (`graph.Partial`). LayerNorm and GeLU are
+single aten kernels either way; MLA's RoPE is applied to the whole query head, not only its RoPE part.
 """
 
 from dataclasses import dataclass, field

@@ -4,7 +4,9 @@ Every case is a design point in the point-file format and what was measured on i
 memory where the source gives it), with the source. `dse calibrate` prices each case with the chosen generator
 and cost model and prints model against measurement. The accelerator and network efficiencies in the catalog are
 set from kernel and collective measurements (see the catalog files' sources), never fitted per case; these cases
-check the result. Float8 rows of the torchtitan table are left out: the generator emits bf16 GEMMs only.
+check the result. Float8 rows of the torchtitan table are left out: the generator emits bf16 GEMMs only. Each case
+runs the kernels its software ran (`workload.kernels`): the blog's fms-fsdp runs and torchtitan's eager row eager,
+torchtitan's torch.compile row fused, so the eager/compile difference is itself checked.
 """
 
 import argparse
@@ -37,7 +39,7 @@ class Case:
 
 EAGER_BLOG = (
     "eager: fms-fsdp at the blog's date (commit 7746dac, 2024-03-13) defaults use_torch_compile to False and refuses "
-    "compile with activation checkpointing; its compile support came on 2024-03-18, and the follow-up blog "
+    "compile with activation checkpointing; its compile fixes (RoPE) were merged on 2024-03-18, and the follow-up blog "
     "(pytorch.org, 'Maximizing training throughput using PyTorch FSDP and Torch.compile') reports these 57% MFU "
     "runs as the no-compile baseline. fms's LLaMA (ibm-fms) runs RMSNorm in fp32 (use_high_precision_pow), "
     "SiLU and the gate product apart, and a real-valued RoPE that moves more bytes than the complex one modelled"

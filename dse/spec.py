@@ -128,6 +128,12 @@ class WorkloadSpec(Spec):
     seq_len: PositiveInt
     global_batch: PositiveInt = Field(description="sequences per optimizer step, over all DP ranks")
     micro_batch: PositiveInt = Field(1, description="sequences per DP rank per micro-step")
+    kernels: Literal["fused", "eager"] = Field(
+        "fused",
+        description="fused: each norm, RoPE and activation is one kernel (Megatron/TransformerEngine, "
+        "torch.compile); eager: PyTorch eager as the reference Llama code runs it, one kernel per op with fp32 "
+        "intermediates (RMSNorm, RoPE), SiLU and gate product apart, GQA keys/values copied to every head",
+    )
 
     @property
     def tokens(self) -> int:

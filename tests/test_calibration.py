@@ -1,11 +1,10 @@
 """The calibration set against the model: which cases hold, and the `dse calibrate` table.
 
-The bounds are what the model reaches today. The rows that recompute whole layers (the blog's 34B and 70B) are
-within 10%, as the acceptance asks; the rows that recompute little or nothing (the blog's 7B, 13B, torchtitan's
-8B) are 20-32% optimistic: the generator prices every elementwise op and norm as one fused kernel, while these
-runs are PyTorch eager (RMSNorm, RoPE and SwiGLU decomposed into several kernels with fp32 intermediates;
-torch.compile alone gives torchtitan's 8B 16% more throughput), a cost that weighs most where little else is
-recomputed and the hidden size is small. Peak memory of the torchtitan row is within 10%.
+The bounds are what the model reaches today. The blog's runs and torchtitan's eager row are priced with eager
+kernels (`workload.kernels: eager`), torchtitan's torch.compile row with fused ones. Every row is within 10% but
+the blog's 7B (no recompute: the elementwise work weighs most there), which is 12-13% optimistic; fms's real-valued
+RoPE, which moves about twice the bytes of the complex one modelled, and FSDP's copies of the unsharded gradients
+into the reduce-scatter buffer are not modelled. Peak memory of both torchtitan rows is within 5%.
 """
 
 import json
@@ -13,7 +12,7 @@ import json
 import pytest
 
 from dse import plugins
-from dse.calibration import CASES, errors, run
+from dse.calibration import CASES, Case, errors, run
 from dse.cli import main
 
 
@@ -23,28 +22,57 @@ def rows():
 
 
 def test_every_case_is_priced_with_its_measurement(rows):
-    assert len(rows) == len(CASES) == 9
-    assert {row.case.tokens_per_s_per_gpu for row in rows.values()} >= {3700, 1800, 700, 370, 7500, 800, 5762}
+    assert len(rows) == len(CASES) == 10
+    assert {row.case.tokens_per_s_per_gpu for row in rows.values()} >= {3700, 1800, 700, 370, 7500, 800, 5762, 6667}
 
 
-@pytest.mark.parametrize("case", [c.name for c in CASES if "AC full" in c.name])
-def test_full_recompute_cases_within_ten_percent(rows, case):
+def _case(name: str) -> Case:
+    (case,) = [c for c in CASES if c.name == name]
+    return case
+
+
+@pytest.mark.parametrize("case", [c.name for c in CASES if "llama2-7b" not in c.name])
+def test_cases_within_ten_percent(rows, case):
     assert abs(rows[case].throughput_error) < 0.10
 
 
-@pytest.mark.parametrize("case", [c.name for c in CASES if "AC full" not in c.name])
-def test_eager_cases_that_recompute_little_are_optimistic_by_at_most_a_third(rows, case):
-    assert 0 < rows[case].throughput_error < 0.33
+@pytest.mark.parametrize("case", [c.name for c in CASES if "llama2-7b" in c.name])
+def test_blog_7b_without_recompute_is_optimistic_by_at_most_fifteen_percent(rows, case):
+    assert 0 < rows[case].throughput_error < 0.15
 
 
-def test_torchtitan_peak_memory_within_ten_percent(rows):
-    (row,) = [row for row in rows.values() if row.case.peak_memory_GiB is not None]
-    assert abs(row.memory_error) < 0.10
+def test_blog_runs_and_torchtitan_eager_row_are_eager_the_compile_row_fused():
+    for case in CASES:
+        compiled = "torch.compile" in case.name
+        assert case.point["workload"]["kernels"] == ("fused" if compiled else "eager")
+
+
+def test_torchtitan_compile_speedup_follows_from_the_kernels_alone(rows):
+    """The two torchtitan rows differ only in kernels; the model's eager/compile throughput ratio is within 5% of
+    the measured one (5,762 / 6,667)."""
+    eager = rows["llama3.1-8b H100x8 FSDP, AC selective, eager"]
+    compiled = rows["llama3.1-8b H100x8 FSDP, AC selective, torch.compile"]
+    assert {k: v for k, v in _case(eager.case.name).point.items() if k != "workload"} == {
+        k: v for k, v in _case(compiled.case.name).point.items() if k != "workload"
+    }
+    measured = eager.case.tokens_per_s_per_gpu / compiled.case.tokens_per_s_per_gpu
+    assert eager.tokens_per_s_per_gpu / compiled.tokens_per_s_per_gpu == pytest.approx(measured, rel=0.05)
+
+
+def test_torchtitan_peak_memory_within_five_percent(rows):
+    measured = [row for row in rows.values() if row.case.peak_memory_GiB is not None]
+    assert len(measured) == 2
+    assert all(abs(row.memory_error) < 0.05 for row in measured)
+
+
+def test_mean_error_under_six_percent(rows):
+    figures = errors(list(rows.values()))
+    assert sum(figures) / len(figures) < 0.06
 
 
 def test_errors_lists_throughput_and_memory(rows):
     figures = errors(list(rows.values()))
-    assert len(figures) == 10
+    assert len(figures) == 12
     assert all(f >= 0 for f in figures)
 
 

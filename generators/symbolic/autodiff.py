@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from dse.workload import Collective, Op
 from generators.symbolic.dist import PARTIAL, Dist, Partition, gradient_layout
-from generators.symbolic.graph import Node, STensor, Tracer, make_layout, reduction_layout
+from generators.symbolic.graph import OUTPUT, Node, STensor, Tracer, make_layout, reduction_layout
 
 FUSED_ATTENTION_BACKWARD = 2.5
 """FLOPs fused (flash) attention's backward executes per forward FLOP: it keeps no probabilities, so it computes
@@ -36,6 +36,9 @@ def needed(node: Node) -> tuple[STensor, ...]:
             return node.inputs
         case "loss":
             return ()  # the fp32 log-probabilities, kept as the node's extra_saved
+        case "pointwise" if node.partials:
+            reads = dict.fromkeys(j for partial in node.partials for j in partial.reads)
+            return tuple(node.output if j == OUTPUT else node.inputs[j] for j in reads)
         case "pointwise":
             return () if node.linear else node.inputs
         case "attention":
@@ -212,6 +215,8 @@ class Differentiator:
                 db = tr.einsum(f"{name}.wgrad", self.value(a), g, b.dims, node.category, record=False)
                 self._contribute(a, da)
                 self._contribute(b, db)
+            case "pointwise" if node.partials:
+                self._eager_backward(node, g)
             case "pointwise" if node.linear:
                 for t in node.inputs:
                     self._contribute(t, self._broadcast_grad(g, t))
@@ -268,6 +273,26 @@ class Differentiator:
                 dtable = STensor(f"{table.name}.grad", table.dims, make_layout(**layout), table.itemsize)
                 tr._compute(f"{name}.backward", "embedding", 0.0, (g,), (dtable,))
                 self._contribute(table, dtable)
+
+    def _eager_backward(self, node: Node, g: STensor) -> None:
+        """Each input's gradient by its own formula, one kernel per op (see `Partial`), as eager autograd runs it."""
+        tr = self.tr
+        for t, partial in zip(node.inputs, node.partials, strict=True):
+            reads = [self.value(node.output if j == OUTPUT else node.inputs[j]) for j in partial.reads]
+            broadcast = set(t.dims) < set(g.dims)
+            shape = g if broadcast else t
+            for step in range(partial.prep):
+                prepared = STensor(f"{t.name}.grad.prep{step}", shape.dims, shape.layout, t.itemsize)
+                tr._compute(f"{node.name}.backward.prep{step}", node.category, tr.elems(prepared), reads, (prepared,))
+                reads = [prepared]
+            grad = self._input_grad(g, t)
+            if broadcast:
+                wide = STensor(f"{t.name}.grad.wide", g.dims, g.layout, t.itemsize)
+                tr._compute(f"{node.name}.backward", node.category, tr.elems(wide), (g, *reads), (wide,))
+                tr._compute(f"{t.name}.grad_reduce", node.category, tr.elems(wide), (wide,), (grad,))
+            else:
+                tr._compute(f"{node.name}.backward", node.category, tr.elems(grad), (g, *reads), (grad,))
+            self._contribute(t, grad)
 
     def _kv_grad(self, q: STensor, t: STensor) -> STensor:
         """Keys and values gathered over a query-sequence split (context parallelism) receive a partial gradient

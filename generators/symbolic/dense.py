@@ -19,6 +19,11 @@ or, under ZeRO-3, sharded and all-gathered before use). With ep > 1 the data-par
 split over both. A layer may use the tp ranks as more data-parallel ranks instead (parallel.layer_strategies
 'dp'): its batch splits over tp and its weights are whole; the matcher moves the residual stream between layers of
 different strategies.
+
+Kernels (workload.kernels): fused prices each norm, RoPE and activation as one kernel (Megatron/TransformerEngine,
+torch.compile); eager decomposes RMSNorm, RoPE and SwiGLU into the aten ops the reference PyTorch Llama code runs,
+in their dtypes, with the gradients and saved tensors of eager autograd (`graph.Partial`). LayerNorm and GeLU are
+single aten kernels either way; MLA's RoPE is applied to the whole query head, not only its RoPE part.
 """
 
 from dataclasses import dataclass, field
@@ -26,10 +31,11 @@ from dataclasses import dataclass, field
 from dse.modelstats import LayerKind, dt_rank, ssm_inner
 from dse.spec import DesignPoint
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
-from generators.symbolic.graph import STensor, Tracer, make_layout
+from generators.symbolic.graph import FP32, OUTPUT, PRODUCT, SCALED, Partial, STensor, Tracer, make_layout
 
 NORM_FLOPS = {"rmsnorm": 4.0, "layernorm": 7.0}
 ACT_FLOPS = {"gelu": 8.0, "swiglu": 5.0}
+SILU_FLOPS = 4.0
 ROPE_FLOPS = 3.0
 ROUTER_FLOPS = 6.0
 """Per router logit: softmax (exp, sum, divide) and the top-k selection."""
@@ -103,6 +109,10 @@ class DenseModule:
     def mode(self) -> str:
         return self.point.workload.mode
 
+    @property
+    def eager(self) -> bool:
+        return self.point.workload.kernels == "eager"
+
     def batch_layout(self) -> dict[str, Dist]:
         return {"dp": Partition("b"), "ep": Partition("b"), "cp": Partition("s")}
 
@@ -153,7 +163,47 @@ class DenseModule:
         weights = [self.param(f"{name}.weight", (dim,))]
         if m.norm == "layernorm":
             weights.append(self.param(f"{name}.bias", (dim,)))
+        if m.norm == "rmsnorm" and self.eager:
+            return self._eager_rmsnorm(name, x, self.use(weights[0]))
+        # nn.LayerNorm is one kernel forward and one backward, eager or not
         return self.tracer.norm(name, x, [self.use(w) for w in weights], NORM_FLOPS[m.norm])
+
+    def _eager_rmsnorm(self, name: str, x: STensor, weight: STensor) -> STensor:
+        """Llama's RMSNorm as PyTorch eager runs it (Meta's and torchtitan's `_norm(x.float()).type_as(x) *
+        weight`, `_norm(x) = x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`): one kernel per op, fp32 between
+        the casts. Autograd keeps the fp32 copy of x (pow and the product read it), the reciprocal root and the
+        bf16 normalised x (the weight's gradient reads it); pow's gradient is grad * (2 * x.pow(1)), rsqrt's
+        -0.5 * grad * result.pow(3)."""
+        tr = self.tracer
+        xf = tr.pointwise(f"{name}.float", (x,), 0.0, "norm", itemsize=FP32, partials=(SCALED,))
+        squares = tr.pointwise(f"{name}.pow", (xf,), 1.0, "norm", partials=(Partial((0,), prep=2),))
+        mean = tr.mean(f"{name}.mean", squares, "norm")
+        mean = tr.pointwise(f"{name}.add_eps", (mean,), 1.0, "norm", linear=True)
+        root = tr.pointwise(f"{name}.rsqrt", (mean,), 1.0, "norm", partials=(Partial((OUTPUT,), prep=2),))
+        normed = tr.pointwise(f"{name}.mul", (xf, root), 1.0, "norm", partials=PRODUCT)
+        normed = tr.pointwise(f"{name}.type_as", (normed,), 0.0, "norm", itemsize=x.itemsize, partials=(SCALED,))
+        return tr.pointwise(f"{name}.weight_mul", (normed, weight), 1.0, "norm", partials=PRODUCT)
+
+    def rope(self, name: str, t: STensor) -> STensor:
+        """Rotary embedding: one kernel, or eagerly as the reference Llama code (torchtitan's apply_rotary_emb)
+        runs it: x.float() viewed as complex, times the complex rotation table, viewed as real, type_as(x); each
+        step's gradient is one kernel reading only the incoming gradient (the table is a constant), so autograd
+        keeps nothing."""
+        tr = self.tracer
+        if not self.eager:
+            return tr.pointwise(name, (t,), ROPE_FLOPS)
+        tf = tr.pointwise(f"{name}.float", (t,), 0.0, itemsize=FP32, partials=(SCALED,))
+        rotated = tr.pointwise(f"{name}.complex_mul", (tf,), ROPE_FLOPS, partials=(SCALED,))
+        return tr.pointwise(f"{name}.type_as", (rotated,), 0.0, itemsize=t.itemsize, partials=(SCALED,))
+
+    def repeat_kv(self, name: str, t: STensor) -> STensor:
+        """Eager GQA (torchtitan's repeat_kv, fms's expand-and-flatten before SDPA): keys or values copied to every
+        query head, and in backward summed back over the copies; fused attention reads the kv heads as they are."""
+        m = self.point.model
+        if not self.eager or m.n_kv_heads == m.heads:
+            return t
+        dims = tuple("n" if d == "g" else d for d in t.dims)
+        return self.tracer.relabel(name, t, dims, {"g": "n"})
 
     def add(self, name: str, x: STensor, y: STensor) -> STensor:
         return self.tracer.pointwise(name, (x, y), 1.0, linear=True)
@@ -211,7 +261,7 @@ class DenseModule:
         return new if self.mode == "prefill" else cache
 
     def attention(self, h1: STensor) -> STensor:
-        m, tr = self.point.model, self.tracer
+        m = self.point.model
         col, heads_split = Partition("n"), Partition("g")
         bias = m.bias
         q = self.linear(
@@ -236,10 +286,10 @@ class DenseModule:
             self.param("bv", ("g", "d"), heads_split) if bias else None,
         )
         if m.position == "rope":
-            q = tr.pointwise("rope_q", (q,), ROPE_FLOPS)
-            k = tr.pointwise("rope_k", (k,), ROPE_FLOPS)
+            q = self.rope("rope_q", q)
+            k = self.rope("rope_k", k)
         k, v = self._kv("k", k), self._kv("v", v)
-        o = self._core_attention(q, k, v)
+        o = self._core_attention(q, self.repeat_kv("repeat_k", k), self.repeat_kv("repeat_v", v))
         return self.linear("wo", o, self.param("wo", ("n", "d", "h"), col), ("b", "s", "h"))
 
     def _core_attention(self, q: STensor, k: STensor, v: STensor) -> STensor:
@@ -267,8 +317,8 @@ class DenseModule:
         ckv = self.linear("wkv_a", h1, self.param("wkv_a", ("h", "kl")), ("b", "s", "kl"))
         k_rope = self.linear("wk_rope", h1, self.param("wk_rope", ("h", "dr")), ("b", "s", "dr"))
         ckv = self.norm("kv_norm", ckv)
-        q = tr.pointwise("rope_q", (q,), ROPE_FLOPS)
-        k_rope = tr.pointwise("rope_k", (k_rope,), ROPE_FLOPS)
+        q = self.rope("rope_q", q)
+        k_rope = self.rope("rope_k", k_rope)
         w_uk = self.param("wk_b", ("kl", "n", "dn"), col)
         w_uv = self.param("wv_b", ("kl", "n", "dv"), col)
         w_o = self.param("wo", ("n", "dv", "h"), col)
@@ -355,7 +405,7 @@ class DenseModule:
         if m.activation == "swiglu":
             gate = self.linear(f"{prefix}w1", h2, self.param(f"{prefix}w1", ("h", width), mlp_in), dims)
             up = self.linear(f"{prefix}w3", h2, self.param(f"{prefix}w3", ("h", width), mlp_in), dims)
-            act = tr.pointwise(f"{prefix}swiglu", (gate, up), ACT_FLOPS["swiglu"])
+            act = self.swiglu(f"{prefix}swiglu", gate, up)
         else:
             fc = self.linear(
                 f"{prefix}w1",
@@ -366,6 +416,15 @@ class DenseModule:
             )
             act = tr.pointwise(f"{prefix}gelu", (fc,), ACT_FLOPS["gelu"])
         return self.linear(f"{prefix}w2", act, self.param(f"{prefix}w2", (width, "h"), mlp_in), ("b", "s", "h"))
+
+    def swiglu(self, name: str, gate: STensor, up: STensor) -> STensor:
+        """silu(gate) * up: one kernel, or eagerly (F.silu(w1(x)) * w3(x)) two, whose autograd keeps the gate (silu's
+        one-kernel backward reads it), its activation and up."""
+        tr = self.tracer
+        if not self.eager:
+            return tr.pointwise(name, (gate, up), ACT_FLOPS["swiglu"])
+        act = tr.pointwise(f"{name}.silu", (gate,), SILU_FLOPS, partials=(Partial((0,)),))
+        return tr.pointwise(f"{name}.mul", (act, up), ACT_FLOPS["swiglu"] - SILU_FLOPS, partials=PRODUCT)
 
     def moe(self, h2: STensor) -> STensor:
         """Router and top-k, dispatch of each token's k copies to their experts (an all-to-all over ep when the
@@ -388,7 +447,7 @@ class DenseModule:
         if m.activation == "swiglu":
             gate = self.linear("experts.w1", routed, self.param("experts.w1", ("e", "h", "r"), w_in, ep), mats)
             up = self.linear("experts.w3", routed, self.param("experts.w3", ("e", "h", "r"), w_in, ep), mats)
-            act = tr.pointwise("experts.swiglu", (gate, up), ACT_FLOPS["swiglu"])
+            act = self.swiglu("experts.swiglu", gate, up)
         else:
             fc = self.linear("experts.w1", routed, self.param("experts.w1", ("e", "h", "r"), w_in, ep), mats)
             act = tr.pointwise("experts.gelu", (fc,), ACT_FLOPS["gelu"])

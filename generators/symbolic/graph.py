@@ -24,6 +24,9 @@ AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
 JOINABLE = frozenset({"cp", "ep", "dp"})
 LOSS_ITEMSIZE = 4
 """The cross-entropy's working dtype (fp32)."""
+FP32 = 4
+OUTPUT = -1
+"""In `Partial.reads`: the node's output (rsqrt's gradient is formed from its result)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -56,6 +59,24 @@ def make_layout(**dists: Dist) -> Layout:
 NodeKind = Literal[
     "einsum", "pointwise", "norm", "attention", "embedding", "loss", "redistribute", "dropout", "relabel", "shift"
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """How PyTorch eager autograd forms the gradient of one input of an op: its derivatives.yaml formula run one
+    kernel per aten op. The formula reads the incoming gradient and `reads` (indices into the node's inputs, or
+    OUTPUT), after `prep` kernels over those (pow's `exponent * self.pow(exponent - 1)` is two); an input smaller
+    than the output (broadcast) gets its gradient at the output's shape and then summed down to its own
+    (sum_to_size), a reduction's input at its own shape (mean's expand and divide)."""
+
+    reads: tuple[int, ...] = ()
+    prep: int = 0
+
+
+SCALED = Partial()
+"""A gradient formed from the incoming one alone: a dtype cast's, a product with a constant's (RoPE's rotation)."""
+PRODUCT = (Partial((1,)), Partial((0,)))
+"""a * b: each input's gradient is the incoming one times the other input."""
 MERGE_FLOPS = 3.0
 """Per output element, folding one ring step's partial attention into the running output: two rescalings by the
 softmax statistics (whose exponentials are per row) and a sum."""
@@ -83,6 +104,8 @@ class Node:
     final: "STensor | None" = None
     """For one step of a ring attention, the combined output its backward reads (with the softmax statistics)
     instead of the step's partial output, as flash attention's backward does."""
+    partials: tuple[Partial, ...] = ()
+    """Per input, how eager autograd forms its gradient (one kernel per op); empty: one fused backward kernel."""
 
 
 @dataclass
@@ -330,8 +353,11 @@ class Tracer:
         flops_per_elem: float,
         category: str = "elementwise",
         linear: bool = False,
+        itemsize: int | None = None,
+        partials: tuple[Partial, ...] = (),
     ) -> STensor:
-        """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller)."""
+        """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller).
+        itemsize: the output's (a dtype cast), default the first input's; partials: an eager op's gradients."""
         main = inputs[0]
         moved = [main]
         for other in inputs[1:]:
@@ -343,17 +369,31 @@ class Tracer:
                 else:
                     target[axis] = d if other.dims == main.dims else DUP
             moved.append(self.redistribute(other, target))
-        result = STensor(name, main.dims, main.layout, main.itemsize)
+        result = STensor(name, main.dims, main.layout, itemsize or main.itemsize)
         mark = self._mark
         self._compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
-        self._record(Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear), mark)
+        node = Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear, partials=partials)
+        self._record(node, mark)
         return result
 
-    def norm(self, name: str, x: STensor, weights: Sequence[STensor], flops_per_elem: float) -> STensor:
-        """A normalisation over the last dimension, which must not be partitioned."""
+    def mean(self, name: str, x: STensor, category: str = "elementwise") -> STensor:
+        """The mean over the last dimension (not partitioned) as its own kernel; its gradient is the incoming one
+        expanded back and divided, one kernel writing a tensor of x's size."""
+        self._check_whole(name, x)
+        result = STensor(name, x.dims[:-1], x.layout, x.itemsize)
+        mark = self._mark
+        self._compute(name, category, self.elems(x), (x,), (result,))
+        self._record(Node("pointwise", name, (x,), result, category, 1.0, partials=(SCALED,)), mark)
+        return result
+
+    def _check_whole(self, name: str, x: STensor) -> None:
         hidden = x.dims[-1]
         if any(isinstance(d, Partition) and d.dim == hidden for _, d in x.layout):
             raise ValueError(f"{name}: the normalised dimension '{hidden}' is partitioned")
+
+    def norm(self, name: str, x: STensor, weights: Sequence[STensor], flops_per_elem: float) -> STensor:
+        """A normalisation over the last dimension, which must not be partitioned."""
+        self._check_whole(name, x)
         ws = [self.redistribute(w, {}) for w in weights]
         result = STensor(name, x.dims, x.layout, x.itemsize)
         mark = self._mark
@@ -554,6 +594,7 @@ __all__ = [
     "PARTIAL",
     "Duplicated",
     "Node",
+    "Partial",
     "PartialSum",
     "Partition",
     "STensor",

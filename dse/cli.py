@@ -30,6 +30,8 @@ from dse.points import load_point
 from dse.space import StudySpec, load_study
 from dse.spec import GiB
 
+PIPED_WIDTH = 160
+"""Columns of tables printed to a file or a pipe."""
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 MAKE_UI_OUT = "runs/quickstart"
@@ -303,7 +305,11 @@ def _generate(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    console = Console(stderr=args.command == "evaluate" and args.json)
+    to_stderr = args.command == "evaluate" and args.json
+    stream = sys.stderr if to_stderr else sys.stdout
+    # Piped into a file or a CI log, Rich would cut tables to 80 columns; lay them out whole instead.
+    width = None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
+    console = Console(stderr=to_stderr, width=width)
     try:
         commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
         commands |= commands_module.HANDLERS

@@ -42,7 +42,9 @@ EAGER_BLOG = (
     "compile with activation checkpointing; its compile fixes (RoPE) were merged on 2024-03-18, and the follow-up blog "
     "(pytorch.org, 'Maximizing training throughput using PyTorch FSDP and Torch.compile') reports these 57% MFU "
     "runs as the no-compile baseline. fms's LLaMA (ibm-fms) runs RMSNorm in fp32 (use_high_precision_pow), "
-    "SiLU and the gate product apart, and a real-valued RoPE that moves more bytes than the complex one modelled"
+    "SiLU and the gate product apart, and a real-valued RoPE (model.rope_impl real: fms/modules/positions.py "
+    "RotaryEmbedding.adjusted_qk at fms's state of 2024-03-13, a per-position 2x2 rotation table broadcast "
+    "against q and k in fp32, then summed)"
 )
 SELECTIVE_EVERY = 2
 """The blog's 'selective' checkpointing is fms-fsdp's: whole blocks are checkpointed, a share p of them evenly
@@ -57,7 +59,7 @@ def _fsdp_blog(model: str, system: str, world: int, checkpointing: str, tokens: 
     return Case(
         name=f"{model} {gpu}x{world} FSDP, AC {checkpointing}",
         point={
-            "model": model,
+            "model": {"base": model, "rope_impl": "real"},
             "workload": {"seq_len": 4096, "global_batch": 2 * world, "micro_batch": 2, "kernels": "eager"},
             "parallel": {"dp": world, "zero": 3, "recompute": recompute, "recompute_every": every},
             "system": system,

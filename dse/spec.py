@@ -74,6 +74,12 @@ class ModelSpec(Spec):
     flash_attention: bool = Field(
         True, description="fused attention keeps no s x s tensor; false: softmax (and dropout) outputs are saved"
     )
+    rope_impl: Literal["complex", "real"] = Field(
+        "complex",
+        description="how the model code applies RoPE, which eager kernels show (fused kernels do not): complex "
+        "(Meta's llama, torchtitan: x viewed as complex times a complex table) or real (IBM fms: a 2x2 rotation "
+        "table gathered per position, broadcast against x, product summed, all in fp32)",
+    )
     vocab: PositiveInt
     norm: Literal["layernorm", "rmsnorm"]
     activation: Literal["gelu", "swiglu"]

@@ -140,3 +140,41 @@ def test_eager_context_parallelism_moves_the_repeated_keys_and_values():
     assert eager.keys() == fused.keys() >= {"all_gather@cp", "reduce_scatter@cp"}
     for key, nbytes in fused.items():
         assert eager[key] == (HEADS // KV * nbytes if key.endswith("@cp") else nbytes)
+
+
+def _real_rope_layer():
+    point = make_point(
+        seq_len=T, global_batch=1, overrides={"workload.kernels": "eager", "model.rope_impl": "real"}
+    )
+    builder = _Builder(point)
+    builder.build()
+    (traced,) = builder.layer_traces.values()
+    return builder, traced
+
+
+TABLE = T * (D // 2) * 2 * 2 * 4
+"""fms's rotation table indexed by position: [T, d/2, 2, 2] fp32."""
+
+
+@pytest.mark.parametrize(("prefix", "m"), [("rope_q.", MQ), ("rope_k.", MK)])
+def test_fms_real_rope_moves_the_bytes_of_its_broadcast_rotation(prefix, m):
+    """fms's adjusted_qk per tensor of M elements: q.float() 2M + 4M; freqs.mul(q_.unsqueeze(-2)) reads 4M and
+    the table, writes the [.., d/2, 2, 2] product 8M; .sum(5) 8M + 4M; type_as 4M + 2M: 36M and the table in 4
+    kernels. Backward: type_as 2M + 4M, sum's expand a view, the product's gradient (expanded gradient 4M, the
+    table, 8M out) and its sum_to_size (8M + 4M), float 4M + 2M: again 36M and the table, in 4 kernels."""
+    builder, traced = _real_rope_layer()
+    for block in (traced.forward, traced.backward):
+        ops = _ops(prefix, builder.blocks[block])
+        assert len(ops) == 4
+        assert sum(op.bytes for op in ops) == 36 * m + TABLE
+
+
+def test_fms_real_rope_gathers_one_table_per_layer_and_keeps_it_for_backward():
+    """position_ids index the cached table once per attention call (8-byte ids in, the fp32 rows out); the
+    product's backward reads the table, so autograd keeps it: the only saved bytes the complex RoPE lacks."""
+    builder, traced = _real_rope_layer()
+    gathers = _ops("rope.freqs", builder.blocks[traced.forward])
+    assert [op.bytes for op in gathers] == [8 * T + TABLE]
+    assert not _ops("rope.freqs", builder.blocks[traced.backward])
+    _, complex_rope = _layer()
+    assert traced.saved_bytes - complex_rope.saved_bytes == TABLE

@@ -37,7 +37,7 @@ def needed(node: Node) -> tuple[STensor, ...]:
         case "loss":
             return ()  # the fp32 log-probabilities, kept as the node's extra_saved
         case "pointwise" if node.partials:
-            reads = dict.fromkeys(j for partial in node.partials for j in partial.reads)
+            reads = dict.fromkeys(j for partial in node.partials if partial for j in partial.reads)
             return tuple(node.output if j == OUTPUT else node.inputs[j] for j in reads)
         case "pointwise":
             return () if node.linear else node.inputs
@@ -275,19 +275,26 @@ class Differentiator:
                 self._contribute(table, dtable)
 
     def _eager_backward(self, node: Node, g: STensor) -> None:
-        """Each input's gradient by its own formula, one kernel per op (see `Partial`), as eager autograd runs it."""
+        """Each input's gradient by its own formula, one kernel per op (see `Partial`), as eager autograd runs it.
+        A broadcast input's gradient is formed at the output's shape, reading the incoming gradient at its own
+        (smaller when it is a view expanded by a sum's backward)."""
         tr = self.tr
         for t, partial in zip(node.inputs, node.partials, strict=True):
+            if partial is None:
+                continue
+            if partial.view:
+                self._contribute(t, g)
+                continue
             reads = [self.value(node.output if j == OUTPUT else node.inputs[j]) for j in partial.reads]
-            broadcast = set(t.dims) < set(g.dims)
-            shape = g if broadcast else t
+            broadcast = set(t.dims) < set(node.output.dims)
+            shape, layout = (node.output, g.layout) if broadcast else (t, t.layout)
             for step in range(partial.prep):
-                prepared = STensor(f"{t.name}.grad.prep{step}", shape.dims, shape.layout, t.itemsize)
+                prepared = STensor(f"{t.name}.grad.prep{step}", shape.dims, layout, t.itemsize)
                 tr._compute(f"{node.name}.backward.prep{step}", node.category, tr.elems(prepared), reads, (prepared,))
                 reads = [prepared]
             grad = self._input_grad(g, t)
             if broadcast:
-                wide = STensor(f"{t.name}.grad.wide", g.dims, g.layout, t.itemsize)
+                wide = STensor(f"{t.name}.grad.wide", node.output.dims, g.layout, t.itemsize)
                 tr._compute(f"{node.name}.backward", node.category, tr.elems(wide), (g, *reads), (wide,))
                 tr._compute(f"{t.name}.grad_reduce", node.category, tr.elems(wide), (wide,), (grad,))
             else:

@@ -33,6 +33,9 @@ from dse.spec import DesignPoint
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
 from generators.symbolic.graph import FP32, OUTPUT, PRODUCT, SCALED, Partial, STensor, Tracer, make_layout
 
+RotationTables = dict[str, STensor]
+"""fms's per-position 2x2 rotation tables of one layer, by the head dimension they rotate (q and k share one)."""
+
 NORM_FLOPS = {"rmsnorm": 4.0, "layernorm": 7.0}
 ACT_FLOPS = {"gelu": 8.0, "swiglu": 5.0}
 SILU_FLOPS = 4.0
@@ -70,6 +73,7 @@ class DenseModule:
             "f": m.ffn,
             "v": m.vocab,
             "p": m.max_seq or 1,
+            "pair": 2,
         }
         if m.moe:
             sizes |= {
@@ -184,17 +188,42 @@ class DenseModule:
         normed = tr.pointwise(f"{name}.type_as", (normed,), 0.0, "norm", itemsize=x.itemsize, partials=(SCALED,))
         return tr.pointwise(f"{name}.weight_mul", (normed, weight), 1.0, "norm", partials=PRODUCT)
 
-    def rope(self, name: str, t: STensor) -> STensor:
-        """Rotary embedding: one kernel, or eagerly as the reference Llama code (torchtitan's apply_rotary_emb)
-        runs it: x.float() viewed as complex, times the complex rotation table, viewed as real, type_as(x); each
-        step's gradient is one kernel reading only the incoming gradient (the table is a constant), so autograd
-        keeps nothing."""
+    def rope(self, name: str, t: STensor, tables: RotationTables) -> STensor:
+        """Rotary embedding: one kernel, or eagerly as the model code runs it (`model.rope_impl`). Complex (Meta's
+        llama, torchtitan's apply_rotary_emb): x.float() viewed as complex, times the complex rotation table,
+        viewed as real, type_as(x); each step's gradient is one kernel reading only the incoming gradient (the
+        table is a constant), so autograd keeps nothing."""
         tr = self.tracer
         if not self.eager:
             return tr.pointwise(name, (t,), ROPE_FLOPS)
         tf = tr.pointwise(f"{name}.float", (t,), 0.0, itemsize=FP32, partials=(SCALED,))
-        rotated = tr.pointwise(f"{name}.complex_mul", (tf,), ROPE_FLOPS, partials=(SCALED,))
+        if self.point.model.rope_impl == "real":
+            rotated = self._real_rotation(name, tf, tables)
+        else:
+            rotated = tr.pointwise(f"{name}.complex_mul", (tf,), ROPE_FLOPS, partials=(SCALED,))
         return tr.pointwise(f"{name}.type_as", (rotated,), 0.0, itemsize=t.itemsize, partials=(SCALED,))
+
+    def _real_rotation(self, name: str, tf: STensor, tables: RotationTables) -> STensor:
+        """IBM fms's RoPE (fms/modules/positions.py RotaryEmbedding.adjusted_qk): the cached [positions, d/2, 2,
+        2] fp32 table of cos/sin rotations indexed by the position ids (one gather per layer, shared by q and
+        k), `freqs.mul(x_.unsqueeze(-2)).sum(5)` with x_ the fp32 x viewed as [.., d/2, 1, 2]: the product
+        broadcasts x over the rotation's two output rows, so it writes twice x's elements, and the sum over
+        the two inputs of each row reads them back. Autograd: the sum's gradient is an expand (a view); the
+        product's is the incoming gradient times the table at the product's shape, summed back to x's
+        (sum_to_size), so the table is kept for backward; the table itself is a constant."""
+        tr = self.tracer
+        head_dim = tf.dims[-1]
+        table = tables.get(head_dim)
+        if table is None:
+            rows = ("b", "s", head_dim, "pair")
+            layout = make_layout(**{a: d for a, d in tf.layout if isinstance(d, Partition) and d.dim in rows})
+            positions = STensor("rope.positions", ("b", "s"), layout, TOKEN_BYTES)
+            cached = STensor("rope.cached_freqs", ("p", head_dim, "pair"), (), FP32)
+            table = tables[head_dim] = tr.embedding("rope.freqs", positions, cached, rows)
+        product = tr.pointwise(
+            f"{name}.rotation_mul", (tf, table), 1.0, dims=(*tf.dims, "pair"), partials=(Partial((1,)), None)
+        )
+        return tr.sum_last(f"{name}.rotation_sum", product)
 
     def repeat_kv(self, name: str, t: STensor) -> STensor:
         """Eager GQA (torchtitan's repeat_kv, fms's expand-and-flatten before SDPA): keys or values copied to every
@@ -286,8 +315,9 @@ class DenseModule:
             self.param("bv", ("g", "d"), heads_split) if bias else None,
         )
         if m.position == "rope":
-            q = self.rope("rope_q", q)
-            k = self.rope("rope_k", k)
+            tables: RotationTables = {}
+            q = self.rope("rope_q", q, tables)
+            k = self.rope("rope_k", k, tables)
         k, v = self._kv("k", k), self._kv("v", v)
         o = self._core_attention(q, self.repeat_kv("repeat_k", k), self.repeat_kv("repeat_v", v))
         return self.linear("wo", o, self.param("wo", ("n", "d", "h"), col), ("b", "s", "h"))
@@ -317,8 +347,9 @@ class DenseModule:
         ckv = self.linear("wkv_a", h1, self.param("wkv_a", ("h", "kl")), ("b", "s", "kl"))
         k_rope = self.linear("wk_rope", h1, self.param("wk_rope", ("h", "dr")), ("b", "s", "dr"))
         ckv = self.norm("kv_norm", ckv)
-        q = self.rope("rope_q", q)
-        k_rope = self.rope("rope_k", k_rope)
+        tables: RotationTables = {}
+        q = self.rope("rope_q", q, tables)
+        k_rope = self.rope("rope_k", k_rope, tables)
         w_uk = self.param("wk_b", ("kl", "n", "dn"), col)
         w_uv = self.param("wv_b", ("kl", "n", "dv"), col)
         w_o = self.param("wo", ("n", "dv", "h"), col)

@@ -71,12 +71,17 @@ class Partial:
 
     reads: tuple[int, ...] = ()
     prep: int = 0
+    view: bool = False
+    """The gradient is the incoming one viewed at the input's shape (sum's expand): no kernel, and the next
+    gradient kernel reads it at its own size."""
 
 
 SCALED = Partial()
 """A gradient formed from the incoming one alone: a dtype cast's, a product with a constant's (RoPE's rotation)."""
 PRODUCT = (Partial((1,)), Partial((0,)))
 """a * b: each input's gradient is the incoming one times the other input."""
+EXPAND = Partial(view=True)
+"""A sum's: the incoming gradient expanded back over the summed dimension, a view."""
 MERGE_FLOPS = 3.0
 """Per output element, folding one ring step's partial attention into the running output: two rescalings by the
 softmax statistics (whose exponentials are per row) and a sum."""
@@ -104,8 +109,9 @@ class Node:
     final: "STensor | None" = None
     """For one step of a ring attention, the combined output its backward reads (with the softmax statistics)
     instead of the step's partial output, as flash attention's backward does."""
-    partials: tuple[Partial, ...] = ()
-    """Per input, how eager autograd forms its gradient (one kernel per op); empty: one fused backward kernel."""
+    partials: tuple[Partial | None, ...] = ()
+    """Per input, how eager autograd forms its gradient (one kernel per op); None: a constant input (RoPE's
+    rotation table), which gets none; empty: one fused backward kernel."""
 
 
 @dataclass
@@ -354,10 +360,12 @@ class Tracer:
         category: str = "elementwise",
         linear: bool = False,
         itemsize: int | None = None,
-        partials: tuple[Partial, ...] = (),
+        partials: tuple[Partial | None, ...] = (),
+        dims: tuple[str, ...] | None = None,
     ) -> STensor:
         """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller).
-        itemsize: the output's (a dtype cast), default the first input's; partials: an eager op's gradients."""
+        itemsize: the output's (a dtype cast), default the first input's; partials: an eager op's gradients;
+        dims: the output's when a broadcast makes it wider than the first input (those extra dims unsplit)."""
         main = inputs[0]
         moved = [main]
         for other in inputs[1:]:
@@ -369,7 +377,7 @@ class Tracer:
                 else:
                     target[axis] = d if other.dims == main.dims else DUP
             moved.append(self.redistribute(other, target))
-        result = STensor(name, main.dims, main.layout, itemsize or main.itemsize)
+        result = STensor(name, dims or main.dims, main.layout, itemsize or main.itemsize)
         mark = self._mark
         self._compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
         node = Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear, partials=partials)
@@ -379,11 +387,19 @@ class Tracer:
     def mean(self, name: str, x: STensor, category: str = "elementwise") -> STensor:
         """The mean over the last dimension (not partitioned) as its own kernel; its gradient is the incoming one
         expanded back and divided, one kernel writing a tensor of x's size."""
+        return self._reduce_last(name, x, category, SCALED)
+
+    def sum_last(self, name: str, x: STensor, category: str = "elementwise") -> STensor:
+        """The sum over the last dimension (not partitioned) as its own kernel; its gradient is the incoming one
+        expanded back, a view (no kernel)."""
+        return self._reduce_last(name, x, category, EXPAND)
+
+    def _reduce_last(self, name: str, x: STensor, category: str, partial: Partial) -> STensor:
         self._check_whole(name, x)
         result = STensor(name, x.dims[:-1], x.layout, x.itemsize)
         mark = self._mark
         self._compute(name, category, self.elems(x), (x,), (result,))
-        self._record(Node("pointwise", name, (x,), result, category, 1.0, partials=(SCALED,)), mark)
+        self._record(Node("pointwise", name, (x,), result, category, 1.0, partials=(partial,)), mark)
         return result
 
     def _check_whole(self, name: str, x: STensor) -> None:

@@ -44,7 +44,10 @@ EAGER_BLOG = (
     "runs as the no-compile baseline. fms's LLaMA (ibm-fms) runs RMSNorm in fp32 (use_high_precision_pow), "
     "SiLU and the gate product apart, and a real-valued RoPE (model.rope_impl real: fms/modules/positions.py "
     "RotaryEmbedding.adjusted_qk at fms's state of 2024-03-13, a per-position 2x2 rotation table broadcast "
-    "against q and k in fp32, then summed)"
+    "against q and k in fp32, then summed). FSDP1 (parallel.fsdp): main_training.py wraps the model in "
+    "FullyShardedDataParallel with use_orig_params = use_torch_compile (False: flat parameters) and bf16 "
+    "MixedPrecision (param, reduce and buffer dtypes), so the flat gradient is concatenated and divided before "
+    "the bf16 reduce-scatter (torch 2.2 _runtime_utils._reduce_grad)"
 )
 SELECTIVE_EVERY = 2
 """The blog's 'selective' checkpointing is fms-fsdp's: whole blocks are checkpointed, a share p of them evenly
@@ -61,7 +64,14 @@ def _fsdp_blog(model: str, system: str, world: int, checkpointing: str, tokens: 
         point={
             "model": {"base": model, "rope_impl": "real"},
             "workload": {"seq_len": 4096, "global_batch": 2 * world, "micro_batch": 2, "kernels": "eager"},
-            "parallel": {"dp": world, "zero": 3, "recompute": recompute, "recompute_every": every},
+            "parallel": {
+                "dp": world,
+                "zero": 3,
+                "fsdp": "fsdp1",
+                "fsdp_reduce_dtype": "bf16",
+                "recompute": recompute,
+                "recompute_every": every,
+            },
             "system": system,
         },
         tokens_per_s_per_gpu=tokens,
@@ -79,13 +89,14 @@ def _torchtitan_8b(kernels: str, tokens: float, memory: float) -> Case:
         point={
             "model": "llama3-8b",
             "workload": {"seq_len": 8192, "global_batch": 16, "micro_batch": 2, "kernels": kernels},
-            "parallel": {"dp": 8, "zero": 3, "recompute": "selective_op"},
+            "parallel": {"dp": 8, "zero": 3, "fsdp": "fsdp2", "fsdp_reduce_dtype": "fp32", "recompute": "selective_op"},
             "system": "torchtitan-h100",
         },
         tokens_per_s_per_gpu=tokens,
         peak_memory_GiB=memory,
         source=TORCHTITAN,
-        note="selective = torchtitan's per-op policy (selective_ac_option 'op', its default then); "
+        note="selective = torchtitan's per-op policy (selective_ac_option 'op', its default then); FSDP2 "
+        "(fully_shard) with bf16 parameters and its default fp32 reduction (training.mixed_precision_reduce); "
         + (
             "eager: torchtitan's Llama code op by op (RMSNorm in fp32, complex RoPE, repeat_kv)"
             if kernels == "eager"

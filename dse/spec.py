@@ -155,6 +155,18 @@ class ParallelSpec(Spec):
     cp: PositiveInt = 1
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
     zero: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage; 3 = FSDP")
+    fsdp: Literal["fsdp1", "fsdp2"] = Field(
+        "fsdp2",
+        description="with zero 3, the PyTorch FSDP whose buffer copies are priced: fsdp2 (fully_shard, PyTorch's "
+        "current one, torchtitan's): shards copied into the all-gather input, the gathered buffer copied out into "
+        "the parameters at every gather, gradients copied into the reduce-scatter input; fsdp1 "
+        "(FullyShardedDataParallel with flat parameters, fms-fsdp's): views instead of the copy-out, the flat "
+        "gradient concatenated and divided before the reduce-scatter",
+    )
+    fsdp_reduce_dtype: Literal["bf16", "fp32"] = Field(
+        "bf16",
+        description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
+    )
     pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
     recompute: Literal["none", "selective", "full", "selective_op"] = Field(
         "none",

@@ -1,10 +1,11 @@
 """The calibration set against the model: which cases hold, and the `dse calibrate` table.
 
 The bounds are what the model reaches today. The blog's runs and torchtitan's eager row are priced with eager
-kernels (`workload.kernels: eager`), torchtitan's torch.compile row with fused ones. Every row is within 10% but
-the blog's 7B (no recompute: the elementwise work weighs most there), which is 12-13% optimistic; fms's real-valued
-RoPE, which moves about twice the bytes of the complex one modelled, and FSDP's copies of the unsharded gradients
-into the reduce-scatter buffer are not modelled. Peak memory of both torchtitan rows is within 5%.
+kernels (`workload.kernels: eager`), torchtitan's torch.compile row with fused ones; the blog's with fms's
+real-valued RoPE and FSDP1's copies (flat gradient concatenated and divided before the reduce-scatter),
+torchtitan's with FSDP2's (copy-in, copy-out at every gather, an fp32 reduce-scatter input). Every row is within
+10%; the blog's 7B (no recompute: the elementwise work weighs most there) stays the most optimistic, by 7-8%.
+Peak memory of both torchtitan rows is within 5%.
 """
 
 import json
@@ -31,14 +32,26 @@ def _case(name: str) -> Case:
     return case
 
 
-@pytest.mark.parametrize("case", [c.name for c in CASES if "llama2-7b" not in c.name])
+@pytest.mark.parametrize("case", [c.name for c in CASES])
 def test_cases_within_ten_percent(rows, case):
     assert abs(rows[case].throughput_error) < 0.10
 
 
 @pytest.mark.parametrize("case", [c.name for c in CASES if "llama2-7b" in c.name])
-def test_blog_7b_without_recompute_is_optimistic_by_at_most_fifteen_percent(rows, case):
-    assert 0 < rows[case].throughput_error < 0.15
+def test_blog_7b_without_recompute_is_optimistic_by_less_than_ten_percent(rows, case):
+    assert 0 < rows[case].throughput_error < 0.10
+
+
+def test_each_case_runs_its_software_fsdp_and_rope():
+    """fms-fsdp (the blog) wrapped fms's LLaMA in FSDP1 with bf16 reduction; torchtitan used FSDP2 with its
+    default fp32 reduction and Meta's complex RoPE."""
+    for case in CASES:
+        blog = case.source.startswith("IBM")
+        parallel = case.point["parallel"]
+        assert (parallel["fsdp"], parallel["fsdp_reduce_dtype"]) == (("fsdp1", "bf16") if blog else ("fsdp2", "fp32"))
+        model = case.point["model"]
+        rope = model.get("rope_impl", "complex") if isinstance(model, dict) else "complex"
+        assert rope == ("real" if blog else "complex")
 
 
 def test_blog_runs_and_torchtitan_eager_row_are_eager_the_compile_row_fused():
@@ -65,9 +78,9 @@ def test_torchtitan_peak_memory_within_five_percent(rows):
     assert all(abs(row.memory_error) < 0.05 for row in measured)
 
 
-def test_mean_error_under_six_percent(rows):
+def test_mean_error_under_five_percent(rows):
     figures = errors(list(rows.values()))
-    assert sum(figures) / len(figures) < 0.06
+    assert sum(figures) / len(figures) < 0.05
 
 
 def test_errors_lists_throughput_and_memory(rows):

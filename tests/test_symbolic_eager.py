@@ -143,9 +143,7 @@ def test_eager_context_parallelism_moves_the_repeated_keys_and_values():
 
 
 def _real_rope_layer():
-    point = make_point(
-        seq_len=T, global_batch=1, overrides={"workload.kernels": "eager", "model.rope_impl": "real"}
-    )
+    point = make_point(seq_len=T, global_batch=1, overrides={"workload.kernels": "eager", "model.rope_impl": "real"})
     builder = _Builder(point)
     builder.build()
     (traced,) = builder.layer_traces.values()

@@ -204,7 +204,7 @@ class Differentiator:
             source = node.inputs[0]
             target = {a: total.dist(a) for a in tr.degrees}
             target[node.axis] = gradient_layout(source.dist(node.axis))
-            self._contribute(source, tr.redistribute(total, target, record=False))
+            self._contribute(source, tr.redistribute(total, target, record=False, weight_grad=source.param))
             return
         g = self._settle(node.output, grads)
         name = node.name

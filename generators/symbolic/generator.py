@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dse.modelstats import LayerKind, layer_kinds, model_flops
-from dse.spec import DesignPoint, ParallelSpec
+from dse.spec import DTYPE_BYTES, DesignPoint, ParallelSpec
 from dse.workload import (
     BLOCK_INPUT,
     Block,
@@ -33,6 +33,7 @@ from dse.workload import (
 from generators.symbolic.autodiff import Differentiator, Gradients, saved_bytes
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
+from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.graph import Emitter, Node, STensor
 from generators.symbolic.schedule import SCHEDULES, interleaved
 
@@ -111,6 +112,12 @@ class _Builder:
         self.synced: set[int] = set()
         self.p2p: dict[tuple[OpKind, int], int] = {}
         self._elems: dict[int, float] = {}
+        p = point.parallel
+        self.fsdp = (
+            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype])
+            if p.zero == 3
+            else None
+        )
 
     def add_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
         temp = emitter.peak_temp + (0.0 if emitter.prefetch else emitter.gathered_params)
@@ -148,6 +155,7 @@ class _Builder:
         # ZeRO-3 weight gathers get calls of their own, issued one module ahead (FSDP's forward and backward
         # prefetch, FSDP2's implicit prefetch); see `schedule`.
         tr.emitter.prefetch = self.train and self.point.parallel.zero == 3
+        tr.emitter.fsdp = self.fsdp
         out = forward()
         fwd = tr.end_block()
         tape = tr.tape
@@ -189,6 +197,7 @@ class _Builder:
         grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
         tr.begin_block([grad_out])
         tr.emitter.prefetch = prefetch
+        tr.emitter.fsdp = self.fsdp
         diff = Differentiator(tr, tape, self.module.leaf_ids)
         diff.replay(replayed)
         grads = diff.run([(out, grad_out)], inputs)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from dse.workload import BLOCK_INPUT, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Duplicated, PartialSum, Partition, collective_for
+from generators.symbolic.fsdp import FsdpCopies, chained
 
 Layout = tuple[tuple[str, Dist], ...]
 AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
@@ -130,6 +131,8 @@ class Emitter:
     """Emit the ZeRO-3 parameter all-gathers into `gathers`, a block of their own that the schedule issues one
     module ahead (FSDP's prefetch), instead of into this block; the gathered weights are inputs of this block."""
     gathers: list[Op] = field(default_factory=list)
+    fsdp: FsdpCopies | None = None
+    """The copies FSDP runs around each weight all-gather (ZeRO-3), if any."""
     alive: list[STensor] = field(default_factory=list)
     """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""
 
@@ -158,14 +161,46 @@ class Emitter:
 
     def emit_param_gather(self, op: Op, outputs: Sequence[STensor]) -> None:
         """A ZeRO-3 weight all-gather: into this block, or with `prefetch` into the gather block whose call feeds
-        this one (its outputs are then ready when this block's inputs are)."""
+        this one (its outputs are then ready when this block's inputs are). FSDP's copy-in goes before it, its
+        copy-out (FSDP2) after it, into this block, on the compute stream where the module waits for its weights.
+        A prefetched gather's copy-in runs on FSDP's own stream beside the compute before this block; it is
+        priced in this block all the same (it takes the same SMs and HBM), and the all-gather does not wait for
+        it (a shard's copy, short beside the gather)."""
         self.gathered_params += op.comm_bytes
-        if not self.prefetch:
-            self.emit(op, outputs)
-            return
-        self.gathers.append(replace(op, deps=(BLOCK_INPUT,)))
-        for t in outputs:
-            self.mark_input(t)
+        copy_in = self.fsdp.gather_in(op) if self.fsdp else []
+        copy_out = self.fsdp.gather_out(op) if self.fsdp else None
+        if self.prefetch:
+            self.gathers.append(replace(op, deps=(BLOCK_INPUT,)))
+            for copy in chained(copy_in, (BLOCK_INPUT,), len(self.ops)):
+                self.emit(copy)
+            ready: tuple[int, ...] = (BLOCK_INPUT,)
+        else:
+            for copy in chained(copy_in, op.deps, len(self.ops)):
+                self.emit(copy)
+            ready = (self.emit(replace(op, deps=(len(self.ops) - 1,) if copy_in else op.deps)),)
+        if copy_out is not None:
+            self.emit(replace(copy_out, deps=ready), outputs)
+        elif self.prefetch:
+            for t in outputs:
+                self.mark_input(t)
+        else:
+            for t in outputs:
+                self.produced(t, ready[0])
+
+    def emit_grad_reduce(self, op: Op, outputs: Sequence[STensor]) -> int:
+        """A weight gradient's reduce-scatter over the data axes (ZeRO-3), sent in FSDP's reduce dtype, with the
+        copies FSDP runs before it and after it (those with no dependency: they run on the reduce-scatter
+        stream, beside the compute that follows); the index of the reduce-scatter."""
+        if self.fsdp is None:
+            return self.emit(op, outputs)
+        before, after = self.fsdp.reduce_scatter(op.name, op.comm_bytes, op.axis)
+        for copy in chained(before, op.deps, len(self.ops)):
+            self.emit(copy)
+        sent = op.comm_bytes * self.fsdp.reduce_itemsize / self.fsdp.itemsize
+        index = self.emit(replace(op, comm_bytes=sent, deps=(len(self.ops) - 1,)), outputs)
+        for copy in chained(after, (), len(self.ops)):
+            self.emit(copy)
+        return index
 
     def remember_move(self, src: STensor, axis: str, dist: Dist, moved: STensor) -> None:
         self.moved[(id(src), axis, dist)] = moved
@@ -221,10 +256,13 @@ class Tracer:
         self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(t))
 
     # -- communication -------------------------------------------------------------------------------------
-    def redistribute(self, t: STensor, target: dict[str, Dist], record: bool = True) -> STensor:
+    def redistribute(
+        self, t: STensor, target: dict[str, Dist], record: bool = True, weight_grad: bool = False
+    ) -> STensor:
         """Bring t to the target layout (axes not named stay Duplicated), one collective per axis that differs;
         outside the forward tape, the same collective on adjacent data axes (cp, ep, dp) is one collective over
-        their joint group (the dp x cp gradient all-reduce)."""
+        their joint group (the dp x cp gradient all-reduce). weight_grad: t is a weight's gradient, whose
+        reduce-scatter is ZeRO-3's gradient sync (`Emitter.emit_grad_reduce`)."""
         current = t
         last: tuple[int, Op] | None = None
         for axis in sorted(self.degrees):
@@ -272,8 +310,11 @@ class Tracer:
                     routed = (op,)
                     last = None
                 else:
-                    index = self.emitter.emit(op, [moved])
-                    last = (index, op) if axis in JOINABLE else None
+                    if weight_grad and collective is Collective.REDUCE_SCATTER:
+                        index = self.emitter.emit_grad_reduce(op, [moved])
+                    else:
+                        index = self.emitter.emit(op, [moved])
+                    last = (index, self.emitter.ops[index]) if axis in JOINABLE else None
             if record:
                 node = Node("redistribute", f"{t.name}.{axis}", (current,), moved, axis=axis)
                 self._record(node, mark, routed)

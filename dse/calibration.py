@@ -100,8 +100,9 @@ def _torchtitan_8b(kernels: str, tokens: float, memory: float) -> Case:
         + (
             "eager: torchtitan's Llama code op by op (RMSNorm in fp32, complex RoPE, repeat_kv)"
             if kernels == "eager"
-            else "torch.compile compiles each transformer block, fusing its norms, RoPE and SwiGLU; the output "
-            "layer and the fp32 cross-entropy stay eager in both rows"
+            else "torch.compile compiles each transformer block, fusing its norms, RoPE and SwiGLU, and its "
+            "backward graph recomputes and keeps only what it reads (not w2's output, which only the residual add "
+            "reads); the output layer and the fp32 cross-entropy stay eager in both rows"
         ),
     )
 

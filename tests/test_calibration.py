@@ -5,7 +5,7 @@ kernels (`workload.kernels: eager`), torchtitan's torch.compile row with fused o
 real-valued RoPE and FSDP1's copies (flat gradient concatenated and divided before the reduce-scatter),
 torchtitan's with FSDP2's (copy-in, copy-out at every gather, an fp32 reduce-scatter input). Every row is within
 10%; the blog's 7B (no recompute: the elementwise work weighs most there) stays the most optimistic, by 7-8%.
-Peak memory of both torchtitan rows is within 5%.
+Peak memory of both torchtitan rows is within 4% (the compiled row keeps only what its backward reads).
 """
 
 import json
@@ -72,10 +72,10 @@ def test_torchtitan_compile_speedup_follows_from_the_kernels_alone(rows):
     assert eager.tokens_per_s_per_gpu / compiled.tokens_per_s_per_gpu == pytest.approx(measured, rel=0.05)
 
 
-def test_torchtitan_peak_memory_within_five_percent(rows):
+def test_torchtitan_peak_memory_within_four_percent(rows):
     measured = [row for row in rows.values() if row.case.peak_memory_GiB is not None]
     assert len(measured) == 2
-    assert all(abs(row.memory_error) < 0.05 for row in measured)
+    assert all(abs(row.memory_error) < 0.04 for row in measured)
 
 
 def test_mean_error_under_five_percent(rows):

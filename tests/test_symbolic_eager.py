@@ -176,3 +176,19 @@ def test_fms_real_rope_gathers_one_table_per_layer_and_keeps_it_for_backward():
     assert not _ops("rope.freqs", builder.blocks[traced.backward])
     _, complex_rope = _layer()
     assert traced.saved_bytes - complex_rope.saved_bytes == TABLE
+
+
+def test_compiled_checkpointing_drops_the_mlp_output_its_backward_never_reads():
+    """torchtitan's per-op policy saves w2's output. Eager checkpointing replays the whole layer in backward, the
+    final residual add included, and so keeps it; a compiled backward recomputes only what it reads, and the
+    residual add's gradient reads no values: w2's output (T h bf16) is neither kept nor the add recomputed. Every
+    other eager intermediate is recomputed under this policy, so that output is the whole difference."""
+    eager_builder, eager = _layer("eager", recompute="selective_op")
+    fused_builder, fused = _layer("fused", recompute="selective_op")
+    assert eager.saved_bytes - fused.saved_bytes == 2 * T * H
+
+    def recomputed(builder, traced) -> set[str]:
+        return {op.name for op in builder.blocks[traced.backward].ops if op.name.endswith(".recompute")}
+
+    assert "residual2.recompute" in recomputed(eager_builder, eager)
+    assert "residual2.recompute" not in recomputed(fused_builder, fused)

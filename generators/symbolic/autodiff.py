@@ -77,6 +77,20 @@ def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequ
     return list(saved.values())
 
 
+def read_by_backward(tape: Sequence[Node], replayed: Sequence[Node]) -> list[Node]:
+    """The replayed nodes whose outputs backward reads, directly or through other replayed nodes: what a compiled
+    backward recomputes (AOTAutograd's partitioner puts in the backward graph only what it needs). Eager
+    checkpointing replays the whole region instead, and a saved output only recomputation reads (the MLP's output
+    before the residual add, whose gradient reads no values) is then kept as well."""
+    required = {id(t) for node in tape for t in needed(node)}
+    kept: list[Node] = []
+    for node in reversed(replayed):
+        if id(node.output) in required:
+            kept.append(node)
+            required |= {id(t) for t in node.inputs}
+    return kept[::-1]
+
+
 def saved_bytes(tracer: Tracer, tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> float:
     """Bytes of saved activations, with what nodes keep beyond their tensors (unfused attention internals)."""
     replayed_ids = {id(n) for n in replayed}

@@ -30,7 +30,7 @@ from dse.workload import (
     TensorKind,
     Workload,
 )
-from generators.symbolic.autodiff import Differentiator, Gradients, saved_bytes
+from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.fsdp import FsdpCopies
@@ -139,7 +139,8 @@ class _Builder:
         if policy == "full":
             return list(tape), []
         if policy == "selective_op":
-            return _per_op_recomputed(tape), []
+            replayed = _per_op_recomputed(tape)
+            return (replayed if self.module.eager else read_by_backward(tape, replayed)), []
         attention = [n for n in tape if n.kind == "attention"]
         # Megatron's selective recompute re-runs the unfused core attention (QK^T, softmax, dropout, over V) and
         # keeps its output, which the output projection reads; a fused kernel's output is recomputed with it.

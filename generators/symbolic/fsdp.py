@@ -17,8 +17,10 @@ FSDP2 (fully_shard; _fsdp_collectives.py, _fsdp_param.py):
 - the unsharded gradients are concatenated into the reduce-scatter input (`foreach_reduce_scatter_copy_in`, cast
   to the reduce dtype on the way); bf16 and fp32 reductions average inside NCCL (ReduceOp.AVG, no division
   kernels); a reduced shard not in fp32 is cast to it.
-The copies after a reduce-scatter run on the reduce-scatter stream, beside the next module's backward: they are
-priced where the sync is issued, with no dependency on the collective, so they do not hold the compute stream.
+Every copy is priced as a compute-stream kernel (those on FSDP's own streams take the same SMs and HBM). The
+copies after a reduce-scatter run on the reduce-scatter stream, beside the next module's backward: they follow
+it in the backward block with no dependency on it, so they do not hold the compute stream. A prefetched
+gather's copy-in is priced in the block that reads the weights (see `Emitter.emit_param_gather`).
 """
 
 from dataclasses import dataclass, replace

@@ -309,6 +309,12 @@ class DesignPoint(Spec):
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
+    @cached_property
+    def workload_key(self) -> str:
+        """A hash of every field but the system's: what a generated workload depends on (generators cache by it)."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude={"system"}), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
     @property
     def micro_batches(self) -> int:
         """Micro-steps per optimizer step on each DP rank (gradient accumulation)."""

@@ -197,3 +197,10 @@ def test_unknown_objective(tmp_path):
     path.write_text(BASE.replace("step_time: minimize", "speed: maximize") + "space:\n  parallel.tp: {choices: [1]}\n")
     with pytest.raises(SpecError, match=r"field 'objectives.speed': unknown objective or constraint 'speed'"):
         load_study(path)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "studies").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_study_loads_and_its_first_point_is_feasible(path):
+    spec = load_study(path)
+    point = decode(spec, {name: param.first for name, param in spec.space.items()})
+    assert not isinstance(point, str), point

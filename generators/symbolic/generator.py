@@ -6,8 +6,6 @@ calls to those blocks in the order of the pipeline schedule. Training traces for
 prefill and decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
 """
 
-import hashlib
-import json
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -740,7 +738,7 @@ class SymbolicGenerator:
         self._workloads: OrderedDict[str, Workload] = OrderedDict()
 
     def generate(self, point: DesignPoint) -> Workload:
-        key = workload_key(point)
+        key = point.workload_key
         workload = self._workloads.get(key)
         if workload is None:
             workload = self._workloads[key] = _Builder(point).build()
@@ -749,12 +747,6 @@ class SymbolicGenerator:
         else:
             self._workloads.move_to_end(key)
         return replace(workload, point_key=point.key)
-
-
-def workload_key(point: DesignPoint) -> str:
-    """What the generated workload depends on: every field but the system's."""
-    canonical = json.dumps(point.model_dump(mode="json", exclude={"system"}), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def count_parameters(point: DesignPoint) -> int:

@@ -3,7 +3,9 @@
 The issue's reference configuration (TP8, PP8, DP16, 1F1B, global batch 1024, seq 8192), varied over
 micro-batch size, recompute and ZeRO stage so that no result is reused. Prints the rate (the mean over all points
 in one process, as a study's evaluator actor sees them), the split between generation and simulation, the median
-and slowest point, and the garbage collector's share. Run: .venv/bin/python benchmarks/evaluate_rate.py
+and slowest point, and the garbage collector's share. Then, for a hardware-planning sweep, the rate over 18 systems
+for one parallel configuration (HBM size x InfiniBand x NVLink bandwidth): there the generated workload is reused
+and only the simulation runs. Run: .venv/bin/python benchmarks/evaluate_rate.py
 """
 
 import gc
@@ -13,7 +15,7 @@ import time
 
 from dse import plugins
 from dse.evaluate import evaluate
-from dse.points import build_point, expand
+from dse.points import assign, build_point, expand
 
 BASE = {
     "model": "llama3-70b",
@@ -28,6 +30,20 @@ def points():
         raw = expand(BASE)
         raw["workload"]["micro_batch"] = micro_batch
         raw["parallel"].update(recompute=recompute, zero=zero)
+        yield build_point(raw, "benchmark")
+
+
+def systems():
+    for hbm, ib, nvlink in itertools.product([80, 141], [25, 50, 100], [300, 450, 900]):
+        raw = expand(BASE)
+        raw["workload"]["micro_batch"] = 1
+        raw["parallel"].update(recompute="selective", zero=1)
+        for path, value in (
+            ("system.accelerator.hbm_GiB", hbm),
+            ("system.network.1.bandwidth_GBps", ib),
+            ("system.network.0.bandwidth_GBps", nvlink),
+        ):
+            assign(raw, path, value)
         yield build_point(raw, "benchmark")
 
 
@@ -54,6 +70,14 @@ def main() -> None:
     print(
         f"  per point: median {1e3 * statistics.median(per_point):.1f} ms, slowest {1e3 * max(per_point):.1f} ms; "
         f"garbage collection {100 * collecting.seconds / cpu:.0f}% of the CPU time"
+    )
+    sweep = list(systems())
+    start = time.process_time()
+    steps = [evaluate(point, generator, cost_model).metrics["step_time_s"] for point in sweep]
+    cpu = time.process_time() - start
+    print(
+        f"hardware sweep of one configuration (TP8 PP8 DP16, selective, ZeRO-1) over {len(sweep)} systems: "
+        f"{len(sweep) / cpu:.1f} points per second per core (step {min(steps):.2f}-{max(steps):.2f} s)"
     )
 
 

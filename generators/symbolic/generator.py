@@ -566,6 +566,14 @@ class _Builder:
             program.tensors.append(Tensor(name, kind, nbytes, producer, consumer))
             sources.append(source)
 
+        trace_of: dict[Unit, Traced] = {}
+
+        def traced_unit(unit: Unit) -> Traced:
+            traced = trace_of.get(unit)
+            if traced is None:
+                traced = trace_of[unit] = self.unit_trace(unit, embed, head)
+            return traced
+
         def unit_name(index: int) -> str:
             return {-1: "embed", -2: "head"}.get(index, f"layer{index}")
 
@@ -580,14 +588,14 @@ class _Builder:
             if pos >= len(units):
                 return ()
             index, unit = units[pos]
-            block = self.unit_trace(unit, embed, head).gathers[way]
+            block = traced_unit(unit).gathers[way]
             if block is None:
                 return ()
             return (program.add(Call(block, after, index, mb)),)
 
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
-                nbytes = self.unit_trace(unit, embed, head).gathered_bytes[way]
+                nbytes = traced_unit(unit).gathered_bytes[way]
                 keep(f"{unit_name(index)}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
@@ -645,7 +653,7 @@ class _Builder:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb)
-                    forward = self.unit_trace(unit, embed, head).forward
+                    forward = traced_unit(unit).forward
                     prev = program.add(Call(forward, (*inputs, *gathered), index, mb))
                     hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
@@ -661,7 +669,7 @@ class _Builder:
             # a module is gathered again for its backward once its forward has freed its weights
             gathered = gather(units, 0, 1, (fwd_call[(units[0][0], mb)],), mb) if units else ()
             for pos, (index, unit) in enumerate(units):
-                traced = self.unit_trace(unit, embed, head)
+                traced = traced_unit(unit)
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb)

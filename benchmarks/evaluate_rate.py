@@ -15,6 +15,7 @@ import time
 
 from dse import plugins
 from dse.evaluate import evaluate
+from dse.executor import tune_gc
 from dse.points import assign, build_point, expand
 
 BASE = {
@@ -48,6 +49,7 @@ def systems():
 
 
 def main() -> None:
+    tune_gc()  # as in a study's evaluator actors
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     batch = list(points())
     gen = sim = 0.0

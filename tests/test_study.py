@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from dse.cli import main
-from dse.executor import NODE, InlineExecutor, RayExecutor
+from dse.executor import GC_THRESHOLDS, NODE, InlineExecutor, RayExecutor
 from dse.space import load_study, optuna_distributions
 from dse.spec import DesignPoint
 from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, counted, open_study, run
@@ -191,6 +191,21 @@ def test_ray_pool_resubmits_a_dead_actors_point_once_and_records_errors(ray_addr
     assert outcomes[8].result is None and outcomes[8].error.startswith("the evaluator process died twice")
     assert outcomes[2].error == "RuntimeError: cost model diverged"
     assert ray.is_initialized(), "the pool must not shut down a Ray it did not start"
+
+
+def with_gc_thresholds(point: DesignPoint) -> dict:
+    import gc
+
+    return {**fake_result(point), "timings": {"gc": list(gc.get_threshold())}}
+
+
+def test_evaluator_actors_collect_garbage_rarely(ray_address):
+    executor = RayExecutor(with_gc_thresholds, workers=1)
+    try:
+        executor.submit(1, spec_point(load_study(SMALL), 1))
+        assert executor.wait().result["timings"]["gc"] == list(GC_THRESHOLDS)
+    finally:
+        executor.close()
 
 
 def spec_point(spec, tp: int) -> DesignPoint:

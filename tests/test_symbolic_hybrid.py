@@ -110,6 +110,24 @@ def test_a_hybrid_pipeline_runs_and_the_fast_path_agrees():
     assert fast.step_time_s == pytest.approx(exact.step_time_s, rel=1e-2)
 
 
+@pytest.mark.parametrize(
+    ("strategies", "sp", "share"),
+    [(("tp", "dp"), False, 1 / TP), (("dp", "tp"), False, 1), (("tp", "dp"), True, 1 / TP)],
+)
+def test_pipeline_transfers_carry_the_activation_as_the_stage_s_last_layer_lays_it_out(strategies, sp, share):
+    """Two layers per stage: the boundary follows layer 1. A dp layer leaves its batch shard on each tp rank
+    (1/tp of the activation), a tp layer the whole activation, or its sequence shard under SP."""
+    w = GEN.generate(point(strategies, pp=2, dp=2, sp=sp))
+    sizes = {
+        (op.kind, op.comm_bytes)
+        for b in w.blocks
+        for op in b.ops
+        if op.kind in (OpKind.SEND, OpKind.RECV) and op.axis == "pp"
+    }
+    expected = activation_bytes(point()) * (1 / TP if sp else share)
+    assert sizes == {(OpKind.SEND, expected), (OpKind.RECV, expected)}
+
+
 def test_bad_combinations_are_named_in_one_line():
     assert "micro_batch=1 is not a multiple of parallel.tp=2" in infeasibility(point(micro_batch=1))
     decode = point(overrides={"workload.mode": "decode"})

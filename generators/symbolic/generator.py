@@ -108,7 +108,7 @@ class _Builder:
         self.tracer = self.module.tracer
         self.blocks: list[Block] = []
         self.synced: set[int] = set()
-        self.p2p: dict[tuple[OpKind, int], int] = {}
+        self.p2p: dict[tuple[OpKind, int, str], int] = {}
         self._elems: dict[int, float] = {}
         p = point.parallel
         self.fsdp = (
@@ -274,17 +274,24 @@ class _Builder:
             blocks[stage] = self.add_block("tied_grad_sync", emitter)
         return blocks
 
-    def p2p_block(self, kind: OpKind, peer: int, size: float) -> int:
-        """A send to (recv from) the stage `peer` positions along pp; one block per direction and offset."""
-        key = (kind, peer)
+    def p2p_block(self, kind: OpKind, peer: int, strategy: str) -> int:
+        """A send to (recv from) the stage `peer` positions along pp of an activation (or its gradient) laid out as
+        the layers of `strategy` leave it; one block per direction, offset and strategy."""
+        key = (kind, peer, strategy)
         if key not in self.p2p:
             direction = "fwd" if (peer > 0) == (kind is OpKind.SEND) else "bwd"
             name = f"{kind.value}_{direction}" + ("" if abs(peer) == 1 else f"_{peer:+d}")
+            name += "" if strategy == "tp" else f".{strategy}"
+            size = self.tracer.nbytes(self.module.activation("x", ("b", "s", "h"), strategy))
             emitter = Emitter()
             deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
             emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
             self.p2p[key] = self.add_block(name, emitter)
         return self.p2p[key]
+
+    def boundary(self, vstage: int) -> str:
+        """The strategy of the last layer of a virtual stage: how what crosses to the next one is laid out."""
+        return self.point.parallel.layer_strategy((vstage + 1) * self.per_chunk - 1)
 
     def _replica_elems(self, w: STensor) -> float:
         """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
@@ -347,7 +354,6 @@ class _Builder:
     def build(self) -> Workload:
         point, module = self.point, self.module
         p, m = point.parallel, point.model
-        x = module.activation("x", ("b", "s", "h"))
         tokens = module.tokens()
         embed_table: list[STensor] = []
 
@@ -372,11 +378,10 @@ class _Builder:
         self.outside = [embedding, head]
         self.tied_sync = self.tied_sync_blocks(embed_table[0]) if tie is None and m.tied_embeddings else {}
 
-        act_bytes = self.tracer.nbytes(x)
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         self.chunks = chunks
         self.sends = self.send_orders()
-        per_chunk = m.layers // (p.pp * chunks)
+        per_chunk = self.per_chunk = m.layers // (p.pp * chunks)
         programs = []
         for stage in range(p.pp):
             vstages = [c * p.pp + stage for c in range(chunks)]
@@ -394,7 +399,7 @@ class _Builder:
                 if cache:
                     total = cache * point.micro_batches
                     program.tensors.append(Tensor("kv_cache", TensorKind.KV_CACHE, total))
-            self.scheduled(program, stage, layers, kinds, embedding, head, act_bytes, optimizer)
+            self.scheduled(program, stage, layers, kinds, embedding, head, optimizer)
             programs.append(program)
 
         axes = [("tp", p.tp), ("cp", p.cp)]
@@ -452,7 +457,6 @@ class _Builder:
         kinds: list[LayerKind],
         embed: Traced,
         head: Traced,
-        act_bytes: float,
         optimizer: int | None,
     ) -> None:
         """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
@@ -472,7 +476,7 @@ class _Builder:
         skeleton = _SKELETONS.get(key)
         if skeleton is None:
             first_p2p, first_tensor = len(self.p2p), len(program.tensors)
-            sources = self.schedule(program, stage, layers, kinds, embed, head, act_bytes, optimizer)
+            sources = self.schedule(program, stage, layers, kinds, embed, head, optimizer)
             added = program.tensors[first_tensor:]
             activations = tuple(
                 (t.name, t.kind, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)
@@ -490,8 +494,8 @@ class _Builder:
             program.shape = skeleton.shape
             return
         sizes = self._source_sizes(skeleton, embed, head)
-        for kind, peer in skeleton.p2p:
-            self.p2p_block(kind, peer, act_bytes)
+        for kind, peer, strategy in skeleton.p2p:
+            self.p2p_block(kind, peer, strategy)
         program.calls = list(skeleton.shape.calls)
         program.shape = skeleton.shape
         # Tensors are immutable: points whose tensor sizes match (another network, another HBM) share them.
@@ -538,7 +542,6 @@ class _Builder:
         kinds: list[LayerKind],
         embed: Traced,
         head: Traced,
-        act_bytes: float,
         optimizer: int | None,
     ) -> list[Source]:
         """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
@@ -619,7 +622,10 @@ class _Builder:
             while wanted not in posted:
                 t = order[cursor[source]]
                 cursor[source] += 1
-                recv = self.p2p_block(OpKind.RECV, source - stage, act_bytes)
+                base, backward = divmod(t - 1, 2)
+                # the boundary the transfer crosses: tags of interleaved schedules name it, else the sender's stage
+                crossed = base % vstages if chunks > 1 else source - backward
+                recv = self.p2p_block(OpKind.RECV, source - stage, self.boundary(crossed))
                 mb_of = (t - 1) // 2 // (1 if chunks == 1 else vstages)
                 posted[t] = program.add(Call(recv, (), -1, mb_of, t))
 
@@ -661,7 +667,7 @@ class _Builder:
                 if not last:
                     if chunks > 1:
                         prefetch(i + 1)
-                    send = self.p2p_block(OpKind.SEND, peer(vstage, +1), act_bytes)
+                    send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
@@ -682,7 +688,7 @@ class _Builder:
                 assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)
-                send = self.p2p_block(OpKind.SEND, peer(vstage, -1), act_bytes)
+                send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
         tied = self.tied_sync.get(stage)
         if tied is not None:
@@ -717,7 +723,7 @@ class _Skeleton:
     models keep what they derive from the calls alone."""
 
     shape: CallShape
-    p2p: tuple[tuple[OpKind, int], ...]
+    p2p: tuple[tuple[OpKind, int, str], ...]
     activations: tuple[tuple[str, TensorKind, Source, int, int], ...]
     sources: tuple[Source, ...]
     """The distinct sources of the activations' sizes."""

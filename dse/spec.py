@@ -8,7 +8,7 @@ import hashlib
 import json
 from functools import cached_property
 from math import prod
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -295,6 +295,12 @@ class SystemSpec(Spec):
         return prod(dim.npus for dim in self.network)
 
 
+def _digest(data: dict[str, Any]) -> str:
+    """A short hash of canonical JSON: stable across processes and runs."""
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
 class DesignPoint(Spec):
     """Everything needed to generate and price one configuration."""
 
@@ -306,14 +312,12 @@ class DesignPoint(Spec):
     @cached_property
     def key(self) -> str:
         """Stable across processes and runs: a hash of the canonical JSON of every field."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _digest(self.model_dump(mode="json"))
 
     @cached_property
     def workload_key(self) -> str:
         """A hash of every field but the system's: what a generated workload depends on (generators cache by it)."""
-        canonical = json.dumps(self.model_dump(mode="json", exclude={"system"}), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _digest(self.model_dump(mode="json", exclude={"system"}))
 
     @property
     def micro_batches(self) -> int:

@@ -26,9 +26,10 @@ gather's copy-in is priced in the block that reads the weights (see `Emitter.emi
 from dataclasses import dataclass, replace
 from math import prod
 
+from dse.spec import DTYPE_BYTES
 from dse.workload import Op, OpKind
 
-MASTER_ITEMSIZE = 4
+MASTER_ITEMSIZE = DTYPE_BYTES["fp32"]
 """FSDP's sharded parameters and their gradients: fp32 (mixed precision casts them to the model's dtype)."""
 
 

@@ -211,14 +211,6 @@ class _Builder:
         every = self.point.parallel.recompute_every
         return self.layer_traces[kind].unrecomputed is not None and (index + 1) % every != 0
 
-    def layer_trace(self, kind: LayerKind, index: int) -> Traced:
-        """The traced layer that layer `index` runs (see `unrecomputed`)."""
-        traced = self.layer_traces[kind]
-        if self.unrecomputed(kind, index):
-            assert traced.unrecomputed is not None
-            return traced.unrecomputed
-        return traced
-
     def grad_sync(self, name: str, grads: list[tuple[STensor, STensor]]) -> int | None:
         """One bucket per collective and axis: the gradient reduction of every parameter of the module.
 
@@ -626,7 +618,7 @@ class _Builder:
                 # the boundary the transfer crosses: tags of interleaved schedules name it, else the sender's stage
                 crossed = base % vstages if chunks > 1 else source - backward
                 recv = self.p2p_block(OpKind.RECV, source - stage, self.boundary(crossed))
-                mb_of = (t - 1) // 2 // (1 if chunks == 1 else vstages)
+                mb_of = base // (1 if chunks == 1 else vstages)
                 posted[t] = program.add(Call(recv, (), -1, mb_of, t))
 
         def receive(source_vstage: int, wanted: int) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Literal
 
+from dse.spec import DTYPE_BYTES
 from dse.workload import BLOCK_INPUT, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Duplicated, PartialSum, Partition, collective_for
 from generators.symbolic.fsdp import FsdpCopies, chained
@@ -23,9 +24,8 @@ Layout = tuple[tuple[str, Dist], ...]
 AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
 """Rank layout order, innermost first (Megatron: tp, cp, then the data axes, pp outermost)."""
 JOINABLE = frozenset({"cp", "ep", "dp"})
-LOSS_ITEMSIZE = 4
-"""The cross-entropy's working dtype (fp32)."""
-FP32 = 4
+FP32 = DTYPE_BYTES["fp32"]
+"""Bytes of the fp32 intermediates eager kernels and the cross-entropy work in."""
 OUTPUT = -1
 """In `Partial.reads`: the node's output (rsqrt's gradient is formed from its result)."""
 
@@ -629,7 +629,7 @@ class Tracer:
         # The cross-entropy runs in fp32 (PyTorch's on logits.float(), Megatron's vocab-parallel one likewise):
         # the fp32 copy of the logits is held beside them while the fp32 log-probabilities are formed, and
         # those are what backward reads.
-        log_probs = LOSS_ITEMSIZE * self.elems(logits)
+        log_probs = FP32 * self.elems(logits)
         self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(logits) + log_probs)
         self._record(Node("loss", name, (logits,), out, "elementwise", 5, extra_saved=log_probs), mark)
         return out

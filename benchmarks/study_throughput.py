@@ -33,45 +33,51 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import MlflowServer  # noqa: E402  (the suite's real server fixture, started by hand here)
 
 
-class Timed:
-    """Wraps an executor to split the driver's wall time: inside wait() the driver idles; from a wait()'s
-    return to the next submit() a worker idles (the critical path); the rest overlaps the workers."""
+class Timed(RayExecutor):
+    """The Ray executor, splitting the driver's wall time: inside wait() the driver idles or dispatches; outside
+    it, it asks and tells, beside the workers. The critical path is the time from an actor's result arriving to
+    that actor's next call, summed over calls: what a worker idles because of the driver."""
 
-    def __init__(self, inner: RayExecutor) -> None:
-        self.inner = inner
-        self.workers = inner.workers
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
         self.waiting = 0.0
         self.critical = 0.0
-        self.submits = 0
-        self._returned: float | None = None
-
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        if self._returned is not None:
-            self.critical += time.perf_counter() - self._returned
-            self._returned = None
-        self.submits += 1
-        self.inner.submit(tag, point)
+        self.calls = 0
+        self._freed_at: dict[int, float] = {}
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         start = time.perf_counter()
-        outcome = self.inner.wait(timeout)
-        self._returned = time.perf_counter()
-        self.waiting += self._returned - start
+        outcome = super().wait(timeout)
+        self.waiting += time.perf_counter() - start
         return outcome
 
-    def close(self) -> None:
-        self.inner.close()
+    def _collect(self, ref: object) -> Outcome | None:
+        idle = set(self._idle)
+        outcome = super()._collect(ref)
+        now = time.perf_counter()
+        for actor in set(self._idle) - idle:
+            self._freed_at[actor] = now
+        return outcome
+
+    def _take(self, actor: int) -> object:
+        freed = self._freed_at.pop(actor, None)
+        if freed is not None:
+            self.critical += time.perf_counter() - freed
+            self.calls += 1
+        return super()._take(actor)
 
 
 def one(study_file: Path, workers: int, trials: int, folder: Path) -> dict[str, float]:
     spec = load_study(study_file, trials=trials, workers=workers, sampler="random")
     study = open_study(spec, folder / spec.name / f"w{workers}")
-    executor = Timed(RayExecutor(PluginEvaluation(spec.generator, spec.cost_model), workers))
+    executor = Timed(PluginEvaluation(spec.generator, spec.cost_model), workers)
     # Warm up the actors (plugin import, first trace) outside the timed part.
     for number in range(workers):
-        executor.inner.submit(-1 - number, _warm_point(spec))
+        executor.submit(-1 - number, _warm_point(spec))
     for _ in range(workers):
-        executor.inner.wait()
+        executor.wait()
+    executor.waiting = executor.critical = executor.calls = 0
+    executor._freed_at.clear()
     start = time.perf_counter()
     run(spec, study, executor, trials)
     wall = time.perf_counter() - start
@@ -81,7 +87,7 @@ def one(study_file: Path, workers: int, trials: int, folder: Path) -> dict[str, 
         "trials_per_s": trials / wall,
         "evaluations_per_s": evaluated / wall,
         "driver_ms_per_trial": 1000 * (wall - executor.waiting) / trials,
-        "critical_ms_per_evaluation": 1000 * executor.critical / max(executor.submits - workers, 1),
+        "critical_ms_per_evaluation": 1000 * executor.critical / max(executor.calls, 1),
         "evaluated": evaluated,
         "wall_s": wall,
     }

@@ -75,6 +75,10 @@ class SimResult:
 
 
 class WorkloadGenerator(Protocol):
+    """May also define `affinity(point) -> Hashable`: what of a point decides which of the generator's
+    per-process caches it reuses. A study's executor sends points of one affinity to the same evaluator process
+    when it can, so that each process warms its caches for its share of the space instead of for all of it."""
+
     name: str
 
     def generate(self, point: DesignPoint) -> Workload: ...

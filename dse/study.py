@@ -2,8 +2,9 @@
 
 The driver is the only writer of the Optuna journal, so the journal is the record of truth: every finished
 trial carries its metrics, point key and reason as user attributes, which is all that Parquet and MLflow are
-rebuilt from. `workers` evaluations stay in flight; infeasible points are told PRUNED at once with their
-reason and points already evaluated reuse their metrics, so no evaluation is spent twice.
+rebuilt from. The executor's `capacity` of evaluations stay in flight (each worker's and those queued behind
+it); infeasible points are told PRUNED at once with their reason and points already evaluated reuse their
+metrics, so no evaluation is spent twice.
 """
 
 import math
@@ -109,8 +110,9 @@ class _Job:
 class _Loop:
     """One run of the ask/tell loop; `run` is its only entry point.
 
-    It asks ahead: a worker that frees up gets the next point (asked, decoded and checked while the workers
-    were busy) before the finished trial is told, so Optuna's ask and tell stay off the workers' critical path.
+    It asks ahead: the executor holds queued points (asked, decoded and checked while the workers were busy)
+    that a worker takes as soon as it frees up, and the loop keeps one more ready, so Optuna's ask and tell
+    stay off the workers' critical path.
     """
 
     def __init__(self, spec: StudySpec, study: optuna.Study, executor: Executor, on_trial: OnTrial) -> None:
@@ -150,11 +152,11 @@ class _Loop:
     def _fill(self, stop: Callable[[], bool]) -> None:
         """Give every free worker a point, then keep one point ready for the next worker to free up."""
         while not stop():
-            if len(self.in_flight) < self.executor.workers and self.ready:
+            if len(self.in_flight) < self.executor.capacity and self.ready:
                 job = self.ready.pop(0)
                 self.in_flight[job.trial.number] = job
                 self.executor.submit(job.trial.number, job.point)
-            elif self.asks > 0 and (len(self.in_flight) < self.executor.workers or not self.ready):
+            elif self.asks > 0 and (len(self.in_flight) < self.executor.capacity or not self.ready):
                 self.asks -= 1
                 self._start(self.study.ask(self.distributions))
             else:

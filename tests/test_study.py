@@ -208,6 +208,40 @@ def test_evaluator_actors_collect_garbage_rarely(ray_address):
         executor.close()
 
 
+class ByTensorParallel:
+    """An evaluation whose affinity is the point's tp; it reports the process that ran it."""
+
+    def affinity(self, point: DesignPoint) -> int:
+        return point.parallel.tp
+
+    def __call__(self, point: DesignPoint) -> dict:
+        import time
+
+        time.sleep(0.1)
+        return {**fake_result(point), "timings": {"pid": os.getpid()}}
+
+
+def test_ray_pool_keeps_each_affinity_on_the_actor_that_ran_it_first(ray_address):
+    spec = load_study(SMALL)
+    executor = RayExecutor(ByTensorParallel(), workers=2)
+    try:
+        for tag in range(2):  # both actors up before the timed part
+            executor.submit(-1 - tag, spec_point(spec, 4))
+        executor.wait(), executor.wait()
+        tags = {}
+        for tag in range(executor.capacity):
+            tags[tag] = 1 if tag % 2 else 2
+            executor.submit(tag, spec_point(spec, tags[tag]))
+        outcomes = [executor.wait() for _ in tags]
+    finally:
+        executor.close()
+    pids: dict[int, set[int]] = {1: set(), 2: set()}
+    for outcome in outcomes:
+        pids[tags[outcome.tag]].add(outcome.result["timings"]["pid"])
+    assert executor.capacity == 10
+    assert len(pids[1]) == len(pids[2]) == 1 and pids[1] != pids[2], pids
+
+
 def spec_point(spec, tp: int) -> DesignPoint:
     from dse.space import decode
 

@@ -1,6 +1,5 @@
 """Ring-attention context parallelism: K/V chunks passed around the cp ring beside the attention of the chunk held."""
 
-
 import pytest
 from helpers import make_point
 from test_chakra import p2p_ends

@@ -457,11 +457,14 @@ class _Builder:
         block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
         from this point's traced blocks. A study's points share few shapes, so most generations skip the walk
         over every layer and micro-batch."""
-        p = self.point.parallel
         traces = (embed, head, *self.layer_traces.values())
         key = (
-            stage, p.pp, self.chunks, p.pp_schedule, self.point.micro_batches, self.train, p.zero >= 2,
-            p.recompute_every, len(self.blocks), tuple(self.p2p.items()), optimizer, tuple(kinds),
+            stage,
+            schedule_affinity(self.point),
+            len(self.blocks),
+            tuple(self.p2p.items()),
+            optimizer,
+            tuple(kinds),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
             tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
         )
@@ -723,6 +726,24 @@ class _Skeleton:
     """The tensors built for recent points, by their sources' sizes."""
 
 
+def schedule_affinity(point: DesignPoint) -> tuple:
+    """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure (the
+    cost model keeps its segment layouts on the skeletons' call shapes too). The first point of each pays the walk
+    over every layer and micro-batch, most of a cold generation, so points alike in these fields run best in one
+    process: the generator's `affinity`."""
+    p = point.parallel
+    return (
+        point.model.name,
+        p.pp,
+        p.virtual_stages if p.pp_schedule == "interleaved" else 1,
+        p.pp_schedule,
+        point.micro_batches,
+        point.workload.mode,
+        p.zero >= 2,
+        p.recompute_every,
+    )
+
+
 SKELETON_CACHE_SIZE = 256
 SKELETON_TENSOR_SETS = 4
 _SKELETONS: dict[tuple, _Skeleton] = {}
@@ -753,6 +774,10 @@ class SymbolicGenerator:
         else:
             self._workloads.move_to_end(key)
         return replace(workload, point_key=point.key)
+
+    @staticmethod
+    def affinity(point: DesignPoint) -> tuple:
+        return schedule_affinity(point)
 
 
 def count_parameters(point: DesignPoint) -> int:

@@ -5,14 +5,16 @@ Two spaces, each with the random sampler and MLflow off (child_runs: none), so t
 quickstart's (Llama-3-8B on 64 H100s, ~12 ms per evaluation with the analytical model, the lightest study we ship,
 where Optuna's own bookkeeping per trial weighs most) and planning-70b's (Llama-3-70B on 1024 H100s, a hardware
 planning study). MLflow's rate is measured by the background writer alone, into a local sqlite store and through
-a real `mlflow server` (the test suite's).
+a real `mlflow server` (the test suite's). A run lasts seconds and this machine's speed drifts by 10% between
+runs, so each study runs `--repeats` times with 1 and with 2 workers, and the median ratio is the figure.
 Usage:
 
-    .venv/bin/python benchmarks/study_throughput.py [--trials 300]
+    .venv/bin/python benchmarks/study_throughput.py [--trials 1000] [--repeats 3]
 """
 
 import argparse
 import logging
+import statistics
 import sys
 import tempfile
 import time
@@ -35,8 +37,8 @@ from conftest import MlflowServer  # noqa: E402  (the suite's real server fixtur
 
 class Timed(RayExecutor):
     """The Ray executor, splitting the driver's wall time: inside wait() the driver idles or dispatches; outside
-    it, it asks and tells, beside the workers. The critical path is the time from an actor's result arriving to
-    that actor's next call, summed over calls: what a worker idles because of the driver."""
+    it, it asks and tells, beside the workers. The critical path is the time from an actor's results arriving to
+    that actor's next call, per call: what a worker idles because of the driver."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -51,15 +53,14 @@ class Timed(RayExecutor):
         self.waiting += time.perf_counter() - start
         return outcome
 
-    def _collect(self, ref: object) -> Outcome | None:
+    def _collect(self, ref: object) -> None:
         idle = set(self._idle)
-        outcome = super()._collect(ref)
+        super()._collect(ref)
         now = time.perf_counter()
         for actor in set(self._idle) - idle:
             self._freed_at[actor] = now
-        return outcome
 
-    def _take(self, actor: int) -> object:
+    def _take(self, actor: int) -> list:
         freed = self._freed_at.pop(actor, None)
         if freed is not None:
             self.critical += time.perf_counter() - freed
@@ -67,9 +68,9 @@ class Timed(RayExecutor):
         return super()._take(actor)
 
 
-def one(study_file: Path, workers: int, trials: int, folder: Path) -> dict[str, float]:
+def one(study_file: Path, workers: int, trials: int, out: Path) -> dict[str, float]:
     spec = load_study(study_file, trials=trials, workers=workers, sampler="random")
-    study = open_study(spec, folder / spec.name / f"w{workers}")
+    study = open_study(spec, out)
     executor = Timed(PluginEvaluation(spec.generator, spec.cost_model), workers)
     # Warm up the actors (plugin import, first trace) outside the timed part.
     for number in range(workers):
@@ -87,7 +88,7 @@ def one(study_file: Path, workers: int, trials: int, folder: Path) -> dict[str, 
         "trials_per_s": trials / wall,
         "evaluations_per_s": evaluated / wall,
         "driver_ms_per_trial": 1000 * (wall - executor.waiting) / trials,
-        "critical_ms_per_evaluation": 1000 * executor.critical / max(executor.calls, 1),
+        "critical_ms_per_call": 1000 * executor.critical / max(executor.calls, 1),
         "evaluated": evaluated,
         "wall_s": wall,
     }
@@ -101,10 +102,10 @@ def _warm_point(spec) -> DesignPoint:
     return point
 
 
-def mlflow_rate(folder: Path, trials: int, uri: str) -> float:
-    """Child runs per second the background writer puts into the MLflow store at `uri` (the 2-worker study's)."""
+def mlflow_rate(out: Path, trials: int, uri: str) -> float:
+    """Child runs per second the background writer puts into the MLflow store at `uri`, from the quickstart study
+    in `out`."""
     spec = load_study(QUICKSTART, trials=trials, workers=2, sampler="random")
-    out = folder / spec.name / "w2"
     study = open_study(spec, out)
     results = write_results(spec, study, out)
     tracker = Tracker(uri, spec, out)
@@ -115,7 +116,8 @@ def mlflow_rate(folder: Path, trials: int, uri: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=300)
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each study with 1 and with 2 workers")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import ray
@@ -125,24 +127,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for study_file in (QUICKSTART, PLANNING):
-            figures = {workers: one(study_file, workers, args.trials, folder) for workers in (1, 2)}
             print(f"{study_file.name}:")
-            for workers, f in figures.items():
-                print(
-                    f"  {workers} worker(s): {f['trials_per_s']:.1f} trials/s ({f['evaluations_per_s']:.1f} "
-                    f"evaluations/s, {f['evaluated']} of {args.trials} trials evaluated, {f['wall_s']:.1f} s); "
-                    f"driver {f['driver_ms_per_trial']:.2f} ms/trial in all, {f['critical_ms_per_evaluation']:.2f} "
-                    f"ms per evaluation on the critical path"
-                )
-            ratio = figures[2]["trials_per_s"] / figures[1]["trials_per_s"]
-            print(f"  speed-up 2 vs 1 workers: {ratio:.2f}x (target >= 1.7x)")
-        rate = mlflow_rate(folder, args.trials, f"sqlite:///{folder / 'mlflow.db'}")
+            ratios = []
+            for repeat in range(args.repeats):
+                figures = {}
+                for workers in (1, 2):
+                    out = folder / study_file.stem / f"r{repeat}w{workers}"
+                    f = figures[workers] = one(study_file, workers, args.trials, out)
+                    print(
+                        f"  {workers} worker(s): {f['trials_per_s']:.1f} trials/s ({f['evaluations_per_s']:.1f} "
+                        f"evaluations/s, {f['evaluated']} of {args.trials} trials evaluated, {f['wall_s']:.1f} s); "
+                        f"driver {f['driver_ms_per_trial']:.2f} ms/trial in all, {f['critical_ms_per_call']:.2f} "
+                        f"ms per call on the critical path"
+                    )
+                ratios.append(figures[2]["trials_per_s"] / figures[1]["trials_per_s"])
+                print(f"  speed-up 2 vs 1 workers: {ratios[-1]:.2f}x")
+            print(f"  median speed-up over {args.repeats} runs: {statistics.median(ratios):.2f}x (target >= 1.7x)")
+        quickstart = folder / QUICKSTART.stem / "r0w2"
+        rate = mlflow_rate(quickstart, args.trials, f"sqlite:///{folder / 'mlflow.db'}")
         print(f"MLflow child runs written per second (background writer), local sqlite: {rate:.1f}")
         server = MlflowServer(folder / "server")
         (folder / "server").mkdir()
         server.start()
         try:
-            rate = mlflow_rate(folder, args.trials, server.uri)
+            rate = mlflow_rate(quickstart, args.trials, server.uri)
         finally:
             server.stop()
         print(f"MLflow child runs written per second (background writer), through `mlflow server`: {rate:.1f}")

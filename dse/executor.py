@@ -1,17 +1,18 @@
 """Running evaluations: a pool of Ray actors, or inline in the driver; both behind one small interface.
 
 The driver submits (tag, point) pairs and waits for outcomes; a tag is the caller's handle (the trial
-number). The Ray pool keeps its own {ObjectRef: job} map and a `ray.wait` loop, because ray.util.ActorPool
+number). The Ray pool keeps its own {ObjectRef: call} map and a `ray.wait` loop, because ray.util.ActorPool
 does not say which item was lost when an actor dies. Actors restart after a crash (max_restarts=-1) but never
-retry a call themselves (max_task_retries=0): the pool resubmits a lost call once on the restarted actor, and
-a point that kills its worker twice fails instead of taking the actor down for good.
+retry a call themselves (max_task_retries=0): the pool runs a lost call's points again, one per call, on the
+restarted actor, and a point that kills its worker twice fails instead of taking the actor down for good.
 """
 
 import gc
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
 
@@ -127,11 +128,17 @@ class _Job:
     tag: int
     point: DesignPoint
     affinity: Hashable
-    actor: int = -1
-    """Index of the actor running it; -1 while queued."""
-    attempt: int = field(default=1)
+    attempt: int = 1
+    """2 once a call that held the point was lost with its actor: it then runs alone, and fails if that is lost."""
+
+
+@dataclass
+class _Call:
+    """One actor call: its points, and while the actor restarts after losing it, since when."""
+
+    jobs: list[_Job]
+    actor: int
     restarting_since: float | None = None
-    """Set while the job waits for its crashed actor to answer a ping before it is resubmitted."""
 
 
 def connect(address: str | None) -> bool:
@@ -180,24 +187,29 @@ def _client_init(address: str) -> None:
 
 
 QUEUED_PER_WORKER = 4
-"""Points queued in the executor per worker beside the one it runs: a freed actor starts the next at once, and
-has a choice of points to take one of its own affinity. With 1 per worker, a fifth of the quickstart's points
+"""Points queued in the executor per worker beside those it runs: a freed actor starts the next at once, and
+has a choice of points to take those of its own affinity. With 1 per worker, a fifth of the quickstart's points
 went to an actor cold for them; with 4, one in thirty. The sampler proposes that much further ahead (TPE with
 its constant liar, NSGA-II within a generation of 50)."""
+BATCH = 2
+"""Points per actor call, at most. Ray's cost per call in the driver (submit, wait, get, its threads) is about
+as large as Optuna's bookkeeping per trial, and on a small machine the driver's CPU is what the workers lack."""
 
 
 class RayExecutor:
-    """A fixed pool of `workers` Evaluator actors, one call in flight per actor, and a queue in front of them.
+    """A fixed pool of `workers` Evaluator actors, one call of up to BATCH points in flight per actor, and a queue
+    in front of them.
 
     Joins the Ray cluster at `address` (or RAY_ADDRESS), or starts an embedded one; reuses a Ray already
     initialised in this process. Only what it started is shut down on close. Without `workers`, one actor per
     CPU of the cluster as it is when the study starts.
 
-    A freed actor takes the oldest queued point of an affinity it ran first (`fn.affinity`, see
-    WorkloadGenerator), else one of an affinity no actor has run yet, else the oldest: each process then warms
+    A freed actor takes the oldest queued points of an affinity it ran first (`fn.affinity`, see
+    WorkloadGenerator), else of an affinity no actor has run yet, else the oldest point: each process then warms
     its caches for its share of the space, and no actor idles while a point waits. On this machine's quickstart
     that makes a point 15% cheaper with two workers than handing them out in turn (fewer cold schedule walks).
-    Queued points stay in the driver, not in Ray's queues: an actor that dies loses only the call it runs.
+    Queued points stay in the driver, not in Ray's queues: an actor that dies loses only the call it runs. Its
+    points run again one per call, so that a point that kills its worker again is known, and fails.
     """
 
     def __init__(self, fn: EvaluateFn, workers: int | None = None, address: str | None = None) -> None:
@@ -215,10 +227,11 @@ class RayExecutor:
         self._affinity: Callable[[DesignPoint], Hashable] = getattr(fn, "affinity", lambda point: None)
         self._actors = [evaluator.remote(fn) for _ in range(workers)]
         self._idle = list(range(workers))
-        self._queued: list[_Job] = []
+        self._queued: deque[_Job] = deque()
         self._owner: dict[Hashable, int] = {}
         """The actor that ran each affinity first."""
-        self._jobs: dict[Any, _Job] = {}
+        self._calls: dict[Any, _Call] = {}
+        self._done: deque[Outcome] = deque()
 
     def submit(self, tag: int, point: DesignPoint) -> None:
         self._queued.append(_Job(tag, point, self._affinity(point)))
@@ -227,71 +240,94 @@ class RayExecutor:
     def _dispatch(self) -> None:
         while self._idle and self._queued:
             actor = self._idle.pop()
-            job = self._take(actor)
-            job.actor = actor
-            self._jobs[self._actors[actor].evaluate.remote(job.point)] = job
+            call = _Call(self._take(actor), actor)
+            self._calls[self._actors[actor].evaluate.remote([job.point for job in call.jobs])] = call
 
-    def _take(self, actor: int) -> _Job:
-        """The queued job `actor` runs next (see the class docstring)."""
-        fresh = None
+    def _take(self, actor: int) -> list[_Job]:
+        """The queued jobs `actor` runs next (see the class docstring): a retry alone, else up to BATCH."""
+        if self._queued[0].attempt > 1:
+            return [self._queued.popleft()]
+        jobs: list[_Job] = []
+        while len(jobs) < BATCH:
+            position = self._choose(actor, any_affinity=not jobs)
+            if position is None:
+                break
+            job = self._queued[position]
+            del self._queued[position]
+            if job.affinity is not None:
+                self._owner.setdefault(job.affinity, actor)
+            jobs.append(job)
+        return jobs
+
+    def _choose(self, actor: int, any_affinity: bool) -> int | None:
+        """The queue position of the oldest first attempt of the actor's affinity, else of one no actor ran yet,
+        else (if `any_affinity`) the oldest first attempt: a batch is not filled with another actor's points."""
+        fresh = oldest = None
         for position, job in enumerate(self._queued):
+            if job.attempt > 1:
+                continue
             owner = self._owner.get(job.affinity)
             if owner == actor:
-                return self._queued.pop(position)
+                return position
             if owner is None and fresh is None:
                 fresh = position
-        job = self._queued.pop(0 if fresh is None else fresh)
-        if job.affinity is not None:
-            self._owner.setdefault(job.affinity, actor)
-        return job
+            if oldest is None:
+                oldest = position
+        return fresh if fresh is not None or not any_affinity else oldest
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
-        while True:
-            ready, _ = self._ray.wait(list(self._jobs), num_returns=1, timeout=timeout)
+        while not self._done:
+            ready, _ = self._ray.wait(list(self._calls), num_returns=1, timeout=timeout)
             if not ready:
                 return None
-            outcome = self._collect(ready[0])
+            self._collect(ready[0])
             self._dispatch()
-            if outcome is not None:
-                return outcome
+        return self._done.popleft()
 
-    def _collect(self, ref: Any) -> Outcome | None:
-        """The outcome of a finished call, or None when a lost call was resubmitted on the restarted actor."""
+    def _collect(self, ref: Any) -> None:
+        """Outcomes of a finished call into `_done`; a lost call's points wait for the restarted actor."""
         from ray.exceptions import RayActorError, RayTaskError
 
-        job = self._jobs.pop(ref)
-        actor = self._actors[job.actor]
+        call = self._calls.pop(ref)
         try:
-            result = self._ray.get(ref)
-        except RayTaskError as exc:
-            self._idle.append(job.actor)
-            return Outcome(job.tag, error=_describe(exc.cause or exc))
+            results = self._ray.get(ref)
+        except RayTaskError as exc:  # the points did not reach the evaluation (one failed to unpickle)
+            self._idle.append(call.actor)
+            self._done.extend(Outcome(job.tag, error=_describe(exc.cause or exc)) for job in call.jobs)
+            return
         except RayActorError as exc:
-            if job.restarting_since is not None:
-                return self._still_restarting(job, job.restarting_since, exc)
-            if job.attempt == 1:
-                # Resubmit only once the restarted actor answers: a call sent while it restarts fails without
-                # running, and must not count as the point's second crash.
-                job.attempt += 1
-                job.restarting_since = time.monotonic()
-                self._jobs[actor.ping.remote()] = job
-                return None
-            self._idle.append(job.actor)
-            return Outcome(job.tag, error=f"the evaluator process died twice on this point ({_describe(exc)})")
-        if job.restarting_since is not None:
-            job.restarting_since = None
-            self._jobs[actor.evaluate.remote(job.point)] = job
-            return None
-        self._idle.append(job.actor)
-        return Outcome(job.tag, result=result)
+            self._lost(call, exc)
+            return
+        self._idle.append(call.actor)
+        if call.restarting_since is not None:  # the restarted actor answered: its points go first, one by one
+            self._queued.extendleft(reversed(call.jobs))
+            return
+        for job, result in zip(call.jobs, results, strict=True):
+            self._done.append(Outcome(job.tag, error=result) if isinstance(result, str) else Outcome(job.tag, result))
 
-    def _still_restarting(self, job: _Job, since: float, exc: Exception) -> Outcome | None:
-        if time.monotonic() - since > RESTART_LIMIT_S:
-            self._idle.append(job.actor)
-            return Outcome(job.tag, error=f"the evaluator did not come back after a crash ({_describe(exc)})")
-        time.sleep(RESTART_POLL_S)
-        self._jobs[self._actors[job.actor].ping.remote()] = job
-        return None
+    def _lost(self, call: _Call, exc: Exception) -> None:
+        """The actor died during the call. Its points run again once it answers a ping (a call sent while it
+        restarts fails without running, and must not count as a crash); a point that was alone in its call on
+        its second attempt killed the actor twice and fails."""
+        if call.restarting_since is not None:
+            if time.monotonic() - call.restarting_since > RESTART_LIMIT_S:
+                self._idle.append(call.actor)
+                error = f"the evaluator did not come back after a crash ({_describe(exc)})"
+                self._done.extend(Outcome(job.tag, error=error) for job in call.jobs)
+                return
+            time.sleep(RESTART_POLL_S)
+        else:
+            twice = [job for job in call.jobs if job.attempt > 1]
+            error = f"the evaluator process died twice on this point ({_describe(exc)})"
+            self._done.extend(Outcome(job.tag, error=error) for job in twice)
+            call.jobs = [job for job in call.jobs if job.attempt == 1]
+            if not call.jobs:
+                self._idle.append(call.actor)
+                return
+            for job in call.jobs:
+                job.attempt = 2
+            call.restarting_since = time.monotonic()
+        self._calls[self._actors[call.actor].ping.remote()] = call
 
     def close(self) -> None:
         for actor in self._actors:
@@ -299,7 +335,8 @@ class RayExecutor:
         self._actors.clear()
         self._idle.clear()
         self._queued.clear()
-        self._jobs.clear()
+        self._calls.clear()
+        self._done.clear()
         if self._started_ray:
             self._ray.shutdown()
 
@@ -326,8 +363,16 @@ class Evaluator:
         self._fn = fn
         self._node = ray.get_runtime_context().get_node_id()
 
-    def evaluate(self, point: DesignPoint) -> Result:
-        return {**self._fn(point), NODE: self._node}
+    def evaluate(self, points: list[DesignPoint]) -> list[Result | str]:
+        """Each point's result, or the one-line error its evaluation raised: one point's error does not cost
+        the others their results."""
+        results: list[Result | str] = []
+        for point in points:
+            try:
+                results.append({**self._fn(point), NODE: self._node})
+            except Exception as exc:
+                results.append(_describe(exc))
+        return results
 
     def ping(self) -> None:
         """Answers once the actor is up (again)."""

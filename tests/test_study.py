@@ -193,6 +193,32 @@ def test_ray_pool_resubmits_a_dead_actors_point_once_and_records_errors(ray_addr
     assert ray.is_initialized(), "the pool must not shut down a Ray it did not start"
 
 
+def kill_on_tp8(point: DesignPoint) -> dict:
+    """Kills its worker on every tp=8 point; a tp=4 point holds the worker for half a second."""
+    import time
+
+    if point.parallel.tp == 8:
+        os._exit(1)
+    if point.parallel.tp == 4:
+        time.sleep(0.5)
+    return {**fake_result(point), "timings": {"pid": os.getpid()}}
+
+
+def test_a_point_that_kills_its_batch_fails_alone_and_its_batch_mate_completes(ray_address):
+    spec = load_study(SMALL)
+    executor = RayExecutor(kill_on_tp8, workers=1)
+    try:
+        executor.submit(4, spec_point(spec, 4))  # runs at once, alone
+        executor.submit(8, spec_point(spec, 8))  # these two queue, and go out together when the first is done
+        executor.submit(1, spec_point(spec, 1))
+        outcomes = {o.tag: o for o in (executor.wait(), executor.wait(), executor.wait())}
+    finally:
+        executor.close()
+    assert outcomes[8].error.startswith("the evaluator process died twice")
+    assert outcomes[1].error is None and outcomes[1].result["metrics"] == fake_result(spec_point(spec, 1))["metrics"]
+    assert outcomes[4].result["timings"]["pid"] != outcomes[1].result["timings"]["pid"], "no restart in between"
+
+
 def with_gc_thresholds(point: DesignPoint) -> dict:
     import gc
 

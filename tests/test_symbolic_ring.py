@@ -107,3 +107,23 @@ def test_chakra_sends_and_receives_pair_up(tmp_path):
 
 def test_ring_needs_two_chunks_per_rank():
     assert "2*parallel.cp" in infeasibility(make_point("tiny-llama", seq_len=24, cp=8, cp_algorithm="ring"))
+
+
+@pytest.mark.parametrize(("tp", "crosses_nodes"), [(2, False), (4, True)])
+def test_a_ring_step_lasts_as_long_as_its_slowest_hop(tp, crosses_nodes):
+    """Four cp ranks tp apart on 8-GPU nodes: with tp 2 the ring stays on NVLink; with tp 4 it holds two ranks per
+    node, and two of its four hops cross InfiniBand, the representative's own hop (cp rank 0 to 1) not among them.
+    Every rank shifts its chunk at once, so each step is priced at the InfiniBand hop."""
+    from simulators.analytical.pricing import BlockPricer
+
+    p = point(4, tp=tp, dp=1, system=DGX)
+    workload = GEN.generate(p)
+    pricer = BlockPricer(workload, p.system)
+    forward = workload.blocks.index(block(workload, "layer.forward"))
+    priced = zip(workload.blocks[forward].ops, pricer.durations(forward, 0), strict=True)
+    sends = [(op, seconds) for op, seconds in priced if op.kind is OpKind.SEND]
+    nvlink, infiniband = p.system.network
+    link = infiniband if crosses_nodes else nvlink
+    assert sends and all(s == pytest.approx(op.comm_bytes / link.bandwidth + link.latency) for op, s in sends)
+    assert pricer.representative(0) == 0
+    assert pricer.p2p_dim("cp", 1, 0) == 0, "the representative's own hop stays on NVLink either way"

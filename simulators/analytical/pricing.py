@@ -4,7 +4,7 @@ Every call of a block costs the same, so the engine asks once per (block, class)
 on the class: its process groups and peers are those of the class's representative rank, and a group's span is
 cached per (axis, class) because the same groups recur in every layer. Ranks of one class whose groups
 straddle the network differently (a layout misaligned with the dimensions) are all priced like the
-representative.
+representative, except a ring of sends within the class, which waits for its slowest hop (`hops`).
 """
 
 from dse.spec import SystemSpec
@@ -23,6 +23,7 @@ class BlockPricer:
         """Per block, what priced each op: 'table', 'roofline', 'free', or '' for communication."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
         self._representatives: dict[int, int] = {}
 
     def representative(self, rank_class: int) -> int:
@@ -48,11 +49,31 @@ class BlockPricer:
             if op.kind is OpKind.COLLECTIVE:
                 seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class))
             elif op.is_comm:
-                rank = self.representative(rank_class)
-                peer = self._workload.layout.peer(rank, op.axis, op.peer)
-                seconds = p2p_time(op.comm_bytes, rank, peer, self._system.network)
+                network = self._system.network
+                seconds = max(
+                    p2p_time(op.comm_bytes, r, p, network) for r, p in self.hops(op.axis, op.peer, rank_class)
+                )
             out.append(seconds)
         return out
+
+    def hops(self, axis: str, offset: int, rank_class: int) -> list[tuple[int, int]]:
+        """The (rank, peer) transfers that price a p2p op of the class.
+
+        A peer in another class (the next pipeline stage) is the representative's own. A peer in the same class
+        makes the op one step of a ring the class runs around the axis (context parallelism's K/V shift): every
+        member sends at once and every member's next step reads what it received, so the step lasts as long as
+        the ring's slowest hop, which is not the representative's when the ring straddles a network dimension
+        (four CP ranks on two nodes: two NVLink hops and two InfiniBand hops)."""
+        key = (axis, offset, rank_class)
+        hops = self._hops.get(key)
+        if hops is None:
+            layout, rank = self._workload.layout, self.representative(rank_class)
+            peer = layout.peer(rank, axis, offset)
+            hops = [(rank, peer)]
+            if self._workload.class_of[peer] == rank_class:
+                hops = [(r, layout.peer(r, axis, offset)) for r in layout.group(rank, axis)]
+            self._hops[key] = hops
+        return hops
 
     def span(self, axis: str, rank_class: int) -> Span:
         key = (axis, rank_class)

@@ -1,23 +1,34 @@
-"""The study's journal file: Optuna's journal format, kept in memory and followed by its growth.
+"""The study's journal file: Optuna's journal format, written by the driver and followed by its growth.
 
 Optuna's own file backend reopens the file, takes a lock file and re-reads its new lines on every operation,
 and fsyncs every line: about 1 ms of the driver's CPU per trial (a trial is ~15 lines: its creation, one line
-per parameter, its attributes, its state). This backend keeps one descriptor open, parses each line once, and
+per parameter, its attributes, its state). `JournalFile` keeps one descriptor open, parses each line once, and
 only catches up on lines another process appended (one fstat per read). Writers serialise on an flock of the
 file itself, and a line a crashed writer left half-written is cut off before the next append (Optuna's reader
 would otherwise stop at it). Lines are fsync'd when a study or a trial's state changes: that covers every
 earlier line too, so a told trial is on disk; a power loss can only take lines of a still-running trial, which
 a resume re-runs anyway. The file stays readable by Optuna's JournalFileBackend and optuna-dashboard.
+
+`JournalMirror` is the driver's storage over such a file: the study in memory, each change appended as its line.
 """
 
 import fcntl
 import json
 import os
-from collections.abc import Iterable
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from optuna.storages.journal import BaseJournalBackend
+from optuna.distributions import distribution_to_json
+from optuna.storages import InMemoryStorage
+from optuna.storages.journal import BaseJournalBackend, JournalStorage
 from optuna.storages.journal._storage import JournalOperation
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from dse.errors import DseError
 
 DURABLE_OPS = frozenset(
     {JournalOperation.CREATE_STUDY, JournalOperation.DELETE_STUDY, JournalOperation.SET_TRIAL_STATE_VALUES}
@@ -49,8 +60,17 @@ class JournalFile(BaseJournalBackend):
         return self._logs[log_number_from:]
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        lines = self.write(logs)[1]
+        # Replay what a reader of the file would parse (JSON turns tuples into lists, keys into strings).
+        self._logs.extend(json.loads(line) for line in lines)
+
+    def write(self, logs: list[dict[str, Any]]) -> tuple[int, list[str]]:
+        """Append the logs as lines, fsync'd when one changes a study's or a trial's state; returns how many lines
+        other processes had appended since this one last looked, and the lines written. The written lines are
+        not replayed into read_logs' list: that is for a writer that keeps its own state (JournalMirror)."""
         lines = [json.dumps(log, separators=(",", ":")) for log in logs]
         data = ("\n".join(lines) + "\n").encode()
+        seen = len(self._logs)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             self._catch_up()
@@ -62,8 +82,7 @@ class JournalFile(BaseJournalBackend):
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._offset += len(data)
-        # Replay what a reader of the file would parse (JSON turns tuples into lists, keys into strings).
-        self._logs.extend(json.loads(line) for line in lines)
+        return len(self._logs) - seen, lines
 
     def _catch_up(self) -> None:
         """Parse the whole lines other processes appended since the last look."""
@@ -74,3 +93,166 @@ class JournalFile(BaseJournalBackend):
         end = data.rfind(b"\n") + 1
         self._logs.extend(json.loads(line) for line in data[:end].splitlines() if line.strip())
         self._offset += end
+
+
+class JournalMirror(InMemoryStorage):
+    """The driver's storage of a journal file: Optuna's in-memory storage, with every change appended to the file
+    as the line Optuna's JournalStorage would have written.
+
+    JournalStorage reads back and replays each line it writes (a JSON round trip, then its replay rules); kept in
+    memory, the same ask and tell cost the driver half the CPU, and on a 2-core machine that CPU is what two
+    workers lack. The file stays Optuna's journal: JournalStorage, optuna-dashboard and a later `dse run` read it.
+    Memory and file number studies and trials their own way (a file's deleted studies keep their trials' ids),
+    so writes translate the ids. One process writes at a time: a line another process appended means this
+    memory is stale, and the write raises instead of forking the study."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+        self._file = JournalFile(path)
+        self._worker = f"{uuid.uuid4()}-{threading.get_ident()}"
+        replay = JournalStorage(self._file)._replay_result
+        self._study_ids: dict[int, int] = {}
+        self._trial_ids: dict[int, int] = {}
+        for study in sorted(replay.get_all_studies(), key=lambda s: s._study_id):
+            mem = super().create_new_study(study.directions, study.study_name)
+            self._study_ids[mem] = study._study_id
+            for key, value in study.user_attrs.items():
+                super().set_study_user_attr(mem, key, value)
+            for key, value in study.system_attrs.items():
+                super().set_study_system_attr(mem, key, value)
+            for trial in replay.get_all_trials(study._study_id, None):
+                self._trial_ids[super().create_new_trial(mem, template_trial=trial)] = trial._trial_id
+        self._next_study = replay._next_study_id
+        self._next_trial = len(replay._trials)
+
+    def _write(self, op: JournalOperation, fields: dict[str, Any]) -> None:
+        foreign, _ = self._file.write([{"op_code": op, "worker_id": self._worker, **fields}])
+        if foreign:
+            raise DseError(
+                f"another process wrote to the study journal {self._path} while this one ran; run one "
+                f"`dse run` per journal at a time, or use a postgresql:// storage for concurrent drivers"
+            )
+
+    # Each change: Optuna's in-memory rules first (they raise on an invalid one), then its line, both under the
+    # storage's lock so that a second thread (the MLflow writer sets study attributes) cannot interleave them.
+
+    def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
+        with self._lock:
+            mem = super().create_new_study(directions, study_name)
+            name = super().get_study_name_from_id(mem)
+            self._write(JournalOperation.CREATE_STUDY, {"study_name": name, "directions": list(directions)})
+            self._study_ids[mem] = self._next_study
+            self._next_study += 1
+            return mem
+
+    def delete_study(self, study_id: int) -> None:
+        with self._lock:
+            super().delete_study(study_id)
+            self._write(JournalOperation.DELETE_STUDY, {"study_id": self._study_ids[study_id]})
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        with self._lock:
+            value = _as_read(value)
+            super().set_study_user_attr(study_id, key, value)
+            self._write(
+                JournalOperation.SET_STUDY_USER_ATTR, {"study_id": self._study_ids[study_id], "user_attr": {key: value}}
+            )
+
+    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
+        with self._lock:
+            value = _as_read(value)
+            super().set_study_system_attr(study_id, key, value)
+            self._write(
+                JournalOperation.SET_STUDY_SYSTEM_ATTR,
+                {"study_id": self._study_ids[study_id], "system_attr": {key: value}},
+            )
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        with self._lock:
+            mem = super().create_new_trial(study_id, template_trial)
+            trial = self._get_trial(mem)
+            log: dict[str, Any] = {
+                "study_id": self._study_ids[study_id],
+                "datetime_start": _stamp(trial.datetime_start),
+            }
+            if template_trial is not None:
+                many = trial.values is not None and len(trial.values) > 1
+                log.update(
+                    state=trial.state,
+                    value=None if many else trial.value,
+                    values=trial.values if many else None,
+                    distributions={k: distribution_to_json(d) for k, d in trial.distributions.items()},
+                    params={k: trial.distributions[k].to_internal_repr(v) for k, v in trial.params.items()},
+                    user_attrs=trial.user_attrs,
+                    system_attrs=trial.system_attrs,
+                    intermediate_values=trial.intermediate_values,
+                )
+                if trial.datetime_complete is not None:
+                    log["datetime_complete"] = _stamp(trial.datetime_complete)
+            self._write(JournalOperation.CREATE_TRIAL, log)
+            self._trial_ids[mem] = self._next_trial
+            self._next_trial += 1
+            return mem
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any) -> None:
+        with self._lock:
+            super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+            self._write(
+                JournalOperation.SET_TRIAL_PARAM,
+                {
+                    "trial_id": self._trial_ids[trial_id],
+                    "param_name": param_name,
+                    "param_value_internal": param_value_internal,
+                    "distribution": distribution_to_json(distribution),
+                },
+            )
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        with self._lock:
+            if not super().set_trial_state_values(trial_id, state, values):
+                return False
+            trial = self._get_trial(trial_id)
+            log: dict[str, Any] = {"trial_id": self._trial_ids[trial_id], "state": state, "values": values}
+            if state == TrialState.RUNNING:
+                log["datetime_start"] = _stamp(trial.datetime_start)
+            elif state.is_finished():
+                log["datetime_complete"] = _stamp(trial.datetime_complete)
+            self._write(JournalOperation.SET_TRIAL_STATE_VALUES, log)
+            return True
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
+        with self._lock:
+            super().set_trial_intermediate_value(trial_id, step, intermediate_value)
+            self._write(
+                JournalOperation.SET_TRIAL_INTERMEDIATE_VALUE,
+                {"trial_id": self._trial_ids[trial_id], "step": step, "intermediate_value": intermediate_value},
+            )
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        with self._lock:
+            value = _as_read(value)
+            super().set_trial_user_attr(trial_id, key, value)
+            self._write(
+                JournalOperation.SET_TRIAL_USER_ATTR, {"trial_id": self._trial_ids[trial_id], "user_attr": {key: value}}
+            )
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        with self._lock:
+            value = _as_read(value)
+            super().set_trial_system_attr(trial_id, key, value)
+            self._write(
+                JournalOperation.SET_TRIAL_SYSTEM_ATTR,
+                {"trial_id": self._trial_ids[trial_id], "system_attr": {key: value}},
+            )
+
+
+def _as_read(value: Any) -> Any:
+    """An attribute's value as a reader of the file gets it (JSON turns tuples into lists, keys into strings), so
+    the study in memory is the one a resume will load."""
+    return json.loads(json.dumps(value))
+
+
+def _stamp(moment: datetime | None) -> str | None:
+    """A naive local datetime (Optuna's in memory) as the journal writes it: UTC, ISO, microseconds."""
+    return None if moment is None else moment.astimezone(UTC).isoformat(timespec="microseconds")

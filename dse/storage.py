@@ -1,9 +1,9 @@
 """The Optuna storage of a study, from a URL: where trials live while and after a study runs.
 
-A journal file in the output folder by default (Optuna's format, through the cheaper dse.journal backend): the
-driver makes it durable and resumable, and `optuna-dashboard` reads it live. For a team or a cluster whose drivers
-run on different hosts: an RDB (`postgresql://`, `mysql://`, `sqlite:///`) or the Redis journal (`redis://`). A
-plain path is a journal file.
+A journal file in the output folder by default (Optuna's format, kept in memory and appended to by
+dse.journal.JournalMirror): the driver makes it durable and resumable, and `optuna-dashboard` reads it live. One
+driver writes a journal file at a time. For a team or a cluster whose drivers run on different hosts: an RDB
+(`postgresql://`, `mysql://`, `sqlite:///`) or the Redis journal (`redis://`). A plain path is a journal file.
 """
 
 import warnings
@@ -15,7 +15,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
 from dse.errors import DseError
-from dse.journal import JournalFile
+from dse.journal import JournalMirror
 
 JOURNAL = "optuna-journal.log"
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite")
@@ -38,7 +38,7 @@ def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
     scheme = urlsplit(url).scheme.split("+")[0] if url else ""
     try:
         if not url:
-            return JournalStorage(JournalFile(str(out_dir / JOURNAL)))
+            return JournalMirror(str(out_dir / JOURNAL))
         if scheme in RDB_SCHEMES:
             return RDBStorage(url)
         if scheme == "redis":
@@ -48,7 +48,7 @@ def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
         if scheme in ("", "file"):
             path = Path(urlsplit(url).path if scheme == "file" else url)
             path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFile(str(path)))
+            return JournalMirror(str(path))
     except ImportError as exc:  # Optuna turns a missing database driver into a bare ImportError
         package = DRIVERS.get(scheme, getattr(exc, "name", None) or "the database driver")
         raise DseError(

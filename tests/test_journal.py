@@ -1,11 +1,14 @@
-"""The journal backend: the same file Optuna's own backend reads, crash-safe appends, several writers."""
+"""The journal backend (the same file Optuna's own backend reads, crash-safe appends, several writers) and the
+driver's in-memory mirror of it."""
 
 import os
 
 import optuna
+import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-from dse.journal import JournalFile
+from dse.errors import DseError
+from dse.journal import JournalFile, JournalMirror
 
 DIST = {
     "x": optuna.distributions.IntDistribution(0, 100),
@@ -59,3 +62,38 @@ def test_two_writers_on_one_file_see_each_others_trials(tmp_path):
     numbers = [t.number for t in first.get_trials(deepcopy=False)]
     assert numbers == [0, 1, 2, 3, 4] == [t.number for t in second.get_trials(deepcopy=False)]
     assert os.path.getsize(path) > 0
+
+
+def test_the_mirror_writes_the_journal_optunas_backend_reads(tmp_path):
+    path = str(tmp_path / "journal.log")
+    ours = fill(JournalMirror(path), "s", 12)
+    theirs = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(path)))
+    assert snapshot(theirs) == snapshot(ours)
+    assert snapshot(ours)[0][4]["metrics"]["tuple"] == [1, 2]  # in memory as a reader of the file has it
+    times = [(t.datetime_start, t.datetime_complete) for t in ours.get_trials(deepcopy=False)]
+    assert times == [(t.datetime_start, t.datetime_complete) for t in theirs.get_trials(deepcopy=False)]
+
+
+def test_the_mirror_resumes_a_journal_whose_ids_are_not_its_own(tmp_path):
+    """A deleted study keeps its trials' ids in the file; the mirror numbers from zero and writes the file's."""
+    path = str(tmp_path / "journal.log")
+    fill(JournalStorage(JournalFile(path)), "gone", 3)
+    fill(JournalStorage(JournalFile(path)), "s", 2)
+    optuna.delete_study(study_name="gone", storage=JournalStorage(JournalFile(path)))
+    mirror = JournalMirror(path)
+    study = optuna.load_study(study_name="s", storage=mirror)
+    study.enqueue_trial({"x": 7, "c": "b"})
+    fill(mirror, "s", 2)
+    reread = optuna.load_study(study_name="s", storage=JournalStorage(JournalFileBackend(path)))
+    assert snapshot(reread) == snapshot(study)
+    assert [t.number for t in reread.trials] == [0, 1, 2, 3] and reread.trials[2].params == {"x": 7, "c": "b"}
+    assert optuna.get_all_study_names(JournalStorage(JournalFileBackend(path))) == ["s"]
+
+
+def test_the_mirror_refuses_to_write_over_another_processs_lines(tmp_path):
+    path = str(tmp_path / "journal.log")
+    mirror = JournalMirror(path)
+    fill(mirror, "s", 1)
+    fill(JournalStorage(JournalFile(path)), "s", 1)  # a second driver on the same file
+    with pytest.raises(DseError, match="another process wrote to the study journal"):
+        fill(mirror, "s", 1)

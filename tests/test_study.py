@@ -158,9 +158,10 @@ def test_an_interrupted_run_leaves_nothing_running_and_resumes_to_the_budget(tmp
     assert 1 <= len(waiting) <= 3
     assert sorted(t.user_attrs[RETRY_OF] for t in waiting) == sorted(t.number for t in failed)
 
-    run(spec, open_study(spec, tmp_path), InlineExecutor(Counting()), spec.trials)
-    assert len(counted(study.trials)) == 10
-    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+    resumed = open_study(spec, tmp_path)
+    run(spec, resumed, InlineExecutor(Counting()), spec.trials)
+    assert len(counted(resumed.trials)) == 10
+    assert not resumed.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
 def crash_once(point: DesignPoint, markers: str) -> dict:
@@ -351,9 +352,10 @@ def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_eval
     trial.set_user_attr(METRICS, metrics)  # ... and here the driver died
 
     evaluation = Counting()
-    run(spec, open_study(spec, tmp_path), InlineExecutor(evaluation), spec.trials)
+    resumed = open_study(spec, tmp_path)
+    run(spec, resumed, InlineExecutor(evaluation), spec.trials)
     assert evaluation.keys == []
-    trials = study.get_trials()
+    trials = resumed.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert trials[1].user_attrs[DUPLICATE_OF] == trials[0].number
     assert trials[1].values == [metrics[m] for m in spec.metrics]

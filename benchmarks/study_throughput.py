@@ -9,7 +9,7 @@ a real `mlflow server` (the test suite's). A run lasts seconds and this machine'
 runs, so each study runs `--repeats` times with 1 and with 2 workers, and the median ratio is the figure.
 Usage:
 
-    .venv/bin/python benchmarks/study_throughput.py [--trials 1000] [--repeats 3]
+    .venv/bin/python benchmarks/study_throughput.py [--trials 1000] [--repeats 5]
 """
 
 import argparse
@@ -117,7 +117,7 @@ def mlflow_rate(out: Path, trials: int, uri: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each study with 1 and with 2 workers")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each study with 1 and with 2 workers")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import ray

@@ -17,7 +17,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -152,21 +152,10 @@ class JournalMirror(InMemoryStorage):
             self._write(JournalOperation.DELETE_STUDY, {"study_id": self._study_ids[study_id]})
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
-        with self._lock:
-            value = _as_read(value)
-            super().set_study_user_attr(study_id, key, value)
-            self._write(
-                JournalOperation.SET_STUDY_USER_ATTR, {"study_id": self._study_ids[study_id], "user_attr": {key: value}}
-            )
+        self._set_attr(JournalOperation.SET_STUDY_USER_ATTR, super().set_study_user_attr, study_id, key, value)
 
     def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
-        with self._lock:
-            value = _as_read(value)
-            super().set_study_system_attr(study_id, key, value)
-            self._write(
-                JournalOperation.SET_STUDY_SYSTEM_ATTR,
-                {"study_id": self._study_ids[study_id], "system_attr": {key: value}},
-            )
+        self._set_attr(JournalOperation.SET_STUDY_SYSTEM_ATTR, super().set_study_system_attr, study_id, key, value)
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         with self._lock:
@@ -230,27 +219,31 @@ class JournalMirror(InMemoryStorage):
             )
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        with self._lock:
-            value = _as_read(value)
-            super().set_trial_user_attr(trial_id, key, value)
-            self._write(
-                JournalOperation.SET_TRIAL_USER_ATTR, {"trial_id": self._trial_ids[trial_id], "user_attr": {key: value}}
-            )
+        self._set_attr(JournalOperation.SET_TRIAL_USER_ATTR, super().set_trial_user_attr, trial_id, key, value)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._set_attr(JournalOperation.SET_TRIAL_SYSTEM_ATTR, super().set_trial_system_attr, trial_id, key, value)
+
+    def _set_attr(
+        self, op: JournalOperation, store: Callable[[int, str, Any], None], owner: int, key: str, value: Any
+    ) -> None:
+        """An attribute of a study or a trial, as a reader of the file gets it (JSON turns tuples into lists, keys
+        into strings), so that the study in memory is the one a resume loads."""
+        owner_field, kind = _ATTR_OPS[op]
+        ids = self._study_ids if owner_field == "study_id" else self._trial_ids
         with self._lock:
-            value = _as_read(value)
-            super().set_trial_system_attr(trial_id, key, value)
-            self._write(
-                JournalOperation.SET_TRIAL_SYSTEM_ATTR,
-                {"trial_id": self._trial_ids[trial_id], "system_attr": {key: value}},
-            )
+            value = json.loads(json.dumps(value))
+            store(owner, key, value)
+            self._write(op, {owner_field: ids[owner], kind: {key: value}})
 
 
-def _as_read(value: Any) -> Any:
-    """An attribute's value as a reader of the file gets it (JSON turns tuples into lists, keys into strings), so
-    the study in memory is the one a resume will load."""
-    return json.loads(json.dumps(value))
+_ATTR_OPS = {
+    JournalOperation.SET_STUDY_USER_ATTR: ("study_id", "user_attr"),
+    JournalOperation.SET_STUDY_SYSTEM_ATTR: ("study_id", "system_attr"),
+    JournalOperation.SET_TRIAL_USER_ATTR: ("trial_id", "user_attr"),
+    JournalOperation.SET_TRIAL_SYSTEM_ATTR: ("trial_id", "system_attr"),
+}
+"""The owner's id field and the attribute field of each attribute operation's line."""
 
 
 def _stamp(moment: datetime | None) -> str | None:

@@ -9,10 +9,11 @@ Units: FLOPs (2 per multiply-add), bytes, seconds. Communication sizes follow th
 = the buffer, all-gather = the output, reduce-scatter = the input, all-to-all = the send buffer.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import prod
+from typing import overload
 
 import numpy as np
 
@@ -211,6 +212,77 @@ class RankLayout:
         return rank + ((coord + offset) % size - coord) * self.stride(axis)
 
 
+class DeferredPrograms(Sequence[Program]):
+    """A workload's programs, built on first use.
+
+    A cost model that prices the step from its SteadyForm never reads the full programs, and building them (a
+    call per layer and micro-batch on every stage) would be most of the generation; everything else (exporters,
+    summaries, the reference simulation) gets them on first access, built by the same generator code."""
+
+    def __init__(self, count: int, build: Callable[[], list[Program]]) -> None:
+        self._count = count
+        self._build: Callable[[], list[Program]] | None = build
+        self._programs: list[Program] = []
+        self._as_built: tuple[tuple[tuple[Call, ...], tuple[Tensor, ...]], ...] = ()
+
+    @property
+    def built(self) -> bool:
+        return self._build is None
+
+    def unedited(self) -> bool:
+        """Whether the programs are still as built (trivially, when they have not been built)."""
+        if self._build is not None:
+            return True
+        # Unedited programs share their items with the snapshot, so this compares by identity, item by item.
+        return all(
+            tuple(p.calls) == calls and tuple(p.tensors) == tensors
+            for p, (calls, tensors) in zip(self._programs, self._as_built, strict=True)
+        )
+
+    def _get(self) -> list[Program]:
+        if self._build is not None:
+            self._programs = self._build()
+            self._as_built = tuple((tuple(p.calls), tuple(p.tensors)) for p in self._programs)
+            self._build = None
+        return self._programs
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> Program: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Program]: ...
+    def __getitem__(self, index: int | slice) -> Program | list[Program]:
+        return self._get()[index]
+
+    def __iter__(self) -> Iterator[Program]:
+        return iter(self._get())
+
+
+@dataclass(eq=False)
+class SteadyForm:
+    """The same step with fewer micro-batches, for cost models that price a pipeline's steady state once.
+
+    With identical micro-batches a 1F1B pipeline settles into a steady state in which every stage repeats the
+    same calls, shifted by one period, until it drains; the step with more micro-batches only repeats that state
+    more often. A cost model may simulate `programs` (this step's programs with `microbatches` micro-batches,
+    calling the workload's blocks), find the period on their timeline and add it `repeats` more times, instead of
+    walking every micro-batch: it checks the timeline really is periodic first, since only its own rules decide
+    that. `period`: micro-batches after which a stage repeats its calls (1 for 1F1B, the stage count for
+    interleaved 1F1B). It stands for the workload's programs only while those are DeferredPrograms still as
+    built (`holds`): a workload edited since must be priced from its own programs."""
+
+    programs: list[Program]
+    microbatches: int
+    period: int
+    repeats: int
+
+    @staticmethod
+    def holds(programs: Sequence[Program]) -> bool:
+        return isinstance(programs, DeferredPrograms) and programs.unedited()
+
+
 @dataclass
 class Workload:
     """One step of one design point, as the generator sees it and every cost model reads it."""
@@ -218,7 +290,8 @@ class Workload:
     point_key: str
     layout: RankLayout
     blocks: list[Block]
-    programs: list[Program]
+    programs: Sequence[Program]
+    """One per rank class: a list, or DeferredPrograms built on first use."""
     class_of: np.ndarray
     """Rank -> index into programs."""
     tokens: int
@@ -227,6 +300,8 @@ class Workload:
     """FLOPs of the step by the conventional count (6 N T + attention, no recompute), for MFU."""
     dtype: str = "bf16"
     """The dtype the compute ops run their math in (its peak is what a roofline divides by)."""
+    steady: SteadyForm | None = None
+    """The step with fewer micro-batches, when the generator knows its pipeline settles (see SteadyForm)."""
 
     def ranks_of(self, rank_class: int) -> np.ndarray:
         return np.flatnonzero(self.class_of == rank_class)

@@ -14,19 +14,26 @@ DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
 
 @pytest.fixture
 def priced(monkeypatch):
-    """Counts the schedules actually computed (fast and reference), from an empty cache."""
+    """Counts the schedules actually computed (fast, from the steady form or whole, and reference), from an empty
+    cache."""
     counts = {"fast": 0, "exact": 0}
-    fast, exact = cost_model.schedule_fast, cost_model.schedule
+    fast, steady, exact = cost_model.schedule_fast, cost_model.schedule_steady, cost_model.schedule
 
     def counting_fast(*args, **kwargs):
         counts["fast"] += 1
         return fast(*args, **kwargs)
+
+    def counting_steady(*args, **kwargs):
+        schedules = steady(*args, **kwargs)
+        counts["fast"] += schedules is not None
+        return schedules
 
     def counting_exact(*args, **kwargs):
         counts["exact"] += 1
         return exact(*args, **kwargs)
 
     monkeypatch.setattr(cost_model, "schedule_fast", counting_fast)
+    monkeypatch.setattr(cost_model, "schedule_steady", counting_steady)
     monkeypatch.setattr(cost_model, "schedule", counting_exact)
     monkeypatch.setattr(cost_model, "_RESULTS", {})
     return counts

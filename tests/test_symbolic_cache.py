@@ -31,15 +31,23 @@ def test_a_system_only_change_reuses_the_workload_and_prices_it_like_a_fresh_one
 
 def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     """The affinity a study's executor routes by names exactly what the skeleton cache keys on: points equal in
-    it reuse one call shape per stage (another tp, another recompute), and a point that differs does not."""
+    it reuse one call shape per stage of the programs the cost model prices (another tp, another recompute,
+    more micro-batches of the same steady form), and a point that differs does not."""
     shape = dict(seq_len=2048, global_batch=32, pp=2, dp=2, sp=True, zero=1)
     tp4 = make_point("llama3-8b", DGX, tp=4, recompute="none", **shape)
     tp2 = make_point("llama3-8b", DGX, tp=2, recompute="full", **shape)
     more_micro_batches = make_point("llama3-8b", DGX, tp=4, **{**shape, "global_batch": 64})
+    synced_each_micro_batch = make_point("llama3-8b", DGX, tp=4, **{**shape, "zero": 2})
     evaluation = PluginEvaluation("symbolic", "analytical")
-    assert evaluation.affinity(tp4) == evaluation.affinity(tp2) != evaluation.affinity(more_micro_batches)
+    assert evaluation.affinity(tp4) == evaluation.affinity(tp2) == evaluation.affinity(more_micro_batches)
+    assert evaluation.affinity(tp4) != evaluation.affinity(synced_each_micro_batch)
 
     generator = SymbolicGenerator()
-    shapes = [[p.shape for p in generator.generate(point).programs] for point in (tp4, tp2, more_micro_batches)]
-    assert all(a is b for a, b in zip(shapes[0], shapes[1], strict=True))
-    assert not any(a is b for a, b in zip(shapes[0], shapes[2], strict=True))
+    points = (tp4, tp2, more_micro_batches, synced_each_micro_batch)
+    workloads = [generator.generate(point) for point in points]
+    assert [w.steady.microbatches for w in workloads] == [6] * 4
+    assert [len(w.steady.programs[0].calls) for w in workloads[:3]] == [len(workloads[0].steady.programs[0].calls)] * 3
+    shapes = [[p.shape for p in w.steady.programs] for w in workloads]
+    for alike in shapes[1:3]:
+        assert all(a is b for a, b in zip(shapes[0], alike, strict=True))
+    assert not any(a is b for a, b in zip(shapes[0], shapes[3], strict=True))

@@ -9,6 +9,7 @@ prefill and decode trace the forward only and hold KV caches (or SSM states) ins
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,10 +21,12 @@ from dse.workload import (
     Call,
     CallShape,
     Collective,
+    DeferredPrograms,
     Op,
     OpKind,
     Program,
     RankLayout,
+    SteadyForm,
     Tensor,
     TensorKind,
     Workload,
@@ -106,7 +109,11 @@ class _Builder:
         self.train = point.workload.mode == "train"
         self.module = DenseModule(point)
         self.tracer = self.module.tracer
+        self.microbatches = point.micro_batches
+        """How many micro-batches the programs being scheduled run (see `programs`)."""
+        self.sends: dict[tuple[int, int], list[int]] = {}
         self.blocks: list[Block] = []
+        self._shared_blocks: dict[Block, int] = {}
         self.synced: set[int] = set()
         self.p2p: dict[tuple[OpKind, int, str], int] = {}
         self._elems: dict[int, float] = {}
@@ -117,9 +124,16 @@ class _Builder:
             else None
         )
 
-    def add_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
+    def add_block(self, name: str, emitter: Emitter, output: int = -1, share: bool = False) -> int:
+        """The new block's index; with `share`, an equal block added before is reused, so that cost models price
+        it once (the optimizer step of pipeline stages that hold alike layers)."""
         temp = emitter.peak_temp + (0.0 if emitter.prefetch else emitter.gathered_params)
-        self.blocks.append(Block(name, tuple(emitter.ops), output, temp))
+        block = Block(name, tuple(emitter.ops), output, temp)
+        if share and (index := self._shared_blocks.get(block)) is not None:
+            return index
+        self.blocks.append(block)
+        if share:
+            self._shared_blocks[block] = len(self.blocks) - 1
         return len(self.blocks) - 1
 
     def gather_block(self, name: str, emitter: Emitter) -> int | None:
@@ -305,12 +319,19 @@ class _Builder:
         zero_share = 0.0
         by_group: dict[str, float] = defaultdict(float)
         data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
+        uses: dict[int, list] = {}  # layers of a kind share their weights' STensors: count each once
         for w in params:
-            elems = self._replica_elems(w)
-            replicas = p.dp // p.ep if is_expert(w) else p.dp
+            use = uses.get(id(w))
+            if use is None:
+                uses[id(w)] = [w, 1]
+            else:
+                use[1] += 1
+        for w, count in uses.values():
+            elems = self._replica_elems(w) * count
+            expert = is_expert(w)
             local += elems
-            zero_share += elems / replicas
-            by_group["dp" if is_expert(w) else data] += elems
+            zero_share += elems / (p.dp // p.ep if expert else p.dp)
+            by_group["dp" if expert else data] += elems
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
         if not self.train:
@@ -341,7 +362,7 @@ class _Builder:
                         deps=(adam,),
                     )
                 )
-        return self.add_block("optimizer", emitter), memory
+        return self.add_block("optimizer", emitter, share=True), memory
 
     def build(self) -> Workload:
         point, module = self.point, self.module
@@ -372,9 +393,8 @@ class _Builder:
 
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         self.chunks = chunks
-        self.sends = self.send_orders()
         per_chunk = self.per_chunk = m.layers // (p.pp * chunks)
-        programs = []
+        stages: list[_Stage] = []
         for stage in range(p.pp):
             vstages = [c * p.pp + stage for c in range(chunks)]
             layers = {c: list(range(v * per_chunk, (v + 1) * per_chunk)) for c, v in enumerate(vstages)}
@@ -383,16 +403,20 @@ class _Builder:
             params += embedding.params if first else []
             params += head.params if last else []
             optimizer, static = self.optimizer_block(params)
-            program = Program(stage, f"stage{stage}")
-            for kind, size in static.items():
-                program.tensors.append(Tensor(kind.value, kind, size))
+            fixed = [Tensor(kind.value, kind, size) for kind, size in static.items()]
             if not self.train:
                 cache = sum(traced[kinds[i]].cache_bytes for c in layers for i in layers[c])
                 if cache:
-                    total = cache * point.micro_batches
-                    program.tensors.append(Tensor("kv_cache", TensorKind.KV_CACHE, total))
-            self.scheduled(program, stage, layers, kinds, embedding, head, optimizer)
-            programs.append(program)
+                    fixed.append(Tensor("kv_cache", TensorKind.KV_CACHE, cache * point.micro_batches))
+            stages.append(_Stage(layers, optimizer, tuple(fixed)))
+        steady = self.steady_form(stages, kinds, embedding, head)
+        programs: Sequence[Program]
+        if steady is None:
+            programs = self.programs(stages, point.micro_batches, kinds, embedding, head)
+        else:
+            programs = DeferredPrograms(
+                p.pp, lambda: self.programs(stages, point.micro_batches, kinds, embedding, head)
+            )
 
         axes = [("tp", p.tp), ("cp", p.cp)]
         axes += [("ep", p.ep), ("dp", p.dp // p.ep)] if p.ep > 1 else [("dp", p.dp)]
@@ -407,11 +431,38 @@ class _Builder:
             point.workload.tokens if point.workload.mode != "decode" else point.workload.global_batch,
             model_flops(m, point.workload),
             m.dtype,
+            steady,
         )
+
+    def programs(
+        self, stages: "list[_Stage]", microbatches: int, kinds: list[LayerKind], embed: Traced, head: Traced
+    ) -> list[Program]:
+        """One program per pipeline stage, running `microbatches` micro-batches."""
+        self.microbatches = microbatches
+        self.sends = self.send_orders()
+        programs = []
+        for stage, (layers, optimizer, fixed) in enumerate(stages):
+            program = Program(stage, f"stage{stage}", tensors=list(fixed))
+            self.scheduled(program, stage, layers, kinds, embed, head, optimizer)
+            programs.append(program)
+        return programs
+
+    def steady_form(
+        self, stages: "list[_Stage]", kinds: list[LayerKind], embed: Traced, head: Traced
+    ) -> SteadyForm | None:
+        """The step with fewer micro-batches that shows its whole pipeline steady state (see SteadyForm and
+        `steady_microbatches`). The cost model checks the periods on the timeline and prices the full step where
+        they do not show."""
+        short = steady_microbatches(self.point)
+        if short is None:
+            return None
+        period = self.point.parallel.pp if self.chunks > 1 else 1
+        repeats = (self.point.micro_batches - short) // period
+        return SteadyForm(self.programs(stages, short, kinds, embed, head), short, period, repeats)
 
     def steps(self, stage: int) -> list[tuple[str, int, int]]:
         """(F or B, micro-batch, chunk) in the order the stage runs them."""
-        p, chunks, microbatches = self.point.parallel, self.chunks, self.point.micro_batches
+        p, chunks, microbatches = self.point.parallel, self.chunks, self.microbatches
         if not self.train:
             return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
         if p.pp_schedule == "interleaved":
@@ -460,7 +511,8 @@ class _Builder:
         traces = (embed, head, *self.layer_traces.values())
         key = (
             stage,
-            schedule_affinity(self.point),
+            schedule_shape(self.point),
+            self.microbatches,
             len(self.blocks),
             tuple(self.p2p.items()),
             optimizer,
@@ -542,7 +594,7 @@ class _Builder:
         """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
         keep alive; returns what sizes each of those tensors (a `Source`)."""
         p = self.point.parallel
-        microbatches = self.point.micro_batches
+        microbatches = self.microbatches
         chunks = self.chunks
         vstages = p.pp * chunks
         sync_every = p.zero >= 2
@@ -711,6 +763,16 @@ def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
     return [node for node in tape if id(node) not in saved]
 
 
+class _Stage(NamedTuple):
+    """What a pipeline stage's programs share, whatever their number of micro-batches."""
+
+    layers: dict[int, list[int]]
+    """Per model chunk, the layers the stage holds."""
+    optimizer: int | None
+    fixed: tuple[Tensor, ...]
+    """Tensors held for the whole step: weights, gradients, optimizer states, KV cache."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Skeleton:
     """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
@@ -726,22 +788,42 @@ class _Skeleton:
     """The tensors built for recent points, by their sources' sizes."""
 
 
-def schedule_affinity(point: DesignPoint) -> tuple:
-    """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure (the
-    cost model keeps its segment layouts on the skeletons' call shapes too). The first point of each pays the walk
-    over every layer and micro-batch, most of a cold generation, so points alike in these fields run best in one
-    process: the generator's `affinity`."""
+def steady_microbatches(point: DesignPoint) -> int | None:
+    """Micro-batches of the step's SteadyForm, or None when it has none (see `_Builder.steady_form`).
+
+    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
+    about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
+    interleaved stages repeat every p micro-batches and warm up and drain for up to about two of those groups
+    each, so they take 6p. Only training with those schedules has one: GPipe holds every micro-batch's
+    activations, so its memory grows with them, and inference holds a KV cache per micro-batch."""
+    p = point.parallel
+    if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
+        return None
+    short = 6 * p.pp if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 2 * p.pp + 2
+    return short if point.micro_batches > short else None
+
+
+def schedule_shape(point: DesignPoint) -> tuple:
+    """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure and
+    the number of micro-batches scheduled."""
     p = point.parallel
     return (
         point.model.name,
         p.pp,
         p.virtual_stages if p.pp_schedule == "interleaved" else 1,
         p.pp_schedule,
-        point.micro_batches,
         point.workload.mode,
         p.zero >= 2,
         p.recompute_every,
     )
+
+
+def schedule_affinity(point: DesignPoint) -> tuple:
+    """The schedule skeletons a cost model prices a point from: its shape and the micro-batches of its steady
+    form (or of the step, without one). The first point of each pays the walk over every layer and micro-batch,
+    most of a cold generation, and the cost model keeps its segment layouts on the skeletons' call shapes, so
+    points alike in these run best in one process: the generator's `affinity`."""
+    return (*schedule_shape(point), steady_microbatches(point) or point.micro_batches)
 
 
 SKELETON_CACHE_SIZE = 256

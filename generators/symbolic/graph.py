@@ -216,6 +216,7 @@ class Tracer:
         self.emitter = Emitter()
         self.tape: list[Node] = []
         self.recording = True
+        self._elems: dict[tuple, float] = {}
 
     # -- sizes ---------------------------------------------------------------------------------------------
     def local_size(self, t: STensor, dim: str) -> float:
@@ -223,7 +224,12 @@ class Tracer:
         return self.sizes[dim] / split
 
     def elems(self, t: STensor) -> float:
-        return prod(self.local_size(t, d) for d in t.dims)
+        """Elements of t on one rank; tracing asks this of every tensor several times, so it is kept per shape."""
+        key = (t.dims, t.layout)
+        elems = self._elems.get(key)
+        if elems is None:
+            elems = self._elems[key] = prod(self.local_size(t, d) for d in t.dims)
+        return elems
 
     def nbytes(self, t: STensor) -> float:
         return self.elems(t) * t.itemsize

@@ -1,5 +1,6 @@
 """The analytical cost model: roofline kernels, closed-form collectives, stream-level scheduling."""
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -7,10 +8,11 @@ import numpy as np
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.spec import SystemSpec
-from dse.workload import Workload
+from dse.workload import DeferredPrograms, Program, Workload
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
+from simulators.analytical.steady import schedule_steady
 
 RESULT_CACHE_SIZE = 32
 _RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
@@ -22,10 +24,18 @@ or edited since, is priced afresh; emptied when full."""
 def _contents(workload: Workload) -> tuple:
     """What a workload is made of, with every list copied: their items are immutable, so this stays equal to the
     workload as it was. Programs generated from one skeleton share their calls and activation tensors, so two
-    such snapshots compare by identity, item by item, and cheaply."""
+    such snapshots compare by identity, item by item, and cheaply. Programs still to be built (DeferredPrograms)
+    cannot have been edited, and the generator builds them alike for workloads whose steady forms are alike."""
     w = workload
-    programs = tuple((p.rank_class, p.name, list(p.calls), list(p.tensors)) for p in w.programs)
+    if isinstance(w.programs, DeferredPrograms) and not w.programs.built and w.steady is not None:
+        programs: tuple = ("steady", w.steady.microbatches, w.steady.repeats, _programs(w.steady.programs))
+    else:
+        programs = _programs(w.programs)
     return (w.point_key, w.layout, w.tokens, w.model_flops, w.dtype, w.class_of.tolist(), list(w.blocks), programs)
+
+
+def _programs(programs: Sequence[Program]) -> tuple:
+    return tuple((p.rank_class, p.name, list(p.calls), list(p.tensors)) for p in programs)
 
 
 def _copy(result: SimResult) -> SimResult:
@@ -80,14 +90,17 @@ class AnalyticalCostModel:
                 f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
                 f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
             )
+        programs = workload.programs
         if self.timeline or self.exact:
             schedules = schedule(workload, system, timeline=self.timeline)
+        elif (steady := schedule_steady(workload, system)) is not None:
+            schedules, programs = steady.schedules, steady.programs
         else:
             schedules = schedule_fast(workload, system)
         ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
         classes = []
         accelerator = system.accelerator
-        for index, (program, sched) in enumerate(zip(workload.programs, schedules, strict=True)):
+        for index, (program, sched) in enumerate(zip(programs, schedules, strict=True)):
             peak, at_peak = peak_memory(program, workload.blocks, sched.call_start, sched.call_end)
             peak = with_runtime_reserve(peak, at_peak, accelerator)
             slowed = accelerator.overlap_slowdown * (sched.comm_s - sched.exposed_comm_s)

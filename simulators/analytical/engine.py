@@ -19,6 +19,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from math import inf
 
+import numpy as np
+
 from dse.interfaces import TimelineEvent
 from dse.spec import SystemSpec
 from dse.workload import Program, Workload
@@ -40,6 +42,11 @@ class ClassSchedule:
     call_end: list[float]
     """End of each call's latest op: until then the call holds its inputs and its working memory."""
     events: list[TimelineEvent]
+    busy: tuple[np.ndarray, ...] = ()
+    """(compute starts, compute ends, communication starts, communication ends) of the busy intervals, when the
+    scheduler keeps them (the fast path does, for `steady`)."""
+    transfers: list[tuple[int, int, float]] = field(default_factory=list)
+    """(call, category, seconds) of every p2p transfer: unlike other ops', their time is known only once paired."""
 
 
 @dataclass(slots=True, eq=False)
@@ -65,6 +72,7 @@ class _Run:
     local: list[float] = field(default_factory=list)
     """End of each op of the current call's block, by block op index."""
     queued: bool = False
+    transfers: list[tuple[int, int, float]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -244,6 +252,7 @@ class _Scheduler:
         if side.op == run.plans[side.call].output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start
+        run.transfers.append((side.call, side.category, end - start))
         run.comm_starts.append(start)
         run.comm_ends.append(end)
         if run.events is not None:
@@ -286,4 +295,5 @@ class _Scheduler:
             call_start=run.call_start,
             call_end=run.call_end,
             events=run.events or [],
+            transfers=run.transfers,
         )

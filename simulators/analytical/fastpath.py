@@ -529,11 +529,13 @@ class _FastScheduler(_Scheduler):
             call_end[index] = shift + outcome.call_end
             compute.append(((shift + outcome.compute[0]).ravel(), (shift + outcome.compute[1]).ravel()))
             comm.append(((shift + outcome.comm[0]).ravel(), (shift + outcome.comm[1]).ravel()))
-        compute_ends = np.concatenate([c[1] for c in compute])
-        comm_ends = np.concatenate([c[1] for c in comm])
-        compute_s, comm_s, exposed_s = split_busy(
-            np.concatenate([c[0] for c in compute]), compute_ends, np.concatenate([c[0] for c in comm]), comm_ends
+        busy = (
+            np.concatenate([c[0] for c in compute]),
+            compute_ends := np.concatenate([c[1] for c in compute]),
+            np.concatenate([c[0] for c in comm]),
+            comm_ends := np.concatenate([c[1] for c in comm]),
         )
+        compute_s, comm_s, exposed_s = split_busy(*busy)
         ends = np.concatenate((compute_ends, comm_ends))
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in self._block_plans[run.index].values()))
@@ -546,6 +548,8 @@ class _FastScheduler(_Scheduler):
             call_start=call_start,
             call_end=call_end,
             events=[],
+            busy=busy,
+            transfers=run.transfers,
         )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from dse.spec import AcceleratorSpec, GiB
 from dse.workload import Block, Program, TensorKind
+from simulators.analytical.calls import call_array
 
 _KINDS = list(TensorKind)
 _KIND_INDEX = {kind: i for i, kind in enumerate(_KINDS)}
@@ -36,7 +37,7 @@ def peak_memory(
     allocated[made] = call_start[producer[made]]
     freed = consumer >= 0
     block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
-    temp = block_temp[_call_blocks(program)]
+    temp = block_temp[call_array(program, "block")]
     held = np.flatnonzero(temp)
     times_all = np.concatenate((allocated, call_end[consumer[freed]], call_start[held], call_end[held]))
     deltas_all = np.concatenate((size, -size[freed], temp[held], -temp[held]))
@@ -56,18 +57,6 @@ def peak_memory(
     for kind, held_bytes in zip(_KINDS, by_kind, strict=True):
         at_peak[kind.value] = float(held_bytes)
     return float(level[peak]), at_peak
-
-
-def _call_blocks(program: Program) -> np.ndarray:
-    """The block of each call; kept on the program's CallShape, since later points of its shape call alike."""
-    shape = program.call_shape()
-    calls = program.calls if shape is None else shape.calls
-    blocks = None if shape is None else shape.memo.get("memory.call_blocks")
-    if blocks is None:
-        blocks = np.fromiter((call.block for call in calls), np.intp, len(calls))
-        if shape is not None:
-            shape.memo["memory.call_blocks"] = blocks
-    return blocks
 
 
 RESERVE, FRAGMENTATION = "reserve", "fragmentation"

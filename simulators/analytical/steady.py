@@ -1,0 +1,193 @@
+"""A pipeline's steady state priced once: the step simulated with fewer micro-batches, its period added on.
+
+With identical micro-batches every stage of a 1F1B pipeline settles into a state that repeats each period (one
+micro-batch; a group of p for interleaved 1F1B): the same calls, shifted by the same time. A step with more
+micro-batches only repeats that state more often, so its timeline is the shorter step's with `repeats` more
+periods spliced into the steady stretch, and everything summed over the timeline grows by as many periods' worth.
+The generator supplies the shorter step (`Workload.steady`); whether its timeline really is periodic is checked
+here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period for
+longer than any of its calls reaches back, and its busy intervals over one period must recur in the next. When a
+check fails the caller simulates the whole step.
+
+What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares): where
+ring-attention sends and pipeline transfers share NVLink, the links' state can cycle every few micro-batches
+while every call's times repeat each one. The steady stretch and its period are then still right, but the drain
+after it starts at another point of that cycle than the whole step's does: on the tests' ring-CP pipeline this
+moves the step time by 0.06%, inside the 1% the fast path promises (`tests/test_analytical_steady.py`);
+everywhere else the figures are the whole step's to rounding.
+
+Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p micro-batches' activations
+however many it runs, so the peak is the same (the generator offers no shorter form where it is not).
+"""
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dse.spec import SystemSpec
+from dse.workload import Program, SteadyForm, Workload
+from simulators.analytical.calls import call_array, call_reach
+from simulators.analytical.engine import ClassSchedule
+from simulators.analytical.fastpath import _FastScheduler
+from simulators.analytical.intervals import split_busy
+
+TOLERANCE_S = 1e-7
+"""How far apart two times may be and still count as one period apart: the fast path rounds entry states to a
+nanosecond per segment, so repeats of one state can differ by a few of those."""
+
+
+@dataclass(frozen=True, slots=True)
+class SteadySchedules:
+    """The extended schedules, and the programs their call times belong to (the shorter step's)."""
+
+    schedules: list[ClassSchedule]
+    programs: list[Program]
+
+
+def schedule_steady(workload: Workload, system: SystemSpec) -> SteadySchedules | None:
+    """The step's schedules from its shorter form; None when it has none or its timeline is not periodic."""
+    form = workload.steady
+    if form is None or not SteadyForm.holds(workload.programs):
+        return None
+    short = replace(workload, programs=form.programs, steady=None)
+    scheduler = _FastScheduler(short, system)
+    schedules = scheduler.run()
+    periods = [_period(program, sched, form.period) for program, sched in zip(form.programs, schedules, strict=True)]
+    if any(found is None for found in periods):
+        return None
+    shifts = [found[0] for found in periods]  # type: ignore[index]
+    if max(shifts) - min(shifts) > TOLERANCE_S:
+        return None
+    extended = []
+    for index, (program, sched, found) in enumerate(zip(form.programs, schedules, periods, strict=True)):
+        shift, first, calls = found  # type: ignore[misc]
+        window = _window(sched, first, shift)
+        if window is None:
+            return None
+        categories = _period_categories(scheduler, index, program, sched, range(first, first + calls))
+        extended.append(_extend(sched, shift, window, categories, form.repeats))
+    return SteadySchedules(extended, form.programs)
+
+
+def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float, int, int] | None:
+    """(the period's length, a call in the steady state, calls per period) for one stage, if its timeline shows
+    one.
+
+    In the steady state a stage's calls recur a fixed number of calls later (P, read off a micro-batch whose
+    calls recur `period` micro-batches later at one distance) with the same block, the micro-batch `period`
+    further on, and start and end times one period later. The steady stretch is the longest run of calls that
+    recur so; it must span two periods of calls (so three periods of the timeline repeat) and the furthest any
+    of its calls reads back (a backward reads its forward's activations, a pipeline depth of periods earlier):
+    a shorter run can be a transient that merely looks steady for a while. The call returned is one period into
+    it, away from the warm-up."""
+    microbatch = call_array(program, "microbatch")
+    block = call_array(program, "block")
+    start = np.asarray(sched.call_start)
+    end = np.asarray(sched.call_end)
+    count = int(microbatch.max()) + 1 if len(microbatch) else 0
+    distance = None
+    for j in range(count - period):
+        a, b = np.flatnonzero(microbatch == j), np.flatnonzero(microbatch == j + period)
+        if len(a) and len(a) == len(b) and np.array_equal(block[a], block[b]) and np.ptp(b - a) == 0:
+            distance = int(b[0] - a[0])
+            break
+    if distance is None:
+        return None
+    here, there = slice(0, len(block) - distance), slice(distance, len(block))
+    twin = (block[here] == block[there]) & (microbatch[there] == microbatch[here] + period) & (microbatch[here] >= 0)
+    shift = start[there] - start[here]
+    runs = _runs(twin)
+    if not runs:
+        return None
+    lo, hi = max(runs, key=lambda run: run[1] - run[0])
+    length = float(shift[(lo + hi) // 2])
+    steady = twin & (np.abs(shift - length) <= TOLERANCE_S) & (np.abs(end[there] - end[here] - length) <= TOLERANCE_S)
+    runs = _runs(steady)
+    if not runs or length <= 0:
+        return None
+    lo, hi = max(runs, key=lambda run: run[1] - run[0])
+    depth = int(call_reach(program)[lo : hi + distance].max())
+    if hi - lo < max(depth, 2 * distance):
+        return None
+    return length, lo + distance, distance
+
+
+def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of every run of True."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
+
+
+def _clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    s, e = np.maximum(starts, lo), np.minimum(ends, hi)
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
+    """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
+    the next period's busy intervals are these shifted by one period."""
+    lo = float(sched.call_start[first_call])
+    cs, ce, ms, me = sched.busy
+    windows = []
+    for k in (0, 1):
+        a, b = lo + k * shift, lo + (k + 1) * shift
+        compute = _clip(cs, ce, a, b)
+        comm = _clip(ms, me, a, b)
+        windows.append((compute, comm, a))
+    (c0, m0, a0), (c1, m1, a1) = windows
+    for here, there in ((c0, c1), (m0, m1)):
+        x, y = _pieces(*here, a0), _pieces(*there, a1)
+        if x.shape != y.shape or (len(x) and np.abs(x - y).max() > TOLERANCE_S):
+            return None
+    return split_busy(c0[0], c0[1], m0[0], m0[1])
+
+
+def _pieces(starts: np.ndarray, ends: np.ndarray, origin: float) -> np.ndarray:
+    """The union of the intervals as (start, end) rows from `origin`: intervals closer than TOLERANCE_S are one
+    and slivers shorter than it are none, so the same busy time reads the same whichever ops it was split into
+    and wherever a window's edge cut it."""
+    order = np.argsort(starts, kind="stable")
+    s, reach = starts[order], np.maximum.accumulate(ends[order])
+    if not len(s):
+        return np.zeros((0, 2))
+    opens = np.concatenate(([True], s[1:] > reach[:-1] + TOLERANCE_S))
+    first = np.flatnonzero(opens)
+    rows = np.column_stack((s[first], reach[np.append(first[1:] - 1, len(s) - 1)])) - origin
+    return rows[rows[:, 1] - rows[:, 0] > TOLERANCE_S]
+
+
+def _period_categories(
+    scheduler: _FastScheduler, index: int, program: Program, sched: ClassSchedule, calls: range
+) -> dict[str, float]:
+    """Busy seconds per category of one period's calls: their blocks' priced ops and their p2p transfers."""
+    block = call_array(program, "block")
+    names = list(scheduler._planner.categories)
+    plans = scheduler._block_plans[index]
+    totals: dict[str, float] = {}
+    for b in block[calls.start : calls.stop].tolist():
+        for category, seconds in plans[b].category_seconds:
+            totals[names[category]] = totals.get(names[category], 0.0) + seconds
+    for call, category, seconds in sched.transfers:
+        if call in calls:
+            totals[names[category]] = totals.get(names[category], 0.0) + seconds
+    return totals
+
+
+def _extend(
+    sched: ClassSchedule, shift: float, window: tuple[float, ...], categories: dict[str, float], repeats: int
+) -> ClassSchedule:
+    compute, comm, exposed = window
+    by_category = dict(sched.time_by_category)
+    for name, seconds in categories.items():
+        by_category[name] = by_category.get(name, 0.0) + repeats * seconds
+    return ClassSchedule(
+        end_s=sched.end_s + repeats * shift,
+        compute_s=sched.compute_s + repeats * compute,
+        comm_s=sched.comm_s + repeats * comm,
+        exposed_comm_s=sched.exposed_comm_s + repeats * exposed,
+        time_by_category=by_category,
+        call_start=sched.call_start,
+        call_end=sched.call_end,
+        events=[],
+    )

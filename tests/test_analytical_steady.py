@@ -1,0 +1,112 @@
+"""A pipeline's steady state priced once: the step from its SteadyForm against the step's own programs.
+
+The steady form runs 2p + 2 micro-batches (6p interleaved) and the cost model adds the period it finds on that
+timeline as often as the step has more; the figures must be the whole step's, not approximately but to rounding,
+and a timeline that does not repeat must be priced whole.
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from dse.spec import DesignPoint
+from dse.workload import Tensor, TensorKind
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.steady import schedule_steady
+from tests.helpers import make_point
+
+DGX = {"base": "dgx-h100", "network": {1: {"npus": 4}}}
+CASES = {
+    "1f1b-zero1": dict(tp=2, pp=4, dp=2, zero=1, sp=True, global_batch=128),
+    "1f1b-zero2-selective": dict(tp=2, pp=2, dp=2, zero=2, recompute="selective", global_batch=64),
+    "1f1b-zero3-full": dict(tp=2, pp=2, dp=2, zero=3, recompute="full", global_batch=128),
+    "pp1-accumulation": dict(tp=2, dp=4, global_batch=64),
+    "interleaved-zero3": dict(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, zero=3, global_batch=128),
+    "ring-cp": dict(tp=2, cp=2, pp=4, cp_algorithm="ring", global_batch=128),
+    "moe-ep4": dict(model="tiny-moe", ep=4, dp=4, pp=2, zero=1, global_batch=128),
+    "mla": dict(model="tiny-deepseek", tp=2, pp=2, dp=4, global_batch=128),
+    "hybrid": dict(model="tiny-hybrid", tp=2, pp=2, dp=4, recompute="full", global_batch=128),
+}
+SHARED_LINK_CYCLES = {"ring-cp": 1e-2}
+"""Cases whose network links' state cycles over several periods (see the test below): within the fast path's 1%."""
+
+
+def _whole(workload, point: DesignPoint):
+    """The step priced from its own programs: no steady form, another key so the results cache does not answer."""
+    return AnalyticalCostModel().simulate(replace(workload, steady=None, point_key="whole"), point.system)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_steady_form_prices_the_step_as_its_own_programs_do(case):
+    point = make_point(system=DGX, **CASES[case])
+    workload = SymbolicGenerator().generate(point)
+    assert workload.steady is not None and workload.steady.repeats > 0
+    assert schedule_steady(workload, point.system) is not None, "the steady form's timeline did not repeat"
+    steady = AnalyticalCostModel().simulate(workload, point.system)
+    whole = _whole(workload, point)
+    rel = SHARED_LINK_CYCLES.get(case, 1e-9)
+    assert steady.step_time_s == pytest.approx(whole.step_time_s, rel=rel)
+    for s, w in zip(steady.classes, whole.classes, strict=True):
+        for field in ("end_s", "compute_s", "comm_s", "exposed_comm_s"):
+            assert getattr(s, field) == pytest.approx(getattr(w, field), rel=rel, abs=1e-15), field
+        assert s.peak_memory_bytes == pytest.approx(w.peak_memory_bytes, rel=1e-12)
+        assert s.memory_at_peak == pytest.approx(w.memory_at_peak, rel=1e-12)
+        assert s.time_by_category == pytest.approx(w.time_by_category, rel=rel)
+
+
+def test_a_link_state_cycle_the_checks_miss_moves_the_step_by_less_than_a_thousandth():
+    """Ring-attention sends share NVLink with the pipeline's transfers: the link's last use cycles every three
+    micro-batches while every call repeats each one, and the drain starts at another point of that cycle (see
+    `steady`). The step time moves by 0.06%: pinned, so that a change that makes it worse shows."""
+    point = make_point(system=DGX, **CASES["ring-cp"])
+    workload = SymbolicGenerator().generate(point)
+    steady = AnalyticalCostModel().simulate(workload, point.system).step_time_s
+    whole = _whole(workload, point).step_time_s
+    assert 1e-4 < steady / whole - 1 < 1e-3
+
+
+def test_the_steady_form_holds_a_few_periods_and_stands_for_the_rest():
+    point = make_point(tp=2, pp=4, dp=2, global_batch=128, system=DGX)  # 64 micro-batches
+    form = SymbolicGenerator().generate(point).steady
+    assert (form.microbatches, form.period, form.repeats) == (10, 1, 54)
+    interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=128)
+    form = SymbolicGenerator().generate(interleaved).steady
+    assert (form.microbatches, form.period, form.repeats) == (24, 4, 10)
+    for kind in (dict(pp_schedule="gpipe"), dict(global_batch=16)):  # GPipe; 8 micro-batches, fewer than 2p + 2
+        assert (
+            SymbolicGenerator().generate(make_point(**{"tp": 2, "pp": 4, "dp": 2, "global_batch": 128, **kind})).steady
+            is None
+        )
+
+
+def test_a_timeline_that_does_not_repeat_is_priced_whole():
+    """Llama-3-70B with ZeRO-3 prefetches over interleaved stages: within 24 micro-batches the stages' times per
+    period still differ, so the steady form is refused and the step is simulated whole."""
+    point = make_point(
+        "llama3-70b",
+        {"base": "dgx-h100", "network": {1: {"npus": 16}}},
+        seq_len=4096,
+        global_batch=128,
+        tp=8,
+        pp=4,
+        dp=4,
+        pp_schedule="interleaved",
+        virtual_stages=2,
+        zero=3,
+    )
+    workload = SymbolicGenerator().generate(point)
+    assert workload.steady is not None and schedule_steady(workload, point.system) is None
+    assert AnalyticalCostModel().simulate(workload, point.system) == _whole(workload, point)
+
+
+def test_an_edited_workload_is_priced_from_its_own_programs():
+    point = make_point(tp=2, pp=4, dp=2, global_batch=128, system=DGX)
+    workload = SymbolicGenerator().generate(point)
+    before = AnalyticalCostModel().simulate(workload, point.system)
+    workload.programs[0].tensors.append(Tensor("extra", TensorKind.TEMPORARY, 2**30))
+    assert schedule_steady(workload, point.system) is None
+    after = AnalyticalCostModel().simulate(workload, point.system)
+    grown = 2**30 * (1 + point.system.accelerator.fragmentation)  # the allocator's share grows with the peak
+    assert after.classes[0].peak_memory_bytes == pytest.approx(before.classes[0].peak_memory_bytes + grown, rel=1e-9)
+    assert after.step_time_s == pytest.approx(before.step_time_s, rel=1e-9)

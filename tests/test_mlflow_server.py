@@ -48,7 +48,10 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
     stopped_at: list[pd.Timestamp] = []
 
     def stop_server_after_a_few_runs() -> None:
-        wait_until(lambda: len(runs(uri, "outage")[1]) >= 3, "3 child runs on the server", timeout=120)
+        def finished() -> int:  # as the assertion below counts them: a run still RUNNING is not written yet
+            return sum(r.info.status != "RUNNING" for r in runs(uri, "outage")[1])
+
+        wait_until(lambda: finished() >= 3, "3 finished child runs on the server", timeout=120)
         stopped_at.append(pd.Timestamp.now(tz="UTC"))  # the outage starts with the signal, not when shutdown ends
         mlflow_server.stop()
 

@@ -86,7 +86,8 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     end = np.asarray(sched.call_end)
     count = int(microbatch.max()) + 1 if len(microbatch) else 0
     distance = None
-    for j in range(count - period):
+    middle = max(0, count // 2 - period)  # in the steady state if any micro-batch is; else search outwards
+    for j in sorted(range(count - period), key=lambda j: abs(j - middle)):
         a, b = np.flatnonzero(microbatch == j), np.flatnonzero(microbatch == j + period)
         if len(a) and len(a) == len(b) and np.array_equal(block[a], block[b]) and np.ptp(b - a) == 0:
             distance = int(b[0] - a[0])
@@ -129,6 +130,11 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     the next period's busy intervals are these shifted by one period."""
     lo = float(sched.call_start[first_call])
     cs, ce, ms, me = sched.busy
+    # only the intervals that reach into the two periods
+    near = (ce > lo) & (cs < lo + 2 * shift)
+    cs, ce = cs[near], ce[near]
+    near = (me > lo) & (ms < lo + 2 * shift)
+    ms, me = ms[near], me[near]
     windows = []
     for k in (0, 1):
         a, b = lo + k * shift, lo + (k + 1) * shift

@@ -12,11 +12,13 @@ a resume re-runs anyway. The file stays readable by Optuna's JournalFileBackend 
 `JournalMirror` is the driver's storage over such a file: the study in memory, each change appended as its line.
 """
 
+import atexit
 import fcntl
 import json
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +36,9 @@ DURABLE_OPS = frozenset(
     {JournalOperation.CREATE_STUDY, JournalOperation.DELETE_STUDY, JournalOperation.SET_TRIAL_STATE_VALUES}
 )
 """Operations after which the file is fsync'd."""
+FLUSHING_OPS = DURABLE_OPS | {JournalOperation.SET_STUDY_USER_ATTR, JournalOperation.SET_STUDY_SYSTEM_ATTR}
+"""Operations JournalMirror writes at once, with the lines it holds back: state changes, and the study's own
+attributes (rare, and a resume reads them)."""
 
 
 class JournalFile(BaseJournalBackend):
@@ -125,9 +130,28 @@ class JournalMirror(InMemoryStorage):
                 self._trial_ids[super().create_new_trial(mem, template_trial=trial)] = trial._trial_id
         self._next_study = replay._next_study_id
         self._next_trial = len(replay._trials)
+        self._pending: list[dict[str, Any]] = []
+        atexit.register(_flush_at_exit, weakref.ref(self))
 
     def _write(self, op: JournalOperation, fields: dict[str, Any]) -> None:
-        foreign, _ = self._file.write([{"op_code": op, "worker_id": self._worker, **fields}])
+        """Queue the line; write the queue when the line changes a state or a study attribute. A trial's
+        parameters and attributes reach the file with its end, in one write instead of one each (a dozen a
+        trial: a tenth of the driver's time per trial on a 2-core machine). A killed driver loses only lines of
+        trials still running, which a resume would retry anyway: the file stays a prefix of what it ran."""
+        self._pending.append({"op_code": op, "worker_id": self._worker, **fields})
+        if op in FLUSHING_OPS:
+            self.flush()
+
+    def __del__(self) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        """Write the queued lines (also when dropped and at exit, for the last trials' leftovers)."""
+        with self._lock:
+            if not self._pending:
+                return
+            logs, self._pending = self._pending, []
+            foreign, _ = self._file.write(logs)
         if foreign:
             raise DseError(
                 f"another process wrote to the study journal {self._path} while this one ran; run one "
@@ -235,6 +259,12 @@ class JournalMirror(InMemoryStorage):
             value = json.loads(json.dumps(value))
             store(owner, key, value)
             self._write(op, {owner_field: ids[owner], kind: {key: value}})
+
+
+def _flush_at_exit(mirror: "weakref.ref[JournalMirror]") -> None:
+    alive = mirror()
+    if alive is not None:
+        alive.flush()
 
 
 _ATTR_OPS = {

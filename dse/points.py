@@ -64,8 +64,12 @@ def expand(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def assign(data: dict[str, Any], path: str, value: Any) -> None:
-    """Set a dotted path such as `system.network.1.bandwidth_GBps` (list elements by index) in place."""
+def assign(data: dict[str, Any], path: str, value: Any, owned: set[int] | None = None) -> None:
+    """Set a dotted path such as `system.network.1.bandwidth_GBps` (list elements by index) in place.
+
+    owned: copy on write. The ids of the containers `data` owns (data's own among them); a shared one on the path
+    is copied into its parent first, and its copy is owned from then on, so data can share everything else with
+    a template that stays as it was (cheaper than a deep copy of the template per point)."""
     parts = path.split(".")
     node: Any = data
     for depth, part in enumerate(parts):
@@ -84,7 +88,11 @@ def assign(data: dict[str, Any], path: str, value: Any) -> None:
         if last:
             node[key] = value
         else:
-            node = node[key]
+            child = node[key]
+            if owned is not None and id(child) not in owned and isinstance(child, (dict, list)):
+                child = node[key] = dict(child) if isinstance(child, dict) else list(child)
+                owned.add(id(child))
+            node = child
 
 
 def build_point(raw: dict[str, Any], source: str) -> DesignPoint:

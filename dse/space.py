@@ -6,7 +6,6 @@ as its reason (a string) so the study can tell Optuna at once, without spending 
 """
 
 import ast
-import copy
 import operator
 import types
 from collections.abc import Callable, Mapping
@@ -263,10 +262,11 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     Params may name catalog entries (`model: {choices: [llama3-8b, llama3-70b]}`): the point is expanded again
     after assignment. A malformed combination raises SpecError naming the study file and the field.
     """
-    raw = copy.deepcopy(spec.expanded_base)
+    raw = dict(spec.expanded_base)  # copied on write along each assigned path
+    owned = {id(raw)}
     for name, value in params.items():
         try:
-            assign(raw, name, value)
+            assign(raw, name, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'space.{name}': {exc}") from None
     raw = expand(raw)
@@ -284,7 +284,7 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
             return f"derived {path} = {expr.text} = {value:.3g} ({shown}) is not a whole number"
         env[path] = value
         try:
-            assign(raw, path, value)
+            assign(raw, path, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'derived.{path}': {exc}") from None
     point = build_point(raw, f"{spec.source} (base with space and derived applied)")

@@ -127,6 +127,7 @@ def test_a_resume_fails_and_retries_trials_a_crashed_driver_left_running(tmp_pat
     spec, study = inline_study(tmp_path, 4)
     orphan = study.ask(optuna_distributions(spec))  # asked, never told: the driver "crashed"
     assert orphan.number == 4
+    study._storage.flush()  # as the next trial's end would have written its lines; then the driver died
 
     spec = load_study(SMALL, trials=6, workers=1)
     study = open_study(spec, tmp_path)
@@ -337,8 +338,9 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
 
 
 def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_evaluate_it_again(tmp_path):
-    """The journal takes a trial's metrics and its tell as separate writes; a SIGKILL between them leaves a
-    RUNNING trial whose evaluation is done. The resume fails and retries it, and the retry reuses the metrics."""
+    """The journal takes a trial's metrics and its tell as separate lines, and another thread's write can put the
+    first in the file alone; a SIGKILL then leaves a RUNNING trial whose evaluation is done. The resume fails and
+    retries it, and the retry reuses the metrics."""
     from dse.space import decode
     from dse.study import METRICS
 
@@ -349,7 +351,9 @@ def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_eval
     assert isinstance(point, DesignPoint)
     metrics = {**fake_result(point)["metrics"], "memory_excess_bytes": -1.0}
     trial.set_user_attr(POINT_KEY, point.key)
-    trial.set_user_attr(METRICS, metrics)  # ... and here the driver died
+    trial.set_user_attr(METRICS, metrics)
+    # The MLflow writer's thread set a study attribute, which writes the queued lines too; then the driver died.
+    study._storage.flush()
 
     evaluation = Counting()
     resumed = open_study(spec, tmp_path)

@@ -191,9 +191,11 @@ QUEUED_PER_WORKER = 4
 has a choice of points to take those of its own affinity. With 1 per worker, a fifth of the quickstart's points
 went to an actor cold for them; with 4, one in thirty. The sampler proposes that much further ahead (TPE with
 its constant liar, NSGA-II within a generation of 50)."""
-BATCH = 2
+BATCH = 4
 """Points per actor call, at most. Ray's cost per call in the driver (submit, wait, get, its threads) is about
-as large as Optuna's bookkeeping per trial, and on a small machine the driver's CPU is what the workers lack."""
+as large as Optuna's bookkeeping per trial, and on a small machine the driver's CPU is what the workers lack:
+with 2 workers on the quickstart the driver spends about 1.1 ms of CPU per trial with calls of 2 points, 0.95 ms
+with calls of 4 (8 saves nothing more)."""
 
 
 class RayExecutor:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from optuna.distributions import distribution_to_json
+from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.storages import InMemoryStorage
 from optuna.storages.journal import BaseJournalBackend, JournalStorage
 from optuna.storages.journal._storage import JournalOperation
@@ -131,6 +131,7 @@ class JournalMirror(InMemoryStorage):
         self._next_study = replay._next_study_id
         self._next_trial = len(replay._trials)
         self._pending: list[dict[str, Any]] = []
+        self._distributions: dict[int, tuple[BaseDistribution, str]] = {}
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     def _write(self, op: JournalOperation, fields: dict[str, Any]) -> None:
@@ -217,9 +218,16 @@ class JournalMirror(InMemoryStorage):
                     "trial_id": self._trial_ids[trial_id],
                     "param_name": param_name,
                     "param_value_internal": param_value_internal,
-                    "distribution": distribution_to_json(distribution),
+                    "distribution": self._distribution_json(distribution),
                 },
             )
+
+    def _distribution_json(self, distribution: BaseDistribution) -> str:
+        """distribution_to_json, kept per distribution: a study asks every trial with the same objects."""
+        known = self._distributions.get(id(distribution))
+        if known is None or known[0] is not distribution:
+            known = self._distributions[id(distribution)] = (distribution, distribution_to_json(distribution))
+        return known[1]
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         with self._lock:

@@ -48,13 +48,14 @@ def _copy(result: SimResult) -> SimResult:
 
 
 class AnalyticalCostModel:
-    """Prices a workload in CPU milliseconds (about 10 ms for Llama-3-70B on 1024 GPUs, 12k calls, on the fast
-    path), cheap enough for a study to sweep thousands of points.
+    """Prices a workload in CPU milliseconds (about 7 ms for Llama-3-70B on 1024 GPUs with 64 micro-batches, from
+    its steady form of 18; `steady`), cheap enough for a study to sweep thousands of points.
 
     timeline: also keep every op's interval for `to_chrome_trace`. It is off by default because a large step has
     a hundred thousand ops, and because it turns off the fusion of kernel runs that the figures do not need.
-    exact: schedule every call by the reference rules instead of the fast path (`fastpath`), which prices each
-    run of calls between pipeline transfers once per entry state; the two agree within 1% (a test pins it).
+    exact: schedule every call of the whole step by the reference rules instead of the fast path (`fastpath`,
+    which prices each run of calls between pipeline transfers once per entry state, over the workload's steady
+    form when it has one: `steady`); the two agree within 1% (tests pin it).
 
     Compute that runs while communication does is slowed by the accelerator's `overlap_slowdown` (Charon's
     ratio model: NCCL kernels take SMs and HBM bandwidth from the GEMMs beside them); the slowed share of the

@@ -1,30 +1,40 @@
-"""Per-call fields of a program as arrays, kept on its CallShape: later points of the shape call alike."""
+"""Per-call facts of a program, kept on its CallShape: later points of the shape call alike."""
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
-from dse.workload import Program
+from dse.workload import Call, Program
+
+T = TypeVar("T")
+
+
+def memoised(program: Program, key: tuple, derive: Callable[[Sequence[Call]], T]) -> T:
+    """derive(calls), kept on the program's CallShape under `key` when it has one."""
+    shape = program.call_shape()
+    if shape is None:
+        return derive(program.calls)
+    if key not in shape.memo:
+        shape.memo[key] = derive(shape.calls)
+    return shape.memo[key]
 
 
 def call_array(program: Program, field: str) -> np.ndarray:
     """`call.<field>` of every call (an int field: block, microbatch, layer, tag)."""
-    shape = program.call_shape()
-    calls = program.calls if shape is None else shape.calls
-    key = ("calls", field)
-    values = None if shape is None else shape.memo.get(key)
-    if values is None:
-        values = np.fromiter((getattr(call, field) for call in calls), np.intp, len(calls))
-        if shape is not None:
-            shape.memo[key] = values
-    return values
+    return memoised(
+        program,
+        ("calls", field),
+        lambda calls: np.fromiter((getattr(call, field) for call in calls), np.intp, len(calls)),
+    )
 
 
 def call_reach(program: Program) -> np.ndarray:
     """How many calls back each call reads: its index minus its earliest input's (0 without inputs)."""
-    shape = program.call_shape()
-    calls = program.calls if shape is None else shape.calls
-    values = None if shape is None else shape.memo.get(("calls", "reach"))
-    if values is None:
-        values = np.fromiter((c - min(call.inputs, default=c) for c, call in enumerate(calls)), np.intp, len(calls))
-        if shape is not None:
-            shape.memo[("calls", "reach")] = values
-    return values
+    return memoised(
+        program,
+        ("calls", "reach"),
+        lambda calls: np.fromiter(
+            (c - min(call.inputs, default=c) for c, call in enumerate(calls)), np.intp, len(calls)
+        ),
+    )

@@ -6,7 +6,7 @@ micro-batches only repeats that state more often, so its timeline is the shorter
 periods spliced into the steady stretch, and everything summed over the timeline grows by as many periods' worth.
 The generator supplies the shorter step (`Workload.steady`); whether its timeline really is periodic is checked
 here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period for
-longer than any of its calls reaches back, and its busy intervals over one period must recur in the next. When a
+longer than any of its calls reaches back, and its busy seconds over one period must recur in the next. When a
 check fails the caller simulates the whole step.
 
 What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares): where
@@ -26,7 +26,7 @@ import numpy as np
 
 from dse.spec import SystemSpec
 from dse.workload import Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, call_reach
+from simulators.analytical.calls import call_array, call_reach, memoised
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.fastpath import _FastScheduler
 from simulators.analytical.intervals import split_busy
@@ -80,28 +80,15 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     of its calls reads back (a backward reads its forward's activations, a pipeline depth of periods earlier):
     a shorter run can be a transient that merely looks steady for a while. The call returned is one period into
     it, away from the warm-up."""
-    microbatch = call_array(program, "microbatch")
-    block = call_array(program, "block")
+    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    if not found:
+        return None
+    distance, twin, middle = found
     start = np.asarray(sched.call_start)
     end = np.asarray(sched.call_end)
-    count = int(microbatch.max()) + 1 if len(microbatch) else 0
-    distance = None
-    middle = max(0, count // 2 - period)  # in the steady state if any micro-batch is; else search outwards
-    for j in sorted(range(count - period), key=lambda j: abs(j - middle)):
-        a, b = np.flatnonzero(microbatch == j), np.flatnonzero(microbatch == j + period)
-        if len(a) and len(a) == len(b) and np.array_equal(block[a], block[b]) and np.ptp(b - a) == 0:
-            distance = int(b[0] - a[0])
-            break
-    if distance is None:
-        return None
-    here, there = slice(0, len(block) - distance), slice(distance, len(block))
-    twin = (block[here] == block[there]) & (microbatch[there] == microbatch[here] + period) & (microbatch[here] >= 0)
+    here, there = slice(0, len(twin)), slice(distance, len(twin) + distance)
     shift = start[there] - start[here]
-    runs = _runs(twin)
-    if not runs:
-        return None
-    lo, hi = max(runs, key=lambda run: run[1] - run[0])
-    length = float(shift[(lo + hi) // 2])
+    length = float(shift[middle])
     steady = twin & (np.abs(shift - length) <= TOLERANCE_S) & (np.abs(end[there] - end[here] - length) <= TOLERANCE_S)
     runs = _runs(steady)
     if not runs or length <= 0:
@@ -111,6 +98,26 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     if hi - lo < max(depth, 2 * distance):
         return None
     return length, lo + distance, distance
+
+
+def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:
+    """(P, whether each call recurs P calls later `period` micro-batches on, the middle of the longest run of
+    such calls), or () if no micro-batch's calls recur at one distance: the calls' side of `_period`, the same
+    for every point of the program's shape."""
+    microbatch = call_array(program, "microbatch")
+    block = call_array(program, "block")
+    count = int(microbatch.max()) + 1 if len(microbatch) else 0
+    middle = max(0, count // 2 - period)  # in the steady state if any micro-batch is; else search outwards
+    for j in sorted(range(count - period), key=lambda j: abs(j - middle)):
+        a, b = np.flatnonzero(microbatch == j), np.flatnonzero(microbatch == j + period)
+        if len(a) and len(a) == len(b) and np.array_equal(block[a], block[b]) and np.ptp(b - a) == 0:
+            distance = int(b[0] - a[0])
+            here, there = slice(0, len(block) - distance), slice(distance, len(block))
+            same = (block[here] == block[there]) & (microbatch[here] >= 0)
+            twin = same & (microbatch[there] == microbatch[here] + period)
+            lo, hi = max(_runs(twin), key=lambda run: run[1] - run[0])
+            return distance, twin, (lo + hi) // 2
+    return ()
 
 
 def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
@@ -127,7 +134,7 @@ def _clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[n
 
 def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
     """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
-    the next period's busy intervals are these shifted by one period."""
+    the next period has the same."""
     lo = float(sched.call_start[first_call])
     cs, ce, ms, me = sched.busy
     # only the intervals that reach into the two periods
@@ -135,32 +142,15 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     cs, ce = cs[near], ce[near]
     near = (me > lo) & (ms < lo + 2 * shift)
     ms, me = ms[near], me[near]
-    windows = []
-    for k in (0, 1):
-        a, b = lo + k * shift, lo + (k + 1) * shift
-        compute = _clip(cs, ce, a, b)
-        comm = _clip(ms, me, a, b)
-        windows.append((compute, comm, a))
-    (c0, m0, a0), (c1, m1, a1) = windows
-    for here, there in ((c0, c1), (m0, m1)):
-        x, y = _pieces(*here, a0), _pieces(*there, a1)
-        if x.shape != y.shape or (len(x) and np.abs(x - y).max() > TOLERANCE_S):
-            return None
-    return split_busy(c0[0], c0[1], m0[0], m0[1])
-
-
-def _pieces(starts: np.ndarray, ends: np.ndarray, origin: float) -> np.ndarray:
-    """The union of the intervals as (start, end) rows from `origin`: intervals closer than TOLERANCE_S are one
-    and slivers shorter than it are none, so the same busy time reads the same whichever ops it was split into
-    and wherever a window's edge cut it."""
-    order = np.argsort(starts, kind="stable")
-    s, reach = starts[order], np.maximum.accumulate(ends[order])
-    if not len(s):
-        return np.zeros((0, 2))
-    opens = np.concatenate(([True], s[1:] > reach[:-1] + TOLERANCE_S))
-    first = np.flatnonzero(opens)
-    rows = np.column_stack((s[first], reach[np.append(first[1:] - 1, len(s) - 1)])) - origin
-    return rows[rows[:, 1] - rows[:, 0] > TOLERANCE_S]
+    first, second = (
+        split_busy(
+            *_clip(cs, ce, lo + k * shift, lo + (k + 1) * shift), *_clip(ms, me, lo + k * shift, lo + (k + 1) * shift)
+        )
+        for k in (0, 1)
+    )
+    if any(abs(a - b) > TOLERANCE_S for a, b in zip(first, second, strict=True)):
+        return None
+    return first
 
 
 def _period_categories(

@@ -93,8 +93,10 @@ class _Parked:
     seconds: float
     local: list[float]
     category: int
-    shares: tuple[int, ...] = ()
+    shares: tuple[int, ...]
     """Network streams the transfer occupies on this side (see plans.PlanOp)."""
+    output: bool
+    """Whether the op's end is its call's output."""
 
 
 def schedule(workload: Workload, system: SystemSpec, timeline: bool = False) -> list[ClassSchedule]:
@@ -195,7 +197,7 @@ class _Scheduler:
                 if events is not None:
                     self._event(run, c, slot, start, end)
             else:
-                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares)
+                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares, slot == plan.output)
                 start, end = self._rendezvous(side, (link, call.tag))
                 if end == inf:
                     j += 1
@@ -249,7 +251,7 @@ class _Scheduler:
         for r in side.shares:
             if end > run.stream_end[r]:
                 run.stream_end[r] = end
-        if side.op == run.plans[side.call].output:
+        if side.output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start
         run.transfers.append((side.call, side.category, end - start))

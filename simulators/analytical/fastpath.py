@@ -348,7 +348,8 @@ class _FastScheduler(_Scheduler):
             return False
         local = [0.0] * len(plan.block.ops)
         start, end = self._rendezvous(
-            _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares), (link, call.tag)
+            _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares, slot == plan.output),
+            (link, call.tag),
         )
         if end != inf:
             if start < run.call_start[c]:

@@ -225,6 +225,8 @@ class _Scheduler:
             side.run.stream_end[side.stream] = inf
             return inf, inf
         other = queue.popleft()
+        if not queue:  # tags are mostly unique: keep the mailbox to the transfers still waiting
+            del self._mailbox[key]
         start = side.ready if side.ready > other.ready else other.ready
         for end_of in (side, other):
             stream_end = end_of.run.stream_end

@@ -624,8 +624,10 @@ class _Builder:
                 traced = trace_of[unit] = self.unit_trace(unit, embed, head)
             return traced
 
+        names = {-1: "embed", -2: "head"} | {i: f"layer{i}" for indices in layers.values() for i in indices}
+
         def unit_name(index: int) -> str:
-            return {-1: "embed", -2: "head"}.get(index, f"layer{index}")
+            return names[index]
 
         def gather(
             units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
@@ -694,13 +696,20 @@ class _Builder:
             elif step == "B" and vstage < vstages - 1:
                 post(vstage + 1, tag(mb, vstage, True))
 
+        in_order: dict[int, list[tuple[int, Unit]]] = {}
+        """Per chunk, the modules a forward runs (a backward runs them reversed)."""
+        for chunk, indices in layers.items():
+            vstage = chunk * p.pp + stage
+            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if vstage == 0 else []
+            units += [(index, (kinds[index], self.unrecomputed(kinds[index], index))) for index in indices]
+            in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
+        reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
+
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
             first, last = vstage == 0, vstage == vstages - 1
-            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if first else []
-            units += [(index, (kinds[index], self.unrecomputed(kinds[index], index))) for index in layers[chunk]]
-            units += [(-2, ("head", False))] if last else []
             if step == "F":
+                units = in_order[chunk]
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 gathered = gather(units, 0, 0, (), mb)
                 for pos, (index, unit) in enumerate(units):
@@ -718,7 +727,7 @@ class _Builder:
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
-            units.reverse()
+            units = reversed_order[chunk]
             # a module is gathered again for its backward once its forward has freed its weights
             gathered = gather(units, 0, 1, (fwd_call[(units[0][0], mb)],), mb) if units else ()
             for pos, (index, unit) in enumerate(units):

@@ -637,7 +637,7 @@ class _Builder:
             issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
             at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
             when their module ends)."""
-            if pos >= len(units):
+            if not gathering or pos >= len(units):
                 return ()
             index, unit = units[pos]
             block = traced_unit(unit).gathers[way]
@@ -704,6 +704,8 @@ class _Builder:
             units += [(index, (kinds[index], self.unrecomputed(kinds[index], index))) for index in indices]
             in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
         reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
+        # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
+        gathering = any(traced_unit(unit).gathers != (None, None) for units in in_order.values() for _, unit in units)
 
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
@@ -797,18 +799,29 @@ class _Skeleton:
     """The tensors built for recent points, by their sources' sizes."""
 
 
+LINK_CYCLE = 6
+"""Periods after which the state of shared network links repeats, at most, as the analytical model schedules
+them: calls repeat every period, but which transfer last used a link shared by pipeline sends and collectives (or
+ring-attention sends) can cycle over 2 or 3 periods, and the drain after the steady state starts where in that
+cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its drain in the
+same place."""
+
+
 def steady_microbatches(point: DesignPoint) -> int | None:
     """Micro-batches of the step's SteadyForm, or None when it has none (see `_Builder.steady_form`).
 
     A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
     about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
     interleaved stages repeat every p micro-batches and warm up and drain for up to about two of those groups
-    each, so they take 6p. Only training with those schedules has one: GPipe holds every micro-batch's
-    activations, so its memory grows with them, and inference holds a KV cache per micro-batch."""
+    each, so they take 6p. To those, as many periods as make the difference to the step a multiple of LINK_CYCLE.
+    Only training with those schedules has one: GPipe holds every micro-batch's activations, so its memory grows
+    with them, and inference holds a KV cache per micro-batch."""
     p = point.parallel
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
         return None
-    short = 6 * p.pp if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 2 * p.pp + 2
+    interleaved = p.pp_schedule == "interleaved" and p.virtual_stages > 1
+    base, period = (6 * p.pp, p.pp) if interleaved else (2 * p.pp + 2, 1)
+    short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
     return short if point.micro_batches > short else None
 
 

@@ -49,7 +49,7 @@ def _copy(result: SimResult) -> SimResult:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds (about 7 ms for Llama-3-70B on 1024 GPUs with 64 micro-batches, from
-    its steady form of 18; `steady`), cheap enough for a study to sweep thousands of points.
+    its steady form of 22; `steady`), cheap enough for a study to sweep thousands of points.
 
     timeline: also keep every op's interval for `to_chrome_trace`. It is off by default because a large step has
     a hundred thousand ops, and because it turns off the fusion of kernel runs that the figures do not need.

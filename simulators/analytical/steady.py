@@ -10,11 +10,11 @@ longer than any of its calls reaches back, and its busy seconds over one period 
 check fails the caller simulates the whole step.
 
 What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares): where
-ring-attention sends and pipeline transfers share NVLink, the links' state can cycle every few micro-batches
-while every call's times repeat each one. The steady stretch and its period are then still right, but the drain
-after it starts at another point of that cycle than the whole step's does: on the tests' ring-CP pipeline this
-moves the step time by 0.06%, inside the 1% the fast path promises (`tests/test_analytical_steady.py`);
-everywhere else the figures are the whole step's to rounding.
+pipeline transfers share a link with collectives or ring-attention sends, the links' state can cycle over two or
+three micro-batches while every call's times repeat each one, and the drain after the steady state depends on
+where in that cycle it starts. The generator makes the steady form a whole number of such cycles shorter than
+the step (`generators.symbolic.generator.LINK_CYCLE`), so both drains start in the same phase; a step priced
+from a steady form of the other phase was off by up to 0.8% (Llama-3-8B on two pipeline stages across nodes).
 
 Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p micro-batches' activations
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).

@@ -1,8 +1,6 @@
 """The cost model's results cache: a point priced again in one process is read back, never for other settings,
 another system or a workload that differs under the same key."""
 
-from dataclasses import replace
-
 import pytest
 
 from generators.symbolic import SymbolicGenerator
@@ -68,7 +66,7 @@ def test_a_workload_that_differs_under_the_same_key_is_priced_afresh(priced):
     model = AnalyticalCostModel()
     before = model.simulate(workload, point.system)
     program = workload.programs[0]
-    program.tensors[-1] = replace(program.tensors[-1], bytes=program.tensors[-1].bytes + 2**30)  # edited in place
+    program.tensors[-1] = program.tensors[-1]._replace(bytes=program.tensors[-1].bytes + 2**30)  # edited in place
     after = model.simulate(workload, point.system)
     assert priced["fast"] == 2
     assert after.classes[0].peak_memory_bytes > before.classes[0].peak_memory_bytes

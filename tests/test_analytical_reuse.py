@@ -1,8 +1,6 @@
 """What the cost model keeps on a program's CallShape (the generator's reused schedule skeleton) equals what it
 derives afresh, and is not used once the program's calls no longer match the shape."""
 
-from dataclasses import replace
-
 from dse.workload import OpKind
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import generator as module
@@ -38,7 +36,7 @@ def test_a_shape_that_no_longer_holds_the_calls_is_ignored():
     shape = program.shape
     assert shape is not None and program.call_shape() is shape
     last = program.calls[-1]
-    program.calls[-1] = replace(last, inputs=last.inputs[:1])
+    program.calls[-1] = last._replace(inputs=last.inputs[:1])
     assert program.call_shape() is None
     p2p = _p2p(workload)
     assert program_layout(program, p2p) == _layout(program.calls, p2p)

@@ -456,7 +456,7 @@ class _Builder:
         short = steady_microbatches(self.point)
         if short is None:
             return None
-        period = self.point.parallel.pp if self.chunks > 1 else 1
+        period = steady_period(self.point)
         repeats = (self.point.micro_batches - short) // period
         return SteadyForm(self.programs(stages, short, kinds, embed, head), short, period, repeats)
 
@@ -819,10 +819,17 @@ def steady_microbatches(point: DesignPoint) -> int | None:
     p = point.parallel
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
         return None
-    interleaved = p.pp_schedule == "interleaved" and p.virtual_stages > 1
-    base, period = (6 * p.pp, p.pp) if interleaved else (2 * p.pp + 2, 1)
+    period = steady_period(point)
+    base = 6 * p.pp if period > 1 else 2 * p.pp + 2
     short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
     return short if point.micro_batches > short else None
+
+
+def steady_period(point: DesignPoint) -> int:
+    """Micro-batches after which a steady pipeline stage repeats its calls: one for 1F1B, a group of p for
+    interleaved 1F1B (each chunk's micro-batches go through the stages in groups of p)."""
+    p = point.parallel
+    return p.pp if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 1
 
 
 def schedule_shape(point: DesignPoint) -> tuple:

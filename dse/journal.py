@@ -207,6 +207,10 @@ class JournalMirror(InMemoryStorage):
             self._write(JournalOperation.CREATE_TRIAL, log)
             self._trial_ids[mem] = self._next_trial
             self._next_trial += 1
+            if template_trial is not None:
+                # an enqueued trial (a resume's retry) is a whole line that nothing else will write soon, and
+                # the next process to open the study must find it
+                self.flush()
             return mem
 
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any) -> None:

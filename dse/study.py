@@ -19,7 +19,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import SpecError
 from dse.executor import NODE, Executor, Result
-from dse.journal import JournalMirror
 from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
 from dse.spec import DesignPoint
 from dse.storage import describe, open_storage
@@ -254,5 +253,3 @@ def run(
         _Loop(spec, study, executor, on_trial or (lambda trial: None)).run(asks, stop)
     finally:
         requeue_running(study)
-        if isinstance(study._storage, JournalMirror):
-            study._storage.flush()  # the retries just enqueued: another process may open the study next

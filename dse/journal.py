@@ -113,6 +113,7 @@ class JournalMirror(InMemoryStorage):
 
     def __init__(self, path: str) -> None:
         super().__init__()
+        self._pending: list[dict[str, Any]] = []  # first: __del__ flushes it even when opening the file fails
         self._path = path
         self._file = JournalFile(path)
         self._worker = f"{uuid.uuid4()}-{threading.get_ident()}"
@@ -130,7 +131,6 @@ class JournalMirror(InMemoryStorage):
                 self._trial_ids[super().create_new_trial(mem, template_trial=trial)] = trial._trial_id
         self._next_study = replay._next_study_id
         self._next_trial = len(replay._trials)
-        self._pending: list[dict[str, Any]] = []
         self._distributions: dict[int, tuple[BaseDistribution, str]] = {}
         atexit.register(_flush_at_exit, weakref.ref(self))
 

@@ -39,8 +39,24 @@ COMM_TYPE = {
 }
 COLLECTIVE_OF = {v: k for k, v in COMM_TYPE.items()}
 TAG_STRIDE = 1 << 12
-"""comm_tag = schedule tag * TAG_STRIDE + how many p2p ops of its kind come before it in its call (a ring step's
-send and the neighbour's matching recv count alike); fits int32 for 2^19 tags."""
+"""comm_tag = slot * TAG_STRIDE + how many p2p ops of its kind come before it in its call (a ring step's send and
+the neighbour's matching recv count alike). See `comm_tag` for the slot."""
+TAG_SLOTS = (1 << 31) // TAG_STRIDE
+
+
+def comm_tag(call: Call, call_index: int, axis: str, position: int) -> int:
+    """A p2p op's tag, the same at both ends and never reused between a pair of ranks within a step.
+
+    Pipeline transfers (axis pp) cross between programs, so the slot comes from their schedule tag, which both
+    stages compute alike (the tied-weight exchange's 0 included); every other p2p op is a ring step whose peers run
+    the same program, so its call's place in the program names it. Even and odd slots keep the two apart."""
+    slot = 2 * call.tag if axis == "pp" else 2 * call_index + 1
+    if slot >= TAG_SLOTS or position >= TAG_STRIDE:
+        raise ChakraError(
+            f"p2p op {position} of call {call_index} needs comm_tag slot {slot}, beyond int32's {TAG_SLOTS}; "
+            "export a step with fewer micro-batches"
+        )
+    return slot * TAG_STRIDE + position
 
 
 class ChakraError(DseError):
@@ -175,7 +191,7 @@ class _Exporter:
                 attrs += [
                     _attr("comm_size", int64_val=round(op.comm_bytes)),
                     _attr("tensor_size", uint64_val=round(op.comm_bytes)),
-                    _attr("comm_tag", int32_val=call.tag * TAG_STRIDE + position),
+                    _attr("comm_tag", int32_val=comm_tag(call, f.call, op.axis, position)),
                     _attr("axis", string_val=op.axis),
                 ]
             node.attr.extend(attrs)

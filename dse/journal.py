@@ -13,6 +13,7 @@ a resume re-runs anyway. The file stays readable by Optuna's JournalFileBackend 
 """
 
 import atexit
+import copy
 import fcntl
 import json
 import os
@@ -73,7 +74,11 @@ class JournalFile(BaseJournalBackend):
         """Append the logs as lines, fsync'd when one changes a study's or a trial's state; returns how many lines
         other processes had appended since this one last looked, and the lines written. The written lines are
         not replayed into read_logs' list: that is for a writer that keeps its own state (JournalMirror)."""
-        lines = [json.dumps(log, separators=(",", ":")) for log in logs]
+        lines = [_line(log) for log in logs]
+        return self.write_lines(lines, any(log["op_code"] in DURABLE_OPS for log in logs)), lines
+
+    def write_lines(self, lines: list[str], durable: bool) -> int:
+        """`write` for lines already serialised; fsync'd if `durable`. Returns the foreign lines' count."""
         data = ("\n".join(lines) + "\n").encode()
         seen = len(self._logs)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -82,12 +87,12 @@ class JournalFile(BaseJournalBackend):
             if os.fstat(self._fd).st_size > self._offset:  # a crashed writer's half line: nobody finishes it
                 os.ftruncate(self._fd, self._offset)
             os.write(self._fd, data)
-            if any(log["op_code"] in DURABLE_OPS for log in logs):
+            if durable:
                 os.fsync(self._fd)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._offset += len(data)
-        return len(self._logs) - seen, lines
+        return len(self._logs) - seen
 
     def _catch_up(self) -> None:
         """Parse the whole lines other processes appended since the last look."""
@@ -113,7 +118,9 @@ class JournalMirror(InMemoryStorage):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self._pending: list[dict[str, Any]] = []  # first: __del__ flushes it even when opening the file fails
+        self._pending: list[str] = []  # first: __del__ flushes it even when opening the file fails
+        self._durable = False
+        """Whether a pending line changes a state (see DURABLE_OPS)."""
         self._path = path
         self._file = JournalFile(path)
         self._worker = f"{uuid.uuid4()}-{threading.get_ident()}"
@@ -139,7 +146,11 @@ class JournalMirror(InMemoryStorage):
         parameters and attributes reach the file with its end, in one write instead of one each (a dozen a
         trial: a tenth of the driver's time per trial on a 2-core machine). A killed driver loses only lines of
         trials still running, which a resume would retry anyway: the file stays a prefix of what it ran."""
-        self._pending.append({"op_code": op, "worker_id": self._worker, **fields})
+        self._queue(op, _line({"op_code": op, "worker_id": self._worker, **fields}))
+
+    def _queue(self, op: JournalOperation, line: str) -> None:
+        self._pending.append(line)
+        self._durable = self._durable or op in DURABLE_OPS
         if op in FLUSHING_OPS:
             self.flush()
 
@@ -151,8 +162,9 @@ class JournalMirror(InMemoryStorage):
         with self._lock:
             if not self._pending:
                 return
-            logs, self._pending = self._pending, []
-            foreign, _ = self._file.write(logs)
+            lines, self._pending = self._pending, []
+            durable, self._durable = self._durable, False
+            foreign = self._file.write_lines(lines, durable)
         if foreign:
             raise DseError(
                 f"another process wrote to the study journal {self._path} while this one ran; run one "
@@ -215,7 +227,13 @@ class JournalMirror(InMemoryStorage):
 
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any) -> None:
         with self._lock:
-            super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+            if (
+                self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution.get(param_name)
+                is distribution
+            ):
+                self._set_param(trial_id, param_name, param_value_internal, distribution)
+            else:
+                super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
             self._write(
                 JournalOperation.SET_TRIAL_PARAM,
                 {
@@ -225,6 +243,18 @@ class JournalMirror(InMemoryStorage):
                     "distribution": self._distribution_json(distribution),
                 },
             )
+
+    def _set_param(self, trial_id: int, name: str, value_internal: float, distribution: BaseDistribution) -> None:
+        """InMemoryStorage.set_trial_param for the distribution object the study already holds for the parameter
+        (every ask of a run passes the same ones): no compatibility check, which compares every choice of a
+        categorical distribution, twice per parameter of every trial. The trial is replaced, not changed, as
+        Optuna does, since readers may hold the old one."""
+        trial = self._get_trial(trial_id)
+        self.check_trial_is_updatable(trial_id, trial.state)
+        trial = copy.copy(trial)
+        trial.params = {**trial.params, name: distribution.to_external_repr(value_internal)}
+        trial.distributions = {**trial.distributions, name: distribution}
+        self._set_trial(trial_id, trial)
 
     def _distribution_json(self, distribution: BaseDistribution) -> str:
         """distribution_to_json, kept per distribution: a study asks every trial with the same objects."""
@@ -268,9 +298,11 @@ class JournalMirror(InMemoryStorage):
         owner_field, kind = _ATTR_OPS[op]
         ids = self._study_ids if owner_field == "study_id" else self._trial_ids
         with self._lock:
-            value = json.loads(json.dumps(value))
-            store(owner, key, value)
-            self._write(op, {owner_field: ids[owner], kind: {key: value}})
+            text = json.dumps(value, separators=(",", ":"))
+            store(owner, key, json.loads(text))
+            # the line _write would make, around the value serialised once (metrics and point fields are dicts)
+            head = _line({"op_code": op, "worker_id": self._worker, owner_field: ids[owner]})
+            self._queue(op, f'{head[:-1]},"{kind}":{{{json.dumps(key)}:{text}}}}}')
 
 
 def _flush_at_exit(mirror: "weakref.ref[JournalMirror]") -> None:
@@ -286,6 +318,10 @@ _ATTR_OPS = {
     JournalOperation.SET_TRIAL_SYSTEM_ATTR: ("trial_id", "system_attr"),
 }
 """The owner's id field and the attribute field of each attribute operation's line."""
+
+
+def _line(log: dict[str, Any]) -> str:
+    return json.dumps(log, separators=(",", ":"))
 
 
 def _stamp(moment: datetime | None) -> str | None:

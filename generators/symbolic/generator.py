@@ -616,18 +616,7 @@ class _Builder:
             program.tensors.append(Tensor(name, kind, nbytes, producer, consumer))
             sources.append(source)
 
-        trace_of: dict[Unit, Traced] = {}
-
-        def traced_unit(unit: Unit) -> Traced:
-            traced = trace_of.get(unit)
-            if traced is None:
-                traced = trace_of[unit] = self.unit_trace(unit, embed, head)
-            return traced
-
         names = {-1: "embed", -2: "head"} | {i: f"layer{i}" for indices in layers.values() for i in indices}
-
-        def unit_name(index: int) -> str:
-            return names[index]
 
         def gather(
             units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
@@ -640,19 +629,19 @@ class _Builder:
             if not gathering or pos >= len(units):
                 return ()
             index, unit = units[pos]
-            block = traced_unit(unit).gathers[way]
+            block = trace_of[unit].gathers[way]
             if block is None:
                 return ()
             return (program.add(Call(block, after, index, mb)),)
 
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
-                nbytes = traced_unit(unit).gathered_bytes[way]
-                keep(f"{unit_name(index)}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
+                nbytes = trace_of[unit].gathered_bytes[way]
+                keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
-            last_mb = mb == microbatches - 1
-            if traced.sync is not None and (sync_every or last_mb) and (index, mb) not in synced:
+            """The module's gradient sync after its backward, once per micro-batch that syncs (see its caller)."""
+            if (index, mb) not in synced:
                 synced.add((index, mb))
                 syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
 
@@ -704,8 +693,11 @@ class _Builder:
             units += [(index, (kinds[index], self.unrecomputed(kinds[index], index))) for index in indices]
             in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
         reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
+        trace_of = {unit: self.unit_trace(unit, embed, head) for units in in_order.values() for _, unit in units}
+        saved_source = {unit: (*unit, -1) for unit in trace_of}
+        last_mb = microbatches - 1
         # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
-        gathering = any(traced_unit(unit).gathers != (None, None) for units in in_order.values() for _, unit in units)
+        gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
 
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
@@ -717,7 +709,7 @@ class _Builder:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb)
-                    forward = traced_unit(unit).forward
+                    forward = trace_of[unit].forward
                     prev = program.add(Call(forward, (*inputs, *gathered), index, mb))
                     hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
@@ -733,15 +725,16 @@ class _Builder:
             # a module is gathered again for its backward once its forward has freed its weights
             gathered = gather(units, 0, 1, (fwd_call[(units[0][0], mb)],), mb) if units else ()
             for pos, (index, unit) in enumerate(units):
-                traced = traced_unit(unit)
+                traced = trace_of[unit]
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb)
                 prev = last_backward[index] = program.add(Call(traced.backward, (*inputs, *gathered), index, mb))
                 hold(unit, 1, index, gathered, prev)
-                keep(unit_name(index), (*unit, -1), traced.saved_bytes, fwd_call[(index, mb)], prev)
+                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
-                sync(traced, prev, mb, index)
+                if traced.sync is not None and (sync_every or mb == last_mb):
+                    sync(traced, prev, mb, index)
             if not first:
                 assert prev is not None
                 if chunks > 1:

@@ -9,6 +9,7 @@ Units: FLOPs (2 per multiply-add), bytes, seconds. Communication sizes follow th
 = the buffer, all-gather = the output, reduce-scatter = the input, all-to-all = the send buffer.
 """
 
+from collections import UserList
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -121,6 +122,91 @@ class Tensor(NamedTuple):
     consumer: int | None = None
 
 
+TENSOR_KINDS = tuple(TensorKind)
+"""TensorKind by code, the code being its place here (TensorColumns.kind)."""
+TENSOR_KIND_CODE = {kind: code for code, kind in enumerate(TENSOR_KINDS)}
+NO_CALL = -1
+"""In TensorColumns.producer and .consumer: no producer (allocated before the step) or no consumer (kept)."""
+
+
+class TensorColumns(NamedTuple):
+    """Tensors as arrays, for a cost model's sweep over many of them."""
+
+    producer: np.ndarray
+    consumer: np.ndarray
+    kind: np.ndarray
+    """Codes into TENSOR_KINDS."""
+    bytes: np.ndarray
+
+
+def tensor_columns(tensors: Sequence[Tensor]) -> TensorColumns:
+    return TensorColumns(
+        np.array([NO_CALL if t.producer is None else t.producer for t in tensors], dtype=np.intp),
+        np.array([NO_CALL if t.consumer is None else t.consumer for t in tensors], dtype=np.intp),
+        np.array([TENSOR_KIND_CODE[t.kind] for t in tensors], dtype=np.intp),
+        np.array([t.bytes for t in tensors], dtype=float),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class TensorTable:
+    """Tensors alike but for their sizes, as columns: the activations a pipeline stage's schedule keeps alive, which
+    every program generated from that schedule shares; only their sizes change from one design point to the next.
+    Every row has a producer and a consumer call."""
+
+    names: tuple[str, ...]
+    kinds: tuple[TensorKind, ...]
+    producer: np.ndarray
+    consumer: np.ndarray
+    kind: np.ndarray
+
+
+class TableTensors(UserList):
+    """A program's tensors: a few of its own (weights, optimizer states) then a TensorTable's rows with this
+    program's sizes. It reads and changes like the list of Tensors it stands for, made on first such use; until
+    then `columns` hands a cost model the arrays without making an object per tensor (thousands per program, more
+    time than the cost model's whole memory sweep)."""
+
+    def __init__(self, own: Sequence[Tensor], table: TensorTable, nbytes: np.ndarray) -> None:
+        self._own = tuple(own)
+        self._table = table
+        self._nbytes = nbytes
+        self._rows: list[Tensor] | None = None
+
+    @property
+    def data(self) -> list[Tensor]:  # type: ignore[override]
+        if self._rows is None:
+            t = self._table
+            rows = zip(t.names, t.kinds, self._nbytes.tolist(), t.producer.tolist(), t.consumer.tolist(), strict=True)
+            self._rows = [*self._own, *(Tensor(*row) for row in rows)]
+        return self._rows
+
+    @data.setter
+    def data(self, rows: list[Tensor]) -> None:
+        self._rows = rows
+
+    def columns(self) -> TensorColumns:
+        if self._rows is not None:  # read as objects, perhaps changed since
+            return tensor_columns(self._rows)
+        own, t = tensor_columns(self._own), self._table
+        return TensorColumns(
+            np.concatenate((own.producer, t.producer)),
+            np.concatenate((own.consumer, t.consumer)),
+            np.concatenate((own.kind, t.kind)),
+            np.concatenate((own.bytes, self._nbytes)),
+        )
+
+    def snapshot(self) -> tuple:
+        """Equal for equal tensors while unmade (same table, same sizes), without making them."""
+        if self._rows is not None:
+            return ("rows", tuple(self._rows))
+        return ("table", self._own, self._table, self._nbytes.tobytes())
+
+
+def columns_of(tensors: Sequence[Tensor]) -> TensorColumns:
+    return tensors.columns() if isinstance(tensors, TableTensors) else tensor_columns(tensors)
+
+
 @dataclass(slots=True, eq=False)
 class CallShape:
     """One sequence of calls, shared by every program that runs it (a generator hands the same object to the
@@ -145,7 +231,7 @@ class Program:
     rank_class: int
     name: str
     calls: list[Call] = field(default_factory=list)
-    tensors: list[Tensor] = field(default_factory=list)
+    tensors: list[Tensor] | TableTensors = field(default_factory=list)
     shape: CallShape | None = field(default=None, compare=False)
     """The calls as a shared sequence, when the generator knows one (see CallShape); None otherwise."""
 

@@ -1,7 +1,9 @@
 """What the cost model keeps on a program's CallShape (the generator's reused schedule skeleton) equals what it
 derives afresh, and is not used once the program's calls no longer match the shape."""
 
-from dse.workload import OpKind
+import numpy as np
+
+from dse.workload import NO_CALL, OpKind, TableTensors, Tensor, TensorKind, tensor_columns
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import generator as module
 from simulators.analytical import AnalyticalCostModel, cost_model
@@ -61,14 +63,33 @@ def test_results_with_and_without_the_shapes_agree_exactly():
     assert [c.time_by_category for c in a.classes] == [c.time_by_category for c in b.classes]
 
 
-def test_points_with_the_same_saved_bytes_share_activation_tensors_equal_to_fresh_ones():
-    """ZeRO 0 and 1 differ in optimizer memory, not in calls or activations: the second point reuses the first's
-    activation tensors, and they equal those of a fresh generation."""
+def test_points_of_one_shape_share_the_table_of_activation_tensors_and_equal_fresh_ones():
+    """ZeRO 0 and 1 differ in optimizer memory, not in calls or activations: the second point's programs hold the
+    first's table of activation tensors with their own sizes. Unmade, they give the memory sweep the columns of
+    the tensors a fresh generation makes; made, they equal those tensors."""
     module._SKELETONS.clear()
-    fresh = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1}))
+    fresh = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1})).steady.programs
     module._SKELETONS.clear()
-    first = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 0}))
-    reused = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1}))
-    assert [p.tensors for p in reused.programs] == [p.tensors for p in fresh.programs]
-    assert reused.programs[0].tensors[-1] is first.programs[0].tensors[-1]
-    assert any(t.kind == "optimizer_state" for t in reused.programs[0].tensors)
+    first = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 0})).steady.programs
+    reused = SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 1})).steady.programs
+    for a, b in zip(reused, fresh, strict=True):
+        assert isinstance(a.tensors, TableTensors) and a.tensors._table is first[a.rank_class].tensors._table
+        for made, unmade in zip(tensor_columns(list(b.tensors)), a.tensors.columns(), strict=True):
+            assert np.array_equal(made, unmade)
+    assert [p.tensors for p in reused] == [p.tensors for p in fresh]
+    assert any(t.kind == "optimizer_state" for t in reused[0].tensors)
+    assert [t.bytes for t in reused[0].tensors if t.kind == "optimizer_state"] != [
+        t.bytes for t in first[0].tensors if t.kind == "optimizer_state"
+    ]
+
+
+def test_table_tensors_changed_as_a_list_give_their_new_columns_and_snapshot():
+    module._SKELETONS.clear()
+    SymbolicGenerator().generate(make_point(**SHAPE))
+    tensors = SymbolicGenerator().generate(make_point(**SHAPE)).steady.programs[0].tensors
+    assert isinstance(tensors, TableTensors)
+    before, count = tensors.snapshot(), len(tensors.columns().bytes)
+    tensors.append(Tensor("extra", TensorKind.TEMPORARY, 2.0**30))
+    assert tensors.snapshot() != before
+    columns = tensors.columns()
+    assert len(columns.bytes) == count + 1 and columns.bytes[-1] == 2.0**30 and columns.producer[-1] == NO_CALL

@@ -27,9 +27,12 @@ from dse.workload import (
     Program,
     RankLayout,
     SteadyForm,
+    TableTensors,
     Tensor,
     TensorKind,
+    TensorTable,
     Workload,
+    tensor_columns,
 )
 from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
 from generators.symbolic.dense import DenseModule
@@ -524,43 +527,31 @@ class _Builder:
         if skeleton is None:
             first_p2p, first_tensor = len(self.p2p), len(program.tensors)
             sources = self.schedule(program, stage, layers, kinds, embed, head, optimizer)
-            added = program.tensors[first_tensor:]
-            activations = tuple(
-                (t.name, t.kind, source, t.producer, t.consumer) for t, source in zip(added, sources, strict=True)
-            )
+            own, added = program.tensors[:first_tensor], program.tensors[first_tensor:]
+            distinct = tuple(dict.fromkeys(sources))
+            place = {source: i for i, source in enumerate(distinct)}
+            columns = tensor_columns(added)
+            names, kinds = tuple(t.name for t in added), tuple(t.kind for t in added)
+            table = TensorTable(names, kinds, columns.producer, columns.consumer, columns.kind)
             skeleton = _Skeleton(
                 CallShape(tuple(program.calls)),
                 tuple(list(self.p2p)[first_p2p:]),
-                activations,
-                tuple(dict.fromkeys(source for _, _, source, _, _ in activations)),
+                table,
+                distinct,
+                np.array([place[source] for source in sources], dtype=np.intp),
             )
             if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
                 _SKELETONS.clear()
             _SKELETONS[key] = skeleton
-            skeleton.tensors[self._source_sizes(skeleton, embed, head)] = tuple(added)
             program.shape = skeleton.shape
+            program.tensors = TableTensors(own, table, columns.bytes)
             return
-        sizes = self._source_sizes(skeleton, embed, head)
         for kind, peer, strategy in skeleton.p2p:
             self.p2p_block(kind, peer, strategy)
         program.calls = list(skeleton.shape.calls)
         program.shape = skeleton.shape
-        # Tensors are immutable: points whose tensor sizes match (another network, another HBM) share them.
-        tensors = skeleton.tensors.get(sizes)
-        if tensors is None:
-            nbytes = dict(sizes)
-            tensors = tuple(
-                Tensor(name, kind, nbytes[source], producer, consumer)
-                for name, kind, source, producer, consumer in skeleton.activations
-            )
-            if len(skeleton.tensors) >= SKELETON_TENSOR_SETS:
-                skeleton.tensors.clear()
-            skeleton.tensors[sizes] = tensors
-        program.tensors += tensors
-
-    def _source_sizes(self, skeleton: "_Skeleton", embed: Traced, head: Traced) -> tuple[tuple[Source, float], ...]:
-        """This point's bytes of each distinct source of the skeleton's tensors."""
-        return tuple((source, self.source_bytes(source, embed, head)) for source in skeleton.sources)
+        nbytes = np.array([self.source_bytes(source, embed, head) for source in skeleton.sources])
+        program.tensors = TableTensors(program.tensors, skeleton.table, nbytes[skeleton.source_of])
 
     def source_bytes(self, source: Source, embed: Traced, head: Traced) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
@@ -777,19 +768,20 @@ class _Stage(NamedTuple):
     """Tensors held for the whole step: weights, gradients, optimizer states, KV cache."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class _Skeleton:
-    """One stage's schedule without sizes: its calls, the p2p blocks it made, its activation tensors' lifetimes
-    and the block whose saved bytes each holds. Every program built from it carries its `shape`, on which cost
-    models keep what they derive from the calls alone."""
+    """One stage's schedule without sizes: its calls, the p2p blocks it made, and its activation tensors' lifetimes
+    with what sizes each (the bytes a source's block saves or gathers). Every program built from it carries its
+    `shape`, on which cost models keep what they derive from the calls alone, and its `table` of tensors, to
+    which a point adds only the sizes."""
 
     shape: CallShape
     p2p: tuple[tuple[OpKind, int, str], ...]
-    activations: tuple[tuple[str, TensorKind, Source, int, int], ...]
+    table: TensorTable
     sources: tuple[Source, ...]
-    """The distinct sources of the activations' sizes."""
-    tensors: dict[tuple, tuple[Tensor, ...]] = field(default_factory=dict)
-    """The tensors built for recent points, by their sources' sizes."""
+    """The distinct sources of the tensors' sizes."""
+    source_of: np.ndarray
+    """Per row of the table, its source's place in `sources`."""
 
 
 LINK_CYCLE = 6
@@ -849,7 +841,6 @@ def schedule_affinity(point: DesignPoint) -> tuple:
 
 
 SKELETON_CACHE_SIZE = 256
-SKELETON_TENSOR_SETS = 4
 _SKELETONS: dict[tuple, _Skeleton] = {}
 """Per process (an evaluator actor keeps it across trials); emptied when full."""
 

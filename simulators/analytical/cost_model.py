@@ -8,7 +8,7 @@ import numpy as np
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.spec import SystemSpec
-from dse.workload import DeferredPrograms, Program, Workload
+from dse.workload import DeferredPrograms, Program, TableTensors, Tensor, Workload
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
@@ -23,9 +23,10 @@ or edited since, is priced afresh; emptied when full."""
 
 def _contents(workload: Workload) -> tuple:
     """What a workload is made of, with every list copied: their items are immutable, so this stays equal to the
-    workload as it was. Programs generated from one skeleton share their calls and activation tensors, so two
-    such snapshots compare by identity, item by item, and cheaply. Programs still to be built (DeferredPrograms)
-    cannot have been edited, and the generator builds them alike for workloads whose steady forms are alike."""
+    workload as it was. Programs generated from one skeleton share their calls and their table of activation
+    tensors, so two such snapshots compare by identity, item by item, and by the tensors' sizes. Programs still
+    to be built (DeferredPrograms) cannot have been edited, and the generator builds them alike for workloads
+    whose steady forms are alike."""
     w = workload
     if isinstance(w.programs, DeferredPrograms) and not w.programs.built and w.steady is not None:
         programs: tuple = ("steady", w.steady.microbatches, w.steady.repeats, _programs(w.steady.programs))
@@ -35,7 +36,11 @@ def _contents(workload: Workload) -> tuple:
 
 
 def _programs(programs: Sequence[Program]) -> tuple:
-    return tuple((p.rank_class, p.name, list(p.calls), list(p.tensors)) for p in programs)
+    return tuple((p.rank_class, p.name, list(p.calls), _tensors(p.tensors)) for p in programs)
+
+
+def _tensors(tensors: Sequence[Tensor]) -> object:
+    return tensors.snapshot() if isinstance(tensors, TableTensors) else list(tensors)
 
 
 def _copy(result: SimResult) -> SimResult:

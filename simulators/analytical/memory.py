@@ -11,12 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from dse.spec import AcceleratorSpec, GiB
-from dse.workload import Block, Program, TensorKind
+from dse.workload import TENSOR_KIND_CODE, TENSOR_KINDS, Block, Program, TensorKind, columns_of
 from simulators.analytical.calls import call_array
 
-_KINDS = list(TensorKind)
-_KIND_INDEX = {kind: i for i, kind in enumerate(_KINDS)}
-_TEMPORARY = _KIND_INDEX[TensorKind.TEMPORARY]
+_TEMPORARY = TENSOR_KIND_CODE[TensorKind.TEMPORARY]
 
 
 def peak_memory(
@@ -25,15 +23,11 @@ def peak_memory(
     """The peak bytes and, at the moment of the peak, the bytes by tensor kind (block working memory counts as
     temporary). Frees at an instant go before allocations at that instant: a call that starts as another ends
     reuses the memory the other released."""
-    tensors = program.tensors
+    producer, consumer, kind, size = columns_of(program.tensors)
     call_start = np.asarray(call_start, dtype=float)
     call_end = np.asarray(call_end, dtype=float)
-    producer = np.array([-1 if t.producer is None else t.producer for t in tensors], dtype=np.intp)
-    consumer = np.array([-1 if t.consumer is None else t.consumer for t in tensors], dtype=np.intp)
-    size = np.array([t.bytes for t in tensors], dtype=float)
-    kind = np.array([_KIND_INDEX[t.kind] for t in tensors], dtype=np.intp)
     made = producer >= 0
-    allocated = np.zeros(len(tensors))
+    allocated = np.zeros(len(producer))
     allocated[made] = call_start[producer[made]]
     freed = consumer >= 0
     block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
@@ -42,7 +36,7 @@ def peak_memory(
     times_all = np.concatenate((allocated, call_end[consumer[freed]], call_start[held], call_end[held]))
     deltas_all = np.concatenate((size, -size[freed], temp[held], -temp[held]))
     kinds_all = np.concatenate((kind, kind[freed], np.full(2 * len(held), _TEMPORARY, dtype=np.intp)))
-    at_peak = dict.fromkeys((kind.value for kind in _KINDS), 0.0)
+    at_peak = dict.fromkeys((kind.value for kind in TENSOR_KINDS), 0.0)
     if not len(times_all):
         return 0.0, at_peak
     # Instants closer than a nanosecond are one: a free and an allocation that the schedule puts at the same
@@ -53,8 +47,8 @@ def peak_memory(
     if level[peak] <= 0:
         return 0.0, at_peak
     upto = order[: peak + 1]
-    by_kind = np.bincount(kinds_all[upto], weights=deltas_all[upto], minlength=len(_KINDS))
-    for kind, held_bytes in zip(_KINDS, by_kind, strict=True):
+    by_kind = np.bincount(kinds_all[upto], weights=deltas_all[upto], minlength=len(TENSOR_KINDS))
+    for kind, held_bytes in zip(TENSOR_KINDS, by_kind, strict=True):
         at_peak[kind.value] = float(held_bytes)
     return float(level[peak]), at_peak
 

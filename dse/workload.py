@@ -10,7 +10,7 @@ Units: FLOPs (2 per multiply-add), bytes, seconds. Communication sizes follow th
 """
 
 from collections import UserList
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import prod
@@ -165,18 +165,22 @@ class TableTensors(UserList):
     """A program's tensors: a few of its own (weights, optimizer states) then a TensorTable's rows with this
     program's sizes. It reads and changes like the list of Tensors it stands for, made on first such use; until
     then `columns` hands a cost model the arrays without making an object per tensor (thousands per program, more
-    time than the cost model's whole memory sweep)."""
+    time than the cost model's whole memory sweep). Without a table it is a plain list of `own`, as UserList's
+    slicing and concatenation make."""
 
-    def __init__(self, own: Sequence[Tensor], table: TensorTable, nbytes: np.ndarray) -> None:
+    def __init__(
+        self, own: Iterable[Tensor] = (), table: TensorTable | None = None, nbytes: np.ndarray | None = None
+    ) -> None:
         self._own = tuple(own)
         self._table = table
         self._nbytes = nbytes
-        self._rows: list[Tensor] | None = None
+        self._rows: list[Tensor] | None = list(self._own) if table is None else None
 
     @property
     def data(self) -> list[Tensor]:  # type: ignore[override]
         if self._rows is None:
             t = self._table
+            assert t is not None and self._nbytes is not None
             rows = zip(t.names, t.kinds, self._nbytes.tolist(), t.producer.tolist(), t.consumer.tolist(), strict=True)
             self._rows = [*self._own, *(Tensor(*row) for row in rows)]
         return self._rows
@@ -189,6 +193,7 @@ class TableTensors(UserList):
         if self._rows is not None:  # read as objects, perhaps changed since
             return tensor_columns(self._rows)
         own, t = tensor_columns(self._own), self._table
+        assert t is not None and self._nbytes is not None
         return TensorColumns(
             np.concatenate((own.producer, t.producer)),
             np.concatenate((own.consumer, t.consumer)),
@@ -200,6 +205,7 @@ class TableTensors(UserList):
         """Equal for equal tensors while unmade (same table, same sizes), without making them."""
         if self._rows is not None:
             return ("rows", tuple(self._rows))
+        assert self._nbytes is not None
         return ("table", self._own, self._table, self._nbytes.tobytes())
 
 

@@ -89,6 +89,8 @@ def test_table_tensors_changed_as_a_list_give_their_new_columns_and_snapshot():
     tensors = SymbolicGenerator().generate(make_point(**SHAPE)).steady.programs[0].tensors
     assert isinstance(tensors, TableTensors)
     before, count = tensors.snapshot(), len(tensors.columns().bytes)
+    assert list(tensors[:3]) == list(tensors)[:3] and list(tensors.copy()) == list(tensors)  # UserList makes these
+    assert tensors.snapshot() == ("rows", tuple(tensors))  # made by the reads above
     tensors.append(Tensor("extra", TensorKind.TEMPORARY, 2.0**30))
     assert tensors.snapshot() != before
     columns = tensors.columns()

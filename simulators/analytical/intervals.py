@@ -22,7 +22,8 @@ def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[np.ndarray, n
     opens[0] = True
     np.greater(s[1:], reach[:-1], out=opens[1:])
     first = np.flatnonzero(opens)
-    return s[first], reach[np.append(first[1:] - 1, len(s) - 1)]
+    # a merged interval ends where the reach stood just before the next one opens; the last one, at the last reach
+    return s[first], np.concatenate((reach[first[1:] - 1], reach[-1:]))
 
 
 def split_busy(

@@ -531,8 +531,13 @@ class _Builder:
             distinct = tuple(dict.fromkeys(sources))
             place = {source: i for i, source in enumerate(distinct)}
             columns = tensor_columns(added)
-            names, kinds = tuple(t.name for t in added), tuple(t.kind for t in added)
-            table = TensorTable(names, kinds, columns.producer, columns.consumer, columns.kind)
+            table = TensorTable(
+                tuple(t.name for t in added),
+                tuple(t.kind for t in added),
+                columns.producer,
+                columns.consumer,
+                columns.kind,
+            )
             skeleton = _Skeleton(
                 CallShape(tuple(program.calls)),
                 tuple(list(self.p2p)[first_p2p:]),

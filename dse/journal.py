@@ -139,6 +139,7 @@ class JournalMirror(InMemoryStorage):
         self._next_study = replay._next_study_id
         self._next_trial = len(replay._trials)
         self._distributions: dict[int, tuple[BaseDistribution, str]] = {}
+        self._heads = {op: _line({"op_code": op, "worker_id": self._worker})[:-1] for op in JournalOperation}
         atexit.register(_flush_at_exit, weakref.ref(self))
 
     def _write(self, op: JournalOperation, fields: dict[str, Any]) -> None:
@@ -234,14 +235,12 @@ class JournalMirror(InMemoryStorage):
                 self._set_param(trial_id, param_name, param_value_internal, distribution)
             else:
                 super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
-            self._write(
+            # the line _write would make, with the name and the distribution encoded once per distribution
+            self._queue(
                 JournalOperation.SET_TRIAL_PARAM,
-                {
-                    "trial_id": self._trial_ids[trial_id],
-                    "param_name": param_name,
-                    "param_value_internal": param_value_internal,
-                    "distribution": self._distribution_json(distribution),
-                },
+                f"{self._head(JournalOperation.SET_TRIAL_PARAM, 'trial_id', self._trial_ids[trial_id])},"
+                f'"param_name":{_encode(param_name)},"param_value_internal":{_encode(param_value_internal)},'
+                f'"distribution":{self._encoded_distribution(distribution)}}}',
             )
 
     def _set_param(self, trial_id: int, name: str, value_internal: float, distribution: BaseDistribution) -> None:
@@ -256,12 +255,17 @@ class JournalMirror(InMemoryStorage):
         trial.distributions = {**trial.distributions, name: distribution}
         self._set_trial(trial_id, trial)
 
-    def _distribution_json(self, distribution: BaseDistribution) -> str:
-        """distribution_to_json, kept per distribution: a study asks every trial with the same objects."""
+    def _encoded_distribution(self, distribution: BaseDistribution) -> str:
+        """distribution_to_json as a JSON string, kept per distribution: a study asks every trial with the same
+        objects."""
         known = self._distributions.get(id(distribution))
         if known is None or known[0] is not distribution:
-            known = self._distributions[id(distribution)] = (distribution, distribution_to_json(distribution))
+            known = self._distributions[id(distribution)] = (distribution, _encode(distribution_to_json(distribution)))
         return known[1]
+
+    def _head(self, op: JournalOperation, owner_field: str, owner: int) -> str:
+        """The start of the line _write makes for an operation on `owner`, up to its last field, unclosed."""
+        return f'{self._heads[op]},"{owner_field}":{owner}'
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         with self._lock:
@@ -298,11 +302,10 @@ class JournalMirror(InMemoryStorage):
         owner_field, kind = _ATTR_OPS[op]
         ids = self._study_ids if owner_field == "study_id" else self._trial_ids
         with self._lock:
-            text = json.dumps(value, separators=(",", ":"))
+            text = _encode(value)
             store(owner, key, json.loads(text))
             # the line _write would make, around the value serialised once (metrics and point fields are dicts)
-            head = _line({"op_code": op, "worker_id": self._worker, owner_field: ids[owner]})
-            self._queue(op, f'{head[:-1]},"{kind}":{{{json.dumps(key)}:{text}}}}}')
+            self._queue(op, f'{self._head(op, owner_field, ids[owner])},"{kind}":{{{_encode(key)}:{text}}}}}')
 
 
 def _flush_at_exit(mirror: "weakref.ref[JournalMirror]") -> None:
@@ -320,8 +323,13 @@ _ATTR_OPS = {
 """The owner's id field and the attribute field of each attribute operation's line."""
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+"""json.dumps(value, separators=(",", ":")) without the encoder json.dumps builds for every call with separators of
+its own (a dozen lines per trial)."""
+
+
 def _line(log: dict[str, Any]) -> str:
-    return json.dumps(log, separators=(",", ":"))
+    return _encode(log)
 
 
 def _stamp(moment: datetime | None) -> str | None:

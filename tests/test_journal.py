@@ -1,6 +1,7 @@
 """The journal backend (the same file Optuna's own backend reads, crash-safe appends, several writers) and the
 driver's in-memory mirror of it."""
 
+import json
 import os
 
 import optuna
@@ -16,8 +17,14 @@ DIST = {
 }
 
 
-def fill(storage, name: str, trials: int) -> optuna.Study:
-    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True, directions=["minimize"] * 2)
+def fill(storage, name: str, trials: int, seed: int | None = None) -> optuna.Study:
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        load_if_exists=True,
+        directions=["minimize"] * 2,
+        sampler=optuna.samplers.RandomSampler(seed),
+    )
     for _ in range(trials):
         trial = study.ask(DIST)
         trial.set_user_attr("metrics", {"step_time": trial.params["x"] / 3, "tuple": (1, 2), "nested": {"3": [4.5]}})
@@ -72,6 +79,23 @@ def test_the_mirror_writes_the_journal_optunas_backend_reads(tmp_path):
     assert snapshot(ours)[0][4]["metrics"]["tuple"] == [1, 2]  # in memory as a reader of the file has it
     times = [(t.datetime_start, t.datetime_complete) for t in ours.get_trials(deepcopy=False)]
     assert times == [(t.datetime_start, t.datetime_complete) for t in theirs.get_trials(deepcopy=False)]
+
+
+def test_the_mirror_writes_the_lines_optunas_journal_storage_writes(tmp_path):
+    fill(JournalMirror(str(tmp_path / "ours.log")), "s", 3, seed=1)
+    fill(JournalStorage(JournalFile(str(tmp_path / "theirs.log"))), "s", 3, seed=1)
+
+    def logs(name: str) -> list[dict]:
+        out = []
+        for line in (tmp_path / name).read_text().splitlines():
+            log = json.loads(line)
+            assert line == json.dumps(log, separators=(",", ":"))  # byte for byte the encoding of its content
+            out.append({k: v for k, v in log.items() if k not in ("worker_id", "datetime_start", "datetime_complete")})
+        return out
+
+    ours = logs("ours.log")
+    assert ours == logs("theirs.log")
+    assert {log["op_code"] for log in ours} >= {0, 4, 5, 6, 8}  # study, trial, param, state and user attribute
 
 
 def test_the_mirror_resumes_a_journal_whose_ids_are_not_its_own(tmp_path):

@@ -25,7 +25,7 @@ from dse.cli import main
 from dse.executor import GC_THRESHOLDS, NODE, InlineExecutor, RayExecutor
 from dse.space import load_study, optuna_distributions
 from dse.spec import DesignPoint
-from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, counted, open_study, run
+from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, counted, open_study, run
 from dse.tracking import PARENT_RUN_ATTR
 
 # The fakes below travel to Ray actors by value: actors cannot import this test module by name.
@@ -113,6 +113,24 @@ def test_same_study_and_seed_give_the_same_trials(tmp_path):
     _, other = inline_study(tmp_path / "c", 16, sampler="nsga2", seed=8)
     assert [t.params for t in first.trials] == [t.params for t in second.trials]
     assert [t.params for t in first.trials] != [t.params for t in other.trials]
+
+
+def test_the_random_sampler_draws_what_optunas_does_for_a_seed():
+    space = {
+        "model": optuna.distributions.CategoricalDistribution(["a", "b", "c", "d", "e"]),
+        "tp": optuna.distributions.CategoricalDistribution([1, 2, 4, 8]),
+        "hbm": optuna.distributions.IntDistribution(40, 200, step=8),
+        "bandwidth": optuna.distributions.FloatDistribution(10.0, 900.0, log=True),
+    }
+
+    def drawn(sampler: optuna.samplers.BaseSampler) -> list[dict]:
+        study = optuna.create_study(sampler=sampler)
+        return [study.ask(space).params for _ in range(200)]
+
+    ours, optunas = drawn(RandomSampler(seed=3)), drawn(optuna.samplers.RandomSampler(seed=3))
+    assert ours == optunas
+    assert {p["model"] for p in ours} == {"a", "b", "c", "d", "e"}  # every choice drawn, none favoured much
+    assert max(Counter(p["tp"] for p in ours).values()) < 200 / 4 * 1.5
 
 
 def test_an_evaluation_that_raises_fails_its_trial_with_the_error(tmp_path):

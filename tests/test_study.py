@@ -239,6 +239,43 @@ def test_a_point_that_kills_its_batch_fails_alone_and_its_batch_mate_completes(r
     assert outcomes[4].result["timings"]["pid"] != outcomes[1].result["timings"]["pid"], "no restart in between"
 
 
+class CrashOnceThenSlow:
+    """One affinity for every point; a tp=8 point kills its worker the first time, half a second in (time for a
+    follow-up call to queue behind it), and runs on the restarted actor. Results carry the process that ran them."""
+
+    def __init__(self, markers: str) -> None:
+        self.markers = markers
+
+    def affinity(self, point: DesignPoint) -> int:
+        return 0
+
+    def __call__(self, point: DesignPoint) -> dict:
+        import time
+
+        marker = Path(self.markers) / "crashed"
+        if point.parallel.tp == 8 and not marker.exists():
+            time.sleep(0.5)
+            marker.touch()
+            os._exit(1)
+        return {**fake_result(point), "timings": {"pid": os.getpid()}}
+
+
+def test_a_follow_up_call_lost_with_its_actor_runs_again_once(ray_address, tmp_path):
+    spec = load_study(SMALL)
+    executor = RayExecutor(CrashOnceThenSlow(str(tmp_path)), workers=1)
+    try:
+        executor.submit(8, spec_point(spec, 8))  # the actor's call, which kills it
+        for tag, tp in enumerate((1, 2, 4, 1), start=10):  # a whole batch of its affinity: sent behind it
+            executor.submit(tag, spec_point(spec, tp))
+        assert executor._load == [2], "the batch must wait in the actor, behind the call that kills it"
+        outcomes = [executor.wait() for _ in range(5)]
+    finally:
+        executor.close()
+    assert sorted(o.tag for o in outcomes) == [8, 10, 11, 12, 13]
+    assert all(o.error is None for o in outcomes), [o.error for o in outcomes]
+    assert len({o.result["timings"]["pid"] for o in outcomes}) == 1, "all ran on the restarted actor"
+
+
 def with_gc_thresholds(point: DesignPoint) -> dict:
     import gc
 

@@ -251,21 +251,26 @@ class RayExecutor:
             self._send(_Call(self._take(actor), actor))
         # A busy actor with a whole batch of its own affinity queued gets it as a follow-up call, which it starts
         # the moment its call ends instead of idling until the driver hears of the end and answers.
-        for actor, load in enumerate(self._load):
-            if load == 1 and self._queued and len(own := self._own_batch(actor)) == BATCH:
-                for job in own:
-                    self._queued.remove(job)
-                self._send(_Call(own, actor))
-
-    def _own_batch(self, actor: int) -> list[_Job]:
-        """Up to BATCH of the oldest queued first attempts of an affinity the actor ran first."""
-        own = []
-        for job in self._queued:
-            if job.attempt == 1 and job.affinity is not None and self._owner.get(job.affinity) == actor:
-                own.append(job)
+        if self._queued and 1 in self._load:
+            for actor, own in self._own_batches().items():
                 if len(own) == BATCH:
-                    break
-        return own
+                    for job in own:
+                        self._queued.remove(job)
+                    self._send(_Call(own, actor))
+
+    def _own_batches(self) -> dict[int, list[_Job]]:
+        """Per actor with one call in flight, up to BATCH of the oldest queued first attempts of the affinities it
+        ran first: one pass over the queue, however many actors (a large cluster queues hundreds of points)."""
+        batches: dict[int, list[_Job]] = {}
+        for job in self._queued:
+            if job.attempt > 1 or job.affinity is None:
+                continue
+            owner = self._owner.get(job.affinity)
+            if owner is not None and self._load[owner] == 1:
+                batch = batches.setdefault(owner, [])
+                if len(batch) < BATCH:
+                    batch.append(job)
+        return batches
 
     def _send(self, call: _Call) -> None:
         points = pickle.dumps([job.point for job in call.jobs], protocol=pickle.HIGHEST_PROTOCOL)

@@ -695,6 +695,7 @@ class _Builder:
         # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
         gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
 
+        calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
             first, last = vstage == 0, vstage == vstages - 1
@@ -704,10 +705,11 @@ class _Builder:
                 gathered = gather(units, 0, 0, (), mb)
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
-                    ahead = gather(units, pos + 1, 0, inputs, mb)
-                    forward = trace_of[unit].forward
-                    prev = program.add(Call(forward, (*inputs, *gathered), index, mb))
-                    hold(unit, 0, index, gathered, prev)
+                    ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
+                    append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
+                    prev = len(calls) - 1
+                    if gathered:
+                        hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 if not last:
@@ -724,9 +726,11 @@ class _Builder:
                 traced = trace_of[unit]
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
-                ahead = gather(units, pos + 1, 1, inputs, mb)
-                prev = last_backward[index] = program.add(Call(traced.backward, (*inputs, *gathered), index, mb))
-                hold(unit, 1, index, gathered, prev)
+                ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
+                append(Call(traced.backward, (*inputs, *gathered), index, mb))
+                prev = last_backward[index] = len(calls) - 1
+                if gathered:
+                    hold(unit, 1, index, gathered, prev)
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):

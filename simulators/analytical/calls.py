@@ -34,7 +34,7 @@ def call_reach(program: Program) -> np.ndarray:
     return memoised(
         program,
         ("calls", "reach"),
-        lambda calls: np.fromiter(
-            (c - min(call.inputs, default=c) for c, call in enumerate(calls)), np.intp, len(calls)
+        lambda calls: np.array(
+            [c - min(call.inputs) if call.inputs else 0 for c, call in enumerate(calls)], dtype=np.intp
         ),
     )

@@ -41,6 +41,9 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 OnTrial = Callable[[FrozenTrial], None]
 STOP_POLL_S = 0.2
 """How often a wait for evaluations looks at the stop request."""
+DECODED_CACHE_SIZE = 4096
+"""Parameter sets whose decoded points a run keeps (emptied when full): a discrete space repeats far fewer, and a
+continuous one would otherwise keep a point per trial for the whole study."""
 
 
 def open_study(spec: StudySpec, out_dir: Path) -> optuna.Study:
@@ -203,6 +206,8 @@ class _Loop:
         params = trial.params
         decoded = self.decoded.get(key := tuple(params.items()))
         if decoded is None:
+            if len(self.decoded) >= DECODED_CACHE_SIZE:
+                self.decoded.clear()
             decoded = self.decoded[key] = self._decode(params)
         if isinstance(decoded, str):
             trial.set_user_attr(REASON, decoded)

@@ -21,6 +21,7 @@ from conftest import ROOT
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
+from dse import study as studies
 from dse.cli import main
 from dse.executor import GC_THRESHOLDS, NODE, InlineExecutor, RayExecutor
 from dse.space import load_study, optuna_distributions
@@ -131,6 +132,17 @@ def test_the_random_sampler_draws_what_optunas_does_for_a_seed():
     assert ours == optunas
     assert {p["model"] for p in ours} == {"a", "b", "c", "d", "e"}  # every choice drawn, none favoured much
     assert max(Counter(p["tp"] for p in ours).values()) < 200 / 4 * 1.5
+
+
+def test_a_full_decoding_cache_is_emptied_and_the_study_runs_the_same(tmp_path, monkeypatch):
+    def trials(study: optuna.Study) -> list[tuple]:
+        return [(t.params, t.state, t.values, t.user_attrs) for t in study.trials]
+
+    _, kept = inline_study(tmp_path / "kept", 30)
+    monkeypatch.setattr(studies, "DECODED_CACHE_SIZE", 2)
+    _, emptied = inline_study(tmp_path / "emptied", 30)
+    assert trials(emptied) == trials(kept)
+    assert len({tuple(t.params.items()) for t in kept.trials}) > 2  # the small cache was emptied along the way
 
 
 def test_an_evaluation_that_raises_fails_its_trial_with_the_error(tmp_path):

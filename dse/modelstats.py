@@ -5,6 +5,7 @@ A layer is a mixer (attention `attn`, latent attention `mla`, selective scan `ss
 `moe`, or `none` for pure Mamba blocks); `layer_kinds` lists them for the whole stack.
 """
 
+from functools import lru_cache
 from math import ceil
 
 from dse.spec import ModelSpec, WorkloadSpec
@@ -119,6 +120,7 @@ def active_param_count(m: ModelSpec) -> int:
     return sum(kind_params(m, k, active=True) for k in layer_kinds(m)) + _outside(m)
 
 
+@lru_cache(maxsize=64)  # a generator asks for every point; counting a deep stack costs more than the point's hash
 def matmul_params(m: ModelSpec, active: bool = True) -> int:
     """Parameters that multiply activations: all but the lookup-only tables (the LM head counts, tied or not);
     for MoE the active ones."""
@@ -126,6 +128,7 @@ def matmul_params(m: ModelSpec, active: bool = True) -> int:
     return total - embedding_params(m) + (m.vocab * m.hidden if m.tied_embeddings else 0)
 
 
+@lru_cache(maxsize=64)  # as matmul_params
 def attention_flops_per_token(m: ModelSpec, context: int) -> float:
     """Forward FLOPs per token of the score and value products against `context` keys (full, not causal-halved),
     and of the selective scan of SSM layers."""

@@ -10,21 +10,43 @@ from dataclasses import dataclass
 from dse.workload import Collective
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Duplicated:
-    """Every rank of the axis holds the whole tensor."""
+    """Every rank of the axis holds the whole tensor. One instance, DUP: compared and hashed by identity."""
+
+    def __reduce__(self) -> str:
+        return "DUP"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False, init=False)
 class Partition:
-    """The tensor is split along one of its named dimensions."""
+    """The tensor is split along one of its named dimensions.
+
+    Interned, one instance per dimension, so that layouts compare and hash by identity: tracing hashes a
+    tensor's layout for every size it asks, and a dataclass's generated __eq__ and __hash__ are Python calls."""
 
     dim: str
 
+    def __new__(cls, dim: str) -> "Partition":
+        interned = _PARTITIONS.get(dim)
+        if interned is None:
+            interned = _PARTITIONS[dim] = object.__new__(cls)
+            object.__setattr__(interned, "dim", dim)
+        return interned
 
-@dataclass(frozen=True, slots=True)
+    def __reduce__(self) -> tuple:
+        return Partition, (self.dim,)
+
+
+_PARTITIONS: dict[str, Partition] = {}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class PartialSum:
-    """Every rank holds a full-shaped addend; the tensor is their sum."""
+    """Every rank holds a full-shaped addend; the tensor is their sum. One instance, PARTIAL."""
+
+    def __reduce__(self) -> str:
+        return "PARTIAL"
 
 
 Dist = Duplicated | Partition | PartialSum

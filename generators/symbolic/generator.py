@@ -6,7 +6,7 @@ calls to those blocks in the order of the pipeline schedule. Training traces for
 prefill and decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
 """
 
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -114,7 +114,9 @@ class _Builder:
         self.tracer = self.module.tracer
         self.microbatches = point.micro_batches
         """How many micro-batches the programs being scheduled run (see `programs`)."""
-        self.sends: dict[tuple[int, int], list[int]] = {}
+        self.sends: dict[tuple[int, int], list[int]] | None = None
+        """Send orders of the micro-batches being scheduled, found when a stage is walked (`schedule`): a
+        skeleton reused from an earlier point needs none."""
         self.blocks: list[Block] = []
         self._shared_blocks: dict[Block, int] = {}
         self.synced: set[int] = set()
@@ -312,8 +314,9 @@ class _Builder:
             elems = self._elems[id(w)] = self.tracer.elems(unsharded)
         return elems
 
-    def optimizer_block(self, params: list[STensor]) -> tuple[int | None, dict[TensorKind, float]]:
-        """The Adam step over this stage's share of the parameters, and the static memory of model states.
+    def optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
+        """The Adam step over this stage's share of the parameters, and the static memory of model states; the
+        stage's modules come with how many layers run each (layers of a kind share their weights' STensors).
 
         A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas."""
         p = self.point.parallel
@@ -322,13 +325,14 @@ class _Builder:
         zero_share = 0.0
         by_group: dict[str, float] = defaultdict(float)
         data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
-        uses: dict[int, list] = {}  # layers of a kind share their weights' STensors: count each once
-        for w in params:
-            use = uses.get(id(w))
-            if use is None:
-                uses[id(w)] = [w, 1]
-            else:
-                use[1] += 1
+        uses: dict[int, list] = {}  # a tied table is one weight of two modules: count each weight once
+        for traced, layers in modules:
+            for w in traced.params:
+                use = uses.get(id(w))
+                if use is None:
+                    uses[id(w)] = [w, layers]
+                else:
+                    use[1] += layers
         for w, count in uses.values():
             elems = self._replica_elems(w) * count
             expert = is_expert(w)
@@ -402,10 +406,11 @@ class _Builder:
             vstages = [c * p.pp + stage for c in range(chunks)]
             layers = {c: list(range(v * per_chunk, (v + 1) * per_chunk)) for c, v in enumerate(vstages)}
             first, last = stage == 0, stage == p.pp - 1
-            params = [w for c in layers for i in layers[c] for w in traced[kinds[i]].params]
-            params += embedding.params if first else []
-            params += head.params if last else []
-            optimizer, static = self.optimizer_block(params)
+            counts = Counter(kinds[i] for c in layers for i in layers[c])
+            modules = [(traced[key], count) for key, count in counts.items()]
+            modules += [(embedding, 1)] if first else []
+            modules += [(head, 1)] if last else []
+            optimizer, static = self.optimizer_block(modules)
             fixed = [Tensor(kind.value, kind, size) for kind, size in static.items()]
             if not self.train:
                 cache = sum(traced[kinds[i]].cache_bytes for c in layers for i in layers[c])
@@ -442,7 +447,7 @@ class _Builder:
     ) -> list[Program]:
         """One program per pipeline stage, running `microbatches` micro-batches."""
         self.microbatches = microbatches
-        self.sends = self.send_orders()
+        self.sends = None
         programs = []
         for stage, (layers, optimizer, fixed) in enumerate(stages):
             program = Program(stage, f"stage{stage}", tensors=list(fixed))
@@ -649,10 +654,14 @@ class _Builder:
             """Offset along pp of the rank holding virtual stage vstage + step."""
             return (vstage + step) % p.pp - stage
 
+        if self.sends is None:
+            self.sends = self.send_orders()
+        sends = self.sends
+
         def post(source_vstage: int, wanted: int) -> None:
             """Post the receives from the stage holding source_vstage, in its send order, up to `wanted`."""
             source = source_vstage % p.pp
-            order = self.sends[(source, stage)]
+            order = sends[(source, stage)]
             while wanted not in posted:
                 t = order[cursor[source]]
                 cursor[source] += 1

@@ -4,10 +4,11 @@ The issue's reference configuration (TP8, PP8, DP16, 1F1B, global batch 1024, se
 micro-batch size, recompute and ZeRO stage so that no result is reused. Prints the rate (the mean over all points
 in one process, as a study's evaluator actor sees them), the split between generation and simulation, the median
 and slowest point, and the garbage collector's share; then the rate over the same points evaluated again from
-scratch but for what is kept per schedule shape (4 shapes here, each built on its first point), as a study's
-evaluator actor sees them after its first visits. Then, for a hardware-planning sweep, the rate over 18 systems
-for one parallel configuration (HBM size x InfiniBand x NVLink bandwidth): there the generated workload is reused
-and only the simulation runs. Run: .venv/bin/python benchmarks/evaluate_rate.py
+scratch but for what is kept per schedule shape (4 shapes here, each built on its first point) and per traced
+structure (9 here: recompute x ZeRO stage, each recorded on its first point and replayed for the other micro-batch
+size), as a study's evaluator actor sees them after its first visits. Then, for a hardware-planning sweep, the
+rate over 18 systems for one parallel configuration (HBM size x InfiniBand x NVLink bandwidth): there the generated
+workload is reused and only the simulation runs. Run: .venv/bin/python benchmarks/evaluate_rate.py
 """
 
 import gc
@@ -78,7 +79,7 @@ def main() -> None:
         f"garbage collection {100 * collecting.seconds / cpu:.0f}% of the CPU time"
     )
     # Again, as an evaluator actor meets these shapes later in a study: a fresh generator and no cached result, so
-    # every point is traced, scheduled and priced anew; only what is kept per schedule shape is reused.
+    # every point is generated and priced anew; only what is kept per schedule shape and traced structure is reused.
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     analytical_cost_model._RESULTS.clear()
     start = time.process_time()

@@ -198,3 +198,18 @@ def test_expert_parallel_with_sequence_parallel_moves_each_ranks_own_shard():
     fwd = comm(point, "layer.attn.moe.forward")
     assert fwd[("all_to_all", "ep", shard)] == 2
     assert fwd[("all_gather", "tp", 2 * shard)] == 1 and fwd[("reduce_scatter", "tp", 2 * shard)] == 1
+
+
+def test_shared_experts_under_sequence_parallelism_reduce_scatter_onto_the_ranks_own_shard():
+    """DeepSeek's MoE with TP+SP: the routed tokens come back sequence-split (reduce-scatter over tp, then the
+    all-to-all); the shared experts are a dense MLP that gathers the sequence and reduce-scatters its tp
+    partial sums onto the rank's shard, as the dense first layer's MLP does, and the two add up there."""
+    point = make_point("tiny-deepseek", global_batch=8, tp=2, sp=True, dp=4, ep=2)
+    dense, moe = comm(point, "layer.mla.dense.forward"), comm(point, "layer.mla.moe.forward")
+    full = 256 * 256 * 2  # the micro-batch's s x h activations in bf16, gathered and reduce-scattered under SP
+    shard = 256 // 2 * 256 * 4 * 2  # (s / tp) tokens * hidden * top_k * 2 bytes
+    routed = Counter({("all_to_all", "ep", shard): 2, ("all_gather", "tp", 2 * shard): 1})
+    routed[("reduce_scatter", "tp", 2 * shard)] = 1
+    assert moe - dense == routed
+    assert moe[("all_gather", "tp", full)] == dense[("all_gather", "tp", full)] == 1
+    assert moe[("reduce_scatter", "tp", full)] == dense[("reduce_scatter", "tp", full)] == 2

@@ -8,10 +8,12 @@ parallel ranks (once per step, per micro-batch, all-reduce or reduce-scatter) is
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 
 from dse.workload import Collective, Op
 from generators.symbolic.dist import PARTIAL, Dist, Partition, gradient_layout
 from generators.symbolic.graph import OUTPUT, Node, STensor, Tracer, make_layout, reduction_layout
+from generators.symbolic.tape import larger
 
 FUSED_ATTENTION_BACKWARD = 2.5
 """FLOPs fused (flash) attention's backward executes per forward FLOP: it keeps no probabilities, so it computes
@@ -237,10 +239,10 @@ class Differentiator:
             case "pointwise" | "norm" | "loss":
                 reads = [self.value(t) for t in node.inputs]
                 outs = [self._input_grad(g, t) for t in node.inputs]
-                flops = 2 * node.flops_per_elem * max(tr.elems(t) for t in node.inputs)
+                flops = 2 * node.flops_per_elem * reduce(larger, [tr.elems(t) for t in node.inputs])
                 tr._compute(f"{name}.backward", node.category, flops, (g, *reads), outs)
                 if node.kind == "loss":  # log-softmax's backward: fp32 gradients in and out, both held at once
-                    tr.emitter.peak_temp = max(tr.emitter.peak_temp, 2 * node.extra_saved)
+                    tr.emitter.peak_temp = larger(tr.emitter.peak_temp, 2 * node.extra_saved)
                 for t, d in zip(node.inputs, outs, strict=True):
                     self._contribute(t, d)
             case "attention":

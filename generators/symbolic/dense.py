@@ -495,8 +495,10 @@ class DenseModule:
         restore = {a: d for a, d in h2.layout if isinstance(d, Partition) and out.dist(a) != PARTIAL}
         y = tr.relabel("combine", out, ("b", "s", "h"), {"c": "b"}, 2.0 * m.moe.top_k, (gates,), overrides=restore)
         if m.moe.shared_experts:
+            # the routed output is laid out as the tokens are (sequence-split under SP); the shared experts'
+            # tp partial sums come to it (a reduce-scatter under SP, as their row-parallel linear ends in Megatron)
             shared = self.dense_mlp(h2, "rs", "shared.")
-            y = self.add("moe_sum", shared, y)
+            y = self.add("moe_sum", y, shared)
         return y
 
     # -- embedding and head --------------------------------------------------------------------------------------

@@ -1,15 +1,20 @@
 """Assembling traced blocks and a pipeline schedule into a Workload.
 
-Each kind of layer (a mixer and an MLP: attention + dense, MLA + MoE, SSM, ...) is traced once per design point
-and shared by every layer, micro-batch and stage that runs it; programs (one per pipeline stage) are sequences of
-calls to those blocks in the order of the pipeline schedule. Training traces forward and the derived backward;
-prefill and decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
+Each kind of layer (a mixer and an MLP: attention + dense, MLA + MoE, SSM, ...) is traced once and shared by
+every layer, micro-batch and stage that runs it; programs (one per pipeline stage) are sequences of calls to those
+blocks in the order of the pipeline schedule. Training traces forward and the derived backward; prefill and
+decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
+
+The trace is a structure (layouts, collectives, the derived backward) with numbers made of the point's sizes. It
+is recorded once per model, parallel layout and kind of step, over the sizes and the tp, ep and dp degrees, and
+later points of that structure replay the recording with their own (`tape`): the walk runs once, the arithmetic
+per point. The pipeline schedule is likewise walked once per shape (`_Skeleton`).
 """
 
 from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,6 +45,7 @@ from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.graph import Emitter, Node, STensor
 from generators.symbolic.schedule import SCHEDULES, interleaved
+from generators.symbolic.tape import Sym, Tape
 
 OPTIMIZER_STATE_BYTES = 12
 """fp32 master weights, Adam momentum and variance per parameter (ZeRO paper's K = 12)."""
@@ -104,6 +110,85 @@ def layer_block_name(key: LayerKey) -> str:
 def is_expert(param: STensor) -> bool:
     d = param.dist("ep")
     return isinstance(d, Partition) and d.dim == "e" and param.name.startswith("experts.")
+
+
+@dataclass(frozen=True)
+class _Modules:
+    """What tracing the modules gives (`_Builder.trace_modules`): the first blocks of the workload and, per
+    layer kind, the embedding and the head, their Traced; with `Sym` numbers when recorded on a tape."""
+
+    blocks: list[Block]
+    layers: dict[LayerKey, Traced]
+    embedding: Traced
+    head: Traced
+    table: STensor
+    """The embedding's token table."""
+    tied: bool
+    """Whether the head reads that table (tied embeddings on a single stage)."""
+
+    def numeric(self, values: list) -> "_Modules":
+        """The same with every recorded number read from `values` (a replay of the tape)."""
+
+        def num(x: Any) -> Any:
+            return values[x.slot] if type(x) is Sym else x
+
+        def traced(t: Traced) -> Traced:
+            return replace(
+                t,
+                saved_bytes=num(t.saved_bytes),
+                cache_bytes=num(t.cache_bytes),
+                gathered_bytes=(num(t.gathered_bytes[0]), num(t.gathered_bytes[1])),
+                unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
+            )
+
+        blocks = [
+            Block(
+                b.name,
+                tuple(
+                    Op(
+                        op.name,
+                        op.kind,
+                        op.category,
+                        num(op.flops),
+                        num(op.bytes),
+                        num(op.density),
+                        num(op.comm_bytes),
+                        op.axis,
+                        op.peer,
+                        op.deps,
+                        num(op.out_bytes),
+                    )
+                    for op in b.ops
+                ),
+                b.output,
+                num(b.temp_bytes),
+            )
+            for b in self.blocks
+        ]
+        layers = {key: traced(t) for key, t in self.layers.items()}
+        return _Modules(blocks, layers, traced(self.embedding), traced(self.head), self.table, self.tied)
+
+
+@dataclass(frozen=True)
+class _Recording:
+    tape: Tape
+    modules: _Modules
+
+
+RECORDED_DEGREES = ("tp", "ep", "dp")
+"""The parallel degrees a module trace is recorded over (`_Builder.modules`), like the sizes."""
+
+
+def trace_structure(point: DesignPoint) -> tuple:
+    """What a module trace depends on besides the sizes and degrees it is recorded over: the model, the parallel
+    layout but for those degrees, and the kind of step. Micro-batch size and sequence length are sizes."""
+    layout = tuple((name, value) for name, value in point.parallel if name not in RECORDED_DEGREES)
+    return (point.model, layout, point.workload.mode, point.workload.kernels)
+
+
+RECORDING_CACHE_SIZE = 256
+_RECORDINGS: dict[tuple, _Recording] = {}
+"""Per process, like the skeletons; emptied when full."""
 
 
 class _Builder:
@@ -371,7 +456,9 @@ class _Builder:
                 )
         return self.add_block("optimizer", emitter, share=True), memory
 
-    def build(self) -> Workload:
+    def trace_modules(self) -> "_Modules":
+        """Every distinct layer, the embedding and the head, traced: their blocks (the first of the workload's)
+        and what they imply."""
         point, module = self.point, self.module
         p, m = point.parallel, point.model
         tokens = module.tokens()
@@ -382,10 +469,8 @@ class _Builder:
             embed_table.append(table)
             return out
 
-        kinds = layer_keys(layer_kinds(m), p)
-        self.layer_keys = kinds
         traced: dict[LayerKey, Traced] = {}
-        for key in dict.fromkeys(kinds):
+        for key in dict.fromkeys(self.layer_keys):
             x_in = module.activation("x", ("b", "s", "h"), key[2])
             traced[key] = self.trace(
                 layer_block_name(key), [x_in], lambda key=key, x_in=x_in: module.layer(x_in, key[0], key[1])
@@ -394,9 +479,46 @@ class _Builder:
         tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
         head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
+        return _Modules(self.blocks, traced, embedding, head, embed_table[0], tie is not None)
+
+    def modules(self) -> "_Modules":
+        """`trace_modules` for this point: replayed from the recording of an earlier point of the same structure
+        (see `tape`), or traced with recording sizes and kept for later points.
+
+        The recorded sizes are the tracer's dimension sizes and the degrees of the tp, ep and dp axes; which axes
+        are split, the cp degree (its ring has a step per rank) and everything else are the structure."""
+        tracer = self.tracer
+        sizes, degrees, fsdp = tracer.sizes, tracer.degrees, self.fsdp
+        recorded = {name: degree for name, degree in degrees.items() if name in RECORDED_DEGREES}
+        numbers = {**sizes, **{f"degree.{name}": degree for name, degree in recorded.items()}}
+        key = (trace_structure(self.point), tuple(sorted(degrees)))
+        recording = _RECORDINGS.get(key)
+        values = recording.tape.replay(numbers) if recording is not None else None
+        if recording is None or values is None:
+            tape = Tape()
+            tracer.use_sizes({name: tape.leaf(name, value) for name, value in sizes.items()})
+            tracer.degrees = degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()}
+            if fsdp is not None:
+                self.fsdp = replace(fsdp, degrees=tracer.degrees)
+            recording = _Recording(tape, self.trace_modules())
+            tracer.use_sizes(sizes)
+            tracer.degrees, self.fsdp = degrees, fsdp
+            if len(_RECORDINGS) >= RECORDING_CACHE_SIZE:
+                _RECORDINGS.clear()
+            _RECORDINGS[key] = recording
+            values = tape.values
+        return recording.modules.numeric(values)
+
+    def build(self) -> Workload:
+        point = self.point
+        p, m = point.parallel, point.model
+        kinds = self.layer_keys = layer_keys(layer_kinds(m), p)
+        modules = self.modules()
+        self.blocks = list(modules.blocks)
+        traced, embedding, head = modules.layers, modules.embedding, modules.head
         self.layer_traces = traced
         self.outside = [embedding, head]
-        self.tied_sync = self.tied_sync_blocks(embed_table[0]) if tie is None and m.tied_embeddings else {}
+        self.tied_sync = self.tied_sync_blocks(modules.table) if not modules.tied and m.tied_embeddings else {}
 
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         self.chunks = chunks

@@ -19,6 +19,7 @@ from dse.spec import DTYPE_BYTES
 from dse.workload import BLOCK_INPUT, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Duplicated, PartialSum, Partition, collective_for
 from generators.symbolic.fsdp import FsdpCopies, chained
+from generators.symbolic.tape import larger
 
 Layout = tuple[tuple[str, Dist], ...]
 AXIS_ORDER = ("tp", "cp", "ep", "dp", "pp")
@@ -216,9 +217,15 @@ class Tracer:
         self.emitter = Emitter()
         self.tape: list[Node] = []
         self.recording = True
-        self._elems: dict[tuple, float] = {}
+        self._per_shape: dict[tuple, float] = {}
+        """Elements (keyed by dims and layout) and bytes (and itemsize) of the shapes asked so far."""
 
     # -- sizes ---------------------------------------------------------------------------------------------
+    def use_sizes(self, sizes: dict) -> None:
+        """Trace from here on with these sizes: plain numbers, or `tape.Sym`s that record what is made of them."""
+        self.sizes = sizes
+        self._per_shape = {}
+
     def local_size(self, t: STensor, dim: str) -> float:
         split = prod(self.degrees.get(a, 1) for a, d in t.layout if isinstance(d, Partition) and d.dim == dim)
         return self.sizes[dim] / split
@@ -226,13 +233,17 @@ class Tracer:
     def elems(self, t: STensor) -> float:
         """Elements of t on one rank; tracing asks this of every tensor several times, so it is kept per shape."""
         key = (t.dims, t.layout)
-        elems = self._elems.get(key)
+        elems = self._per_shape.get(key)
         if elems is None:
-            elems = self._elems[key] = prod(self.local_size(t, d) for d in t.dims)
+            elems = self._per_shape[key] = prod(self.local_size(t, d) for d in t.dims)
         return elems
 
     def nbytes(self, t: STensor) -> float:
-        return self.elems(t) * t.itemsize
+        key = (t.dims, t.layout, t.itemsize)
+        nbytes = self._per_shape.get(key)
+        if nbytes is None:
+            nbytes = self._per_shape[key] = self.elems(t) * t.itemsize
+        return nbytes
 
     def full_bytes(self, t: STensor) -> float:
         """Bytes of the whole (unsharded) tensor."""
@@ -259,7 +270,7 @@ class Tracer:
         return len(self.emitter.ops)
 
     def _temp(self, t: STensor) -> None:
-        self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(t))
+        self.emitter.peak_temp = larger(self.emitter.peak_temp, self.nbytes(t))
 
     # -- communication -------------------------------------------------------------------------------------
     def redistribute(
@@ -294,7 +305,7 @@ class Tracer:
                 merged = replace(
                     previous,
                     axis="+".join(a for a in AXIS_ORDER if a in axes),
-                    comm_bytes=max(size, previous.comm_bytes),
+                    comm_bytes=larger(size, previous.comm_bytes),
                 )
                 self.emitter.ops[index] = merged
                 self.emitter.produced(moved, index)
@@ -636,7 +647,7 @@ class Tracer:
         # the fp32 copy of the logits is held beside them while the fp32 log-probabilities are formed, and
         # those are what backward reads.
         log_probs = FP32 * self.elems(logits)
-        self.emitter.peak_temp = max(self.emitter.peak_temp, self.nbytes(logits) + log_probs)
+        self.emitter.peak_temp = larger(self.emitter.peak_temp, self.nbytes(logits) + log_probs)
         self._record(Node("loss", name, (logits,), out, "elementwise", 5, extra_saved=log_probs), mark)
         return out
 

@@ -1,0 +1,111 @@
+"""Module traces recorded once per structure and replayed on other sizes (generators.symbolic.tape): the tape
+replays exactly the arithmetic it recorded, a comparison is a guard, and a replayed workload equals, number for
+number, the workload a plain trace of the same point gives."""
+
+import operator
+from math import prod
+
+import pytest
+from helpers import make_point
+
+from dse import catalog
+from generators.symbolic import generator
+from generators.symbolic.generator import SymbolicGenerator
+from generators.symbolic.tape import Tape, larger
+
+SYSTEM = {"base": "dgx-h100", "network": {1: {"npus": 8}}}
+
+
+def test_a_replay_redoes_the_recorded_arithmetic_on_other_sizes():
+    def formula(b, s, h, tp):
+        local = b * s / tp
+        return larger(2 * prod((local, h, h)), sum((local * h, 4096.0))) + (local // 2) % 3 - 1
+
+    tape = Tape()
+    leaves = {name: tape.leaf(name, value) for name, value in dict(b=2, s=1024, h=4096, tp=4).items()}
+    recorded = formula(**leaves)
+    assert recorded.value == formula(2, 1024, 4096, 4)
+    for sizes in (dict(b=1, s=8192, h=8192, tp=8), dict(b=3, s=17, h=5, tp=2)):
+        values = tape.replay(sizes)
+        assert values is not None and values[recorded.slot] == formula(**sizes)
+
+
+def test_a_comparison_made_on_sizes_is_a_guard_that_a_replay_checks():
+    tape = Tape()
+    s = tape.leaf("s", 2048)
+    density = 0.5 if s > 1 else 1.0
+    [(op, left, right, outcome)] = tape.guards
+    assert density == 0.5 and (op, left, tape.values[right], outcome) == (operator.gt, s.slot, 1, True)
+    assert tape.replay({"s": 4096}) is not None
+    assert tape.replay({"s": 1}) is None, "a decode step (one token) must not replay a prefill's recording"
+
+
+def test_a_size_made_a_plain_number_cannot_be_recorded():
+    tape = Tape()
+    with pytest.raises(TypeError, match="plain number"):
+        float(tape.leaf("h", 4096) * 2)
+    with pytest.raises(TypeError, match="plain number"):
+        range(tape.leaf("cp", 2))
+
+
+def _contents(workload) -> str:
+    """Every number and name of a workload: its blocks, and its programs' calls and tensors."""
+    forms = [workload.programs] + ([workload.steady.programs] if workload.steady else [])
+    programs = [[(p.calls, [tuple(t) for t in p.tensors]) for p in form] for form in forms]
+    return repr((workload.blocks, programs, workload.model_flops))
+
+
+def _traced_plainly(point, monkeypatch) -> str:
+    with monkeypatch.context() as patch:
+        patch.setattr(generator._Builder, "modules", generator._Builder.trace_modules)
+        return _contents(SymbolicGenerator().generate(point))
+
+
+LAYOUTS = [
+    # (recorded, replayed): the same axes split, other degrees, micro-batch sizes and sequence lengths
+    (dict(tp=2, dp=4, sp=True, recompute="selective"), dict(tp=8, dp=2, sp=True, recompute="selective")),
+    (dict(tp=2, dp=4, pp=2, zero=3, recompute="full"), dict(tp=4, dp=16, pp=2, zero=3, recompute="full")),
+    (dict(tp=2, dp=4, cp=2, cp_algorithm="ring"), dict(tp=4, dp=8, cp=2, cp_algorithm="ring")),
+    (dict(tp=2, dp=8, ep=2, zero=2), dict(tp=4, dp=16, ep=4, zero=2)),
+]
+
+
+@pytest.mark.parametrize("model", catalog.names("models"))
+def test_every_model_replays_the_workload_a_plain_trace_gives(model, monkeypatch):
+    """For every catalog model: a point traced with recording sizes, then points of the same structure with
+    other micro-batch sizes, sequence lengths and tp, dp and ep degrees, replayed from that recording; each
+    replayed workload equals the plain trace's, every block, op, call and tensor size."""
+    moe = catalog.entry("models", model).get("moe") is not None
+    cases = replays = 0
+    for recorded, replayed in LAYOUTS if moe else LAYOUTS[:3]:
+        for mode in ("train", "decode"):
+            overrides = {"workload.mode": mode}
+            first = make_point(model, SYSTEM, 1024, 64, 1, overrides, **recorded)
+            later = make_point(model, SYSTEM, 4096, 64 * 4, 2, overrides, **replayed)
+            if mode == "decode" and first.parallel.cp > 1:
+                continue
+            cases += 1
+            generator._RECORDINGS.clear()
+            SymbolicGenerator().generate(first)
+            recordings = dict(generator._RECORDINGS)
+            workload = SymbolicGenerator().generate(later)
+            kept = generator._RECORDINGS
+            replays += kept.keys() == recordings.keys() and all(kept[key] is recordings[key] for key in kept)
+            assert _contents(workload) == _traced_plainly(later, monkeypatch), (model, replayed, mode)
+    assert replays == cases == (7 if moe else 5), "points of one structure must replay its recording, not trace anew"
+
+
+def test_a_point_for_which_a_recorded_comparison_fails_is_traced_anew(monkeypatch):
+    """FSDP1 divides gradients before and after its reduce-scatter by factors found from the group size: with
+    dp 4 there is one predivide and no postdivide kernel, with dp 16 one of each, so a recording made with dp 4
+    does not hold for dp 16."""
+    recorded = make_point("llama3-8b", SYSTEM, 1024, 64, 1, tp=2, dp=4, zero=3, fsdp="fsdp1")
+    other = make_point("llama3-8b", SYSTEM, 1024, 64, 1, tp=2, dp=16, zero=3, fsdp="fsdp1")
+    generator._RECORDINGS.clear()
+    SymbolicGenerator().generate(recorded)
+    first = dict(generator._RECORDINGS)
+    workload = SymbolicGenerator().generate(other)
+    assert any(generator._RECORDINGS[key] is not kept for key, kept in first.items()), "the recording was replayed"
+    names = {op.name.rsplit(".", 1)[-1] for block in workload.blocks for op in block.ops}
+    assert {"predivide", "postdivide"} <= names
+    assert _contents(workload) == _traced_plainly(other, monkeypatch)

@@ -62,8 +62,12 @@ def _traced_plainly(point, monkeypatch) -> str:
 
 
 LAYOUTS = [
-    # (recorded, replayed): the same axes split, other degrees, micro-batch sizes and sequence lengths
-    (dict(tp=2, dp=4, sp=True, recompute="selective"), dict(tp=8, dp=2, sp=True, recompute="selective")),
+    # (recorded, replayed): the same axes split, other degrees, micro-batch sizes and sequence lengths (and ZeRO
+    # stages 1 and 2, which reduce the same gradients)
+    (
+        dict(tp=2, dp=4, sp=True, zero=1, recompute="selective"),
+        dict(tp=8, dp=2, sp=True, zero=2, recompute="selective"),
+    ),
     (dict(tp=2, dp=4, pp=2, zero=3, recompute="full"), dict(tp=4, dp=16, pp=2, zero=3, recompute="full")),
     (dict(tp=2, dp=4, cp=2, cp_algorithm="ring"), dict(tp=4, dp=8, cp=2, cp_algorithm="ring")),
     (dict(tp=2, dp=8, ep=2, zero=2), dict(tp=4, dp=16, ep=4, zero=2)),
@@ -109,3 +113,39 @@ def test_a_point_for_which_a_recorded_comparison_fails_is_traced_anew(monkeypatc
     names = {op.name.rsplit(".", 1)[-1] for block in workload.blocks for op in block.ops}
     assert {"predivide", "postdivide"} <= names
     assert _contents(workload) == _traced_plainly(other, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "replayed"),
+    [
+        ("llama3-8b", "llama3-405b"),
+        ("tiny-llama", "llama2-70b"),
+        ("mixtral-8x7b", "mixtral-8x22b"),
+        ("tiny-gpt", "gpt3-175b"),
+        ("tiny-mamba", "mamba-2.8b"),
+    ],
+)
+def test_members_of_a_model_family_replay_one_recording(recorded, replayed, monkeypatch):
+    """A model family's members differ in widths, depth and head counts, which are sizes: a point of one member
+    replays the recording of another's, and gives the workload a plain trace gives."""
+    layout = dict(tp=2, dp=8, ep=2, zero=1) if "mixtral" in recorded else dict(tp=2, dp=4, sp=True)
+    generator._RECORDINGS.clear()
+    SymbolicGenerator().generate(make_point(recorded, SYSTEM, 1024, 64, 1, **layout))
+    recordings = dict(generator._RECORDINGS)
+    point = make_point(replayed, SYSTEM, 2048, 64, 2, **layout)
+    workload = SymbolicGenerator().generate(point)
+    assert generator._RECORDINGS.keys() == recordings.keys()
+    assert all(generator._RECORDINGS[key] is recordings[key] for key in recordings)
+    assert _contents(workload) == _traced_plainly(point, monkeypatch)
+
+
+def test_models_whose_structure_differs_are_traced_apart():
+    """Grouped-query against full multi-head attention (an eager trace copies K/V per head only for GQA), a
+    compressed query against a full-rank one (DeepSeek-V3 against V2-Lite): not one family's recording."""
+    for first, second, kernels in (("llama3-8b", "llama2-7b", "eager"), ("deepseek-v2-lite", "deepseek-v3", "fused")):
+        generator._RECORDINGS.clear()
+        for model in (first, second):
+            SymbolicGenerator().generate(
+                make_point(model, SYSTEM, 1024, 64, 1, {"workload.kernels": kernels}, tp=2, dp=4)
+            )
+        assert len(generator._RECORDINGS) == 2, (first, second)

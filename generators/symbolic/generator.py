@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from dse.modelstats import LayerKind, layer_kinds, model_flops
-from dse.spec import DTYPE_BYTES, DesignPoint, ParallelSpec
+from dse.spec import DTYPE_BYTES, DesignPoint, MLASpec, ModelSpec, MoESpec, ParallelSpec, Spec, SSMSpec
 from dse.workload import (
     BLOCK_INPUT,
     Block,
@@ -179,11 +179,47 @@ RECORDED_DEGREES = ("tp", "ep", "dp")
 """The parallel degrees a module trace is recorded over (`_Builder.modules`), like the sizes."""
 
 
-def trace_structure(point: DesignPoint) -> tuple:
-    """What a module trace depends on besides the sizes and degrees it is recorded over: the model, the parallel
-    layout but for those degrees, and the kind of step. Micro-batch size and sequence length are sizes."""
-    layout = tuple((name, value) for name, value in point.parallel if name not in RECORDED_DEGREES)
-    return (point.model, layout, point.workload.mode, point.workload.kernels)
+MODEL_SIZES: dict[type, tuple[str, ...]] = {
+    ModelSpec: ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_seq"),
+    MoESpec: ("experts", "expert_ffn", "shared_experts", "first_dense_layers"),
+    MLASpec: ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+    SSMSpec: ("expand", "dt_rank", "attention_every"),
+}
+"""Model fields a module trace reads only as the tracer's sizes (DenseModule), or, for the layer counts and
+patterns, through which layer kinds there are: the fields a model family's members differ in."""
+
+
+def _family(spec: Spec) -> Spec:
+    """The spec with its size fields blanked (nested sections too): what members of a family share."""
+    update: dict[str, Any] = dict.fromkeys(MODEL_SIZES[type(spec)])
+    for name in ("moe", "mla", "ssm"):
+        section = getattr(spec, name, None)
+        if section is not None:
+            update[name] = _family(section)
+    return spec.model_copy(update=update)
+
+
+def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
+    """What a module trace depends on besides the sizes and degrees it is recorded over: the model family and
+    the layer kinds there are, the parallel layout but for those degrees, and the kind of step. The model's
+    widths, micro-batch size and sequence length are sizes; the few size relations that decide structure are
+    named here (grouped-query or not, shared experts or none, a compressed query or a full one)."""
+    m, p = point.model, point.parallel
+    relations = (
+        m.n_kv_heads == m.heads,
+        m.moe is not None and m.moe.shared_experts > 0,
+        m.mla is not None and m.mla.q_lora_rank is None,
+        p.layer_strategy(m.layers - 1),
+    )
+    # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
+    # schedule's and the optimizer's business, not the trace's)
+    layout = tuple(
+        (name, min(value, 1) if name == "zero" and value < 3 else value)
+        for name, value in p
+        if name not in RECORDED_DEGREES
+    )
+    kinds = tuple(dict.fromkeys(keys))
+    return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)
 
 
 RECORDING_CACHE_SIZE = 256
@@ -491,7 +527,7 @@ class _Builder:
         sizes, degrees, fsdp = tracer.sizes, tracer.degrees, self.fsdp
         recorded = {name: degree for name, degree in degrees.items() if name in RECORDED_DEGREES}
         numbers = {**sizes, **{f"degree.{name}": degree for name, degree in recorded.items()}}
-        key = (trace_structure(self.point), tuple(sorted(degrees)))
+        key = (trace_structure(self.point, self.layer_keys), tuple(sorted(degrees)))
         recording = _RECORDINGS.get(key)
         values = recording.tape.replay(numbers) if recording is not None else None
         if recording is None or values is None:

@@ -126,11 +126,51 @@ class _Modules:
     tied: bool
     """Whether the head reads that table (tied embeddings on a single stage)."""
 
-    def numeric(self, values: list) -> "_Modules":
-        """The same with every recorded number read from `values` (a replay of the tape)."""
+
+@dataclass(frozen=True)
+class _Recording:
+    """Modules traced with recording sizes (`Sym` numbers), their tape, and per block the slot of every number
+    its ops carry (constants have slots too), so that a replay's values make the blocks without a type test
+    per field."""
+
+    tape: Tape
+    modules: _Modules
+    blocks: list[tuple[str, int, int, tuple[tuple, ...]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        slot = self.tape.slot
+        blocks = [
+            (
+                b.name,
+                b.output,
+                slot(b.temp_bytes),
+                tuple(
+                    (
+                        op.name,
+                        op.kind,
+                        op.category,
+                        slot(op.flops),
+                        slot(op.bytes),
+                        slot(op.density),
+                        slot(op.comm_bytes),
+                        op.axis,
+                        op.peer,
+                        op.deps,
+                        slot(op.out_bytes),
+                    )
+                    for op in b.ops
+                ),
+            )
+            for b in self.modules.blocks
+        ]
+        object.__setattr__(self, "blocks", blocks)
+
+    def numeric(self, values: list) -> _Modules:
+        """The modules with every recorded number read from `values` (a replay of the tape)."""
+        v = values
 
         def num(x: Any) -> Any:
-            return values[x.slot] if type(x) is Sym else x
+            return v[x.slot] if type(x) is Sym else x
 
         def traced(t: Traced) -> Traced:
             return replace(
@@ -143,36 +183,21 @@ class _Modules:
 
         blocks = [
             Block(
-                b.name,
+                name,
                 tuple(
-                    Op(
-                        op.name,
-                        op.kind,
-                        op.category,
-                        num(op.flops),
-                        num(op.bytes),
-                        num(op.density),
-                        num(op.comm_bytes),
-                        op.axis,
-                        op.peer,
-                        op.deps,
-                        num(op.out_bytes),
-                    )
-                    for op in b.ops
+                    [
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o])
+                        for n, k, c, f, b, d, m, ax, pe, de, o in ops
+                    ]
                 ),
-                b.output,
-                num(b.temp_bytes),
+                output,
+                v[temp],
             )
-            for b in self.blocks
+            for name, output, temp, ops in self.blocks
         ]
-        layers = {key: traced(t) for key, t in self.layers.items()}
-        return _Modules(blocks, layers, traced(self.embedding), traced(self.head), self.table, self.tied)
-
-
-@dataclass(frozen=True)
-class _Recording:
-    tape: Tape
-    modules: _Modules
+        m = self.modules
+        layers = {key: traced(t) for key, t in m.layers.items()}
+        return _Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
 
 
 RECORDED_DEGREES = ("tp", "ep", "dp")
@@ -543,7 +568,7 @@ class _Builder:
                 _RECORDINGS.clear()
             _RECORDINGS[key] = recording
             values = tape.values
-        return recording.modules.numeric(values)
+        return recording.numeric(values)
 
     def build(self) -> Workload:
         point = self.point

@@ -54,6 +54,10 @@ class Tape:
         self.values.append(value)
         return len(self.values) - 1
 
+    def slot(self, x: "Sym | Number") -> int:
+        """Where a replay's values hold x: a recorded number's slot, or a constant's (replays keep those)."""
+        return x.slot if type(x) is Sym else self._constant(x)
+
     def _constant(self, value: Number) -> int:
         key = (type(value), value)
         slot = self._constants.get(key)

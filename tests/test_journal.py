@@ -121,3 +121,37 @@ def test_the_mirror_refuses_to_write_over_another_processs_lines(tmp_path):
     fill(JournalStorage(JournalFile(path)), "s", 1)  # a second driver on the same file
     with pytest.raises(DseError, match="another process wrote to the study journal"):
         fill(mirror, "s", 1)
+
+
+def test_told_trials_are_written_at_once_and_flushed_to_disk_together(tmp_path, monkeypatch):
+    """A told trial's lines are in the file when tell returns (a killed driver loses nothing it told); the fsyncs
+    run on the journal's own thread, one for all the trials told within FSYNC_INTERVAL_S, and `sync` returns
+    once the last told trial is on disk."""
+    flushed: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        flushed.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = tmp_path / "journal.log"
+    mirror = JournalMirror(str(path))
+    study = fill(mirror, "s", 50)
+    told = path.stat().st_size
+    assert [t.number for t in JournalStorage(JournalFileBackend(str(path))).get_all_trials(0)] == list(range(50))
+    mirror.sync()
+    assert flushed[-1] == told, "sync returned before the last told trial was flushed"
+    assert len(flushed) < 10, f"{len(flushed)} fsyncs for 51 state changes made at once"
+    assert len(study.trials) == 50
+
+
+def test_a_journal_that_cannot_be_flushed_says_so(tmp_path, monkeypatch):
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    mirror = JournalMirror(str(tmp_path / "journal.log"))
+    optuna.create_study(storage=mirror, study_name="s")
+    with pytest.raises(DseError, match=r"could not flush the study journal to disk: .*Input/output error"):
+        mirror.sync()

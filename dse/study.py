@@ -23,7 +23,7 @@ from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributi
 from dse.spec import DesignPoint
 from dse.storage import describe, open_storage
 
-# Trial user attributes. Each is one write to the storage (an fsync'd journal line), so they are few and whole.
+# Trial user attributes. Each is one write to the storage (a journal line, a row), so they are few and whole.
 METRICS = "metrics"
 """Every metric of the evaluation: {name: value}."""
 REASON = "reason"

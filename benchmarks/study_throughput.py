@@ -2,7 +2,7 @@
 trial (all of it, and the part on the workers' critical path), and MLflow child runs written per second.
 
 Two spaces, each with the random sampler and MLflow off (child_runs: none), so the figures are the loop's own: the
-quickstart's (Llama-3-8B on 64 H100s, ~12 ms per evaluation with the analytical model, the lightest study we ship,
+quickstart's (Llama-3-8B on 64 H100s, a few ms per evaluation with the analytical model, the lightest study we ship,
 where Optuna's own bookkeeping per trial weighs most) and planning-70b's (Llama-3-70B on 1024 H100s, a hardware
 planning study). MLflow's rate is measured by the background writer alone, into a local sqlite store and through
 a real `mlflow server` (the test suite's). A run lasts seconds and this machine's speed drifts by 10% between

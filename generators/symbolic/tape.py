@@ -66,14 +66,7 @@ class Tape:
         return slot
 
     def apply(self, op: Operation, a: "Sym | Number", b: "Sym | Number") -> "Sym":
-        if type(a) is Sym:
-            slot_a, a = a.slot, a.value
-        else:
-            slot_a = self._constant(a)
-        if type(b) is Sym:
-            slot_b, b = b.slot, b.value
-        else:
-            slot_b = self._constant(b)
+        (slot_a, a), (slot_b, b) = self._operand(a), self._operand(b)
         key = (op, slot_a, slot_b)
         made = self._made.get(key)
         if made is None:
@@ -84,17 +77,32 @@ class Tape:
         return made
 
     def compare(self, op: Operation, a: "Sym | Number", b: "Sym | Number") -> bool:
-        if type(a) is Sym:
-            slot_a, a = a.slot, a.value
-        else:
-            slot_a = self._constant(a)
-        if type(b) is Sym:
-            slot_b, b = b.slot, b.value
-        else:
-            slot_b = self._constant(b)
+        (slot_a, a), (slot_b, b) = self._operand(a), self._operand(b)
         result = bool(op(a, b))
         self.guards.append((op, slot_a, slot_b, result))
         return result
+
+    def _operand(self, x: "Sym | Number") -> tuple[int, Number]:
+        return (x.slot, x.value) if type(x) is Sym else (self._constant(x), x)
+
+
+def _arithmetic(op: Operation) -> tuple[Callable, Callable]:
+    """A binary operator's method on Sym and its reflected form (number op Sym)."""
+
+    def forward(self: "Sym", other: "Sym | Number") -> "Sym":
+        return self.tape.apply(op, self, other)
+
+    def reflected(self: "Sym", other: Number) -> "Sym":
+        return self.tape.apply(op, other, self)
+
+    return forward, reflected
+
+
+def _comparison(op: Operation) -> Callable:
+    def compare(self: "Sym", other: object) -> bool:
+        return self.tape.compare(op, self, other)  # type: ignore[arg-type]
+
+    return compare
 
 
 class Sym:
@@ -107,63 +115,25 @@ class Sym:
         self.slot = slot
         self.value = value
 
-    def __add__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.add, self, other)
+    __add__, _radd = _arithmetic(operator.add)
+    __sub__, __rsub__ = _arithmetic(operator.sub)
+    __mul__, _rmul = _arithmetic(operator.mul)
+    __truediv__, __rtruediv__ = _arithmetic(operator.truediv)
+    __floordiv__, __rfloordiv__ = _arithmetic(operator.floordiv)
+    __mod__, __rmod__ = _arithmetic(operator.mod)
+    __gt__, __lt__ = _comparison(operator.gt), _comparison(operator.lt)
+    __ge__, __le__ = _comparison(operator.ge), _comparison(operator.le)
+    __eq__, __ne__ = _comparison(operator.eq), _comparison(operator.ne)  # type: ignore[assignment]
 
     def __radd__(self, other: Number) -> "Sym":
         if type(other) is int and other == 0:  # sum()'s start: x + 0 is x, and of x's type
             return self
-        return self.tape.apply(operator.add, other, self)
-
-    def __sub__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.sub, self, other)
-
-    def __rsub__(self, other: Number) -> "Sym":
-        return self.tape.apply(operator.sub, other, self)
-
-    def __mul__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.mul, self, other)
+        return self._radd(other)
 
     def __rmul__(self, other: Number) -> "Sym":
         if type(other) is int and other == 1:  # prod()'s start: 1 * x is x, and of x's type
             return self
-        return self.tape.apply(operator.mul, other, self)
-
-    def __truediv__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.truediv, self, other)
-
-    def __rtruediv__(self, other: Number) -> "Sym":
-        return self.tape.apply(operator.truediv, other, self)
-
-    def __floordiv__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.floordiv, self, other)
-
-    def __rfloordiv__(self, other: Number) -> "Sym":
-        return self.tape.apply(operator.floordiv, other, self)
-
-    def __mod__(self, other: "Sym | Number") -> "Sym":
-        return self.tape.apply(operator.mod, self, other)
-
-    def __rmod__(self, other: Number) -> "Sym":
-        return self.tape.apply(operator.mod, other, self)
-
-    def __gt__(self, other: "Sym | Number") -> bool:
-        return self.tape.compare(operator.gt, self, other)
-
-    def __lt__(self, other: "Sym | Number") -> bool:
-        return self.tape.compare(operator.lt, self, other)
-
-    def __ge__(self, other: "Sym | Number") -> bool:
-        return self.tape.compare(operator.ge, self, other)
-
-    def __le__(self, other: "Sym | Number") -> bool:
-        return self.tape.compare(operator.le, self, other)
-
-    def __eq__(self, other: object) -> bool:
-        return self.tape.compare(operator.eq, self, other)  # type: ignore[arg-type]
-
-    def __ne__(self, other: object) -> bool:
-        return self.tape.compare(operator.ne, self, other)  # type: ignore[arg-type]
+        return self._rmul(other)
 
     def __bool__(self) -> bool:
         return self.tape.compare(operator.ne, self, 0)

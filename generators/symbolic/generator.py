@@ -248,7 +248,10 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
 
 
 RECORDING_CACHE_SIZE = 256
-_RECORDINGS: dict[tuple, _Recording] = {}
+RECORDING_VARIANTS = 4
+"""Recordings kept per structure whose comparisons came out differently (FSDP1's gradient divide factors with dp
+4, 8 and 16), so that points alternating between them replay instead of recording again."""
+_RECORDINGS: dict[tuple, list[_Recording]] = {}
 """Per process, like the skeletons; emptied when full."""
 
 
@@ -553,22 +556,26 @@ class _Builder:
         recorded = {name: degree for name, degree in degrees.items() if name in RECORDED_DEGREES}
         numbers = {**sizes, **{f"degree.{name}": degree for name, degree in recorded.items()}}
         key = (trace_structure(self.point, self.layer_keys), tuple(sorted(degrees)))
-        recording = _RECORDINGS.get(key)
-        values = recording.tape.replay(numbers) if recording is not None else None
-        if recording is None or values is None:
-            tape = Tape()
-            tracer.use_sizes({name: tape.leaf(name, value) for name, value in sizes.items()})
-            tracer.degrees = degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()}
-            if fsdp is not None:
-                self.fsdp = replace(fsdp, degrees=tracer.degrees)
-            recording = _Recording(tape, self.trace_modules())
-            tracer.use_sizes(sizes)
-            tracer.degrees, self.fsdp = degrees, fsdp
+        variants = _RECORDINGS.get(key, [])
+        for recording in variants:
+            values = recording.tape.replay(numbers)
+            if values is not None:
+                return recording.numeric(values)
+        tape = Tape()
+        tracer.use_sizes({name: tape.leaf(name, value) for name, value in sizes.items()})
+        tracer.degrees = degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()}
+        if fsdp is not None:
+            self.fsdp = replace(fsdp, degrees=tracer.degrees)
+        recording = _Recording(tape, self.trace_modules())
+        tracer.use_sizes(sizes)
+        tracer.degrees, self.fsdp = degrees, fsdp
+        if not variants:
             if len(_RECORDINGS) >= RECORDING_CACHE_SIZE:
                 _RECORDINGS.clear()
-            _RECORDINGS[key] = recording
-            values = tape.values
-        return recording.numeric(values)
+            _RECORDINGS[key] = variants
+        variants.append(recording)
+        del variants[:-RECORDING_VARIANTS]
+        return recording.numeric(tape.values)
 
     def build(self) -> Workload:
         point = self.point

@@ -6,9 +6,10 @@ blocks in the order of the pipeline schedule. Training traces forward and the de
 decode trace the forward only and hold KV caches (or SSM states) instead of gradients.
 
 The trace is a structure (layouts, collectives, the derived backward) with numbers made of the point's sizes. It
-is recorded once per model, parallel layout and kind of step, over the sizes and the tp, ep and dp degrees, and
-later points of that structure replay the recording with their own (`tape`): the walk runs once, the arithmetic
-per point. The pipeline schedule is likewise walked once per shape (`_Skeleton`).
+is recorded once per model family, parallel layout and kind of step, over the sizes (the model's widths among
+them) and the tp, ep and dp degrees, and later points of that structure replay the recording with their own
+(`tape`, `trace_structure`): the walk runs once, the arithmetic per point. The pipeline schedule is likewise
+walked once per shape (`_Skeleton`).
 """
 
 from collections import Counter, OrderedDict, defaultdict

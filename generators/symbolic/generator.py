@@ -115,8 +115,8 @@ def is_expert(param: STensor) -> bool:
 
 @dataclass(frozen=True)
 class _Modules:
-    """What tracing the modules gives (`_Builder.trace_modules`): the first blocks of the workload and, per
-    layer kind, the embedding and the head, their Traced; with `Sym` numbers when recorded on a tape."""
+    """What tracing the modules gives (`_Builder.trace_modules`): the workload's first blocks, and the Traced of
+    every layer kind, of the embedding and of the head; with `Sym` numbers when recorded on a tape."""
 
     blocks: list[Block]
     layers: dict[LayerKey, Traced]
@@ -598,10 +598,10 @@ class _Builder:
             layers = {c: list(range(v * per_chunk, (v + 1) * per_chunk)) for c, v in enumerate(vstages)}
             first, last = stage == 0, stage == p.pp - 1
             counts = Counter(kinds[i] for c in layers for i in layers[c])
-            modules = [(traced[key], count) for key, count in counts.items()]
-            modules += [(embedding, 1)] if first else []
-            modules += [(head, 1)] if last else []
-            optimizer, static = self.optimizer_block(modules)
+            held = [(traced[key], count) for key, count in counts.items()]
+            held += [(embedding, 1)] if first else []
+            held += [(head, 1)] if last else []
+            optimizer, static = self.optimizer_block(held)
             fixed = [Tensor(kind.value, kind, size) for kind, size in static.items()]
             if not self.train:
                 cache = sum(traced[kinds[i]].cache_bytes for c in layers for i in layers[c])

@@ -128,7 +128,7 @@ class _Modules:
     """Whether the head reads that table (tied embeddings on a single stage)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Recording:
     """Modules traced with recording sizes (`Sym` numbers), their tape, and per block the slot of every number
     its ops carry (constants have slots too), so that a replay's values make the blocks without a type test
@@ -140,7 +140,7 @@ class _Recording:
 
     def __post_init__(self) -> None:
         slot = self.tape.slot
-        blocks = [
+        self.blocks = [
             (
                 b.name,
                 b.output,
@@ -164,7 +164,6 @@ class _Recording:
             )
             for b in self.modules.blocks
         ]
-        object.__setattr__(self, "blocks", blocks)
 
     def numeric(self, values: list) -> _Modules:
         """The modules with every recorded number read from `values` (a replay of the tape)."""
@@ -563,13 +562,15 @@ class _Builder:
             if values is not None:
                 return recording.numeric(values)
         tape = Tape()
-        tracer.use_sizes({name: tape.leaf(name, value) for name, value in sizes.items()})
-        tracer.degrees = degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()}
+        tracer.use_sizes(
+            {name: tape.leaf(name, value) for name, value in sizes.items()},
+            degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()},
+        )
         if fsdp is not None:
             self.fsdp = replace(fsdp, degrees=tracer.degrees)
         recording = _Recording(tape, self.trace_modules())
-        tracer.use_sizes(sizes)
-        tracer.degrees, self.fsdp = degrees, fsdp
+        tracer.use_sizes(sizes, degrees)
+        self.fsdp = fsdp
         if not variants:
             if len(_RECORDINGS) >= RECORDING_CACHE_SIZE:
                 _RECORDINGS.clear()

@@ -221,9 +221,10 @@ class Tracer:
         """Elements (keyed by dims and layout) and bytes (and itemsize) of the shapes asked so far."""
 
     # -- sizes ---------------------------------------------------------------------------------------------
-    def use_sizes(self, sizes: dict) -> None:
-        """Trace from here on with these sizes: plain numbers, or `tape.Sym`s that record what is made of them."""
-        self.sizes = sizes
+    def use_sizes(self, sizes: dict, degrees: dict) -> None:
+        """Trace from here on with these sizes and degrees (of the same axes): plain numbers, or `tape.Sym`s that
+        record what is made of them. What is kept per shape was made of the old ones."""
+        self.sizes, self.degrees = sizes, degrees
         self._per_shape = {}
 
     def local_size(self, t: STensor, dim: str) -> float:

@@ -56,7 +56,7 @@ class Tape:
 
     def slot(self, x: "Sym | Number") -> int:
         """Where a replay's values hold x: a recorded number's slot, or a constant's (replays keep those)."""
-        return x.slot if type(x) is Sym else self._constant(x)
+        return self._operand(x)[0]
 
     def _constant(self, value: Number) -> int:
         key = (type(value), value)

@@ -24,7 +24,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -209,6 +210,9 @@ class JournalMirror(InMemoryStorage):
         self._pending: list[str] = []  # first: __del__ flushes it even when opening the file fails
         self._durable = False
         """Whether a pending line changes a state (see DURABLE_OPS)."""
+        self._holding: int | None = None
+        self._held: list[tuple[str, float, BaseDistribution]] = []
+        """The trial whose params are held, and those params (see params_together)."""
         self._path = path
         self._file = JournalFile(path)
         self._worker = f"{uuid.uuid4()}-{threading.get_ident()}"
@@ -320,32 +324,53 @@ class JournalMirror(InMemoryStorage):
 
     def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any) -> None:
         with self._lock:
-            if (
-                self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution.get(param_name)
-                is distribution
-            ):
-                self._set_param(trial_id, param_name, param_value_internal, distribution)
-            else:
-                super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
+            if trial_id == self._holding:
+                self._held.append((param_name, param_value_internal, distribution))
+                return
+            self._store_params(trial_id, [(param_name, param_value_internal, distribution)])
+
+    @contextmanager
+    def params_together(self, trial_id: int) -> Iterator[None]:
+        """Within it, the trial's set_trial_param calls are held and stored at its end, the trial replaced once
+        for all of them: an ask sets a study's parameters one by one (six in the quickstart), each a copy of the
+        trial otherwise. Optuna's Trial samples from its own copy of the params, not from the storage's."""
+        with self._lock:
+            self._holding = trial_id
+        try:
+            yield
+        finally:
+            with self._lock:
+                held, self._held, self._holding = self._held, [], None
+                if held:
+                    self._store_params(trial_id, held)
+
+    def _store_params(self, trial_id: int, params: list[tuple[str, float, BaseDistribution]]) -> None:
+        """Params into the trial in memory, each with its line. The distribution objects the study already holds
+        for these parameters (every ask of a run passes the same ones) skip InMemoryStorage's compatibility
+        check, which compares every choice of a categorical distribution, twice per parameter of every trial. The
+        trial is replaced, not changed, as Optuna does, since readers may hold the old one."""
+        known = self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution
+        if all(known.get(name) is distribution for name, _, distribution in params):
+            trial = self._get_trial(trial_id)
+            self.check_trial_is_updatable(trial_id, trial.state)
+            trial = copy.copy(trial)
+            trial.params = {**trial.params}
+            trial.distributions = {**trial.distributions}
+            for name, value_internal, distribution in params:
+                trial.params[name] = distribution.to_external_repr(value_internal)
+                trial.distributions[name] = distribution
+            self._set_trial(trial_id, trial)
+        else:
+            for param in params:
+                super().set_trial_param(trial_id, *param)
+        head = self._head(JournalOperation.SET_TRIAL_PARAM, "trial_id", self._trial_ids[trial_id])
+        for name, value_internal, distribution in params:
             # the line _write would make, with the name and the distribution encoded once per distribution
             self._queue(
                 JournalOperation.SET_TRIAL_PARAM,
-                f"{self._head(JournalOperation.SET_TRIAL_PARAM, 'trial_id', self._trial_ids[trial_id])},"
-                f'"param_name":{_encode(param_name)},"param_value_internal":{_encode(param_value_internal)},'
+                f'{head},"param_name":{_encode(name)},"param_value_internal":{_encode(value_internal)},'
                 f'"distribution":{self._encoded_distribution(distribution)}}}',
             )
-
-    def _set_param(self, trial_id: int, name: str, value_internal: float, distribution: BaseDistribution) -> None:
-        """InMemoryStorage.set_trial_param for the distribution object the study already holds for the parameter
-        (every ask of a run passes the same ones): no compatibility check, which compares every choice of a
-        categorical distribution, twice per parameter of every trial. The trial is replaced, not changed, as
-        Optuna does, since readers may hold the old one."""
-        trial = self._get_trial(trial_id)
-        self.check_trial_is_updatable(trial_id, trial.state)
-        trial = copy.copy(trial)
-        trial.params = {**trial.params, name: distribution.to_external_repr(value_internal)}
-        trial.distributions = {**trial.distributions, name: distribution}
-        self._set_trial(trial_id, trial)
 
     def _encoded_distribution(self, distribution: BaseDistribution) -> str:
         """distribution_to_json as a JSON string, kept per distribution: a study asks every trial with the same
@@ -386,18 +411,36 @@ class JournalMirror(InMemoryStorage):
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         self._set_attr(JournalOperation.SET_TRIAL_SYSTEM_ATTR, super().set_trial_system_attr, trial_id, key, value)
 
+    def set_trial_user_attrs(self, trial_id: int, attrs: dict[str, Any]) -> None:
+        """set_trial_user_attr for several attributes, the trial replaced once (a trial's results are three or
+        four of them). Each still gets its own line: Optuna's reader takes one attribute per line."""
+        op = JournalOperation.SET_TRIAL_USER_ATTR
+        with self._lock:
+            trial = self._get_trial(trial_id)
+            self.check_trial_is_updatable(trial_id, trial.state)
+            texts = {key: _encode(value) for key, value in attrs.items()}
+            trial = copy.copy(trial)
+            trial.user_attrs = {**trial.user_attrs, **{key: json.loads(text) for key, text in texts.items()}}
+            self._set_trial(trial_id, trial)
+            for key, text in texts.items():
+                self._queue(op, self._attr_line(op, self._trial_ids[trial_id], key, text))
+
     def _set_attr(
         self, op: JournalOperation, store: Callable[[int, str, Any], None], owner: int, key: str, value: Any
     ) -> None:
         """An attribute of a study or a trial, as a reader of the file gets it (JSON turns tuples into lists, keys
         into strings), so that the study in memory is the one a resume loads."""
-        owner_field, kind = _ATTR_OPS[op]
-        ids = self._study_ids if owner_field == "study_id" else self._trial_ids
+        ids = self._study_ids if _ATTR_OPS[op][0] == "study_id" else self._trial_ids
         with self._lock:
             text = _encode(value)
             store(owner, key, json.loads(text))
-            # the line _write would make, around the value serialised once (metrics and point fields are dicts)
-            self._queue(op, f'{self._head(op, owner_field, ids[owner])},"{kind}":{{{_encode(key)}:{text}}}}}')
+            self._queue(op, self._attr_line(op, ids[owner], key, text))
+
+    def _attr_line(self, op: JournalOperation, owner: int, key: str, text: str) -> str:
+        """The line _write would make for an attribute, around its value serialised once (metrics and point
+        fields are dicts)."""
+        owner_field, kind = _ATTR_OPS[op]
+        return f'{self._head(op, owner_field, owner)},"{kind}":{{{_encode(key)}:{text}}}}}'
 
 
 def _flush_at_exit(mirror: "weakref.ref[JournalMirror]") -> None:

@@ -5,12 +5,11 @@ units (bytes, bytes/s, FLOP/s, seconds), which is all the code inside ever uses.
 """
 
 import hashlib
-import json
 from functools import cached_property
 from math import prod
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -226,6 +225,12 @@ class AcceleratorSpec(Spec):
     tdp_W: PositiveFloat | None = None
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
 
+    @field_validator("peak_tflops", "compute_efficiency")
+    @classmethod
+    def _sorted(cls, value: dict[str, float]) -> dict[str, float]:
+        """Kept in key order, so that equal accelerators write equal JSON (the point's key hashes it)."""
+        return dict(sorted(value.items()))
+
     @model_validator(mode="after")
     def _check(self) -> "AcceleratorSpec":
         for cat, eff in self.compute_efficiency.items():
@@ -295,9 +300,9 @@ class SystemSpec(Spec):
         return prod(dim.npus for dim in self.network)
 
 
-def _digest(data: dict[str, Any]) -> str:
-    """A short hash of canonical JSON: stable across processes and runs."""
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+def _digest(canonical: str) -> str:
+    """A short hash of a spec's JSON. The JSON is canonical: pydantic writes fields in their declared order and
+    the specs' mappings are kept sorted (AcceleratorSpec), so equal points hash alike in every process and run."""
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -312,12 +317,12 @@ class DesignPoint(Spec):
     @cached_property
     def key(self) -> str:
         """Stable across processes and runs: a hash of the canonical JSON of every field."""
-        return _digest(self.model_dump(mode="json"))
+        return _digest(self.model_dump_json())
 
     @cached_property
     def workload_key(self) -> str:
         """A hash of every field but the system's: what a generated workload depends on (generators cache by it)."""
-        return _digest(self.model_dump(mode="json", exclude={"system"}))
+        return _digest(self.model_dump_json(exclude={"system"}))
 
     @property
     def micro_batches(self) -> int:

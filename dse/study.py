@@ -9,6 +9,7 @@ metrics, so no evaluation is spent twice.
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import SpecError
 from dse.executor import NODE, Executor, Result
+from dse.journal import JournalMirror
 from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
 from dse.spec import DesignPoint
 from dse.storage import describe, open_storage
@@ -198,8 +200,11 @@ class _Loop:
         if trial_id is None:
             trial_id = study._storage.create_new_trial(study._study_id)
         trial = optuna.Trial(study, trial_id)
-        for name, distribution in self.distributions.items():
-            trial._suggest(name, distribution)
+        storage = study._storage
+        together = storage.params_together(trial_id) if isinstance(storage, JournalMirror) else nullcontext()
+        with together:
+            for name, distribution in self.distributions.items():
+                trial._suggest(name, distribution)
         return trial
 
     def _start(self, trial: optuna.Trial) -> None:
@@ -214,8 +219,7 @@ class _Loop:
             self._tell(trial, state=TrialState.PRUNED)
             return
         point, fields = decoded
-        trial.set_user_attr(POINT_KEY, point.key)
-        trial.set_user_attr(FIELDS, fields)
+        _set_user_attrs(trial, {POINT_KEY: point.key, FIELDS: fields})
         if point.key in self.known:
             self._reuse(trial, point.key)
         elif point.key in self.leaders:
@@ -235,16 +239,16 @@ class _Loop:
 
     def _reuse(self, trial: optuna.Trial, key: str) -> None:
         number, result = self.known[key]
-        trial.set_user_attr(DUPLICATE_OF, number)
-        self._complete(trial, {**result, TIMINGS: {}, NODE: None})
+        self._complete(trial, {**result, TIMINGS: {}, NODE: None}, {DUPLICATE_OF: number})
 
-    def _complete(self, trial: optuna.Trial, result: Result) -> None:
+    def _complete(self, trial: optuna.Trial, result: Result, attrs: dict[str, Any] | None = None) -> None:
         metrics = result["metrics"]
-        trial.set_user_attr(METRICS, metrics)
+        attrs = {**(attrs or {}), METRICS: metrics}
         if result.get(TIMINGS):
-            trial.set_user_attr(TIMINGS, result[TIMINGS])
+            attrs[TIMINGS] = result[TIMINGS]
         if result.get(NODE):
-            trial.set_user_attr(NODE, result[NODE])
+            attrs[NODE] = result[NODE]
+        _set_user_attrs(trial, attrs)
         for constraint in self.spec.constraint_list:
             trial.set_constraint(constraint.name, result["violations"][constraint.name])
         values = [metrics[metric] for metric in self.spec.metrics]
@@ -264,6 +268,17 @@ class _Loop:
         Study.tell is this function and that copy (Optuna 5)."""
         _tell_with_warning(self.study, trial, values, state)
         self.on_trial(self.study._storage.get_trial(trial._trial_id))
+
+
+def _set_user_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """Trial.set_user_attr for each attribute, in one storage call where the storage takes several at once."""
+    storage = trial.storage
+    if isinstance(storage, JournalMirror):
+        storage.set_trial_user_attrs(trial._trial_id, attrs)
+    else:
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(trial._trial_id, key, value)
+    trial._cached_frozen_trial.user_attrs.update(attrs)
 
 
 def _evaluated(trials: list[FrozenTrial], spec: StudySpec) -> dict[str, tuple[int, Result]]:

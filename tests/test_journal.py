@@ -1,6 +1,7 @@
 """The journal backend (the same file Optuna's own backend reads, crash-safe appends, several writers) and the
 driver's in-memory mirror of it."""
 
+import contextlib
 import json
 import os
 
@@ -96,6 +97,49 @@ def test_the_mirror_writes_the_lines_optunas_journal_storage_writes(tmp_path):
     ours = logs("ours.log")
     assert ours == logs("theirs.log")
     assert {log["op_code"] for log in ours} >= {0, 4, 5, 6, 8}  # study, trial, param, state and user attribute
+
+
+def test_params_and_attributes_stored_together_write_what_storing_them_one_by_one_writes(tmp_path):
+    """The driver's grouped writes (a trial's params held through its ask, its results' attributes in one call)
+    leave the file and the memory as the one-by-one calls do, also for a distribution the study has not seen."""
+
+    def run(storage, grouped: bool) -> optuna.Study:
+        study = optuna.create_study(
+            storage=storage, study_name="s", directions=["minimize"] * 2, sampler=optuna.samplers.RandomSampler(1)
+        )
+        for number in range(3):
+            trial = study.ask()
+            # the third trial's "c" is an equal distribution but another object: stored through Optuna's check
+            dists = DIST if number < 2 else {**DIST, "c": optuna.distributions.CategoricalDistribution(["a", "b"])}
+            with storage.params_together(trial._trial_id) if grouped else contextlib.nullcontext():
+                for name, dist in dists.items():
+                    trial._suggest(name, dist)
+            attrs = {"point_key": f"k{number}", "metrics": {"step_time": trial.params["x"] / 3, "tuple": (1, 2)}}
+            if grouped:
+                storage.set_trial_user_attrs(trial._trial_id, attrs)
+            else:
+                for key, value in attrs.items():
+                    trial.set_user_attr(key, value)
+            study.tell(trial, [trial.params["x"], 1.0])
+        return study
+
+    grouped = run(JournalMirror(str(tmp_path / "grouped.log")), grouped=True)
+    one_by_one = run(JournalStorage(JournalFile(str(tmp_path / "one.log"))), grouped=False)
+    assert snapshot(grouped) == snapshot(one_by_one)
+    assert snapshot(grouped)[2][4]["metrics"]["tuple"] == [1, 2]  # in memory as a reader of the file has it
+    reread = optuna.load_study(
+        study_name="s", storage=JournalStorage(JournalFileBackend(str(tmp_path / "grouped.log")))
+    )
+    assert snapshot(reread) == snapshot(grouped)
+
+    def logs(name: str) -> list[dict]:
+        return [
+            {k: v for k, v in json.loads(line).items() if k not in ("worker_id", "datetime_start", "datetime_complete")}
+            for line in (tmp_path / name).read_text().splitlines()
+        ]
+
+    assert logs("grouped.log") == logs("one.log")
+    assert [log["op_code"] for log in logs("grouped.log")].count(8) == 6  # one user-attribute line per attribute
 
 
 def test_the_mirror_resumes_a_journal_whose_ids_are_not_its_own(tmp_path):

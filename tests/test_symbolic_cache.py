@@ -1,10 +1,15 @@
 """The generator's workload cache: a system-only change reuses the workload, and the price is the fresh one."""
 
+import os
+import subprocess
+import sys
+
 from helpers import make_point
 
 from dse import plugins
 from dse.evaluate import evaluate
 from dse.executor import PluginEvaluation
+from dse.spec import DesignPoint
 from generators.symbolic.generator import SymbolicGenerator
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
@@ -52,3 +57,29 @@ def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     for alike in shapes[1:3]:
         assert all(a is b for a, b in zip(shapes[0], alike, strict=True))
     assert not any(a is b for a, b in zip(shapes[0], shapes[3], strict=True))
+
+
+def test_a_points_key_is_its_content_whatever_the_order_its_tables_were_written_in_and_in_any_process():
+    point = make_point("llama3-8b", DGX, seq_len=2048, global_batch=32, tp=4, pp=2, dp=2)
+    raw = point.model_dump()
+    accelerator = raw["system"]["accelerator"]
+    for table in ("peak_tflops", "compute_efficiency"):
+        accelerator[table] = dict(reversed(accelerator[table].items()))
+    reordered = DesignPoint.model_validate(raw)
+    assert list(reordered.system.accelerator.compute_efficiency) == sorted(accelerator["compute_efficiency"])
+    assert (reordered.key, reordered.workload_key) == (point.key, point.workload_key)
+    accelerator["compute_efficiency"]["gemm"] *= 0.99
+    assert DesignPoint.model_validate(raw).key != point.key
+
+    script = (
+        f"from dse.spec import DesignPoint; print(DesignPoint.model_validate_json({point.model_dump_json()!r}).key)"
+    )
+    for seed in ("1", "2"):
+        other = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert other.stdout.strip() == point.key

@@ -186,11 +186,11 @@ class _Loop:
                 self.executor.submit(job.trial.number, job.point)
             elif self.asks > 0 and (len(self.in_flight) < self.executor.capacity or not self.ready):
                 self.asks -= 1
-                self._start(self._ask())
+                self._start(*self._ask())
             else:
                 return
 
-    def _ask(self) -> optuna.Trial:
+    def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
         """Study.ask(self.distributions) without its per-ask conversion of deprecated distribution classes, whose
         check compares every choice of every categorical parameter: a tenth of the driver's CPU per trial, for
         distributions that optuna_distributions makes in the current classes (Optuna 5's ask is these lines)."""
@@ -203,12 +203,10 @@ class _Loop:
         storage = study._storage
         together = storage.params_together(trial_id) if isinstance(storage, JournalMirror) else nullcontext()
         with together:
-            for name, distribution in self.distributions.items():
-                trial._suggest(name, distribution)
-        return trial
+            params = {name: trial._suggest(name, distribution) for name, distribution in self.distributions.items()}
+        return trial, params  # trial.params would be a deep copy of these
 
-    def _start(self, trial: optuna.Trial) -> None:
-        params = trial.params
+    def _start(self, trial: optuna.Trial, params: dict[str, Any]) -> None:
         decoded = self.decoded.get(key := tuple(params.items()))
         if decoded is None:
             if len(self.decoded) >= DECODED_CACHE_SIZE:

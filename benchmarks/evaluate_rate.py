@@ -8,12 +8,19 @@ scratch but for what is kept per schedule shape (4 shapes here, each built on it
 structure (9 here: recompute x ZeRO stage, each recorded on its first point and replayed for the other micro-batch
 size), as a study's evaluator actor sees them after its first visits. Then, for a hardware-planning sweep, the
 rate over 18 systems for one parallel configuration (HBM size x InfiniBand x NVLink bandwidth): there the generated
-workload is reused and only the simulation runs. Run: .venv/bin/python benchmarks/evaluate_rate.py
+workload is reused and only the simulation runs. Last, in a fresh process, a study-like sample: the 18 parallel
+configurations on 12 systems, 216 points in a shuffled order, every one priced (no result is reused; a workload is,
+when its configuration comes round again while the generator still holds it), so that the first visits are paid
+as a study pays them, once per shape and structure and not once per point.
+Run: .venv/bin/python benchmarks/evaluate_rate.py
 """
 
 import gc
 import itertools
+import random
 import statistics
+import subprocess
+import sys
 import time
 
 from dse import plugins
@@ -30,11 +37,17 @@ BASE = {
 }
 
 
-def points():
+def configurations():
+    """The 18 parallel configurations (micro-batch size x recompute x ZeRO stage), as fresh point data."""
     for micro_batch, recompute, zero in itertools.product([1, 2], ["none", "selective", "full"], [0, 1, 2]):
         raw = expand(BASE)
         raw["workload"]["micro_batch"] = micro_batch
         raw["parallel"].update(recompute=recompute, zero=zero)
+        yield raw
+
+
+def points():
+    for raw in configurations():
         yield build_point(raw, "benchmark")
 
 
@@ -43,13 +56,28 @@ def systems():
         raw = expand(BASE)
         raw["workload"]["micro_batch"] = 1
         raw["parallel"].update(recompute="selective", zero=1)
-        for path, value in (
-            ("system.accelerator.hbm_GiB", hbm),
-            ("system.network.1.bandwidth_GBps", ib),
-            ("system.network.0.bandwidth_GBps", nvlink),
-        ):
-            assign(raw, path, value)
-        yield build_point(raw, "benchmark")
+        yield build_point(_on_system(raw, hbm, ib, nvlink), "benchmark")
+
+
+def study_sample() -> list:
+    """Every configuration on 12 systems, shuffled (seeded)."""
+    sample = [
+        build_point(_on_system(raw, hbm, ib, nvlink), "benchmark")
+        for hbm, ib, nvlink in itertools.product([80, 141], [25, 50, 100], [450, 900])
+        for raw in configurations()
+    ]
+    random.Random(0).shuffle(sample)
+    return sample
+
+
+def _on_system(raw: dict, hbm: float, ib: float, nvlink: float) -> dict:
+    for path, value in (
+        ("system.accelerator.hbm_GiB", hbm),
+        ("system.network.1.bandwidth_GBps", ib),
+        ("system.network.0.bandwidth_GBps", nvlink),
+    ):
+        assign(raw, path, value)
+    return raw
 
 
 def main() -> None:
@@ -95,6 +123,24 @@ def main() -> None:
         f"hardware sweep of one configuration (TP8 PP8 DP16, selective, ZeRO-1) over {len(sweep)} systems: "
         f"{len(sweep) / cpu:.1f} points per second per core (step {min(steps):.2f}-{max(steps):.2f} s)"
     )
+    study = subprocess.run([sys.executable, __file__, "--study"], capture_output=True, text=True, check=True)
+    print(study.stdout, end="")
+
+
+def study() -> None:
+    """The study-like sample's rate, in this (fresh) process."""
+    tune_gc()
+    generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
+    plugins.objectives()
+    sample = study_sample()
+    start = time.process_time()
+    keys = {evaluate(point, generator, cost_model).workload.point_key for point in sample}
+    cpu = time.process_time() - start
+    assert len(keys) == len(sample), "every point of the sample is priced, none reused"
+    print(
+        f"a study-like sample in a fresh process (the 18 configurations on 12 systems, {len(sample)} points "
+        f"shuffled): {len(sample) / cpu:.1f} points per second per core"
+    )
 
 
 class _GarbageCollectionClock:
@@ -116,4 +162,4 @@ class _GarbageCollectionClock:
 
 
 if __name__ == "__main__":
-    main()
+    study() if sys.argv[1:] == ["--study"] else main()

@@ -134,6 +134,26 @@ def test_the_random_sampler_draws_what_optunas_does_for_a_seed():
     assert max(Counter(p["tp"] for p in ours).values()) < 200 / 4 * 1.5
 
 
+@pytest.mark.parametrize("sampler", ["random", "nsga2", "tpe", "grid"])
+def test_the_loops_own_suggestion_draws_what_optunas_trial_does(tmp_path, monkeypatch, sampler):
+    """The loop suggests each parameter itself, without Trial._suggest's copy of the trial per parameter: the
+    same study run with Optuna's Trial._suggest instead gives the same trials, an enqueued trial's fixed params
+    and TPE's model-based ones (past its startup trials) among them."""
+    fixed = {"parallel.tp": 2, "parallel.pp": 1, "workload.micro_batch": 2, "system.accelerator.hbm_GiB": 141}
+
+    def trials(out: Path) -> list[tuple]:
+        spec = load_study(SMALL, trials=24, workers=1, sampler=sampler)
+        study = open_study(spec, out)
+        study.enqueue_trial(fixed)
+        run(spec, study, InlineExecutor(Counting()), spec.trials)
+        return [(t.params, t.state, t.values) for t in study.trials]
+
+    ours = trials(tmp_path / "ours")
+    monkeypatch.setattr(studies._Loop, "_suggest", lambda self, trial, latest, name, d: trial._suggest(name, d))
+    assert ours == trials(tmp_path / "optunas")
+    assert ours[0][0] == fixed and len({tuple(params.values()) for params, _, _ in ours}) > 8
+
+
 def test_a_full_decoding_cache_is_emptied_and_the_study_runs_the_same(tmp_path, monkeypatch):
     def trials(study: optuna.Study) -> list[tuple]:
         return [(t.params, t.state, t.values, t.user_attrs) for t in study.trials]

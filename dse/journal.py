@@ -230,7 +230,7 @@ class JournalMirror(InMemoryStorage):
                 self._trial_ids[super().create_new_trial(mem, template_trial=trial)] = trial._trial_id
         self._next_study = replay._next_study_id
         self._next_trial = len(replay._trials)
-        self._distributions: dict[int, tuple[BaseDistribution, str]] = {}
+        self._parameters: dict[str, tuple[BaseDistribution, str, str]] = {}
         self._heads = {op: _line({"op_code": op, "worker_id": self._worker})[:-1] for op in JournalOperation}
         atexit.register(_flush_at_exit, weakref.ref(self))
 
@@ -365,20 +365,21 @@ class JournalMirror(InMemoryStorage):
                 super().set_trial_param(trial_id, *param)
         head = self._head(JournalOperation.SET_TRIAL_PARAM, "trial_id", self._trial_ids[trial_id])
         for name, value_internal, distribution in params:
-            # the line _write would make, with the name and the distribution encoded once per distribution
+            # the line _write would make, with the name and the distribution encoded once per parameter
+            encoded_name, encoded_distribution = self._encoded_parameter(name, distribution)
             self._queue(
                 JournalOperation.SET_TRIAL_PARAM,
-                f'{head},"param_name":{_encode(name)},"param_value_internal":{_encode(value_internal)},'
-                f'"distribution":{self._encoded_distribution(distribution)}}}',
+                f'{head},"param_name":{encoded_name},"param_value_internal":{_encode(value_internal)},'
+                f'"distribution":{encoded_distribution}}}',
             )
 
-    def _encoded_distribution(self, distribution: BaseDistribution) -> str:
-        """distribution_to_json as a JSON string, kept per distribution: a study asks every trial with the same
-        objects."""
-        known = self._distributions.get(id(distribution))
+    def _encoded_parameter(self, name: str, distribution: BaseDistribution) -> tuple[str, str]:
+        """The parameter's name and distribution_to_json as JSON strings, kept per parameter while its
+        distribution is the same object: a study asks every trial with the same ones."""
+        known = self._parameters.get(name)
         if known is None or known[0] is not distribution:
-            known = self._distributions[id(distribution)] = (distribution, _encode(distribution_to_json(distribution)))
-        return known[1]
+            known = self._parameters[name] = (distribution, _encode(name), _encode(distribution_to_json(distribution)))
+        return known[1], known[2]
 
     def _head(self, op: JournalOperation, owner_field: str, owner: int) -> str:
         """The start of the line _write makes for an operation on `owner`, up to its last field, unclosed."""

@@ -1,9 +1,14 @@
-"""The generator's workload cache: a system-only change reuses the workload, and the price is the fresh one."""
+"""The generator's workload cache (a system-only change reuses the workload, and the price is the fresh one) and
+the point keys it and a study's reuse go by."""
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from helpers import make_point
 
 from dse import plugins
@@ -59,6 +64,23 @@ def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     assert not any(a is b for a, b in zip(shapes[0], shapes[3], strict=True))
 
 
+CATALOG = Path(__file__).resolve().parent.parent / "dse" / "catalog"
+
+
+@pytest.mark.parametrize("system", sorted(path.stem for path in (CATALOG / "systems").glob("*.yaml")))
+def test_a_points_keys_hash_the_sorted_json_of_its_fields(system):
+    """The keys, built field by field from cached canonical texts, against json.dumps of the whole dump: the
+    same hash for every catalog model (the format is what stored studies were keyed by, so it must not drift)."""
+    for model in sorted(path.stem for path in (CATALOG / "models").glob("*.yaml")):
+        point = make_point(model, system, zero=1, recompute="selective")
+        for key, dump in (
+            (point.key, point.model_dump(mode="json")),
+            (point.workload_key, point.model_dump(mode="json", exclude={"system"})),
+        ):
+            canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
+            assert key == hashlib.sha256(canonical.encode()).hexdigest()[:16], (model, system)
+
+
 def test_a_points_key_is_its_content_whatever_the_order_its_tables_were_written_in_and_in_any_process():
     point = make_point("llama3-8b", DGX, seq_len=2048, global_batch=32, tp=4, pp=2, dp=2)
     raw = point.model_dump()
@@ -66,7 +88,7 @@ def test_a_points_key_is_its_content_whatever_the_order_its_tables_were_written_
     for table in ("peak_tflops", "compute_efficiency"):
         accelerator[table] = dict(reversed(accelerator[table].items()))
     reordered = DesignPoint.model_validate(raw)
-    assert list(reordered.system.accelerator.compute_efficiency) == sorted(accelerator["compute_efficiency"])
+    assert list(reordered.system.accelerator.compute_efficiency) != list(point.system.accelerator.compute_efficiency)
     assert (reordered.key, reordered.workload_key) == (point.key, point.workload_key)
     accelerator["compute_efficiency"]["gemm"] *= 0.99
     assert DesignPoint.model_validate(raw).key != point.key

@@ -5,7 +5,7 @@ from itertools import pairwise
 
 import pytest
 
-from simulators.analytical.intervals import merge, split_busy
+from simulators.analytical.intervals import Busy, merge, split_busy
 
 
 def _sweep(compute: list[tuple[float, float]], comm: list[tuple[float, float]]) -> tuple[float, float, float]:
@@ -41,6 +41,25 @@ def test_split_busy_matches_a_sweep(seed):
     comm = [(s, s + rng.uniform(0, 4)) for s in (rng.uniform(0, 60) for _ in range(rng.randint(0, 30)))]
     got = split_busy([s for s, _ in compute], [e for _, e in compute], [s for s, _ in comm], [e for _, e in comm])
     assert got == pytest.approx(_sweep(compute, comm), rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_windows_busy_seconds_match_a_sweep_of_the_intervals_clipped_to_it(seed):
+    """Busy.between, read off the whole timeline's cumulative seconds, against the sweep over the window alone
+    (the steady state's periods are such windows)."""
+    rng = random.Random(seed)
+    compute = _one_stream(rng, rng.randint(0, 30))
+    comm = [(s, s + rng.uniform(0, 4)) for s in (rng.uniform(0, 60) for _ in range(rng.randint(0, 30)))]
+    busy = Busy.of([s for s, _ in compute], [e for _, e in compute], [s for s, _ in comm], [e for _, e in comm])
+    for _ in range(5):
+        a = rng.uniform(-5, 70)
+        b = a + rng.uniform(0, 30)
+        inside = [_clipped(intervals, a, b) for intervals in (compute, comm)]
+        assert busy.between(a, b) == pytest.approx(_sweep(*inside), rel=1e-9, abs=1e-9)
+
+
+def _clipped(intervals: list[tuple[float, float]], a: float, b: float) -> list[tuple[float, float]]:
+    return [(max(s, a), min(e, b)) for s, e in intervals if min(e, b) > max(s, a)]
 
 
 def test_communication_between_compute_is_exposed_exactly():

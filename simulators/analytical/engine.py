@@ -19,12 +19,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from math import inf
 
-import numpy as np
-
 from dse.interfaces import TimelineEvent
 from dse.spec import SystemSpec
 from dse.workload import Program, Workload
-from simulators.analytical.intervals import split_busy
+from simulators.analytical.intervals import Busy, split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
 
 
@@ -42,9 +40,8 @@ class ClassSchedule:
     call_end: list[float]
     """End of each call's latest op: until then the call holds its inputs and its working memory."""
     events: list[TimelineEvent]
-    busy: tuple[np.ndarray, ...] = ()
-    """(compute starts, compute ends, communication starts, communication ends) of the busy intervals, when the
-    scheduler keeps them (the fast path does, for `steady`)."""
+    busy: Busy | None = None
+    """The busy intervals, when the scheduler keeps them (the fast path does, for `steady`)."""
     transfers: list[tuple[int, int, float]] = field(default_factory=list)
     """(call, category, seconds) of every p2p transfer: unlike other ops', their time is known only once paired."""
 

@@ -35,7 +35,7 @@ import numpy as np
 from dse.spec import SystemSpec
 from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
-from simulators.analytical.intervals import merge, split_busy
+from simulators.analytical.intervals import Busy, merge
 from simulators.analytical.plans import COMPUTE
 
 QUANTUM_S = 1e-9
@@ -530,13 +530,13 @@ class _FastScheduler(_Scheduler):
             call_end[index] = shift + outcome.call_end
             compute.append(((shift + outcome.compute[0]).ravel(), (shift + outcome.compute[1]).ravel()))
             comm.append(((shift + outcome.comm[0]).ravel(), (shift + outcome.comm[1]).ravel()))
-        busy = (
+        busy = Busy.of(
             np.concatenate([c[0] for c in compute]),
             compute_ends := np.concatenate([c[1] for c in compute]),
             np.concatenate([c[0] for c in comm]),
             comm_ends := np.concatenate([c[1] for c in comm]),
         )
-        compute_s, comm_s, exposed_s = split_busy(*busy)
+        compute_s, comm_s, exposed_s = busy.totals
         ends = np.concatenate((compute_ends, comm_ends))
         names = list(self._planner.categories)
         used = set().union(*(plan.categories for plan in self._block_plans[run.index].values()))

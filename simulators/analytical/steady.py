@@ -29,7 +29,6 @@ from dse.workload import Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, call_reach, memoised
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.fastpath import _FastScheduler
-from simulators.analytical.intervals import split_busy
 
 TOLERANCE_S = 1e-7
 """How far apart two times may be and still count as one period apart: the fast path rounds entry states to a
@@ -126,28 +125,12 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
-def _clip(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
-    s, e = np.maximum(starts, lo), np.minimum(ends, hi)
-    keep = e > s
-    return s[keep], e[keep]
-
-
 def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
     """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
     the next period has the same."""
+    assert sched.busy is not None
     lo = float(sched.call_start[first_call])
-    cs, ce, ms, me = sched.busy
-    # only the intervals that reach into the two periods
-    near = (ce > lo) & (cs < lo + 2 * shift)
-    cs, ce = cs[near], ce[near]
-    near = (me > lo) & (ms < lo + 2 * shift)
-    ms, me = ms[near], me[near]
-    first, second = (
-        split_busy(
-            *_clip(cs, ce, lo + k * shift, lo + (k + 1) * shift), *_clip(ms, me, lo + k * shift, lo + (k + 1) * shift)
-        )
-        for k in (0, 1)
-    )
+    first, second = sched.busy.between(lo, lo + shift), sched.busy.between(lo + shift, lo + 2 * shift)
     if any(abs(a - b) > TOLERANCE_S for a, b in zip(first, second, strict=True)):
         return None
     return first

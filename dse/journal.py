@@ -407,7 +407,7 @@ class JournalMirror(InMemoryStorage):
             )
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self._set_attr(JournalOperation.SET_TRIAL_USER_ATTR, super().set_trial_user_attr, trial_id, key, value)
+        self.set_trial_user_attrs(trial_id, {key: value})
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         self._set_attr(JournalOperation.SET_TRIAL_SYSTEM_ATTR, super().set_trial_system_attr, trial_id, key, value)

@@ -381,11 +381,14 @@ class _FastScheduler(_Scheduler):
         if inf in ends or inf in inputs:
             return False
         tier = self._first_tier.get(structure, _CLAMP_ALL)
+        # A clamped time keys as -1, one at t0 as 0: an outcome simulated from a stream free exactly at t0 (and so
+        # not clamped, not checked) must not serve a state where that stream was free earlier, in which an op that
+        # waits on nothing else (a prefetch gather) starts before t0.
         while True:
             if tier == _CLAMP_ALL:
-                times = tuple([round((v - t0) * _SCALE) if v > t0 else 0 for v in ends + inputs])
+                times = tuple([round((v - t0) * _SCALE) if v > t0 else (v == t0) - 1 for v in ends + inputs])
             elif tier == _CLAMP_INPUTS:
-                late = [round((v - t0) * _SCALE) if v > t0 else 0 for v in inputs]
+                late = [round((v - t0) * _SCALE) if v > t0 else (v == t0) - 1 for v in inputs]
                 times = tuple([round((v - t0) * _SCALE) for v in ends] + late)
             else:
                 times = tuple([round((v - t0) * _SCALE) for v in ends + inputs])

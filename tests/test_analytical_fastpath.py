@@ -19,6 +19,7 @@ from simulators.analytical import AnalyticalCostModel
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
+ONE_NODE = {"base": "dgx-h100", "network": {1: {"npus": 1}}}
 CASES = {
     "tp2-pp4-1f1b-zero1": dict(tp=2, pp=4, dp=2, zero=1, sp=True, global_batch=32, system=DGX),
     "pp8-gpipe-full": dict(pp=4, dp=4, pp_schedule="gpipe", recompute="full", global_batch=32, system=DGX),
@@ -36,6 +37,18 @@ CASES = {
     # ZeRO-3 gathers for the next micro-batch's first modules share a link with context parallelism's K/V
     # gathers, and can start before the compute stream frees up.
     "pp2-cp2-zero3-gpipe": dict(pp=2, cp=2, dp=2, zero=3, pp_schedule="gpipe", global_batch=32, micro_batch=2),
+    # On one NVSwitch the pipeline's transfers share links with the gathers a step starts with.
+    "pp2-zero3-1f1b": dict(pp=2, dp=4, zero=3, global_batch=32, system=DGX),
+    "one-node-cp2-interleaved-selective": dict(
+        pp=2,
+        cp=2,
+        dp=2,
+        recompute="selective",
+        pp_schedule="interleaved",
+        virtual_stages=2,
+        global_batch=32,
+        system=ONE_NODE,
+    ),
     # Long steady states: dozens of periods priced from one cached outcome each.
     "long-1f1b": dict(tp=2, pp=4, dp=2, sp=True, global_batch=128, system=DGX),
     "long-1f1b-zero2-selective": dict(tp=2, pp=4, dp=2, zero=2, recompute="selective", global_batch=256, system=DGX),
@@ -101,7 +114,8 @@ TORUS_FC = {
 
 
 def _sampled_layouts(count: int, seed: int) -> list[dict]:
-    """Feasible tiny points drawn over every model family, layout, schedule, mode and two two-level networks."""
+    """Feasible tiny points drawn over every model family, layout, schedule, mode and three networks (two levels
+    of ring and switch, of torus and fully connected, and one NVSwitch node where every axis shares links)."""
     rng = random.Random(seed)
     drawn: list[dict] = []
     while len(drawn) < count:
@@ -112,7 +126,7 @@ def _sampled_layouts(count: int, seed: int) -> list[dict]:
         schedule = rng.choice(["1f1b", "gpipe", "interleaved"]) if train and pp > 1 else "1f1b"
         kw = dict(
             model=rng.choice(["tiny-llama", "tiny-gpt", "tiny-moe", "tiny-deepseek", "tiny-mamba", "tiny-hybrid"]),
-            system=rng.choice(["tiny-ring", TORUS_FC]),
+            system=rng.choice(["tiny-ring", TORUS_FC, ONE_NODE]),
             global_batch=32,
             micro_batch=rng.choice([1, 2]),
             tp=tp,

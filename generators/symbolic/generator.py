@@ -362,7 +362,10 @@ class _Builder:
         layout = {axis: gradient_layout(out.dist(axis)) for axis in tr.degrees}
         grad_out = STensor(f"{out.name}.grad", out.dims, tuple(sorted(layout.items())), out.itemsize)
         grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
-        tr.begin_block([grad_out])
+        # The forward's values are the call's inputs too (the forward call it reads), so what backward does with
+        # them alone (recompute, a K/V regather) waits for the call to start, as autograd only reaches a module once
+        # the gradient of its output exists, rather than running ahead of the gradient it is part of.
+        tr.begin_block([grad_out, *inputs, *(node.output for node in tape)])
         tr.emitter.prefetch = prefetch
         tr.emitter.fsdp = self.fsdp
         diff = Differentiator(tr, tape, self.module.leaf_ids)
@@ -903,7 +906,9 @@ class _Builder:
             if step == "F":
                 units = in_order[chunk]
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
-                gathered = gather(units, 0, 0, (), mb)
+                # the first module's gather starts with the step, once its input has arrived (Megatron waits for
+                # the receive before it runs the micro-batch)
+                gathered = gather(units, 0, 0, () if prev is None else (prev,), mb)
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
@@ -920,9 +925,11 @@ class _Builder:
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
+            received = () if prev is None else (prev,)
             units = reversed_order[chunk]
             # a module is gathered again for its backward once its forward has freed its weights
-            gathered = gather(units, 0, 1, (fwd_call[(units[0][0], mb)],), mb) if units else ()
+            # (and, like the forward's, once the gradient it starts from has arrived)
+            gathered = gather(units, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb) if units else ()
             for pos, (index, unit) in enumerate(units):
                 traced = trace_of[unit]
                 assert traced.backward is not None

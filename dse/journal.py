@@ -347,13 +347,10 @@ class JournalMirror(InMemoryStorage):
     def _store_params(self, trial_id: int, params: list[tuple[str, float, BaseDistribution]]) -> None:
         """Params into the trial in memory, each with its line. The distribution objects the study already holds
         for these parameters (every ask of a run passes the same ones) skip InMemoryStorage's compatibility
-        check, which compares every choice of a categorical distribution, twice per parameter of every trial. The
-        trial is replaced, not changed, as Optuna does, since readers may hold the old one."""
+        check, which compares every choice of a categorical distribution, twice per parameter of every trial."""
         known = self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution
         if all(known.get(name) is distribution for name, _, distribution in params):
-            trial = self._get_trial(trial_id)
-            self.check_trial_is_updatable(trial_id, trial.state)
-            trial = copy.copy(trial)
+            trial = self._updatable_copy(trial_id)
             trial.params = {**trial.params}
             trial.distributions = {**trial.distributions}
             for name, value_internal, distribution in params:
@@ -417,14 +414,19 @@ class JournalMirror(InMemoryStorage):
         four of them). Each still gets its own line: Optuna's reader takes one attribute per line."""
         op = JournalOperation.SET_TRIAL_USER_ATTR
         with self._lock:
-            trial = self._get_trial(trial_id)
-            self.check_trial_is_updatable(trial_id, trial.state)
+            trial = self._updatable_copy(trial_id)
             texts = {key: _encode(value) for key, value in attrs.items()}
-            trial = copy.copy(trial)
             trial.user_attrs = {**trial.user_attrs, **{key: json.loads(text) for key, text in texts.items()}}
             self._set_trial(trial_id, trial)
             for key, text in texts.items():
                 self._queue(op, self._attr_line(op, self._trial_ids[trial_id], key, text))
+
+    def _updatable_copy(self, trial_id: int) -> FrozenTrial:
+        """A shallow copy of a trial that may still change, to change and put back with _set_trial: trials are
+        replaced, not changed, as Optuna does, since readers may hold the old one."""
+        trial = self._get_trial(trial_id)
+        self.check_trial_is_updatable(trial_id, trial.state)
+        return copy.copy(trial)
 
     def _set_attr(
         self, op: JournalOperation, store: Callable[[int, str, Any], None], owner: int, key: str, value: Any

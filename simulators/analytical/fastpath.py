@@ -162,8 +162,9 @@ class _Outcome:
     category_time: tuple[tuple[int, float], ...]
 
 
-_CLAMP_ALL, _CLAMP_INPUTS, _CLAMP_NONE = range(3)
-"""How a key treats entry times before t0: all clamped to t0, only the inputs' clamped, none clamped."""
+_CLAMP_AT_T0, _CLAMP_ALL, _CLAMP_INPUTS, _CLAMP_NONE = range(4)
+"""How a key treats entry times up to t0: all clamped, those at t0 too (see _run_segment); all clamped but those at
+t0; only the inputs clamped but those at t0; none clamped."""
 _NONE = np.zeros(0)
 _UNCLAMPABLE = _Outcome((), _NONE, _NONE, (), (_NONE, _NONE), (_NONE, _NONE), ())
 """Cached under a clamped key whose clamp decided some op's start: look the exact key up instead."""
@@ -174,16 +175,31 @@ def schedule_fast(workload: Workload, system: SystemSpec) -> list[ClassSchedule]
     return _FastScheduler(workload, system).run()
 
 
+_NO_ANCHOR = (-1, False)
+"""The anchor of every call but a segment's first under _CLAMP_AT_T0 (see _price_call)."""
 _BOUND = object()
 """A call whose ops' start a clamped entry time decided (see _FastScheduler._simulate)."""
 
 
 def _price_call(
-    plan, stream_end: list[float], floor: set[int], ready: float, ready_floor: bool, base: float, streams: tuple
+    plan,
+    stream_end: list[float],
+    floor: set[int],
+    ready: float,
+    ready_floor: bool,
+    base: float,
+    streams: tuple,
+    anchor: tuple[int, bool],
 ) -> "tuple | object":
     """One call of a segment by the reference rules, relative to `base`: the streams' new ends, the call's first
     start, last end and output, and its compute and communication intervals; _BOUND if a clamped time decided an
-    op's start. Works on copies: the caller applies the result, so that a cached result applies the same way."""
+    op's start. Works on copies: the caller applies the result, so that a cached result applies the same way.
+
+    For a segment's first call under _CLAMP_AT_T0, `anchor` is (the compute stream, whether the call has no
+    inputs): its base is t0 = max(the compute stream's end, the call's inputs), so an op on the compute stream
+    that waits for the inputs (any op there, with no inputs) starts at exactly t0 whichever of the two was
+    clamped, and the clamp decides nothing."""
+    anchor_stream, anchor_any = anchor
     ends = {x: stream_end[x] for x in streams}
     floored = floor.intersection(streams) if floor else set()
     local = [0.0] * len(plan.block.ops)
@@ -200,6 +216,8 @@ def _price_call(
                 start, bound = ready, ready_floor
             elif ready == start:
                 bound = bound and ready_floor
+        if bound and stream == anchor_stream and start == base and (waits_on_inputs or anchor_any):
+            bound = False
         for d in deps:
             if local[d] >= start:
                 start, bound = local[d], False
@@ -380,12 +398,18 @@ class _FastScheduler(_Scheduler):
         inputs = [out_end[i] for i in segment.external]
         if inf in ends or inf in inputs:
             return False
-        tier = self._first_tier.get(structure, _CLAMP_ALL)
-        # A clamped time keys as -1, one at t0 as 0: an outcome simulated from a stream free exactly at t0 (and so
-        # not clamped, not checked) must not serve a state where that stream was free earlier, in which an op that
-        # waits on nothing else (a prefetch gather) starts before t0.
+        tier = self._first_tier.get(structure, _CLAMP_AT_T0)
+        # A clamped time keys as -1. _CLAMP_AT_T0 clamps times at t0 too, so a stream free at t0 and one free
+        # earlier share a key, and the simulation checks that neither decided an op's start. Its key says only
+        # which of the two times that make t0 does: the compute stream's end, or the first call's inputs (which
+        # then stay exact, see _simulate). The other tiers key a time at t0 as 0 and leave it unchecked: an outcome
+        # simulated from it must not serve a stream free earlier, where an op that waits on nothing else (a
+        # prefetch gather) starts before t0.
         while True:
-            if tier == _CLAMP_ALL:
+            if tier == _CLAMP_AT_T0:
+                clamped = [round((v - t0) * _SCALE) if v > t0 else -1 for v in ends + inputs]
+                times = tuple([*clamped, stream_end[self._compute_stream] < t0])
+            elif tier == _CLAMP_ALL:
                 times = tuple([round((v - t0) * _SCALE) if v > t0 else (v == t0) - 1 for v in ends + inputs])
             elif tier == _CLAMP_INPUTS:
                 late = [round((v - t0) * _SCALE) if v > t0 else (v == t0) - 1 for v in inputs]
@@ -399,10 +423,12 @@ class _FastScheduler(_Scheduler):
                 self._outcomes[key] = outcome
             if outcome is not _UNCLAMPABLE:
                 break
-            # A clamp that failed once for this structure usually fails again (an op that does not wait for
-            # the segment's input, like a prefetch): start from the next tier next time.
+            # A clamp before t0 that failed once for this structure usually fails again (an op that does not wait
+            # for the segment's input, like a prefetch): start from the next tier next time. One at t0 that failed
+            # (an op that waits for an input at t0 alone) says little of the structure's other entry states.
             tier += 1
-            self._first_tier[structure] = tier
+            if tier > _CLAMP_ALL:
+                self._first_tier[structure] = tier
         start, end = segment.start, segment.end
         for s, rel in outcome.stream_end:
             stream_end[s] = t0 + rel
@@ -416,9 +442,10 @@ class _FastScheduler(_Scheduler):
     ) -> "_Outcome | None":
         """The reference rules over one segment, from the run's current state, on scratch copies.
 
-        Entry times before t0 count as t0 (stream ends and inputs with _CLAMP_ALL, inputs only with
-        _CLAMP_INPUTS); returns None if such a clamped time decided the start of any op (then the result would
-        differ from the exact one).
+        Entry times before t0 count as t0 (stream ends and inputs with _CLAMP_AT_T0 and _CLAMP_ALL, inputs only
+        with _CLAMP_INPUTS), and with _CLAMP_AT_T0 so do those at t0, but for the first call's inputs when they
+        make t0: the call waits for exactly t0 then. Returns None if a clamped time decided the start of any op
+        (then the result would differ from the exact one).
         """
         stream_end = list(run.stream_end)
         out_end = run.out_end
@@ -427,9 +454,11 @@ class _FastScheduler(_Scheduler):
         compute_stream = self._compute_stream
         floor: set[int] = set()
         clamp = tier != _CLAMP_NONE
-        if tier == _CLAMP_ALL:
+        at_t0 = tier == _CLAMP_AT_T0
+        inputs_make_t0 = stream_end[compute_stream] < t0
+        if tier <= _CLAMP_ALL:
             for s in streams_used:
-                if stream_end[s] < t0:
+                if stream_end[s] < t0 or (at_t0 and stream_end[s] == t0):
                     stream_end[s] = t0
                     floor.add(s)
         n = segment.end - first_call
@@ -444,12 +473,13 @@ class _FastScheduler(_Scheduler):
             call = calls[c]
             plan = run.plans[c]
             ready, floored_input = 0.0, False
+            anchor = (compute_stream, not call.inputs) if at_t0 and k == 0 else _NO_ANCHOR
             for i in call.inputs:
                 if i >= first_call:
                     value = outputs[i - first_call]
                 else:
                     value = out_end[i]
-                    if clamp and value < t0:
+                    if clamp and (value < t0 or (at_t0 and value == t0 and (k or not inputs_make_t0))):
                         floored_input = True
                         continue
                 if value > ready:
@@ -458,7 +488,9 @@ class _FastScheduler(_Scheduler):
                 ready_floor = True
                 ready = t0
             else:
-                ready_floor = False
+                # With no inputs, `ready` (0) decides nothing: a tie with it must not clear a clamped stream's
+                # part in an op's start, which can be 0 too when the segment starts the program.
+                ready_floor = not call.inputs
             streams = self._plan_streams.get(id(plan))
             if streams is None:
                 streams = self._plan_streams[id(plan)] = tuple(sorted({x for op in plan.ops for x in (op[1], *op[9])}))
@@ -471,10 +503,13 @@ class _FastScheduler(_Scheduler):
                 ready_floor,
                 tuple([round((stream_end[x] - base) * _SCALE) for x in streams]),
                 tuple([x in floor for x in streams]) if floor else (),
+                anchor,
             )
             priced = self._calls.get(key)
             if priced is None:
-                priced = self._calls[key] = _price_call(plan, stream_end, floor, ready, ready_floor, base, streams)
+                priced = self._calls[key] = _price_call(
+                    plan, stream_end, floor, ready, ready_floor, base, streams, anchor
+                )
             if priced is _BOUND:
                 return None
             ends, first, last, output, cs, ce, ms, me = priced

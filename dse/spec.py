@@ -265,6 +265,15 @@ class NetworkDim(Spec):
     shape: list[PositiveInt] | None = Field(
         None, description="torus side lengths (product = npus); default: as square or cubic as npus allows"
     )
+    reduction_efficiency: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        # Left out of the dump when unset, so the keys of points on switches without it stay what they were.
+        exclude_if=lambda value: value is None,
+        description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
+        "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
+    )
 
     @model_validator(mode="after")
     def _check_shape(self) -> "NetworkDim":
@@ -273,6 +282,11 @@ class NetworkDim(Spec):
                 raise ValueError(f"shape is only for torus topologies, not '{self.topology}'; remove it")
             if len(self.shape) != int(self.topology[-2]) or prod(self.shape) != self.npus:
                 raise ValueError(f"shape {self.shape} must have {self.topology[-2]} sides whose product is npus")
+        if self.reduction_efficiency is not None and self.topology != "switch":
+            raise ValueError(
+                f"reduction_efficiency is only for a switch, which can reduce in the network, not '{self.topology}';"
+                " remove it"
+            )
         return self
 
     @property

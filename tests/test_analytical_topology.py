@@ -8,8 +8,9 @@ from math import log2
 
 import numpy as np
 import pytest
-from helpers import UNIT_ACCELERATOR
+from helpers import UNIT_ACCELERATOR, make_point
 
+from dse.points import expand
 from dse.spec import NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Workload
 from simulators.analytical import AnalyticalCostModel
@@ -106,6 +107,42 @@ def test_a_shape_that_does_not_multiply_to_npus_is_rejected():
         dim("torus2d", 16, shape=[4, 3])
     with pytest.raises(ValueError, match="torus"):
         dim("switch", 16, shape=[4, 4])
+
+
+def test_a_switch_that_reduces_in_the_network_sends_each_byte_once_each_way():
+    """NVLink SHARP: S/(e B_line) + 2a for the all-reduce, wherever the switch sits in a hierarchy; the collectives
+    it does not reduce keep the ring."""
+    n, e = 8, 0.6
+    nvls = dim("switch", n, reduction_efficiency=e)
+    assert collective_time("all_reduce", S, [(nvls, n)]) == pytest.approx(S / (e * B) + 2 * A, rel=1e-12)
+    assert collective_time("all_gather", S, [(nvls, n)]) == pytest.approx((n - 1) / n * S / B + (n - 1) * A, rel=1e-12)
+    outer = dim("switch", 4)
+    across = 2 * 3 / 4 * (S / n) / B + 2 * 3 * A
+    assert collective_time("all_reduce", S, [(nvls, n), (outer, 4)]) == pytest.approx(
+        S / (e * B) + 2 * A + across, rel=1e-12
+    )
+
+
+def test_the_dgx_h100_preset_reproduces_nccl_tests_bus_bandwidths():
+    """calibration.md: 8x H100 on NVLink4, all-reduce ~480 GB/s bus bandwidth with NVLS, ~370 GB/s for the other
+    collectives; busbw = 2(n-1)/n S/t for an all-reduce and (n-1)/n S/t for the others (nccl-tests)."""
+    system = SystemSpec.model_validate(expand({"system": "dgx-h100"})["system"])
+    node = [(system.network[0], 8)]
+    size = 8 * 2**30
+    all_reduce = 2 * 7 / 8 * size / collective_time("all_reduce", size, node) / 1e9
+    all_gather = 7 / 8 * size / collective_time("all_gather", size, node) / 1e9
+    assert all_reduce == pytest.approx(480, rel=0.01)
+    assert all_gather == pytest.approx(370, rel=0.01)
+
+
+def test_only_a_switch_reduces_in_the_network_and_others_dump_as_before():
+    with pytest.raises(ValueError, match="reduction_efficiency is only for a switch"):
+        dim("ring", 8, reduction_efficiency=0.6)
+    # Unset, the field stays out of the dump, so points on such networks keep the keys stored studies have.
+    assert "reduction_efficiency" not in dim("switch", 8).model_dump(mode="json")
+    assert (
+        make_point("llama3-8b", "dgx-a100", seq_len=2048, global_batch=32, tp=4, pp=2, dp=2).key == "826c22a54daf7760"
+    )
 
 
 # -- bandwidth sharing in the schedule ----------------------------------------------------------------------

@@ -19,6 +19,11 @@ an all-reduce is a reduce-scatter then an all-gather, so twice the one-phase fig
 NVSwitch and InfiniBand). A torus runs a ring along each of its axes in turn, the axes nested like dimensions,
 with B the bandwidth of one link in one direction. All-to-all on a ring is priced at the injection bound, which is
 optimistic for a large ring (multi-hop traffic is not modelled).
+
+A switch that reduces in the network (`reduction_efficiency` e: NVLink SHARP, which NCCL's NVLS algorithm uses on
+NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + 2a: each NPU sends its buffer into the
+switch once and receives the sum once, where a ring sends and receives 2(n-1)/n of it. Its other collectives keep
+the dimension's algorithm.
 """
 
 from collections.abc import Sequence
@@ -86,6 +91,8 @@ def _dim_time(kind: Collective, size: float, dim: NetworkDim, count: int) -> flo
     """One dimension's share of a collective over `count` of its NPUs (see the module's table)."""
     if dim.topology.startswith("torus") and count == dim.npus:
         return _torus_time(kind, size, dim)
+    if kind is Collective.ALL_REDUCE and dim.reduction_efficiency is not None:
+        return size / (dim.bandwidth_GBps * 1e9 * dim.reduction_efficiency) + 2 * dim.latency
     n = count
     algo = algorithm(dim)
     if kind is Collective.BROADCAST:

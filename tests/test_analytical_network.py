@@ -2,7 +2,8 @@
 
 import pytest
 
-from dse.spec import NetworkDim
+from dse.points import expand
+from dse.spec import NetworkDim, SystemSpec
 from dse.workload import RankLayout
 from simulators.analytical.network import collective_time, group_span, p2p_time
 
@@ -42,21 +43,37 @@ def test_fully_connected_pays_one_latency_per_phase():
     assert collective_time("all_gather", S, [(FULL, 4)]) == pytest.approx(3 / 4 * S / bandwidth + 0.5e-6, rel=1e-12)
 
 
-def test_hierarchical_all_reduce_shards_the_outer_dimension():
-    inner = 2 * 7 / 8 * S / B0 + 2 * 7 * A0
-    outer = 2 * 1 / 2 * (S / 8) / B1 + 2 * 1 * A1
-    span = [(RING, 8), (SWITCH, 2)]
-    assert collective_time("all_reduce", S, span) == pytest.approx(inner + outer, rel=1e-12)
-
-
-def test_hierarchical_reduce_scatter_and_all_to_all():
-    inner = 7 / 8 * S / B0 + 7 * A0
-    assert collective_time("reduce_scatter", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(
-        inner + 1 / 2 * (S / 8) / B1 + A1, rel=1e-12
+def test_a_group_across_dimensions_runs_rings_bound_by_the_slowest_crossing():
+    """f(N) S / min(B0, 8 B1) + each dimension's latency: the 8 members inside a block of the outer dimension each
+    cross it on their own link, and the rings cross both dimensions at once."""
+    inner_bound = 2 * 15 / 16 * S / min(B0, 8 * B1) + 2 * 7 * A0 + 2 * 1 * A1
+    assert min(B0, 8 * B1) == B0
+    assert collective_time("all_reduce", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(inner_bound, rel=1e-12)
+    slow = NetworkDim(topology="switch", npus=4, bandwidth_GBps=5, latency_ns=5000)
+    outer_bound = 2 * 31 / 32 * S / (8 * 5e9) + 2 * 7 * A0 + 2 * 3 * A1
+    assert collective_time("all_reduce", S, [(RING, 8), (slow, 4)]) == pytest.approx(outer_bound, rel=1e-12)
+    assert collective_time("reduce_scatter", S, [(RING, 8), (slow, 4)]) == pytest.approx(
+        31 / 32 * S / (8 * 5e9) + 7 * A0 + 3 * A1, rel=1e-12
     )
+
+
+def test_all_to_all_moves_the_whole_buffer_across_each_dimension_in_turn():
+    inner = 7 / 8 * S / B0 + 7 * A0
     assert collective_time("all_to_all", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(
         inner + 1 / 2 * S / B1 + A1, rel=1e-12
     )
+
+
+def test_two_a100_nodes_with_four_nics_all_reduce_at_the_bus_bandwidth_nccl_tests_measures():
+    """calibration.md (nccl-tests #149, #175): 2 nodes of 8 A100s with 4x200G InfiniBand each, 86 GB/s all-reduce
+    bus bandwidth. The dgx-a100 preset's NVLink, and 100 GB/s per node shared by its 8 GPUs at the preset's 0.9 NIC
+    efficiency: the NICs bound it at 8 x 12.5 x 0.9 = 90 GB/s. A hierarchical decomposition read 100."""
+    nvlink, nic = SystemSpec.model_validate(expand({"system": "dgx-a100"})["system"]).network
+    across = nic.model_copy(update={"npus": 2, "bandwidth_GBps": 100 / 8})
+    size = 8 * 2**30
+    bus = 2 * 15 / 16 * size / collective_time("all_reduce", size, [(nvlink, 8), (across, 2)]) / 1e9
+    assert bus == pytest.approx(90, rel=1e-3)
+    assert bus == pytest.approx(86, rel=0.05)
 
 
 def test_group_of_one_is_free():

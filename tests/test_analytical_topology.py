@@ -110,16 +110,15 @@ def test_a_shape_that_does_not_multiply_to_npus_is_rejected():
 
 
 def test_a_switch_that_reduces_in_the_network_sends_each_byte_once_each_way():
-    """NVLink SHARP: S/(e B_line) + 2a for the all-reduce, wherever the switch sits in a hierarchy; the collectives
-    it does not reduce keep the ring."""
+    """NVLink SHARP: S/(e B_line) + 2a for the all-reduce; the collectives it does not reduce keep the ring."""
     n, e = 8, 0.6
     nvls = dim("switch", n, reduction_efficiency=e)
     assert collective_time("all_reduce", S, [(nvls, n)]) == pytest.approx(S / (e * B) + 2 * A, rel=1e-12)
     assert collective_time("all_gather", S, [(nvls, n)]) == pytest.approx((n - 1) / n * S / B + (n - 1) * A, rel=1e-12)
+    # Across nodes its bus bandwidth, 2(n-1)/n e B, bounds the rings where the 8 links out of a node do not.
     outer = dim("switch", 4)
-    across = 2 * 3 / 4 * (S / n) / B + 2 * 3 * A
     assert collective_time("all_reduce", S, [(nvls, n), (outer, 4)]) == pytest.approx(
-        S / (e * B) + 2 * A + across, rel=1e-12
+        2 * 31 / 32 * S / (2 * 7 / 8 * e * B) + 2 * A + 2 * 3 * A, rel=1e-12
     )
 
 

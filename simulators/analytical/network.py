@@ -1,10 +1,8 @@
 """Collective and point-to-point times on the hierarchical network, innermost dimension first.
 
 Rank r sits at NPU r, so its coordinate in dimension i is (r // P_i) % npus_i with P_i the NPUs of the inner
-dimensions. A group that spans several dimensions runs hierarchically, as ASTRA-sim and NCCL do: it
-reduce-scatters from the innermost dimension outward and all-gathers back, so each outer dimension only carries
-the shard the inner ones left. Bandwidths already include the dimension's efficiency, so the times are what
-nccl-tests would measure for the same buffer sizes.
+dimensions. Bandwidths already include the dimension's efficiency, so the times are what nccl-tests would measure
+for the same buffer sizes.
 
 Inside one dimension of n NPUs, per-NPU bandwidth B and latency a, a buffer of S bytes costs (nccl-tests sizes;
 an all-reduce is a reduce-scatter then an all-gather, so twice the one-phase figure):
@@ -24,10 +22,26 @@ A switch that reduces in the network (`reduction_efficiency` e: NVLink SHARP, wh
 NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + 2a: each NPU sends its buffer into the
 switch once and receives the sum once, where a ring sends and receives 2(n-1)/n of it. Its other collectives keep
 the dimension's algorithm.
+
+A group that spans several dimensions all-reduces, reduce-scatters and all-gathers as NCCL's rings do on such a
+network: the rings run through all N members, and every member inside a block of an outer dimension drives one of
+them across it on its own link (a channel per NIC), so the buffer crosses every dimension at once and the slowest
+crossing bounds the time:
+
+    f(N) S / min_d(M_d b_d) + the sum of the dimensions' latencies,   f = 2(N-1)/N (all-reduce), (N-1)/N (others)
+
+with b_d the dimension's own bus bandwidth for the collective (read off its row above: B for a ring, 2(n-1)/n e
+B_line with in-network reduction) and M_d the group's members inside one of its blocks (the inner counts'
+product). Outward bandwidth grows with the members behind it, as eight NICs per node do. A hierarchical
+decomposition (reduce-scatter inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the
+outer dimension with as many bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it
+puts two nodes of eight A100s with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this
+model: 90), and DGX H100 nodes at 200-300 GB/s where NCCL's rings reach ~370. All-to-all and broadcast move the
+whole buffer across each spanned dimension in turn.
 """
 
 from collections.abc import Sequence
-from math import ceil, log2
+from math import ceil, inf, log2
 
 from dse.spec import NetworkDim
 from dse.workload import Collective
@@ -36,7 +50,8 @@ Span = list[tuple[NetworkDim, int]]
 """The dimensions a process group spans (those where it has more than one coordinate) and that count."""
 
 _SHARDING = frozenset({Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER})
-"""Collectives whose outer dimensions only carry what the inner ones left: 1/c of it per spanned dim."""
+"""Collectives that reduce or gather shards: rings over the whole group across dimensions, and a torus's axes in
+turn on a shrinking buffer."""
 
 
 def group_span(ranks: Sequence[int], network: Sequence[NetworkDim]) -> Span:
@@ -125,18 +140,28 @@ def _torus_time(kind: Collective, size: float, dim: NetworkDim) -> float:
 
 
 def collective_time(kind: str, size: float, span: Span) -> float:
-    """Seconds of a collective of `size` bytes (nccl-tests convention) over a group with this span.
-
-    An empty span (a group of one) costs nothing. All-to-all and broadcast move the whole buffer on every
-    dimension; the others shrink it by each dimension's count on the way out.
-    """
+    """Seconds of a collective of `size` bytes (nccl-tests convention) over a group with this span (see the
+    module's docstring). An empty span (a group of one) costs nothing."""
     collective = Collective(kind)
-    total = 0.0
+    if collective in _SHARDING and len(span) > 1:
+        return _rings_across(collective, size, span)
+    return sum(_dim_time(collective, size, dim, count) for dim, count in span)
+
+
+def _rings_across(kind: Collective, size: float, span: Span) -> float:
+    """A group over several dimensions: its rings cross them all at once, each dimension's latency adds up."""
+    phases = 2 if kind is Collective.ALL_REDUCE else 1
+    members = 1
+    slowest = inf
+    latency = 0.0
     for dim, count in span:
-        total += _dim_time(collective, size, dim, count)
-        if collective in _SHARDING:
-            size /= count
-    return total
+        # A dimension's time is linear in the buffer, so its bandwidth part and bus bandwidth read off it.
+        alone = _dim_time(kind, 0.0, dim, count)
+        bus = phases * (count - 1) / count * size / (_dim_time(kind, size, dim, count) - alone)
+        slowest = min(slowest, members * bus)
+        latency += alone
+        members *= count
+    return phases * (members - 1) / members * size / slowest + latency
 
 
 def p2p_dim(src: int, dst: int, network: Sequence[NetworkDim]) -> int | None:

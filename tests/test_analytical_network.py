@@ -57,11 +57,16 @@ def test_a_group_across_dimensions_runs_rings_bound_by_the_slowest_crossing():
     )
 
 
-def test_all_to_all_moves_the_whole_buffer_across_each_dimension_in_turn():
-    inner = 7 / 8 * S / B0 + 7 * A0
-    assert collective_time("all_to_all", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(
-        inner + 1 / 2 * S / B1 + A1, rel=1e-12
-    )
+def test_an_all_to_all_across_dimensions_sends_each_share_straight_to_its_member():
+    """Of a member's buffer, the shares of the 8 members in its own node cross the inner dimension (7/16 of it,
+    its own share stays) and those of the 8 in the other node the outer one (8/16), both at once."""
+    expected = max(7 / 16 * S / B0, 8 / 16 * S / B1) + 7 * A0 + A1
+    assert collective_time("all_to_all", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_broadcast_across_dimensions_is_a_ring_through_them():
+    expected = S / min(B0, 8 * B1) + 7 * A0 + A1
+    assert collective_time("broadcast", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(expected, rel=1e-12)
 
 
 def test_two_a100_nodes_with_four_nics_all_reduce_at_the_bus_bandwidth_nccl_tests_measures():

@@ -23,25 +23,26 @@ NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + 2a: ea
 switch once and receives the sum once, where a ring sends and receives 2(n-1)/n of it. Its other collectives keep
 the dimension's algorithm.
 
-A group that spans several dimensions all-reduces, reduce-scatters and all-gathers as NCCL's rings do on such a
-network: the rings run through all N members, and every member inside a block of an outer dimension drives one of
-them across it on its own link (a channel per NIC), so the buffer crosses every dimension at once and the slowest
-crossing bounds the time:
+A group that spans several dimensions runs as NCCL does on such a network: every dimension at once, each member
+on its own links, so the slowest crossing bounds the time and each dimension's latency adds to it. Its rings (all-
+reduce, reduce-scatter, all-gather, broadcast) run through all N members, and every member inside a block of an
+outer dimension drives one of them across it on its own link (a channel per NIC):
 
-    f(N) S / min_d(M_d b_d) + the sum of the dimensions' latencies,   f = 2(N-1)/N (all-reduce), (N-1)/N (others)
+    f(N) S / min_d(M_d b_d) + the dimensions' latencies,   f = 2(N-1)/N (all-reduce), (N-1)/N, 1 (broadcast)
 
 with b_d the dimension's own bus bandwidth for the collective (read off its row above: B for a ring, 2(n-1)/n e
 B_line with in-network reduction) and M_d the group's members inside one of its blocks (the inner counts'
-product). Outward bandwidth grows with the members behind it, as eight NICs per node do. A hierarchical
-decomposition (reduce-scatter inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the
-outer dimension with as many bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it
-puts two nodes of eight A100s with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this
-model: 90), and DGX H100 nodes at 200-300 GB/s where NCCL's rings reach ~370. All-to-all and broadcast move the
-whole buffer across each spanned dimension in turn.
+product): outward bandwidth grows with the members behind it, as eight NICs per node do. An all-to-all sends each
+member's share of the buffer straight to it, so dimension d carries the shares of the members outside the
+sender's block of it, (c_d - 1) M_d / N of the buffer, at b_d. A hierarchical decomposition (reduce-scatter
+inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the outer dimension with as many
+bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it puts two nodes of eight A100s
+with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this model: 90), and DGX H100 nodes
+at 200-300 GB/s where NCCL's rings reach ~370.
 """
 
 from collections.abc import Sequence
-from math import ceil, inf, log2
+from math import ceil, log2, prod
 
 from dse.spec import NetworkDim
 from dse.workload import Collective
@@ -50,8 +51,7 @@ Span = list[tuple[NetworkDim, int]]
 """The dimensions a process group spans (those where it has more than one coordinate) and that count."""
 
 _SHARDING = frozenset({Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.REDUCE_SCATTER})
-"""Collectives that reduce or gather shards: rings over the whole group across dimensions, and a torus's axes in
-turn on a shrinking buffer."""
+"""Collectives that reduce or gather shards, which a torus runs axis by axis on a shrinking buffer."""
 
 
 def group_span(ranks: Sequence[int], network: Sequence[NetworkDim]) -> Span:
@@ -143,25 +143,36 @@ def collective_time(kind: str, size: float, span: Span) -> float:
     """Seconds of a collective of `size` bytes (nccl-tests convention) over a group with this span (see the
     module's docstring). An empty span (a group of one) costs nothing."""
     collective = Collective(kind)
-    if collective in _SHARDING and len(span) > 1:
-        return _rings_across(collective, size, span)
+    if len(span) > 1:
+        return _across(collective, size, span)
     return sum(_dim_time(collective, size, dim, count) for dim, count in span)
 
 
-def _rings_across(kind: Collective, size: float, span: Span) -> float:
-    """A group over several dimensions: its rings cross them all at once, each dimension's latency adds up."""
-    phases = 2 if kind is Collective.ALL_REDUCE else 1
+def _ring_factor(kind: Collective, n: int) -> float:
+    """The share of the buffer a ring moves over each member's link (nccl-tests' bus bandwidth factor)."""
+    if kind is Collective.BROADCAST:
+        return 1.0
+    return (2 if kind is Collective.ALL_REDUCE else 1) * (n - 1) / n
+
+
+def _across(kind: Collective, size: float, span: Span) -> float:
+    """A group over several dimensions: all of them at once, bound by the slowest crossing, latencies added."""
+    group = prod(count for _, count in span)
     members = 1
-    slowest = inf
+    slowest = 0.0
     latency = 0.0
     for dim, count in span:
-        # A dimension's time is linear in the buffer, so its bandwidth part and bus bandwidth read off it.
+        # A dimension's time is linear in the buffer: its latency and its bandwidth part alone read off it.
         alone = _dim_time(kind, 0.0, dim, count)
-        bus = phases * (count - 1) / count * size / (_dim_time(kind, size, dim, count) - alone)
-        slowest = min(slowest, members * bus)
+        seconds = _dim_time(kind, size, dim, count) - alone
+        if kind is Collective.ALL_TO_ALL:
+            crossing = seconds * count * members / group
+        else:
+            crossing = seconds * _ring_factor(kind, group) / _ring_factor(kind, count) / members
+        slowest = max(slowest, crossing)
         latency += alone
         members *= count
-    return phases * (members - 1) / members * size / slowest + latency
+    return slowest + latency
 
 
 def p2p_dim(src: int, dst: int, network: Sequence[NetworkDim]) -> int | None:

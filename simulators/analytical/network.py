@@ -38,7 +38,7 @@ sender's block of it, (c_d - 1) M_d / N of the buffer, at b_d. A hierarchical de
 inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the outer dimension with as many
 bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it puts two nodes of eight A100s
 with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this model: 90), and DGX H100 nodes
-at 200-300 GB/s where NCCL's rings reach ~370.
+at 200-300 GB/s, well under the ~376 GB/s their eight 400G NICs carry, which bounds NCCL's rings there.
 """
 
 from collections.abc import Sequence

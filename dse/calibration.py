@@ -1,4 +1,4 @@
-"""The calibration set: published end-to-end training measurements, and the model's error on each.
+"""The calibration set: published end-to-end training and collective measurements, and the model's error on each.
 
 Every case is a design point in the point-file format and what was measured on it (tokens/s per GPU, and peak
 memory where the source gives it), with the source. `dse calibrate` prices each case with the chosen generator
@@ -7,6 +7,10 @@ set from kernel and collective measurements (see the catalog files' sources), ne
 check the result. Float8 rows of the torchtitan table are left out: the generator emits bf16 GEMMs only. Each case
 runs the kernels its software ran (`workload.kernels`): the blog's fms-fsdp runs and torchtitan's eager row eager,
 torchtitan's torch.compile row fused, so the eager/compile difference is itself checked.
+
+The collective cases are nccl-tests bus bandwidths on a catalog system's network, priced by the analytical
+network model. Most of them set a catalog efficiency (they say which): their row shows that the catalog and the
+formulas reproduce the figure they were set from. The others check the model, and only those count in the mean.
 """
 
 import argparse
@@ -21,10 +25,12 @@ from dse import plugins
 from dse.evaluate import evaluate
 from dse.interfaces import CostModel, WorkloadGenerator
 from dse.points import build_point, expand
-from dse.spec import GiB
+from dse.spec import GiB, SystemSpec
+from simulators.analytical.network import collective_time, group_span, p2p_time
 
 FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (iteration 90)"
+NCCL_TESTS = "NVIDIA nccl-tests issues #149, #175 (A100), #212, #290 (H100, NDR InfiniBand)"
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,61 @@ CASES: list[Case] = [
 
 
 @dataclass(frozen=True)
+class CollectiveCase:
+    """A measured bus bandwidth (nccl-tests' busbw; a send's bandwidth for "send") over the first `npus` NPUs of a
+    system, at a buffer large enough for bandwidth to rule (8 GiB, as the sources measured)."""
+
+    name: str
+    system: str | dict[str, Any]
+    collective: str
+    npus: int
+    bus_GBps: float
+    sets: str | None
+    """The catalog parameter this measurement sets, or None when it checks the model."""
+
+
+COLLECTIVE_CASES: list[CollectiveCase] = [
+    CollectiveCase("8x H100 NVLink4, all-reduce (NVLS)", "dgx-h100", "all_reduce", 8, 480, "reduction_efficiency"),
+    CollectiveCase("8x H100 NVLink4, all-gather (ring)", "dgx-h100", "all_gather", 8, 370, "efficiency"),
+    CollectiveCase("8x A100 NVLink3, all-reduce (ring)", "dgx-a100", "all_reduce", 8, 230, "efficiency"),
+    CollectiveCase("400G NDR InfiniBand, one NIC, send", "dgx-h100", "send", 16, 47, "efficiency"),
+    CollectiveCase(
+        "2 nodes x 8 A100, 4x200G InfiniBand each, all-reduce",
+        {"base": "dgx-a100", "network": {1: {"npus": 2, "bandwidth_GBps": 100 / 8}}},
+        "all_reduce",
+        16,
+        86,
+        None,
+    ),
+]
+BUFFER = 8 * 2**30
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    case: CollectiveCase
+    bus_GBps: float
+
+    @property
+    def error(self) -> float:
+        return self.bus_GBps / self.case.bus_GBps - 1
+
+
+def run_collectives(cases: list[CollectiveCase] = COLLECTIVE_CASES) -> list[CollectiveRow]:
+    rows = []
+    for case in cases:
+        system = SystemSpec.model_validate(expand({"system": case.system})["system"])
+        if case.collective == "send":
+            bus = BUFFER / p2p_time(BUFFER, 0, case.npus - 1, system.network)
+        else:
+            n = case.npus
+            share = {"all_reduce": 2 * (n - 1) / n}.get(case.collective, (n - 1) / n)
+            bus = share * BUFFER / collective_time(case.collective, BUFFER, group_span(range(n), system.network))
+        rows.append(CollectiveRow(case, bus / 1e9))
+    return rows
+
+
+@dataclass(frozen=True)
 class Row:
     case: Case
     tokens_per_s_per_gpu: float
@@ -161,18 +222,29 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     calibrate = commands.add_parser(
         "calibrate",
         help="model against published measurements",
-        description="Price every case of the calibration set (published tokens/s per GPU and peak memory) and "
-        "print model against measurement with per-case and mean error.",
+        description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
+        "nccl-tests bus bandwidths on the analytical network model) and print model against measurement with "
+        "per-case and mean error.",
     )
     calibrate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
     calibrate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
-    calibrate.add_argument("--json", action="store_true", help="print the rows as JSON")
+    calibrate.add_argument(
+        "--json", action="store_true", help="print the rows as JSON: {training: [...], collectives: [...]}"
+    )
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
     rows = run(plugins.generator(args.generator), plugins.cost_model(args.cost_model))
+    collectives = run_collectives()
     if args.json:
-        print(json.dumps([_as_dict(row) for row in rows]))
+        print(
+            json.dumps(
+                {
+                    "training": [_as_dict(row) for row in rows],
+                    "collectives": [_collective_dict(row) for row in collectives],
+                }
+            )
+        )
         return 0
     table = Table(title="calibration: model vs measured")
     for column in ("case", "tokens/s/GPU model", "measured", "error", "peak GiB model", "measured", "error"):
@@ -195,7 +267,36 @@ def main(args: argparse.Namespace, console: Console) -> int:
     )
     for source in sorted({row.case.source for row in rows}):
         console.print(f"source: {source}", soft_wrap=True)
+    _print_collectives(collectives, console)
     return 0
+
+
+def _print_collectives(rows: list[CollectiveRow], console: Console) -> None:
+    table = Table(title="collectives: analytical network model vs nccl-tests bus bandwidth")
+    for column in ("case", "GB/s model", "measured", "error", "role"):
+        table.add_column(column, justify="left" if column in ("case", "role") else "right", no_wrap=column == "case")
+    for row in rows:
+        role = f"sets {row.case.sets}" if row.case.sets else "checks the model"
+        table.add_row(
+            row.case.name, f"{row.bus_GBps:.1f}", f"{row.case.bus_GBps:.0f}", f"{100 * row.error:+.1f}%", role
+        )
+    console.print(table)
+    checks = [abs(row.error) for row in rows if row.case.sets is None]
+    console.print(
+        f"{len(checks)} checking figure(s): mean |error| {100 * sum(checks) / len(checks):.1f}%, "
+        f"max {100 * max(checks):.1f}%; source: {NCCL_TESTS}",
+        soft_wrap=True,
+    )
+
+
+def _collective_dict(row: CollectiveRow) -> dict[str, Any]:
+    return {
+        "case": row.case.name,
+        "bus_GBps": row.bus_GBps,
+        "measured_bus_GBps": row.case.bus_GBps,
+        "error": row.error,
+        "sets": row.case.sets,
+    }
 
 
 def _as_dict(row: Row) -> dict[str, Any]:

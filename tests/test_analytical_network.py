@@ -2,8 +2,7 @@
 
 import pytest
 
-from dse.points import expand
-from dse.spec import NetworkDim, SystemSpec
+from dse.spec import NetworkDim
 from dse.workload import RankLayout
 from simulators.analytical.network import collective_time, group_span, p2p_time
 
@@ -67,18 +66,6 @@ def test_an_all_to_all_across_dimensions_sends_each_share_straight_to_its_member
 def test_a_broadcast_across_dimensions_is_a_ring_through_them():
     expected = S / min(B0, 8 * B1) + 7 * A0 + A1
     assert collective_time("broadcast", S, [(RING, 8), (SWITCH, 2)]) == pytest.approx(expected, rel=1e-12)
-
-
-def test_two_a100_nodes_with_four_nics_all_reduce_at_the_bus_bandwidth_nccl_tests_measures():
-    """calibration.md (nccl-tests #149, #175): 2 nodes of 8 A100s with 4x200G InfiniBand each, 86 GB/s all-reduce
-    bus bandwidth. The dgx-a100 preset's NVLink, and 100 GB/s per node shared by its 8 GPUs at the preset's 0.9 NIC
-    efficiency: the NICs bound it at 8 x 12.5 x 0.9 = 90 GB/s. A hierarchical decomposition read 100."""
-    nvlink, nic = SystemSpec.model_validate(expand({"system": "dgx-a100"})["system"]).network
-    across = nic.model_copy(update={"npus": 2, "bandwidth_GBps": 100 / 8})
-    size = 8 * 2**30
-    bus = 2 * 15 / 16 * size / collective_time("all_reduce", size, [(nvlink, 8), (across, 2)]) / 1e9
-    assert bus == pytest.approx(90, rel=1e-3)
-    assert bus == pytest.approx(86, rel=0.05)
 
 
 def test_group_of_one_is_free():

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from helpers import UNIT_ACCELERATOR, make_point
 
-from dse.points import expand
 from dse.spec import NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Workload
 from simulators.analytical import AnalyticalCostModel
@@ -120,18 +119,6 @@ def test_a_switch_that_reduces_in_the_network_sends_each_byte_once_each_way():
     assert collective_time("all_reduce", S, [(nvls, n), (outer, 4)]) == pytest.approx(
         2 * 31 / 32 * S / (2 * 7 / 8 * e * B) + 2 * A + 2 * 3 * A, rel=1e-12
     )
-
-
-def test_the_dgx_h100_preset_reproduces_nccl_tests_bus_bandwidths():
-    """calibration.md: 8x H100 on NVLink4, all-reduce ~480 GB/s bus bandwidth with NVLS, ~370 GB/s for the other
-    collectives; busbw = 2(n-1)/n S/t for an all-reduce and (n-1)/n S/t for the others (nccl-tests)."""
-    system = SystemSpec.model_validate(expand({"system": "dgx-h100"})["system"])
-    node = [(system.network[0], 8)]
-    size = 8 * 2**30
-    all_reduce = 2 * 7 / 8 * size / collective_time("all_reduce", size, node) / 1e9
-    all_gather = 7 / 8 * size / collective_time("all_gather", size, node) / 1e9
-    assert all_reduce == pytest.approx(480, rel=0.01)
-    assert all_gather == pytest.approx(370, rel=0.01)
 
 
 def test_only_a_switch_reduces_in_the_network_and_others_dump_as_before():

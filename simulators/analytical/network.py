@@ -14,9 +14,10 @@ an all-reduce is a reduce-scatter then an all-gather, so twice the one-phase fig
     tree (pipelined)   (ring)                                         2 S/B + 2 log2(n) a        S/B + log2(n) a
 
 `auto` picks direct on a fully connected dimension and ring elsewhere (NCCL's choice for large buffers on
-NVSwitch and InfiniBand). A torus runs a ring along each of its axes in turn, the axes nested like dimensions,
-with B the bandwidth of one link in one direction. All-to-all on a ring is priced at the injection bound, which is
-optimistic for a large ring (multi-hop traffic is not modelled).
+NVSwitch and InfiniBand). A torus runs a ring along each of its axes in turn, each axis carrying the shard the
+previous ones left (the bandwidth terms add up to one ring's), with B the bandwidth of one link in one direction.
+All-to-all on a ring is priced at the injection bound, which is optimistic for a large ring (multi-hop traffic is
+not modelled).
 
 A switch that reduces in the network (`reduction_efficiency` e: NVLink SHARP, which NCCL's NVLS algorithm uses on
 NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + 2a: each NPU sends its buffer into the

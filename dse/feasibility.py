@@ -42,13 +42,19 @@ def infeasibility(point: DesignPoint) -> str | None:
     chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
     if p.virtual_stages > 1 and p.pp_schedule != "interleaved":
         return f"parallel.virtual_stages={p.virtual_stages} needs parallel.pp_schedule: interleaved"
-    if m.layers % p.pp:
-        return f"parallel.pp={p.pp} does not divide model.layers={m.layers}; use pp in {{{_divisors(m.layers)}}}"
-    if m.layers % (p.pp * chunks):
-        return (
-            f"parallel.pp*virtual_stages = {p.pp * chunks} does not divide model.layers={m.layers}; "
-            f"use a divisor of {m.layers}"
-        )
+    if p.first_stage_layers is None and p.last_stage_layers is None:
+        if m.layers % p.pp:
+            return (
+                f"parallel.pp={p.pp} does not divide model.layers={m.layers}; use pp in {{{_divisors(m.layers)}}}, "
+                "or set parallel.first_stage_layers / last_stage_layers"
+            )
+        if m.layers % (p.pp * chunks):
+            return (
+                f"parallel.pp*virtual_stages = {p.pp * chunks} does not divide model.layers={m.layers}; "
+                f"use a divisor of {m.layers}"
+            )
+    elif (problem := _uneven_stages(point)) is not None:
+        return problem
     if w.global_batch % (p.dp * w.micro_batch):
         return (
             f"workload.global_batch={w.global_batch} is not a multiple of parallel.dp*workload.micro_batch = "
@@ -84,3 +90,28 @@ def check_feasible(point: DesignPoint) -> None:
     reason = infeasibility(point)
     if reason:
         raise InfeasibleError(reason)
+
+
+def _uneven_stages(point: DesignPoint) -> str | None:
+    """What is wrong with the pipeline's first_stage_layers / last_stage_layers, if anything."""
+    p, layers = point.parallel, point.model.layers
+    fixed = {name: value for name, value in (("first", p.first_stage_layers), ("last", p.last_stage_layers)) if value}
+    names = " + ".join(f"parallel.{name}_stage_layers" for name in fixed)
+    if p.pp == 1:
+        return f"{names} needs a pipeline (parallel.pp >= 2); remove it or raise pp"
+    others = p.pp - len(fixed)
+    rest = layers - sum(fixed.values())
+    if others == 0 and rest != 0:
+        return f"{names} = {sum(fixed.values())} must equal model.layers={layers} with parallel.pp=2"
+    if others and (rest <= 0 or rest % others):
+        return (
+            f"{names} = {sum(fixed.values())} leaves {rest} of model.layers={layers} for the other {others} "
+            f"stage(s); choose them so that the rest is a positive multiple of {others}"
+        )
+    chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
+    if any(count % chunks for count in p.stage_layers(layers)):
+        return (
+            f"parallel.virtual_stages={chunks} must divide every stage's layers {p.stage_layers(layers)}; "
+            "choose stage layers that it divides"
+        )
+    return None

@@ -191,9 +191,35 @@ class ParallelSpec(Spec):
         description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
         "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
     )
+    # Left out of the dump when unset, like NetworkDim.reduction_efficiency: stored studies keep their keys.
+    first_stage_layers: PositiveInt | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="layers on the first pipeline stage, which also holds the embedding (Megatron's "
+        "decoder_first_pipeline_num_layers); unset: an even share",
+    )
+    last_stage_layers: PositiveInt | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="layers on the last pipeline stage, which also holds the output layer and the loss (Megatron's "
+        "decoder_last_pipeline_num_layers; Llama 3 405B ran 126 layers on 16 stages as 7, 8 x 14, 7); unset: an "
+        "even share",
+    )
 
     def layer_strategy(self, layer: int) -> str:
         return self.layer_strategies[layer % len(self.layer_strategies)] if self.layer_strategies else "tp"
+
+    def stage_layers(self, layers: int) -> list[int]:
+        """Layers per pipeline stage: first_stage_layers and last_stage_layers where set, the others an even share
+        of the rest (`feasibility` checks that it divides)."""
+        counts: list[int | None] = [None] * self.pp
+        if self.first_stage_layers is not None:
+            counts[0] = self.first_stage_layers
+        if self.last_stage_layers is not None:
+            counts[-1] = self.last_stage_layers
+        unset = counts.count(None)
+        share = (layers - sum(c for c in counts if c is not None)) // unset if unset else 0
+        return [share if c is None else c for c in counts]
 
     @property
     def world(self) -> int:

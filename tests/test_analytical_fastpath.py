@@ -49,6 +49,15 @@ CASES = {
         global_batch=32,
         system=ONE_NODE,
     ),
+    # Stages of 1, 2 and 1 layers (first_stage_layers, last_stage_layers): the middle one sets the pace.
+    "uneven-pp3-1f1b": dict(
+        pp=3,
+        dp=2,
+        first_stage_layers=1,
+        last_stage_layers=1,
+        global_batch=32,
+        system={"base": "dgx-h100", "network": {0: {"npus": 2}, 1: {"npus": 3}}},
+    ),
     # Long steady states: dozens of periods priced from one cached outcome each.
     "long-1f1b": dict(tp=2, pp=4, dp=2, sp=True, global_batch=128, system=DGX),
     "long-1f1b-zero2-selective": dict(tp=2, pp=4, dp=2, zero=2, recompute="selective", global_batch=256, system=DGX),

@@ -67,7 +67,10 @@ def test_fractional_derived_integer_is_infeasible_with_a_reason_naming_it():
 def test_feasibility_rules_give_the_reason(tmp_path):
     spec = load_study(write_study(tmp_path, "space:\n  parallel.pp: {choices: [1, 8]}\n"))
     reason = decode(spec, {"parallel.pp": 8})
-    assert reason == "parallel.pp=8 does not divide model.layers=4; use pp in {1, 2, 4}"
+    assert reason == (
+        "parallel.pp=8 does not divide model.layers=4; use pp in {1, 2, 4}, "
+        "or set parallel.first_stage_layers / last_stage_layers"
+    )
 
 
 def test_division_by_zero_is_a_reason(tmp_path):

@@ -6,7 +6,9 @@ import pytest
 from helpers import make_point
 
 from dse import plugins
+from dse.errors import InfeasibleError
 from dse.evaluate import evaluate
+from dse.feasibility import check_feasible
 from dse.modelstats import matmul_params, model_flops
 from dse.workload import OpKind, TensorKind, expand
 from generators.symbolic import SymbolicGenerator
@@ -182,3 +184,52 @@ def test_a_pipeline_steps_work_starts_once_what_it_receives_has_arrived(parallel
                     )
                     checked += 1
     assert checked >= 8  # every micro-batch's forward and backward on the stages that receive
+
+
+def test_uneven_pipeline_stages_run_and_hold_the_layers_they_are_given():
+    """first_stage_layers and last_stage_layers (Megatron's decoder_first/last_pipeline_num_layers) lighten the
+    stages that also hold the embedding and the output layer: each stage runs its layers for every micro-batch and
+    holds their weights, the middle one twice the first's layer."""
+    system = {"base": "tiny-ring", "network": {0: {"npus": 2}, 1: {"npus": 3}}}
+    point = make_point("tiny-llama", system, global_batch=8, pp=3, dp=2, first_stage_layers=1, last_stage_layers=1)
+    assert point.parallel.stage_layers(point.model.layers) == [1, 2, 1]
+    workload = GEN.generate(point)
+    forwards = [
+        sum(workload.blocks[call.block].name == "layer.forward" for call in program.calls)
+        for program in workload.programs
+    ]
+    assert forwards == [1 * point.micro_batches, 2 * point.micro_batches, 1 * point.micro_batches]
+    parameters = [
+        sum(t.bytes for t in program.tensors if t.kind is TensorKind.PARAMETER) for program in workload.programs
+    ]
+    m = point.model
+    embedding = m.vocab * m.hidden * m.dtype_bytes
+    assert parameters[1] == 2 * (parameters[0] - embedding)
+
+
+def test_llama3_405b_runs_126_layers_on_16_stages_as_llama_3_did():
+    """Llama 3 (Dubey et al. 2024, sec. 3.3.2) removed one layer each from the first and the last of 16 stages."""
+    raw = dict(global_batch=2048, seq_len=8192, tp=8, pp=16, dp=64)
+    system = {"base": "dgx-h100", "network": {1: {"npus": 1024}}}
+    with pytest.raises(InfeasibleError, match=r"parallel\.pp=16 does not divide model\.layers=126"):
+        check_feasible(make_point("llama3-405b", system, **raw))
+    point = make_point("llama3-405b", system, first_stage_layers=7, last_stage_layers=7, **raw)
+    check_feasible(point)
+    assert point.parallel.stage_layers(126) == [7] + [8] * 14 + [7]
+
+
+@pytest.mark.parametrize(
+    ("parallel", "message"),
+    [
+        (dict(pp=1, dp=8, first_stage_layers=2), r"needs a pipeline \(parallel.pp >= 2\)"),
+        (dict(pp=2, dp=4, first_stage_layers=1, last_stage_layers=1), "must equal model.layers=4 with parallel.pp=2"),
+        (dict(pp=4, dp=2, first_stage_layers=2), "leaves 2 of model.layers=4 for the other 3 stage"),
+        (
+            dict(pp=2, dp=4, first_stage_layers=1, pp_schedule="interleaved", virtual_stages=2, global_batch=16),
+            r"parallel.virtual_stages=2 must divide every stage's layers \[1, 3\]",
+        ),
+    ],
+)
+def test_uneven_stages_that_cannot_hold_the_model_say_which_field_to_change(parallel, message):
+    with pytest.raises(InfeasibleError, match=message):
+        check_feasible(make_point("tiny-llama", **parallel))

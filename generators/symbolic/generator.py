@@ -454,7 +454,7 @@ class _Builder:
 
     def boundary(self, vstage: int) -> str:
         """The strategy of the last layer of a virtual stage: how what crosses to the next one is laid out."""
-        return self.point.parallel.layer_strategy((vstage + 1) * self.per_chunk - 1)
+        return self.point.parallel.layer_strategy(self.vstage_starts[vstage + 1] - 1)
 
     def _replica_elems(self, w: STensor) -> float:
         """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
@@ -595,11 +595,15 @@ class _Builder:
 
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         self.chunks = chunks
-        per_chunk = self.per_chunk = m.layers // (p.pp * chunks)
+        # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]).
+        per_stage = p.stage_layers(m.layers)
+        starts = self.vstage_starts = [0]
+        for v in range(p.pp * chunks):
+            starts.append(starts[-1] + per_stage[v % p.pp] // chunks)
         stages: list[_Stage] = []
         for stage in range(p.pp):
             vstages = [c * p.pp + stage for c in range(chunks)]
-            layers = {c: list(range(v * per_chunk, (v + 1) * per_chunk)) for c, v in enumerate(vstages)}
+            layers = {c: list(range(starts[v], starts[v + 1])) for c, v in enumerate(vstages)}
             first, last = stage == 0, stage == p.pp - 1
             counts = Counter(kinds[i] for c in layers for i in layers[c])
             held = [(traced[key], count) for key, count in counts.items()]
@@ -1046,6 +1050,8 @@ def schedule_shape(point: DesignPoint) -> tuple:
         point.workload.mode,
         p.zero >= 2,
         p.recompute_every,
+        p.first_stage_layers,
+        p.last_stage_layers,
     )
 
 

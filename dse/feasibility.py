@@ -109,9 +109,9 @@ def _uneven_stages(point: DesignPoint) -> str | None:
             f"stage(s); choose them so that the rest is a positive multiple of {others}"
         )
     chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
-    if any(count % chunks for count in p.stage_layers(layers)):
+    if min(p.stage_layers(layers)) < chunks:
         return (
-            f"parallel.virtual_stages={chunks} must divide every stage's layers {p.stage_layers(layers)}; "
-            "choose stage layers that it divides"
+            f"parallel.virtual_stages={chunks} needs as many layers on every stage, not {p.stage_layers(layers)}; "
+            "lower virtual_stages or give the first and last stages more layers"
         )
     return None

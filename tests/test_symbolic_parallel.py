@@ -218,6 +218,40 @@ def test_llama3_405b_runs_126_layers_on_16_stages_as_llama_3_did():
     assert point.parallel.stage_layers(126) == [7] + [8] * 14 + [7]
 
 
+def test_an_interleaved_stage_splits_uneven_layers_over_its_chunks_the_first_taking_more():
+    """3 and 5 layers over two chunks each: stage 0 runs chunks of 2 and 1 layers, stage 1 of 3 and 2, in the
+    virtual-stage order of the model (chunk 0 of every stage, then chunk 1)."""
+    system = {"base": "tiny-ring", "network": {0: {"npus": 2}, 1: {"npus": 2}}}
+    kw = dict(global_batch=16, pp=2, dp=2, pp_schedule="interleaved", virtual_stages=2, first_stage_layers=3)
+    point = make_point("tiny-hybrid", system, **kw)
+    check_feasible(point)
+    workload = GEN.generate(point)
+    forwards = [
+        sum(
+            workload.blocks[call.block].name.endswith("forward") and "layer" in workload.blocks[call.block].name
+            for call in program.calls
+        )
+        for program in workload.programs
+    ]
+    assert forwards == [3 * point.micro_batches, 5 * point.micro_batches]
+    held = [{t.name for t in program.tensors if t.name.startswith("layer")} for program in workload.programs]
+    assert held == [{"layer0", "layer1", "layer5"}, {"layer2", "layer3", "layer4", "layer6", "layer7"}]
+    llama = make_point(
+        "llama3-405b",
+        {"base": "dgx-h100", "network": {1: {"npus": 1024}}},
+        global_batch=2048,
+        seq_len=8192,
+        tp=8,
+        pp=16,
+        dp=64,
+        pp_schedule="interleaved",
+        virtual_stages=2,
+        first_stage_layers=7,
+        last_stage_layers=7,
+    )
+    check_feasible(llama)
+
+
 @pytest.mark.parametrize(
     ("parallel", "message"),
     [
@@ -226,7 +260,7 @@ def test_llama3_405b_runs_126_layers_on_16_stages_as_llama_3_did():
         (dict(pp=4, dp=2, first_stage_layers=2), "leaves 2 of model.layers=4 for the other 3 stage"),
         (
             dict(pp=2, dp=4, first_stage_layers=1, pp_schedule="interleaved", virtual_stages=2, global_batch=16),
-            r"parallel.virtual_stages=2 must divide every stage's layers \[1, 3\]",
+            r"parallel.virtual_stages=2 needs as many layers on every stage, not \[1, 3\]",
         ),
     ],
 )

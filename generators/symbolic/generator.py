@@ -595,11 +595,13 @@ class _Builder:
 
         chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         self.chunks = chunks
-        # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]).
+        # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]); a stage's layers
+        # split evenly over its chunks, the first chunks taking one more where they do not divide (uneven stages).
         per_stage = p.stage_layers(m.layers)
         starts = self.vstage_starts = [0]
         for v in range(p.pp * chunks):
-            starts.append(starts[-1] + per_stage[v % p.pp] // chunks)
+            count, chunk = per_stage[v % p.pp], v // p.pp
+            starts.append(starts[-1] + count // chunks + (chunk < count % chunks))
         stages: list[_Stage] = []
         for stage in range(p.pp):
             vstages = [c * p.pp + stage for c in range(chunks)]

@@ -207,13 +207,15 @@ def test_uneven_pipeline_stages_run_and_hold_the_layers_they_are_given():
     assert parameters[1] == 2 * (parameters[0] - embedding)
 
 
+LLAMA3_405B = dict(global_batch=2048, seq_len=8192, tp=8, pp=16, dp=64)
+DGX_1024 = {"base": "dgx-h100", "network": {1: {"npus": 1024}}}
+
+
 def test_llama3_405b_runs_126_layers_on_16_stages_as_llama_3_did():
     """Llama 3 (Dubey et al. 2024, sec. 3.3.2) removed one layer each from the first and the last of 16 stages."""
-    raw = dict(global_batch=2048, seq_len=8192, tp=8, pp=16, dp=64)
-    system = {"base": "dgx-h100", "network": {1: {"npus": 1024}}}
     with pytest.raises(InfeasibleError, match=r"parallel\.pp=16 does not divide model\.layers=126"):
-        check_feasible(make_point("llama3-405b", system, **raw))
-    point = make_point("llama3-405b", system, first_stage_layers=7, last_stage_layers=7, **raw)
+        check_feasible(make_point("llama3-405b", DGX_1024, **LLAMA3_405B))
+    point = make_point("llama3-405b", DGX_1024, first_stage_layers=7, last_stage_layers=7, **LLAMA3_405B)
     check_feasible(point)
     assert point.parallel.stage_layers(126) == [7] + [8] * 14 + [7]
 
@@ -236,19 +238,8 @@ def test_an_interleaved_stage_splits_uneven_layers_over_its_chunks_the_first_tak
     assert forwards == [3 * point.micro_batches, 5 * point.micro_batches]
     held = [{t.name for t in program.tensors if t.name.startswith("layer")} for program in workload.programs]
     assert held == [{"layer0", "layer1", "layer5"}, {"layer2", "layer3", "layer4", "layer6", "layer7"}]
-    llama = make_point(
-        "llama3-405b",
-        {"base": "dgx-h100", "network": {1: {"npus": 1024}}},
-        global_batch=2048,
-        seq_len=8192,
-        tp=8,
-        pp=16,
-        dp=64,
-        pp_schedule="interleaved",
-        virtual_stages=2,
-        first_stage_layers=7,
-        last_stage_layers=7,
-    )
+    uneven = dict(first_stage_layers=7, last_stage_layers=7, **LLAMA3_405B)
+    llama = make_point("llama3-405b", DGX_1024, pp_schedule="interleaved", virtual_stages=2, **uneven)
     check_feasible(llama)
 
 

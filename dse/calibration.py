@@ -26,7 +26,7 @@ from dse.evaluate import evaluate
 from dse.interfaces import CostModel, WorkloadGenerator
 from dse.points import build_point, expand
 from dse.spec import GiB, SystemSpec
-from simulators.analytical.network import collective_time, group_span, p2p_time
+from simulators.analytical.network import bus_factor, collective_time, group_span, p2p_time
 
 FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (iteration 90)"
@@ -175,9 +175,8 @@ def run_collectives(cases: list[CollectiveCase] = COLLECTIVE_CASES) -> list[Coll
         if case.collective == "send":
             bus = BUFFER / p2p_time(BUFFER, 0, case.npus - 1, system.network)
         else:
-            n = case.npus
-            share = {"all_reduce": 2 * (n - 1) / n}.get(case.collective, (n - 1) / n)
-            bus = share * BUFFER / collective_time(case.collective, BUFFER, group_span(range(n), system.network))
+            span = group_span(range(case.npus), system.network)
+            bus = bus_factor(case.collective, case.npus) * BUFFER / collective_time(case.collective, BUFFER, span)
         rows.append(CollectiveRow(case, bus / 1e9))
     return rows
 

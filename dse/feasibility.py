@@ -53,7 +53,7 @@ def infeasibility(point: DesignPoint) -> str | None:
                 f"parallel.pp*virtual_stages = {p.pp * chunks} does not divide model.layers={m.layers}; "
                 f"use a divisor of {m.layers}"
             )
-    elif (problem := _uneven_stages(point)) is not None:
+    elif (problem := _uneven_stages(point, chunks)) is not None:
         return problem
     if w.global_batch % (p.dp * w.micro_batch):
         return (
@@ -92,8 +92,9 @@ def check_feasible(point: DesignPoint) -> None:
         raise InfeasibleError(reason)
 
 
-def _uneven_stages(point: DesignPoint) -> str | None:
-    """What is wrong with the pipeline's first_stage_layers / last_stage_layers, if anything."""
+def _uneven_stages(point: DesignPoint, chunks: int) -> str | None:
+    """What is wrong with the pipeline's first_stage_layers / last_stage_layers (over `chunks` model chunks per
+    stage), if anything."""
     p, layers = point.parallel, point.model.layers
     fixed = {name: value for name, value in (("first", p.first_stage_layers), ("last", p.last_stage_layers)) if value}
     names = " + ".join(f"parallel.{name}_stage_layers" for name in fixed)
@@ -108,10 +109,10 @@ def _uneven_stages(point: DesignPoint) -> str | None:
             f"{names} = {sum(fixed.values())} leaves {rest} of model.layers={layers} for the other {others} "
             f"stage(s); choose them so that the rest is a positive multiple of {others}"
         )
-    chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
-    if min(p.stage_layers(layers)) < chunks:
+    per_stage = p.stage_layers(layers)
+    if min(per_stage) < chunks:
         return (
-            f"parallel.virtual_stages={chunks} needs as many layers on every stage, not {p.stage_layers(layers)}; "
+            f"parallel.virtual_stages={chunks} needs as many layers on every stage, not {per_stage}; "
             "lower virtual_stages or give the first and last stages more layers"
         )
     return None

@@ -149,8 +149,10 @@ def collective_time(kind: str, size: float, span: Span) -> float:
     return sum(_dim_time(collective, size, dim, count) for dim, count in span)
 
 
-def _ring_factor(kind: Collective, n: int) -> float:
-    """The share of the buffer a ring moves over each member's link (nccl-tests' bus bandwidth factor)."""
+def bus_factor(kind: Collective | str, n: int) -> float:
+    """The share of the buffer a ring over n members moves over each member's link: nccl-tests' bus bandwidth
+    is this times the buffer over the time."""
+    kind = Collective(kind)
     if kind is Collective.BROADCAST:
         return 1.0
     return (2 if kind is Collective.ALL_REDUCE else 1) * (n - 1) / n
@@ -169,7 +171,7 @@ def _across(kind: Collective, size: float, span: Span) -> float:
         if kind is Collective.ALL_TO_ALL:
             crossing = seconds * count * members / group
         else:
-            crossing = seconds * _ring_factor(kind, group) / _ring_factor(kind, count) / members
+            crossing = seconds * bus_factor(kind, group) / bus_factor(kind, count) / members
         slowest = max(slowest, crossing)
         latency += alone
         members *= count

@@ -11,6 +11,10 @@ torchtitan's torch.compile row fused, so the eager/compile difference is itself 
 The collective cases are nccl-tests bus bandwidths on a catalog system's network, priced by the analytical
 network model. Most of them set a catalog efficiency (they say which): their row shows that the catalog and the
 formulas reproduce the figure they were set from. The others check the model, and only those count in the mean.
+
+The held-out cases are published measurements outside ../shared/calibration.md that set nothing: Megatron-LM's
+iteration times from Korthikanti et al. 2022, the figures Calculon reports its own accuracy on. They run the
+software of their day (attention before fused kernels, dropout, fp16) and are printed in a table of their own.
 """
 
 import argparse
@@ -126,6 +130,61 @@ CASES: list[Case] = [
     _torchtitan_8b("fused", 6667, 77.0),
 ]
 
+KORTHIKANTI = (
+    "Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large Transformer Models', tables 3 and 5 "
+    "(Megatron-LM on Selene, DGX A100 80GB, 8 x 200 Gb/s InfiniBand per node)"
+)
+
+
+def _megatron(
+    name: str, layers: int, hidden: int, heads: int, pp: int, batch: int, virtual: int, new: bool, step_s: float
+) -> Case:
+    """One row of Korthikanti et al.'s table 5: its full-recompute baseline (tensor parallelism without sequence
+    parallelism) or its 'present work' (sequence parallelism and selective recompute), on the model and layout
+    of its table 3: TP 8, no data parallelism, sequence 2048, Megatron's GPT (vocabulary padded to 51,200, tied
+    embeddings, biases, dropout, attention before fused kernels), fp16."""
+    world = 8 * pp
+    micro = 4 if pp == 1 else 1
+    schedule = {"pp_schedule": "interleaved", "virtual_stages": virtual} if virtual > 1 else {}
+    return Case(
+        name=f"megatron {name} A100x{world} TP8 PP{pp}, {'SP + selective' if new else 'full recompute'}",
+        point={
+            "model": {
+                "base": "gpt3-175b",
+                "layers": layers,
+                "hidden": hidden,
+                "heads": heads,
+                "ffn": 4 * hidden,
+                "vocab": 51200,
+                "dropout": True,
+                "flash_attention": False,
+                "dtype": "fp16",
+            },
+            "workload": {"seq_len": 2048, "global_batch": batch, "micro_batch": micro},
+            "parallel": {"tp": 8, "pp": pp, "sp": new, "recompute": "selective" if new else "full", **schedule},
+            "system": {"base": "dgx-a100", "network": {1: {"npus": pp}}},
+        },
+        tokens_per_s_per_gpu=batch * 2048 / step_s / world,
+        peak_memory_GiB=None,
+        source=KORTHIKANTI,
+        note=f"iteration time {step_s} s",
+    )
+
+
+HELD_OUT: list[Case] = [
+    case
+    for name, layers, hidden, heads, pp, batch, virtual, steps in (
+        ("22B", 48, 6144, 64, 1, 4, 1, (1.42, 1.10)),
+        ("175B", 96, 12288, 96, 8, 64, 3, (18.13, 13.75)),
+        ("530B", 105, 20480, 128, 35, 280, 3, (49.05, 37.83)),
+        ("1T", 128, 25600, 160, 64, 512, 1, (94.42, 71.49)),
+    )
+    for new, step in zip((False, True), steps, strict=True)
+    for case in [_megatron(name, layers, hidden, heads, pp, batch, virtual, new, step)]
+]
+"""Published measurements that set nothing and are not in ../shared/calibration.md: the iteration times against
+which Calculon reports its accuracy (3.65% mean, 8.87% max), printed by `dse calibrate` as a held-out check."""
+
 
 @dataclass(frozen=True)
 class CollectiveCase:
@@ -223,7 +282,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="model against published measurements",
         description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
         "nccl-tests bus bandwidths on the analytical network model) and print model against measurement with "
-        "per-case and mean error.",
+        "per-case and mean error; then the held-out Megatron-LM iteration times, which set nothing.",
     )
     calibrate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
     calibrate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
@@ -233,19 +292,29 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
-    rows = run(plugins.generator(args.generator), plugins.cost_model(args.cost_model))
+    generator, cost_model = plugins.generator(args.generator), plugins.cost_model(args.cost_model)
+    rows = run(generator, cost_model)
+    held_out = run(generator, cost_model, HELD_OUT)
     collectives = run_collectives()
     if args.json:
         print(
             json.dumps(
                 {
                     "training": [_as_dict(row) for row in rows],
+                    "held_out": [_as_dict(row) for row in held_out],
                     "collectives": [_collective_dict(row) for row in collectives],
                 }
             )
         )
         return 0
-    table = Table(title="calibration: model vs measured")
+    _print_training(rows, "calibration: model vs measured", console)
+    _print_training(held_out, "held out (sets nothing): Megatron-LM iteration times", console)
+    _print_collectives(collectives, console)
+    return 0
+
+
+def _print_training(rows: list[Row], title: str, console: Console) -> None:
+    table = Table(title=title)
     for column in ("case", "tokens/s/GPU model", "measured", "error", "peak GiB model", "measured", "error"):
         table.add_column(column, justify="left" if column == "case" else "right", no_wrap=column == "case")
     for row in rows:
@@ -266,8 +335,6 @@ def main(args: argparse.Namespace, console: Console) -> int:
     )
     for source in sorted({row.case.source for row in rows}):
         console.print(f"source: {source}", soft_wrap=True)
-    _print_collectives(collectives, console)
-    return 0
 
 
 def _print_collectives(rows: list[CollectiveRow], console: Console) -> None:

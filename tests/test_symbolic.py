@@ -201,10 +201,38 @@ def test_a_schedule_reused_from_a_point_of_the_same_shape_equals_a_fresh_one(sch
 def test_flash_attention_backward_executes_two_and_a_half_forwards():
     """A fused kernel keeps no probabilities, so its backward computes Q K^T again: five s x s matmuls to the
     forward's two (FlashAttention-2's count), while the op's conventional FLOPs stay twice the forward's."""
-    for flash, executed in ((True, 2.5), (False, 2.0)):
-        point = make_point({"base": "tiny-llama", "flash_attention": flash}, dp=8)
-        blocks = {b.name: b for b in GEN.generate(point).blocks}
-        (fwd,) = [op for op in blocks["layer.forward"].ops if op.category == "attention"]
-        (bwd,) = [op for op in blocks["layer.backward"].ops if op.category == "attention"]
-        assert bwd.flops == pytest.approx(2 * fwd.flops)
-        assert bwd.flops * bwd.density == pytest.approx(executed * fwd.flops * fwd.density)
+    point = make_point({"base": "tiny-llama", "flash_attention": True}, dp=8)
+    blocks = {b.name: b for b in GEN.generate(point).blocks}
+    (fwd,) = [op for op in blocks["layer.forward"].ops if op.category == "attention"]
+    (bwd,) = [op for op in blocks["layer.backward"].ops if op.category == "attention"]
+    assert bwd.flops == pytest.approx(2 * fwd.flops)
+    assert bwd.flops * bwd.density == pytest.approx(2.5 * fwd.flops * fwd.density)
+
+
+@pytest.mark.parametrize(("dropout", "forward_bytes", "backward_bytes"), [(True, 13, 19), (False, 8, 14)])
+def test_unfused_attention_runs_its_kernels_through_hbm(dropout, forward_bytes, backward_bytes):
+    """Megatron's attention before fused kernels: Q K^T writes the s x s scores, softmax reads and writes them,
+    dropout reads them and writes its output and 1-byte mask, and the product with V reads them: 2 + 4 + 5 + 2 =
+    13 bytes per score with dropout, 8 without. Backward: dP written (2), the probabilities read by dV = P^T dO
+    (2), dropout's backward (2 + 1 + 2), softmax's (3 x 2), dS read by dQ and by dK (2 + 2): 19, 14 without
+    dropout. Every score is computed (the causal mask is applied, not skipped), and the four backward matmuls
+    are twice the forward's two."""
+    model = {"base": "tiny-llama", "kv_heads": 8, "flash_attention": False, "dropout": dropout}
+    point = make_point(model, dp=8)
+    blocks = {b.name: b for b in GEN.generate(point).blocks}
+    scores = 1 * 256 * 256 * 8  # micro-batch x query x key positions x heads
+    head_dim = 256 // 8
+    qkv = 1 * 256 * 8 * head_dim * 2  # one [b, s, heads, d] bf16 tensor
+
+    def attention_ops(block: str) -> list:
+        return [op for op in blocks[block].ops if op.name.startswith("attention") and op.kind is OpKind.COMPUTE]
+
+    forward, backward = attention_ops("layer.forward"), attention_ops("layer.backward")
+    assert len(forward) == (4 if dropout else 3)
+    assert len(backward) == (6 if dropout else 5)
+    assert all(op.density == 1.0 for op in forward + backward)
+    assert sum(op.flops for op in forward if op.category == "gemm") == pytest.approx(2 * scores * 2 * head_dim)
+    assert sum(op.flops for op in backward if op.category == "gemm") == pytest.approx(2 * 2 * scores * 2 * head_dim)
+    # what is not the traffic of q, k, v, the output and their gradients is the score matrix's
+    assert sum(op.bytes for op in forward) - 4 * qkv == pytest.approx(forward_bytes * scores)
+    assert sum(op.bytes for op in backward) - 8 * qkv == pytest.approx(backward_bytes * scores)

@@ -20,7 +20,8 @@ FUSED_ATTENTION_BACKWARD = 2.5
 Q K^T again besides dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q, five s x t matmuls to the forward's
 two (FlashAttention-2's own count, whose fwd+bwd TFLOP/s divide 3.5 forward FLOPs). The op keeps the
 conventional count (twice the forward, what unfused attention executes from its kept probabilities) and says
-the rest through its density. A fused node is one that keeps nothing extra."""
+the rest through its density. A fused node is one that keeps nothing extra; an unfused one's backward is its own
+kernels (Tracer.unfused_attention_backward)."""
 
 
 @dataclass
@@ -124,9 +125,7 @@ class Differentiator:
                 node.output.itemsize,
                 node.output.param,
             )
-            deps = self.tr.emitter.deps(inputs)
-            for op in node.ops:
-                self._emit(node, _with_deps(op, deps, "recompute"), out)
+            self._emit_again(node, self.tr.emitter.deps(inputs), "recompute", out)
             if not node.ops:
                 self.tr.emitter.same_origin(out, inputs[0])
             self.alias[id(node.output)] = out
@@ -141,9 +140,7 @@ class Differentiator:
         if node is not None:
             source = self.value(node.inputs[0])
             again = STensor(t.name + ".regather", t.dims, t.layout, t.itemsize, t.param)
-            deps = self.tr.emitter.deps([source])
-            for op in node.ops:
-                self._emit(node, _with_deps(op, deps, "regather"), again)
+            self._emit_again(node, self.tr.emitter.deps([source]), "regather", again)
             self.alias[id(t)] = again
             return again
         return t
@@ -163,12 +160,16 @@ class Differentiator:
         self.alias[id(t)] = again
         return again
 
-    def _emit(self, node: Node, op: Op, out: STensor) -> None:
-        """Emit a forward op again; a weight's all-gather goes where the block's weight gathers go (prefetch)."""
-        if _is_gather(node) and node.output.param:
-            self.tr.emitter.emit_param_gather(op, [out])
-        else:
-            self.tr.emitter.emit(op, [out])
+    def _emit_again(self, node: Node, deps: tuple[int, ...], suffix: str, out: STensor) -> None:
+        """Emit a forward node's ops again, the first after `deps` and each after the one before, as they first
+        ran (a node's ops feed one another: unfused attention's kernels, a redistribution's collectives); a
+        weight's all-gather goes where the block's weight gathers go (prefetch)."""
+        for op in node.ops:
+            again = _with_deps(op, deps, suffix)
+            if _is_gather(node) and node.output.param:
+                self.tr.emitter.emit_param_gather(again, [out])
+            else:
+                deps = (self.tr.emitter.emit(again, [out]),)
 
     def run(self, seeds: Sequence[tuple[STensor, STensor]], inputs: Sequence[STensor]) -> Gradients:
         for tensor, grad in seeds:
@@ -249,10 +250,13 @@ class Differentiator:
                 q, k, v = node.inputs
                 reads = [self.value(t) for t in (q, k, v, node.final or node.output)]
                 outs = [_grad_like(q), *(self._kv_grad(q, t) for t in (k, v))]
-                fwd = next(op for op in node.ops if op.category == "attention")
-                executed = FUSED_ATTENTION_BACKWARD / 2 if node.extra_saved == 0 else 1.0
-                flops = 2 * fwd.flops
-                tr._compute(f"{name}.backward", "attention", flops, (g, *reads), outs, fwd.density * executed)
+                if node.extra_saved:
+                    tr.unfused_attention_backward(name, g, *reads, *outs, node.dropout)
+                else:
+                    fwd = node.ops[0]
+                    flops = 2 * fwd.flops
+                    density = fwd.density * FUSED_ATTENTION_BACKWARD / 2
+                    tr._compute(f"{name}.backward", "attention", flops, (g, *reads), outs, density)
                 for t, d in zip((q, k, v), outs, strict=True):
                     self._contribute(t, d)
             case "dropout":

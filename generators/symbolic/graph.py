@@ -84,6 +84,11 @@ PRODUCT = (Partial((1,)), Partial((0,)))
 """a * b: each input's gradient is the incoming one times the other input."""
 EXPAND = Partial(view=True)
 """A sum's: the incoming gradient expanded back over the summed dimension, a view."""
+SOFTMAX_FLOPS = 5.0
+"""Per score, Megatron's fused scale-mask-softmax: the scaling, the mask, the row maximum, the exponential and the
+normalisation (few beside the kernel's HBM traffic, which bounds it)."""
+SOFTMAX_BACKWARD_FLOPS = 3.0
+"""Per score, softmax's backward y * (dy - sum(y * dy)): a product, the row sum, a difference and a product."""
 MERGE_FLOPS = 3.0
 """Per output element, folding one ring step's partial attention into the running output: two rescalings by the
 softmax statistics (whose exponentials are per row) and a sum."""
@@ -111,6 +116,8 @@ class Node:
     final: "STensor | None" = None
     """For one step of a ring attention, the combined output its backward reads (with the softmax statistics)
     instead of the step's partial output, as flash attention's backward does."""
+    dropout: bool = False
+    """Unfused attention drops out its probabilities (keeping the mask and the dropped copy)."""
     partials: tuple[Partial | None, ...] = ()
     """Per input, how eager autograd forms its gradient (one kernel per op); None: a constant input (RoPE's
     rotation table), which gets none; empty: one fused backward kernel."""
@@ -362,20 +369,28 @@ class Tracer:
         outputs: Sequence[STensor],
         density: float = 1.0,
     ) -> None:
-        nbytes = sum(self.nbytes(t) for t in inputs) + sum(self.nbytes(t) for t in outputs)
-        op = Op(
-            name,
-            OpKind.COMPUTE,
-            category,
-            flops=flops,
-            bytes=nbytes,
-            density=density,
-            deps=self.emitter.deps(inputs),
-            out_bytes=sum(self.nbytes(t) for t in outputs),
-        )
-        self.emitter.emit(op, outputs)
+        written = sum(self.nbytes(t) for t in outputs)
+        read = sum(self.nbytes(t) for t in inputs)
+        self._kernel(name, category, flops, read + written, written, self.emitter.deps(inputs), outputs, density)
         for t in outputs:
             self._temp(t)
+
+    def _kernel(
+        self,
+        name: str,
+        category: str,
+        flops: float,
+        nbytes: float,
+        written: float,
+        deps: tuple[int, ...],
+        outputs: Sequence[STensor] = (),
+        density: float = 1.0,
+    ) -> int:
+        """A compute op whose traffic is given (it reads or writes values that are not tensors of the tape)."""
+        op = Op(
+            name, OpKind.COMPUTE, category, flops=flops, bytes=nbytes, density=density, deps=deps, out_bytes=written
+        )
+        return self.emitter.emit(op, outputs)
 
     def einsum(
         self,
@@ -566,17 +581,111 @@ class Tracer:
         b, sq, n, dq = (self.local_size(q, dim) for dim in q.dims)
         skv, dv = self.local_size(k, k.dims[1]), self.local_size(out, out_dims[3])
         reads = (q, k) if value_dim else (q, k, v)
-        flops = 2 * b * sq * skv * n * (dq + dv)
-        density = 0.5 if causal and sq > 1 else 1.0
-        extra = 0.0
-        if not fused:
-            probs = b * sq * skv * n
-            extra = probs * (q.itemsize + (1 + q.itemsize if dropout else 0))
         mark = self._mark
-        self._compute(name, "attention", flops, reads, (out,), density=density)
-        node = Node("attention", name, (q, k, v), out, "attention", density, extra_saved=extra)
+        if fused:
+            density = 0.5 if causal and sq > 1 else 1.0
+            self._compute(name, "attention", 2 * b * sq * skv * n * (dq + dv), reads, (out,), density=density)
+            node = Node("attention", name, (q, k, v), out, "attention", density)
+        else:
+            probs = b * sq * skv * n
+            self._unfused_attention(name, q, k, v, out, probs, dq, dv, dropout)
+            extra = probs * (q.itemsize + (1 + q.itemsize if dropout else 0))
+            node = Node("attention", name, (q, k, v), out, "attention", extra_saved=extra, dropout=dropout)
         self._record(node, mark)
         return out, node
+
+    def _unfused_attention(
+        self,
+        name: str,
+        q: STensor,
+        k: STensor,
+        v: STensor,
+        out: STensor,
+        probs: float,
+        dq: float,
+        dv: float,
+        dropout: bool,
+    ) -> None:
+        """Attention as Megatron ran it before fused kernels (Korthikanti et al.'s setting): Q K^T into an s x t
+        score matrix in HBM, a fused scale-mask-softmax kernel, dropout with its 1-byte mask, and the
+        probabilities times V. Every one of the s x t entries is computed (the causal mask is applied, not
+        skipped) and each kernel reads or writes the matrix through HBM, which bounds them on long sequences
+        rather than their FLOPs."""
+        matrix = probs * q.itemsize
+        last = self._kernel(
+            f"{name}.scores",
+            "gemm",
+            2 * probs * dq,
+            self.nbytes(q) + self.nbytes(k) + matrix,
+            matrix,
+            self.emitter.deps((q, k)),
+        )
+        last = self._kernel(f"{name}.softmax", "elementwise", SOFTMAX_FLOPS * probs, 2 * matrix, matrix, (last,))
+        if dropout:
+            last = self._kernel(
+                f"{name}.dropout", "elementwise", 2 * probs, 2 * matrix + probs, matrix + probs, (last,)
+            )
+        written = self.nbytes(out)
+        deps = tuple(sorted({last, *self.emitter.deps((v,))}))
+        self._kernel(name, "gemm", 2 * probs * dv, matrix + self.nbytes(v) + written, written, deps, (out,))
+        self.emitter.peak_temp = larger(self.emitter.peak_temp, 2 * matrix)  # scores and probabilities at once
+
+    def unfused_attention_backward(
+        self,
+        name: str,
+        g: STensor,
+        q: STensor,
+        k: STensor,
+        v: STensor,
+        out: STensor,
+        dq: STensor,
+        dk: STensor,
+        dv: STensor,
+        dropout: bool,
+    ) -> None:
+        """The backward of `_unfused_attention` from its kept probabilities (ready with `out`): dP = dO V^T and
+        dV = P^T dO, dropout's and softmax's backward over the s x t matrix, then dQ = dS K and dK = dS^T Q: four
+        matmuls (twice the forward's FLOPs), and every kernel reads or writes the matrix through HBM."""
+        b, sq, n, d_q = (self.local_size(q, dim) for dim in q.dims)
+        probs = b * sq * self.local_size(k, k.dims[1]) * n
+        matrix = probs * q.itemsize
+        d_v = self.local_size(out, out.dims[3])
+        deps = self.emitter.deps
+        grad_probs = self._kernel(
+            f"{name}.backward.probs",
+            "gemm",
+            2 * probs * d_v,
+            self.nbytes(g) + self.nbytes(v) + matrix,
+            matrix,
+            deps((g, v)),
+        )
+        self._kernel(
+            f"{name}.backward.values",
+            "gemm",
+            2 * probs * d_v,
+            matrix + self.nbytes(g) + self.nbytes(dv),
+            self.nbytes(dv),
+            deps((g, out)),
+            (dv,),
+        )
+        last = grad_probs
+        if dropout:
+            last = self._kernel(f"{name}.backward.dropout", "elementwise", probs, 2 * matrix + probs, matrix, (last,))
+        last = self._kernel(
+            f"{name}.backward.softmax", "elementwise", SOFTMAX_BACKWARD_FLOPS * probs, 3 * matrix, matrix, (last,)
+        )
+        for part, grad, other in (("queries", dq, k), ("keys", dk, q)):
+            written = self.nbytes(grad)
+            self._kernel(
+                f"{name}.backward.{part}",
+                "gemm",
+                2 * probs * d_q,
+                matrix + self.nbytes(other) + written,
+                written,
+                tuple(sorted({last, *deps((other,))})),
+                (grad,),
+            )
+        self.emitter.peak_temp = larger(self.emitter.peak_temp, 2 * matrix)  # dP and dS at once
 
     def dropout(self, name: str, x: STensor) -> STensor:
         """Dropout: keeps a 1-byte mask for backward (the output is not needed)."""

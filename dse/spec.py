@@ -300,6 +300,13 @@ class NetworkDim(Spec):
         description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
         "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
     )
+    reduction_latency_ns: float | None = Field(
+        None,
+        ge=0,
+        exclude_if=lambda value: value is None,
+        description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
+        "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
+    )
 
     @model_validator(mode="after")
     def _check_shape(self) -> "NetworkDim":
@@ -313,6 +320,8 @@ class NetworkDim(Spec):
                 f"reduction_efficiency is only for a switch, which can reduce in the network, not '{self.topology}';"
                 " remove it"
             )
+        if self.reduction_latency_ns is not None and self.reduction_efficiency is None:
+            raise ValueError("reduction_latency_ns needs reduction_efficiency (the switch's reduction); set it")
         return self
 
     @property

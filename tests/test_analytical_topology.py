@@ -121,6 +121,22 @@ def test_a_switch_that_reduces_in_the_network_sends_each_byte_once_each_way():
     )
 
 
+def test_an_all_reduce_takes_the_faster_of_the_switch_and_the_ring_at_its_size():
+    """With the switch path's fixed cost L above the ring's 2(n-1)a, a small all-reduce runs the ring and a large
+    one the switch; they cross where 2(n-1)/n S/B + 2(n-1)a = S/(e B_line) + L."""
+    n, e, fixed = 8, 0.6, 50e-6
+    nvls = dim("switch", n, reduction_efficiency=e, reduction_latency_ns=fixed * 1e9)
+    ring = lambda size: 2 * (n - 1) / n * size / B + 2 * (n - 1) * A  # noqa: E731
+    switch = lambda size: size / (e * B) + fixed  # noqa: E731
+    crossing = (fixed - 2 * (n - 1) * A) / (2 * (n - 1) / n / B - 1 / (e * B))
+    for size in (16e3, 0.5 * crossing, 2 * crossing, 1e9):
+        expected = min(ring(size), switch(size))
+        assert collective_time("all_reduce", size, [(nvls, n)]) == pytest.approx(expected, rel=1e-12)
+    assert ring(16e3) < switch(16e3) and switch(1e9) < ring(1e9)
+    with pytest.raises(ValueError, match="reduction_latency_ns needs reduction_efficiency"):
+        dim("switch", n, reduction_latency_ns=1000)
+
+
 def test_only_a_switch_reduces_in_the_network_and_others_dump_as_before():
     with pytest.raises(ValueError, match="reduction_efficiency is only for a switch"):
         dim("ring", 8, reduction_efficiency=0.6)

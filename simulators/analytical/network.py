@@ -20,9 +20,10 @@ All-to-all on a ring is priced at the injection bound, which is optimistic for a
 not modelled).
 
 A switch that reduces in the network (`reduction_efficiency` e: NVLink SHARP, which NCCL's NVLS algorithm uses on
-NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + 2a: each NPU sends its buffer into the
-switch once and receives the sum once, where a ring sends and receives 2(n-1)/n of it. Its other collectives keep
-the dimension's algorithm.
+NVSwitch nodes, or InfiniBand SHARP) runs an all-reduce as S/(e B_line) + L: each NPU sends its buffer into the
+switch once and receives the sum once, where a ring sends and receives 2(n-1)/n of it. L is the switch path's fixed
+cost (`reduction_latency_ns`, default 2a); where it is larger than the ring's, small all-reduces take the ring, the
+faster of the two at their size, as NCCL's tuner chooses. Its other collectives keep the dimension's algorithm.
 
 A group that spans several dimensions runs as NCCL does on such a network: every dimension at once, each member
 on its own links, so the slowest crossing bounds the time and each dimension's latency adds to it. Its rings (all-
@@ -103,12 +104,24 @@ def torus_shape(dim: NetworkDim) -> list[int]:
     return sorted(shape)
 
 
+def _dim_parts(kind: Collective, size: float, dim: NetworkDim, count: int) -> tuple[float, float]:
+    """One dimension's share of a collective over `count` of its NPUs as (fixed seconds, seconds of the buffer):
+    its algorithm's, or for an all-reduce on a switch that reduces in the network whichever of that and its own
+    algorithm is faster at this size, as NCCL's tuner picks NVLS only where it wins (its fixed cost is larger)."""
+    own = _dim_time(kind, size, dim, count)
+    fixed = _dim_time(kind, 0.0, dim, count)
+    if kind is Collective.ALL_REDUCE and dim.reduction_efficiency is not None:
+        latency = 2 * dim.latency if dim.reduction_latency_ns is None else dim.reduction_latency_ns * 1e-9
+        streamed = size / (dim.bandwidth_GBps * 1e9 * dim.reduction_efficiency)
+        if latency + streamed <= own:
+            return latency, streamed
+    return fixed, own - fixed
+
+
 def _dim_time(kind: Collective, size: float, dim: NetworkDim, count: int) -> float:
-    """One dimension's share of a collective over `count` of its NPUs (see the module's table)."""
+    """A dimension's own algorithm over `count` of its NPUs (see the module's table)."""
     if dim.topology.startswith("torus") and count == dim.npus:
         return _torus_time(kind, size, dim)
-    if kind is Collective.ALL_REDUCE and dim.reduction_efficiency is not None:
-        return size / (dim.bandwidth_GBps * 1e9 * dim.reduction_efficiency) + 2 * dim.latency
     n = count
     algo = algorithm(dim)
     if kind is Collective.BROADCAST:
@@ -146,7 +159,7 @@ def collective_time(kind: str, size: float, span: Span) -> float:
     collective = Collective(kind)
     if len(span) > 1:
         return _across(collective, size, span)
-    return sum(_dim_time(collective, size, dim, count) for dim, count in span)
+    return sum(sum(_dim_parts(collective, size, dim, count)) for dim, count in span)
 
 
 def bus_factor(kind: Collective | str, n: int) -> float:
@@ -165,9 +178,7 @@ def _across(kind: Collective, size: float, span: Span) -> float:
     slowest = 0.0
     latency = 0.0
     for dim, count in span:
-        # A dimension's time is linear in the buffer: its latency and its bandwidth part alone read off it.
-        alone = _dim_time(kind, 0.0, dim, count)
-        seconds = _dim_time(kind, size, dim, count) - alone
+        alone, seconds = _dim_parts(kind, size, dim, count)
         if kind is Collective.ALL_TO_ALL:
             crossing = seconds * count * members / group
         else:

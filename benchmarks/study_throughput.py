@@ -6,7 +6,10 @@ quickstart's (Llama-3-8B on 64 H100s, a few ms per evaluation with the analytica
 where Optuna's own bookkeeping per trial weighs most) and planning-70b's (Llama-3-70B on 1024 H100s, a hardware
 planning study). MLflow's rate is measured by the background writer alone, into a local sqlite store and through
 a real `mlflow server` (the test suite's). A run lasts seconds and this machine's speed drifts by 10% between
-runs, so each study runs `--repeats` times with 1 and with 2 workers, and the median ratio is the figure.
+runs, so each study runs `--repeats` times with 1 and with 2 workers, and the median ratio is the figure. First it
+times each core alone: a VM's cores need not be equally fast (here one ran the evaluations 10% slower than the
+other in some hours and as fast in others), and a slower core bounds the ratio below 2 before any cost of the
+driver's.
 Usage:
 
     .venv/bin/python benchmarks/study_throughput.py [--trials 1000] [--repeats 5]
@@ -14,7 +17,9 @@ Usage:
 
 import argparse
 import logging
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -114,12 +119,53 @@ def mlflow_rate(out: Path, trials: int, uri: str) -> float:
     return tracker.written / tracker.write_seconds
 
 
+CORE_SPEED = """
+import os, sys, time
+os.sched_setaffinity(0, {%d})
+sys.path.insert(0, %r)
+from evaluate_rate import study_sample
+from dse import plugins
+from dse.evaluate import evaluate
+from dse.executor import tune_gc
+tune_gc()
+generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
+sample = study_sample()
+start = time.process_time()
+for point in sample:
+    evaluate(point, generator, cost_model)
+print(len(sample) / (time.process_time() - start))
+"""
+
+
+def core_speeds() -> dict[int, float]:
+    """Points per CPU second of benchmarks/evaluate_rate.py's study-like sample in a process pinned to each CPU in
+    turn: a VM's cores need not be equally fast, and two workers can then give at most the sum of the two cores'
+    rates over the rate of the core one worker runs on."""
+    speeds = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        code = CORE_SPEED % (cpu, str(ROOT / "benchmarks"))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+        speeds[cpu] = float(out.stdout.split()[-1])
+    return speeds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each study with 1 and with 2 workers")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    speeds = core_speeds()
+    print(
+        "this machine's cores, evaluations per CPU second pinned to each: "
+        + ", ".join(f"cpu{cpu} {rate:.1f}" for cpu, rate in speeds.items())
+    )
+    if len(speeds) == 2:
+        slow, fast = sorted(speeds.values())
+        print(
+            f"  2 workers over 1 can reach at most {(slow + fast) / fast:.2f}x if the single worker runs on the faster "
+            f"core, {(slow + fast) / slow:.2f}x on the slower, before the driver's own share of the CPUs"
+        )
     import ray
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)

@@ -612,23 +612,30 @@ class Tracer:
         skipped) and each kernel reads or writes the matrix through HBM, which bounds them on long sequences
         rather than their FLOPs."""
         matrix = probs * q.itemsize
-        last = self._kernel(
-            f"{name}.scores",
-            "gemm",
-            2 * probs * dq,
-            self.nbytes(q) + self.nbytes(k) + matrix,
-            matrix,
-            self.emitter.deps((q, k)),
-        )
+        last = self._matrix_matmul(f"{name}.scores", 2 * probs * dq, matrix, (q, k), (), self.emitter.deps((q, k)))
         last = self._kernel(f"{name}.softmax", "elementwise", SOFTMAX_FLOPS * probs, 2 * matrix, matrix, (last,))
         if dropout:
             last = self._kernel(
                 f"{name}.dropout", "elementwise", 2 * probs, 2 * matrix + probs, matrix + probs, (last,)
             )
-        written = self.nbytes(out)
         deps = tuple(sorted({last, *self.emitter.deps((v,))}))
-        self._kernel(name, "gemm", 2 * probs * dv, matrix + self.nbytes(v) + written, written, deps, (out,))
+        self._matrix_matmul(name, 2 * probs * dv, matrix, (v,), (out,), deps)
         self.emitter.peak_temp = larger(self.emitter.peak_temp, 2 * matrix)  # scores and probabilities at once
+
+    def _matrix_matmul(
+        self,
+        name: str,
+        flops: float,
+        matrix: float,
+        reads: Sequence[STensor],
+        writes: Sequence[STensor],
+        deps: tuple[int, ...],
+    ) -> int:
+        """A matmul of unfused attention: it reads `reads` and writes `writes` (tensors of the tape), and writes
+        the s x t matrix (`matrix` bytes) when `writes` is empty, else reads it."""
+        written = sum(self.nbytes(t) for t in writes) if writes else matrix
+        moved = matrix + sum(self.nbytes(t) for t in (*reads, *writes))
+        return self._kernel(name, "gemm", flops, moved, written, deps, writes)
 
     def unfused_attention_backward(
         self,
@@ -651,40 +658,16 @@ class Tracer:
         matrix = probs * q.itemsize
         d_v = self.local_size(out, out.dims[3])
         deps = self.emitter.deps
-        grad_probs = self._kernel(
-            f"{name}.backward.probs",
-            "gemm",
-            2 * probs * d_v,
-            self.nbytes(g) + self.nbytes(v) + matrix,
-            matrix,
-            deps((g, v)),
-        )
-        self._kernel(
-            f"{name}.backward.values",
-            "gemm",
-            2 * probs * d_v,
-            matrix + self.nbytes(g) + self.nbytes(dv),
-            self.nbytes(dv),
-            deps((g, out)),
-            (dv,),
-        )
-        last = grad_probs
+        last = self._matrix_matmul(f"{name}.backward.probs", 2 * probs * d_v, matrix, (g, v), (), deps((g, v)))
+        self._matrix_matmul(f"{name}.backward.values", 2 * probs * d_v, matrix, (g,), (dv,), deps((g, out)))
         if dropout:
             last = self._kernel(f"{name}.backward.dropout", "elementwise", probs, 2 * matrix + probs, matrix, (last,))
         last = self._kernel(
             f"{name}.backward.softmax", "elementwise", SOFTMAX_BACKWARD_FLOPS * probs, 3 * matrix, matrix, (last,)
         )
         for part, grad, other in (("queries", dq, k), ("keys", dk, q)):
-            written = self.nbytes(grad)
-            self._kernel(
-                f"{name}.backward.{part}",
-                "gemm",
-                2 * probs * d_q,
-                matrix + self.nbytes(other) + written,
-                written,
-                tuple(sorted({last, *deps((other,))})),
-                (grad,),
-            )
+            deps_after = tuple(sorted({last, *deps((other,))}))
+            self._matrix_matmul(f"{name}.backward.{part}", 2 * probs * d_q, matrix, (other,), (grad,), deps_after)
         self.emitter.peak_temp = larger(self.emitter.peak_temp, 2 * matrix)  # dP and dS at once
 
     def dropout(self, name: str, x: STensor) -> STensor:

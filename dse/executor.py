@@ -187,22 +187,30 @@ def _client_init(address: str) -> None:
             time.sleep(CLIENT_INIT_BACKOFF_S * attempt)
 
 
-QUEUED_PER_WORKER = 8
-"""Points queued in the executor per worker beside those it runs: a freed actor starts the next at once, and
-has a choice of points to take those of its own affinity. With 1 per worker, a fifth of the quickstart's points
-went to an actor cold for them; with 4, one in thirty, but a freed actor often found fewer than BATCH points of
-its own and took them alone (308 calls for 698 points with 2 workers); with 8, 199 calls, three in four full,
-and the driver's CPU per trial falls by a sixth (Ray's cost is per call). The sampler proposes that much
-further ahead (TPE with its constant liar, NSGA-II within a generation of 50)."""
-BATCH = 4
-"""Points per actor call, at most. Ray's cost per call in the driver (submit, wait, get, its threads) is about
-as large as Optuna's bookkeeping per trial, and on a small machine the driver's CPU is what the workers lack:
-with 2 workers on the quickstart the driver spends about 1.1 ms of CPU per trial with calls of 2 points, 0.95 ms
-with calls of 4 (8 saves nothing more)."""
+CALL_S = 0.1
+"""The evaluation time a call of several points aims at. Ray's cost per call in the driver (submit, wait, get,
+its threads) is about as large as Optuna's bookkeeping per trial, and the driver's CPU per trial doubles when it
+wakes every few points: each wake finds its caches cold from the evaluators that ran on its core meanwhile (the
+driver alone, in a loop: 0.26 ms per quickstart trial; waking every 4 evaluations beside two busy evaluators,
+0.55 ms; every 8, 0.41; every 16, 0.31). On a small machine that CPU is what the workers lack: with 2 workers on
+the quickstart, calls of up to 16 points gave a median 1.69x the trials/s of 1 worker where calls of 4 gave
+1.62x, in the same hour (benchmarks/study_throughput.py, runs interleaved). Slow evaluations (ASTRA-sim's
+seconds) go one per call, so that no worker waits behind another's batch."""
+MAX_BATCH = 16
+FIRST_BATCH = 4
+"""Points per call before any call has been timed."""
+QUEUED_BATCHES = 2
+"""Batches queued in the executor per worker beside those it runs: a freed actor starts the next at once, and has
+a choice of points to take those of its own affinity (with one point queued per worker, a fifth of the
+quickstart's points went to an actor cold for them). The sampler proposes that much further ahead (TPE with its
+constant liar, NSGA-II within a generation of 50): about CALL_S x QUEUED_BATCHES of evaluation per worker."""
+POINT_S_WEIGHT = 0.5
+"""Weight of the last call in the running mean of the evaluation time per point: the first calls of a study are
+slow (imports, cold caches), and the mean forgets them within a few calls."""
 
 
 class RayExecutor:
-    """A fixed pool of `workers` Evaluator actors, one call of up to BATCH points in flight per actor (two when a
+    """A fixed pool of `workers` Evaluator actors, one call of up to `batch` points in flight per actor (two when a
     whole batch of its affinity waits, see _dispatch), and a queue in front of them.
 
     Joins the Ray cluster at `address` (or RAY_ADDRESS), or starts an embedded one; reuses a Ray already
@@ -225,7 +233,6 @@ class RayExecutor:
         self._started_ray = connect(address)
         cluster_cpus = ray.cluster_resources().get("CPU", 1.0)
         self.workers = workers = workers or max(1, int(cluster_cpus))
-        self.capacity = workers * (1 + QUEUED_PER_WORKER)
         # One CPU per actor, or a fair share when there are more workers than CPUs: an actor Ray cannot place
         # would hold its point forever and stall the study.
         cpus = min(1.0, cluster_cpus / workers)
@@ -240,6 +247,19 @@ class RayExecutor:
         """The actor that ran each affinity first."""
         self._calls: dict[Any, _Call] = {}
         self._done: deque[Outcome] = deque()
+        self._point_s: float | None = None
+        """Running mean of the actors' evaluation time per point."""
+
+    @property
+    def batch(self) -> int:
+        """Points per call: as many as take about CALL_S to evaluate, from 1 to MAX_BATCH."""
+        if self._point_s is None:
+            return FIRST_BATCH
+        return max(1, min(MAX_BATCH, int(CALL_S / max(self._point_s, 1e-9))))
+
+    @property
+    def capacity(self) -> int:
+        return self.workers * (1 + QUEUED_BATCHES * self.batch)
 
     def submit(self, tag: int, point: DesignPoint) -> None:
         self._queued.append(_Job(tag, point, self._affinity(point)))
@@ -253,22 +273,23 @@ class RayExecutor:
         # the moment its call ends instead of idling until the driver hears of the end and answers.
         if self._queued and 1 in self._load:
             for actor, own in self._own_batches().items():
-                if len(own) == BATCH:
+                if len(own) == self.batch:
                     for job in own:
                         self._queued.remove(job)
                     self._send(_Call(own, actor))
 
     def _own_batches(self) -> dict[int, list[_Job]]:
-        """Per actor with one call in flight, up to BATCH of the oldest queued first attempts of the affinities it
+        """Per actor with one call in flight, up to `batch` of the oldest queued first attempts of the affinities it
         ran first: one pass over the queue, however many actors (a large cluster queues hundreds of points)."""
         batches: dict[int, list[_Job]] = {}
+        size = self.batch
         for job in self._queued:
             if job.attempt > 1 or job.affinity is None:
                 continue
             owner = self._owner.get(job.affinity)
             if owner is not None and self._load[owner] == 1:
                 batch = batches.setdefault(owner, [])
-                if len(batch) < BATCH:
+                if len(batch) < size:
                     batch.append(job)
         return batches
 
@@ -283,11 +304,12 @@ class RayExecutor:
             self._idle.append(actor)
 
     def _take(self, actor: int) -> list[_Job]:
-        """The queued jobs `actor` runs next (see the class docstring): a retry alone, else up to BATCH."""
+        """The queued jobs `actor` runs next (see the class docstring): a retry alone, else up to `batch`."""
         if self._queued[0].attempt > 1:
             return [self._queued.popleft()]
         jobs: list[_Job] = []
-        while len(jobs) < BATCH:
+        size = self.batch
+        while len(jobs) < size:
             position = self._choose(actor, any_affinity=not jobs)
             if position is None:
                 break
@@ -342,6 +364,9 @@ class RayExecutor:
         if call.restarting_since is not None:  # the restarted actor answered: its points go first, one by one
             self._queued.extendleft(reversed(call.jobs))
             return
+        results, seconds = results
+        point_s = seconds / len(results)
+        self._point_s = point_s if self._point_s is None else self._point_s + POINT_S_WEIGHT * (point_s - self._point_s)
         for job, result in zip(call.jobs, results, strict=True):
             self._done.append(Outcome(job.tag, error=result) if isinstance(result, str) else Outcome(job.tag, result))
 
@@ -404,19 +429,20 @@ class Evaluator:
         self._fn = fn
         self._node = ray.get_runtime_context().get_node_id()
 
-    def evaluate(self, points: bytes) -> list[Result | str]:
-        """Each point's result, or the one-line error its evaluation raised: one point's error does not cost
-        the others their results.
+    def evaluate(self, points: bytes) -> tuple[list[Result | str], float]:
+        """Each point's result, or the one-line error its evaluation raised (one point's error does not cost
+        the others their results), and the seconds the call took: the pool sizes its calls by it.
 
         The points come pickled by the driver: Ray would pickle them with cloudpickle, whose dispatch table is a
         Python ChainMap looked up for every object of every point (4% of the driver's instructions per trial)."""
+        start = time.perf_counter()
         results: list[Result | str] = []
         for point in pickle.loads(points):
             try:
                 results.append({**self._fn(point), NODE: self._node})
             except Exception as exc:
                 results.append(_describe(exc))
-        return results
+        return results, time.perf_counter() - start
 
     def ping(self) -> None:
         """Answers once the actor is up (again)."""

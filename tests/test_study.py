@@ -23,7 +23,15 @@ from optuna.trial import TrialState
 
 from dse import study as studies
 from dse.cli import main
-from dse.executor import GC_THRESHOLDS, NODE, InlineExecutor, RayExecutor
+from dse.executor import (
+    FIRST_BATCH,
+    GC_THRESHOLDS,
+    MAX_BATCH,
+    NODE,
+    QUEUED_BATCHES,
+    InlineExecutor,
+    RayExecutor,
+)
 from dse.space import load_study, optuna_distributions
 from dse.spec import DesignPoint
 from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, counted, open_study, run
@@ -319,6 +327,39 @@ def test_evaluator_actors_collect_garbage_rarely(ray_address):
     try:
         executor.submit(1, spec_point(load_study(SMALL), 1))
         assert executor.wait().result["timings"]["gc"] == list(GC_THRESHOLDS)
+    finally:
+        executor.close()
+
+
+def sleep_by_tensor_parallel(point: DesignPoint) -> dict:
+    """A quarter of a second on a tp=8 point, nothing on the others."""
+    import time
+
+    time.sleep(0.25 if point.parallel.tp == 8 else 0.0)
+    return fake_result(point)
+
+
+def test_ray_pool_sizes_its_calls_by_the_evaluation_time_it_measures(ray_address):
+    """Calls aim at CALL_S of evaluation: fast points go MAX_BATCH to a call, points slower than CALL_S one by
+    one; the queue in front of the workers holds QUEUED_BATCHES calls' worth per worker."""
+    spec = load_study(SMALL)
+    executor = RayExecutor(sleep_by_tensor_parallel, workers=1)
+    try:
+        assert (executor.batch, executor.capacity) == (FIRST_BATCH, 1 + QUEUED_BATCHES * FIRST_BATCH)
+        for tag in range(4):
+            executor.submit(tag, spec_point(spec, 1))
+            executor.wait()
+        assert (executor.batch, executor.capacity) == (MAX_BATCH, 1 + QUEUED_BATCHES * MAX_BATCH)
+        for tag in range(4, 8):
+            executor.submit(tag, spec_point(spec, 8))
+            executor.wait()
+        assert (executor.batch, executor.capacity) == (1, 1 + QUEUED_BATCHES)
+        executor.submit(8, spec_point(spec, 8))  # runs alone; the three behind it queue and go one per call
+        for tag in range(9, 12):
+            executor.submit(tag, spec_point(spec, 8))
+        assert executor._load == [1] and len(executor._queued) == 3
+        assert executor.wait().tag == 8
+        assert executor._load == [1] and len(executor._queued) == 2, "the freed actor takes one point, not a batch"
     finally:
         executor.close()
 

@@ -89,6 +89,9 @@ class Executor(Protocol):
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """The outcome of an in-flight point once one is done, or None if none is within `timeout` seconds."""
 
+    def drain(self) -> None:
+        """No more points will be submitted: what is queued is shared out so that the workers finish together."""
+
     def close(self) -> None: ...
 
 
@@ -114,6 +117,9 @@ class InlineExecutor:
             return Outcome(tag, result=self._fn(point))
         except Exception as exc:
             return Outcome(tag, error=_describe(exc))
+
+    def drain(self) -> None:
+        pass
 
     def close(self) -> None:
         self._queue.clear()
@@ -205,8 +211,9 @@ a choice of points to take those of its own affinity (with one point queued per 
 quickstart's points went to an actor cold for them). The sampler proposes that much further ahead (TPE with its
 constant liar, NSGA-II within a generation of 50): about CALL_S x QUEUED_BATCHES of evaluation per worker."""
 POINT_S_WEIGHT = 0.5
-"""Weight of the last call in the running mean of the evaluation time per point: the first calls of a study are
-slow (imports, cold caches), and the mean forgets them within a few calls."""
+"""Weight of the last call in the running mean of the evaluation time per point. An actor's first call is left
+out (it imports the plugins and fills empty caches: 50 ms for a quickstart point that then takes 4), and the mean
+follows a study that moves to costlier points within a few calls."""
 
 
 class RayExecutor:
@@ -249,13 +256,18 @@ class RayExecutor:
         self._done: deque[Outcome] = deque()
         self._point_s: float | None = None
         """Running mean of the actors' evaluation time per point."""
+        self._answered = [False] * workers
+        """Whether each actor has finished a call (its first is not timed)."""
+        self._draining = False
 
     @property
     def batch(self) -> int:
-        """Points per call: as many as take about CALL_S to evaluate, from 1 to MAX_BATCH."""
-        if self._point_s is None:
-            return FIRST_BATCH
-        return max(1, min(MAX_BATCH, int(CALL_S / max(self._point_s, 1e-9))))
+        """Points per call: as many as take about CALL_S to evaluate, from 1 to MAX_BATCH; once draining, at most
+        a worker's share of the queue, so that the last calls shrink instead of one worker finishing alone."""
+        size = FIRST_BATCH if self._point_s is None else int(CALL_S / max(self._point_s, 1e-9))
+        if self._draining:
+            size = min(size, -(-len(self._queued) // self.workers))
+        return max(1, min(MAX_BATCH, size))
 
     @property
     def capacity(self) -> int:
@@ -336,6 +348,9 @@ class RayExecutor:
                 oldest = position
         return fresh if fresh is not None or not any_affinity else oldest
 
+    def drain(self) -> None:
+        self._draining = True
+
     def wait(self, timeout: float | None = None) -> Outcome | None:
         while not self._done:
             ready, _ = self._ray.wait(list(self._calls), num_returns=1, timeout=timeout)
@@ -365,8 +380,11 @@ class RayExecutor:
             self._queued.extendleft(reversed(call.jobs))
             return
         results, seconds = results
-        point_s = seconds / len(results)
-        self._point_s = point_s if self._point_s is None else self._point_s + POINT_S_WEIGHT * (point_s - self._point_s)
+        if self._answered[call.actor]:
+            point_s = seconds / len(results)
+            mean = self._point_s
+            self._point_s = point_s if mean is None else mean + POINT_S_WEIGHT * (point_s - mean)
+        self._answered[call.actor] = True
         for job, result in zip(call.jobs, results, strict=True):
             self._done.append(Outcome(job.tag, error=result) if isinstance(result, str) else Outcome(job.tag, result))
 

@@ -179,7 +179,8 @@ class _Loop:
             self._fill(stop)
 
     def _fill(self, stop: Callable[[], bool]) -> None:
-        """Give every free worker a point, then keep one point ready for the next worker to free up."""
+        """Give every free worker a point, then keep one point ready for the next worker to free up; once all are
+        asked and submitted, let the executor share out its queue for an even finish."""
         while not stop():
             if len(self.in_flight) < self.executor.capacity and self.ready:
                 job = self.ready.pop(0)
@@ -189,6 +190,8 @@ class _Loop:
                 self.asks -= 1
                 self._start(*self._ask())
             else:
+                if not self.asks and not self.ready:
+                    self.executor.drain()
                 return
 
     def _ask(self) -> tuple[optuna.Trial, dict[str, Any]]:

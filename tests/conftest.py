@@ -42,12 +42,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(ready: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+def wait_until(ready: Callable[[], bool], what: str, timeout: float = 60.0, poll: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready after {timeout:.0f} s")
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 def _answers(url: str) -> bool:

@@ -14,9 +14,9 @@ from conftest import ROOT, wait_until
 from mlflow import MlflowClient
 
 TRIALS = 400
-"""The outage study's: one worker runs them for 2 s or more (5-7 ms a trial here), past the 0.2-1.2 s it took in
-three runs to see 3 child runs on the server and stop it. 150 once took as long; since the evaluations and the
-driver got faster, they finished before the stop in one CI run."""
+"""The outage study's: one worker runs them in a second or two (2.7-4 ms a trial here), and the server stops once a
+quarter of them are told, as the journal shows. Waiting for child runs on the server instead raced the study: the
+background writer can lag the trials by seconds, and the study had finished before the outage in some runs."""
 
 
 def study_file(tmp_path: Path, name: str, **fields) -> Path:
@@ -50,18 +50,19 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
     uri = mlflow_server.uri
     stopped_at: list[pd.Timestamp] = []
 
-    def stop_server_after_a_few_runs() -> None:
-        def finished() -> int:  # as the assertion below counts them: a run still RUNNING is not written yet
-            return sum(r.info.status != "RUNNING" for r in runs(uri, "outage")[1])
+    def stop_server_mid_study() -> None:
+        def told() -> int:  # completed trials in the study's journal
+            journal = out / "optuna-journal.log"
+            return journal.read_text().count('"state":1,') if journal.exists() else 0
 
-        wait_until(lambda: finished() >= 3, "3 finished child runs on the server", timeout=120)
+        wait_until(lambda: told() >= TRIALS // 4, "a quarter of the trials", timeout=120, poll=0.02)
         stopped_at.append(pd.Timestamp.now(tz="UTC"))  # the outage starts with the signal, not when shutdown ends
         mlflow_server.stop()
 
-    stopper = threading.Thread(target=stop_server_after_a_few_runs)
+    stopper = threading.Thread(target=stop_server_mid_study)
     stopper.start()
     try:
-        # One worker: the study must outlast the few seconds until the server is down (see TRIALS).
+        # One worker, so that the trials after the stop take a while (see TRIALS).
         path = study_file(tmp_path, "outage", trials=TRIALS, workers=1)
         args = ["run", str(path), "--out", str(out)]
         result = dse(*args, "--address", ray_address, "--tracking-uri", uri, timeout=300)
@@ -79,7 +80,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
 
     _, before = runs(uri, "outage")
     written = {int(r.data.tags["trial_number"]) for r in before if r.info.status != "RUNNING"}
-    assert 3 <= len(written) < TRIALS
+    assert len(written) < TRIALS
 
     synced = dse("sync", str(out), timeout=300)
     assert synced.returncode == 0, synced.stderr

@@ -331,11 +331,11 @@ def test_evaluator_actors_collect_garbage_rarely(ray_address):
         executor.close()
 
 
-def sleep_by_tensor_parallel(point: DesignPoint) -> dict:
-    """A quarter of a second on a tp=8 point, nothing on the others."""
+def sleep_on_tp8(point: DesignPoint, seconds: float) -> dict:
+    """`seconds` on a tp=8 point, nothing on the others."""
     import time
 
-    time.sleep(0.25 if point.parallel.tp == 8 else 0.0)
+    time.sleep(seconds if point.parallel.tp == 8 else 0.0)
     return fake_result(point)
 
 
@@ -343,10 +343,13 @@ def test_ray_pool_sizes_its_calls_by_the_evaluation_time_it_measures(ray_address
     """Calls aim at CALL_S of evaluation: fast points go MAX_BATCH to a call, points slower than CALL_S one by
     one; the queue in front of the workers holds QUEUED_BATCHES calls' worth per worker."""
     spec = load_study(SMALL)
-    executor = RayExecutor(sleep_by_tensor_parallel, workers=1)
+    executor = RayExecutor(partial(sleep_on_tp8, seconds=0.25), workers=1)
     try:
         assert (executor.batch, executor.capacity) == (FIRST_BATCH, 1 + QUEUED_BATCHES * FIRST_BATCH)
-        for tag in range(4):
+        executor.submit(0, spec_point(spec, 8))
+        executor.wait()
+        assert executor.batch == FIRST_BATCH, "an actor's first call (imports, cold caches) is not timed"
+        for tag in range(1, 4):
             executor.submit(tag, spec_point(spec, 1))
             executor.wait()
         assert (executor.batch, executor.capacity) == (MAX_BATCH, 1 + QUEUED_BATCHES * MAX_BATCH)
@@ -360,6 +363,30 @@ def test_ray_pool_sizes_its_calls_by_the_evaluation_time_it_measures(ray_address
         assert executor._load == [1] and len(executor._queued) == 3
         assert executor.wait().tag == 8
         assert executor._load == [1] and len(executor._queued) == 2, "the freed actor takes one point, not a batch"
+    finally:
+        executor.close()
+
+
+def test_a_draining_ray_pool_shares_out_its_queue(ray_address):
+    """Once the study has asked its last point, a freed worker takes its share of the queue, not a whole batch,
+    so that the last calls end together."""
+    spec = load_study(SMALL)
+    executor = RayExecutor(partial(sleep_on_tp8, seconds=0.04), workers=2)
+    try:
+        for tag in range(4):  # each actor's first call (untimed), then a timed one: fast points, batches of 16
+            executor.submit(tag, spec_point(spec, 1))
+            if tag % 2:
+                executor.wait(), executor.wait()
+        assert executor.batch == MAX_BATCH
+        for tag in range(4, 6):  # both actors busy for 40 ms, which leaves batches of about 5 (CALL_S / 20 ms)
+            executor.submit(tag, spec_point(spec, 8))
+        for tag in range(6, 12):
+            executor.submit(tag, spec_point(spec, 1))
+        assert len(executor._queued) == 6
+        executor.drain()
+        assert executor.batch == 3
+        assert executor.wait().tag in (4, 5)
+        assert len(executor._queued) == 3, "the freed actor took half the queue"
     finally:
         executor.close()
 

@@ -198,10 +198,11 @@ CALL_S = 0.1
 its threads) is about as large as Optuna's bookkeeping per trial, and the driver's CPU per trial doubles when it
 wakes every few points: each wake finds its caches cold from the evaluators that ran on its core meanwhile (the
 driver alone, in a loop: 0.26 ms per quickstart trial; waking every 4 evaluations beside two busy evaluators,
-0.55 ms; every 8, 0.41; every 16, 0.31). On a small machine that CPU is what the workers lack: with 2 workers on
-the quickstart, calls of up to 16 points gave a median 1.69x the trials/s of 1 worker where calls of 4 gave
-1.62x, in the same hour (benchmarks/study_throughput.py, runs interleaved). Slow evaluations (ASTRA-sim's
-seconds) go one per call, so that no worker waits behind another's batch."""
+0.55 ms; every 8, 0.41; every 16, 0.31). On a small machine that CPU is what the workers lack: with 2 workers,
+calls of up to 16 points (and the drain at the end) gave a median 1.72x the trials/s of 1 worker on the
+quickstart and 1.79x on planning-70b, where calls of 4 gave 1.63x and 1.72x (eight runs of each, interleaved in
+the same minutes: this VM's speed drifts). Slow evaluations (ASTRA-sim's seconds) go one per call, so that no
+worker waits behind another's batch."""
 MAX_BATCH = 16
 FIRST_BATCH = 4
 """Points per call before any call has been timed."""

@@ -13,6 +13,8 @@ import yaml
 from conftest import ROOT, wait_until
 from mlflow import MlflowClient
 
+from dse.storage import JOURNAL
+
 TRIALS = 400
 """The outage study's: one worker runs them in a second or two (2.7-4 ms a trial here), and the server stops once a
 quarter of them are told, as the journal shows. Waiting for child runs on the server instead raced the study: the
@@ -52,7 +54,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
 
     def stop_server_mid_study() -> None:
         def told() -> int:  # completed trials in the study's journal
-            journal = out / "optuna-journal.log"
+            journal = out / JOURNAL
             return journal.read_text().count('"state":1,') if journal.exists() else 0
 
         wait_until(lambda: told() >= TRIALS // 4, "a quarter of the trials", timeout=120, poll=0.02)

@@ -26,9 +26,11 @@ from dse import study as studies
 from dse.errors import DseError
 from dse.evaluate import evaluate
 from dse.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
+from dse.inline_first import InlineFirstExecutor
 from dse.points import load_point
 from dse.space import StudySpec, load_study
 from dse.spec import GiB
+from dse.study import POINT_KEY
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
@@ -64,7 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///OUT/mlflow.db)"
     )
-    run.add_argument("--inline", action="store_true", help="evaluate in this process, without Ray (debugging)")
+    run.add_argument("--inline", action="store_true", help="evaluate in this process only, never start Ray (debugging)")
+    run.add_argument(
+        "--ray",
+        action="store_true",
+        help="start the local Ray pool at once (default without --address: evaluate in this process first and "
+        "start Ray only when the study's remaining work pays for its start)",
+    )
     run.add_argument(
         "--storage",
         help="Optuna storage URL: postgresql://..., redis://..., sqlite:///... or a journal file "
@@ -113,6 +121,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage)
     out = args.out or Path("runs") / spec.name
+    _make_out(out)
     study = studies.open_study(spec, out)
     tracking.save_spec(spec, out)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(out)
@@ -122,6 +131,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         tracker = tracking.Tracker(uri, spec, out)
         tracker.start(study)
         done = len(studies.counted(study.get_trials(deepcopy=False)))
+        if done >= spec.trials:
+            console.print(
+                f"study {spec.name} already has {done} of {spec.trials} trials in {out}: nothing left to run "
+                "(--trials N asks for more); its results follow",
+                soft_wrap=True,
+            )
         executor = _executor(args, spec, remaining=spec.trials - done, console=console)
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         try:
@@ -145,6 +160,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
     # Paths and commands are printed whole (soft wrap) so that they can be copied.
     console.print(f"trials table  {out / tracking.PARQUET}", soft_wrap=True)
+    if spec.tracking.timelines == "none" and not best.empty:
+        console.print(
+            f"timelines     dse timeline {out}  (the Pareto points' simulated steps, for Perfetto)", soft_wrap=True
+        )
     console.print(f"MLflow        {uri}  (experiment '{spec.name}')", soft_wrap=True)
     if uri.startswith("sqlite:"):
         make_ui = "make ui, or " if out.resolve() == Path(MAKE_UI_OUT).resolve() else ""
@@ -166,13 +185,36 @@ def _mlflow_behind(uri: str, error: str, missing: int, out: Path) -> str:
     )
 
 
+def _make_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DseError(f"--out {out}: a file is in the way, not a folder; give a folder path") from None
+    except OSError as exc:
+        raise DseError(f"--out {out}: cannot create the folder ({exc.strerror}); give a writable folder") from None
+
+
 def _executor(args: argparse.Namespace, spec: StudySpec, remaining: int, console: Console) -> Executor:
-    """Ray actors, or this process with --inline or when nothing is left to run (Ray's start is not free)."""
+    """This process with --inline or when nothing is left to run; the Ray pool at once for a cluster (--address,
+    RAY_ADDRESS, a Ray this process has joined) or with --ray; else this process first, and the pool once the
+    remaining work pays for a local Ray's start (`InlineFirstExecutor`)."""
     evaluation = PluginEvaluation(spec.generator, spec.cost_model)
     if args.inline or remaining <= 0:
         return InlineExecutor(evaluation)
-    with console.status("starting Ray"):
-        return RayExecutor(evaluation, spec.workers, args.address)
+    ray_module = sys.modules.get("ray")
+    if args.ray or args.address or os.environ.get("RAY_ADDRESS") or (ray_module and ray_module.is_initialized()):
+        with console.status("starting Ray" if not args.address else f"joining Ray at {args.address}"):
+            return RayExecutor(evaluation, spec.workers, args.address)
+
+    def announce(seconds: float) -> None:
+        console.print(
+            f"starting Ray: about {seconds:.0f} s of evaluation left in this process, so the rest goes to "
+            f"{spec.workers or os.cpu_count()} Ray workers (--inline stays here)"
+        )
+
+    return InlineFirstExecutor(
+        evaluation, remaining, spec.workers, lambda: RayExecutor(evaluation, spec.workers), announce
+    )
 
 
 @contextmanager
@@ -196,16 +238,29 @@ def _stop_on_interrupt(stop: threading.Event, console: Console) -> Iterator[None
 
 
 def _print_summary(console: Console, frame: pd.DataFrame, best: pd.DataFrame, title: str) -> None:
-    counts = frame["state"].value_counts() if not frame.empty else pd.Series(dtype=int)
-    feasible = int((frame["feasible"] == True).sum()) if not frame.empty else 0  # noqa: E712 - nullable
-    console.print(
-        f"{len(frame)} trials: {counts.get('COMPLETE', 0)} complete ({feasible} fit in memory), "
-        f"{counts.get('PRUNED', 0)} infeasible, {counts.get('FAIL', 0)} failed"
-    )
+    console.print(trial_counts(frame), soft_wrap=True)
     if best.empty:
         console.print("no feasible trial completed, so there is no Pareto front")
         return
     console.print(pareto.table(best, frame.attrs["objectives"], title))
+
+
+def trial_counts(frame: pd.DataFrame) -> str:
+    """What became of a study's trials, in one line: feasible, infeasible (evaluated but over a constraint such as
+    HBM, or pruned before evaluation), failed; and how many distinct points were evaluated."""
+    if frame.empty:
+        return "0 trials"
+    state = frame["state"]
+    complete = state == "COMPLETE"
+    fits = int((complete & (frame["feasible"] == True)).sum())  # noqa: E712 - nullable column
+    over = int(complete.sum()) - fits
+    pruned, failed = int((state == "PRUNED").sum()), int((state == "FAIL").sum())
+    constraints = ", ".join(frame.attrs.get("constraints", [])) or "a constraint"
+    evaluated = frame.loc[complete, POINT_KEY].nunique() if POINT_KEY in frame else int(complete.sum())
+    return (
+        f"{len(frame)} trials: {fits} feasible, {over + pruned} infeasible ({over} evaluated over {constraints}, "
+        f"{pruned} pruned before evaluation), {failed} failed; {evaluated} distinct points evaluated"
+    )
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:

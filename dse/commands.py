@@ -14,7 +14,7 @@ from typing import TypeVar
 import optuna
 from rich.console import Console
 
-from dse import nightly, report, tracking
+from dse import nightly, pareto, report, traces, tracking
 from dse import study as studies
 from dse.errors import DseError
 from dse.executor import connect
@@ -42,6 +42,19 @@ def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
     )
     compare.add_argument("a", type=Path, metavar="OUT_A", help="first study's output folder")
     compare.add_argument("b", type=Path, metavar="OUT_B", help="second study's output folder")
+
+    timeline = commands.add_parser(
+        "timeline",
+        help="write the simulated timelines of a study's Pareto points (Perfetto traces)",
+        description="Simulate each Pareto point of a study (or the trials given) again with its timeline kept, write "
+        "OUT_DIR/timelines/trial-N.json.gz (open it in ui.perfetto.dev) and attach it to the trial's MLflow child "
+        "run. Studies leave this to be done on demand unless their file says `tracking: {timelines: pareto}`.",
+    )
+    timeline.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
+    timeline.add_argument(
+        "--trial", type=int, action="append", metavar="N", help="a completed trial to trace instead (repeatable)"
+    )
+    timeline.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
 
     night = commands.add_parser(
         "nightly",
@@ -82,10 +95,71 @@ def sync(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def timeline(args: argparse.Namespace, console: Console) -> int:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = tracking.load_saved_spec(args.out)
+    frame = tracking.read_parquet(args.out)
+    numbers = set(args.trial or pareto.front(frame)["number"])
+    complete = set(frame.loc[frame["state"] == "COMPLETE", "number"])
+    if missing := sorted(numbers - complete):
+        raise DseError(
+            f"--trial {missing[0]}: {args.out} has no completed trial {missing[0]}; give one of the numbers in "
+            f"{args.out / tracking.PARQUET} whose state is COMPLETE"
+        )
+    study = studies.open_study(spec, args.out)
+    trials = study.get_trials(deepcopy=False)
+    paths = traces.write_timelines(spec, {n: trials[n].params for n in numbers}, args.out / traces.TIMELINES_DIR)
+    if numbers and not paths:
+        raise DseError(f"cost model '{spec.cost_model}' keeps no timeline; rerun the study with cost_model: analytical")
+    uri = (
+        args.tracking_uri or study.user_attrs.get(tracking.TRACKING_URI_ATTR) or tracking.default_tracking_uri(args.out)
+    )
+    try:
+        attached = tracking.attach_saved_timelines(uri, study, paths)
+    except Exception as exc:  # the files are what was asked for; MLflow is where they are also shown
+        first = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        console.print(f"warning: MLflow at {uri} failed ({first}); the traces are only on disk", soft_wrap=True)
+        attached = 0
+    for number, path in sorted(paths.items()):
+        console.print(f"trial {number:5d}  {path}", soft_wrap=True)
+    console.print(
+        f"{len(paths)} timelines (open them in https://ui.perfetto.dev), {attached} newly attached to MLflow runs",
+        soft_wrap=True,
+    )
+    return 0
+
+
 def compare(args: argparse.Namespace, console: Console) -> int:
     a, b = tracking.read_parquet(args.a), tracking.read_parquet(args.b)
+    for difference in _study_differences(args.a, args.b):
+        console.print(f"warning: {difference}; the changes below compare different things", soft_wrap=True)
     console.print(report.compare(a, b, str(args.a), str(args.b)))
     return 0
+
+
+def _study_differences(a: Path, b: Path) -> list[str]:
+    """What makes two studies' figures incomparable: another model, another workload (from the study files they
+    ran, as saved in their folders; none when a folder lacks one), other objectives."""
+    try:
+        spec_a, spec_b = tracking.load_saved_spec(a), tracking.load_saved_spec(b)
+    except DseError:
+        return []
+    out: list[str] = []
+    model_a, model_b = (spec.expanded_base.get("model", {}) for spec in (spec_a, spec_b))
+    if model_a != model_b:
+        names = [m.get("name", "?") if isinstance(m, dict) else str(m) for m in (model_a, model_b)]
+        shown = f"{names[0]} vs {names[1]}" if names[0] != names[1] else "same name, other fields"
+        out.append(f"{a} and {b} plan different models ({shown})")
+    work_a, work_b = (spec.expanded_base.get("workload", {}) for spec in (spec_a, spec_b))
+    if work_a != work_b:
+        keys = sorted(k for k in {*work_a, *work_b} if work_a.get(k) != work_b.get(k))
+        changed = ", ".join(f"{k} {work_a.get(k, '-')} vs {work_b.get(k, '-')}" for k in keys)
+        out.append(f"{a} and {b} run different workloads ({changed})")
+    if spec_a.metrics != spec_b.metrics:
+        out.append(
+            f"{a} and {b} have different objectives ({', '.join(spec_a.metrics)} vs {', '.join(spec_b.metrics)})"
+        )
+    return out
 
 
 def run_nightly(args: argparse.Namespace, console: Console) -> int:
@@ -115,4 +189,4 @@ def _with_ray(address: str | None, work: Callable[[], T]) -> T:
             ray.shutdown()
 
 
-HANDLERS = {"sync": sync, "compare": compare, "nightly": run_nightly}
+HANDLERS = {"sync": sync, "compare": compare, "nightly": run_nightly, "timeline": timeline}

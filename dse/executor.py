@@ -9,7 +9,9 @@ restarted actor, and a point that kills its worker twice fails instead of taking
 
 import gc
 import logging
+import os
 import pickle
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -161,17 +163,64 @@ def connect(address: str | None) -> bool:
         return False
     # The token-auth notice comes with every local start; it is advice, not a problem with the study.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    address = address or os.environ.get("RAY_ADDRESS") or None
     try:
         if address and address.startswith("ray://"):
             _client_init(address)
-        else:
+        elif address:
+            _check_reachable(address)
             ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            _start_local()
     except (ConnectionError, TimeoutError) as exc:
         raise DseError(
             f"cannot join the Ray cluster at --address {address} ({_describe(exc)}); check the address or leave "
             f"--address out to start a local Ray"
         ) from None
     return True
+
+
+REACH_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str) -> None:
+    """Fail in seconds when nothing listens at host:port: Ray itself retries an unreachable GCS forever, printing a
+    warning every few seconds. ("auto" and names without a port are left to Ray, which fails fast on them.)"""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise DseError(
+            f"--address {address}: no Ray cluster answers there ({exc.strerror or type(exc).__name__}); start one "
+            f"with `ray start --head`, give the address `ray start` printed, or leave --address out to start a "
+            f"local Ray"
+        ) from None
+
+
+LOCAL_START_ATTEMPTS = 3
+LOCAL_START_TIMEOUT_TEXT = "timed out during startup"
+"""Ray gives up on its own raylet after 30 s (`The current node timed out during startup`): seen in 2 of 11 local
+starts on this 2-core machine at a load of 8. Such a start is tried again from scratch before the study gives up."""
+
+
+def _start_local() -> None:
+    import ray
+
+    for _ in range(LOCAL_START_ATTEMPTS):
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            return
+        except Exception as exc:
+            if LOCAL_START_TIMEOUT_TEXT not in str(exc):
+                raise
+            ray.shutdown()
+    raise DseError(
+        f"a local Ray did not start: its processes timed out {LOCAL_START_ATTEMPTS} times (the machine is too busy); "
+        "run again when the load is lower, use --inline to evaluate in this process, or join a running cluster "
+        "with --address"
+    )
 
 
 CLIENT_INIT_ATTEMPTS = 3

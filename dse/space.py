@@ -88,6 +88,11 @@ class TrackingSpec(BaseModel):
     child_runs: Literal["all", "pareto", "none"] = Field(
         "all", description="a child run per trial, only for the Pareto front (written at the end), or none"
     )
+    timelines: Literal["none", "pareto"] = Field(
+        "none",
+        description="pareto: at the end, simulate each Pareto point again with its timeline kept and attach the "
+        "Perfetto trace to its child run (seconds per point); none: `dse timeline OUT_DIR` writes them on demand",
+    )
 
 
 class StudySpec(BaseModel):

@@ -2,20 +2,24 @@
 MLflow runs.
 
 Everything is rebuilt from the Optuna storage alone, so any of it can be lost and written again: that is what
-`dse sync` does after an MLflow outage. MLflow gets one parent run per study (its id kept in the study's user
-attributes, so a resume reuses it) and child runs per trial (`tracking.child_runs`), written by a background
-thread: a child run costs ~50 ms on local sqlite and ~260 ms through a server, too much for the trial loop. When
-MLflow fails the study goes on without it and says how to catch up.
+`dse sync` does after an MLflow outage. MLflow gets one parent run per study and child runs per trial
+(`tracking.child_runs`), written by a process of its own (`dse.mlflow_runs`), never on the trials' critical path:
+a child run costs 15-50 ms on local sqlite and ~260 ms through a server. When MLflow fails the study goes on
+without it and says how to catch up.
+
+Timelines (a Pareto member's simulated step as a Perfetto trace) are not written at the end of a study unless the
+study asks (`tracking.timelines: pareto`): simulating and encoding them took longer than the quickstart's whole
+search. `dse timeline OUT_DIR` writes them when someone wants to look.
 """
 
-import logging
 import os
 import queue
-import tempfile
+import subprocess
+import sys
 import threading
-import time
+import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse import pareto, plots, traces
+from dse import mlflow_runs, pareto, plots
 from dse.errors import DseError, SpecError
 from dse.executor import NODE
 from dse.space import StudySpec, decode, load_study
@@ -37,17 +41,9 @@ SPEC_FILE = "study.yaml"
 BEST_DIR = "best"
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
 TRACKING_URI_ATTR = "mlflow_tracking_uri"
-_BATCH = 100
-"""MLflow's limit of params + tags per log_batch call."""
-HTTP_DEFAULTS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
-    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
-}
-"""MLflow's own defaults retry a refused connection for minutes; a study should notice an outage in seconds. And
-over HTTP MLflow prints a 'View run' line per ended run, hundreds of them through the progress bar; the parent
-run's address is printed once at the end instead. The user's environment wins."""
+STUDY_UID_ATTR = mlflow_runs.STUDY_UID_TAG
+"""A random id the study keeps and its MLflow parent run carries as a tag: the writer process creates the parent
+run, and a driver killed before it could store the run's id in the study finds the run again by this tag."""
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -101,6 +97,7 @@ def trials_frame(spec: StudySpec, study: optuna.Study) -> pd.DataFrame:
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["number", "state", "reason", "feasible", POINT_KEY])
     frame.attrs["study"] = spec.name
     frame.attrs["objectives"] = dict(zip(spec.metrics, spec.directions, strict=True))
+    frame.attrs["constraints"] = list(spec.constraints)
     return frame
 
 
@@ -121,10 +118,6 @@ def read_parquet(out_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
-def _ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
-
-
 @dataclass
 class Results:
     """What a study's output folder holds after a run, and the files the parent run carries."""
@@ -138,6 +131,7 @@ def write_results(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Result
     """Trials table, Pareto table, Pareto plots and the front's points as point files, from the storage."""
     frame = trials_frame(spec, study)
     best = pareto.front(frame)
+    frame["pareto"] = frame["number"].isin(best["number"])
     write_parquet(frame, out_dir / PARQUET)
     best.to_csv(out_dir / PARETO_CSV, index=False)
     title = f"study {spec.name}"
@@ -164,222 +158,157 @@ def write_results(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Result
     return Results(frame, best, artifacts)
 
 
+def attach_saved_timelines(uri: str, study: optuna.Study, paths: dict[int, Path]) -> int:
+    """Attach trace files to a finished study's child runs, found through the parent run id the study keeps (none:
+    nothing to do); returns how many were attached."""
+    parent = study.user_attrs.get(PARENT_RUN_ATTR)
+    if not parent or not paths:
+        return 0
+    mlflow = mlflow_runs.client(uri)
+    experiment = mlflow.get_run(parent).info.experiment_id
+    return mlflow_runs.attach_timelines(mlflow, mlflow_runs.child_runs(mlflow, experiment, parent), paths)
+
+
 class Tracker:
     """MLflow writes for one study: start, record each finished trial, finish. Only `finish` waits for MLflow.
 
-    Any MLflow failure takes the tracker offline for the rest of the run: nothing more is tried (each attempt
-    would wait for retries), `error` says what happened, and `dse sync` writes the rest later.
+    The writing is done by a process of its own (`dse.mlflow_runs`); this side hands it the trials through a pipe
+    fed by a thread, so that neither MLflow nor a full pipe ever holds up the trial loop. Any MLflow failure
+    takes the writer offline for the rest of the run: `error` says what happened, and `dse sync` writes the rest
+    later.
     """
 
     def __init__(self, uri: str, spec: StudySpec, out_dir: Path) -> None:
-        from mlflow import MlflowClient  # here: importing MLflow costs ~1 s that `dse evaluate` need not pay
-
-        # MLflow and its database migrations log at INFO on every new sqlite file; the CLI has its own output.
-        for name in ("mlflow", "alembic", "urllib3.connectionpool"):
-            logging.getLogger(name).setLevel(logging.ERROR)
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         self.uri = uri
         self.spec = spec
         self.out_dir = out_dir
         self.mode = spec.tracking.child_runs
-        self.client = MlflowClient(tracking_uri=uri)
         self.experiment_id = ""
         self.parent_id = ""
-        self.children: dict[int, str] = {}
-        """Trial number -> child run id, for every child run written, in this run or earlier."""
         self.written = 0
-        """Child runs this tracker wrote."""
+        """Child runs the writer wrote."""
         self.write_seconds = 0.0
         """Time the writer spent writing them (the benchmark's runs per second)."""
         self.error: str | None = None
-        self._queue: queue.Queue[FrozenTrial | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._drain, name="mlflow-writer", daemon=True)
+        self._orders: queue.Queue[Any] = queue.Queue()
+        self._sender = threading.Thread(target=self._send, name="mlflow-orders", daemon=True)
+        self._process: subprocess.Popen[bytes] | None = None
+        self._pipe: Connection | None = None
+        self._reports: Connection | None = None
         self._recorded: set[int] = set()
-        """Trials queued for writing by this tracker."""
+        """Trials handed to the writer."""
+        self._study: optuna.Study | None = None
+        self._stored_parent: str | None = None
+        """The parent run id the study holds."""
 
     def start(self, study: optuna.Study) -> None:
-        """Find or create the experiment and parent run, find the child runs already written, and (child_runs:
-        all) queue the finished trials without one."""
+        """Start the writer process, which connects, finds or creates the experiment and the parent run, finds the
+        child runs already written and (child_runs: all) writes the finished trials without one."""
         study.set_user_attr(TRACKING_URI_ATTR, self.uri)
+        uid = study.user_attrs.get(STUDY_UID_ATTR)
+        if uid is None:
+            uid = uuid.uuid4().hex
+            study.set_user_attr(STUDY_UID_ATTR, uid)
+        self._study = study
+        self._stored_parent = study.user_attrs.get(PARENT_RUN_ATTR)
+        earlier = study.get_trials(deepcopy=False, states=FINISHED) if self.mode == "all" else []
+        self._recorded.update(trial.number for trial in earlier)
+        spec = self.spec.model_dump(mode="json")
         try:
-            self.experiment_id = self._experiment()
-            self.parent_id = self._parent(study)
-            self.children = self._existing_children()
-        except Exception as exc:
-            self._offline(exc)
+            self._spawn()
+        except OSError as exc:
+            self._offline(f"cannot start the MLflow writer process ({exc})")
             return
-        self._thread.start()
-        if self.mode == "all":
-            self._record_missing(study, None)
+        self._orders.put(mlflow_runs.Connect(self.uri, spec, self.out_dir, self._stored_parent, uid, earlier))
+
+    def _spawn(self) -> None:
+        """The writer in a new session (Ctrl-C in the terminal is the driver's to handle; the driver closes the
+        pipe), with the read end of the orders pipe and the write end of the reports pipe."""
+        orders_read, orders_write = os.pipe()
+        reports_read, reports_write = os.pipe()
+        command = [sys.executable, "-m", "dse.mlflow_runs", str(orders_read), str(reports_write)]
+        try:
+            self._process = subprocess.Popen(
+                command,
+                pass_fds=(orders_read, reports_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            os.close(orders_read)
+            os.close(reports_write)
+        self._pipe = Connection(orders_write, readable=False)
+        self._reports = Connection(reports_read, writable=False)
+        self._sender.start()
+
+    def _send(self) -> None:
+        assert self._pipe is not None
+        while (order := self._orders.get()) is not None:
+            try:
+                self._pipe.send(order)
+            except OSError:  # the writer died; finish() tells
+                return
+        self._pipe.close()
 
     def record(self, trial: FrozenTrial) -> None:
-        if self.mode == "all" and self.error is None:
+        self._hear()
+        if self.mode == "all" and self._process is not None:
             self._recorded.add(trial.number)
-            self._queue.put(trial)
+            self._orders.put(trial)
+
+    def _hear(self) -> None:
+        """Take the writer's report that it connected, if it came, and keep the parent run's id in the study (in
+        the driver's thread: the storage is the driver's): a resume and `dse sync` find the run by it."""
+        if self._reports is not None and not self.parent_id and self._reports.poll():
+            self._take(self._reports.recv())
+        if self.parent_id and self.parent_id != self._stored_parent and self._study is not None:
+            self._study.set_user_attr(PARENT_RUN_ATTR, self.parent_id)
+            self._stored_parent = self.parent_id
+
+    def _take(self, report: Any) -> None:
+        self.experiment_id, self.parent_id = report.experiment_id, report.parent_id
 
     def finish(self, study: optuna.Study, results: Results, completed: bool) -> int:
-        """Write what is still missing (trials an interrupt failed; the front with child_runs: pareto), wait for
-        the writer, mark the front's child runs pareto=true, attach the artifacts and close the parent run.
+        """Hand over what is still missing (trials an interrupt failed; the front with child_runs: pareto), and wait
+        while the writer writes it, marks the front's child runs pareto=true, attaches the artifacts and closes
+        the parent run.
 
         Returns how many child runs MLflow still lacks (0 unless it failed; `error` then says why)."""
-        front = set(int(n) for n in results.front["number"])
-        if self.error is None:
-            self._record_missing(study, None if self.mode == "all" else front if self.mode == "pareto" else set())
-            self._queue.put(None)
-            self._thread.join()
-        if self.error is None:
-            try:
-                self._mark_front(front)
-                self._attach_traces(study, front)
-                for path in results.artifacts:
-                    if path.is_dir():
-                        self.client.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
-                    else:
-                        self.client.log_artifact(self.parent_id, str(path))
-                self.client.set_terminated(self.parent_id, "FINISHED" if completed else "KILLED")
-            except Exception as exc:
-                self._offline(exc)
-        wanted = {int(n) for n in results.frame["number"]} if self.mode == "all" else front
-        return 0 if self.mode == "none" else len(wanted - set(self.children))
-
-    def _offline(self, exc: Exception) -> None:
-        if self.error is None:
-            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-
-    def _record_missing(self, study: optuna.Study, only: set[int] | None) -> None:
-        for trial in study.get_trials(deepcopy=False, states=FINISHED):
-            if only is not None and trial.number not in only:
-                continue
-            if trial.number not in self.children and trial.number not in self._recorded:
-                self._recorded.add(trial.number)
-                self._queue.put(trial)
-
-    def _experiment(self) -> str:
-        experiment = self.client.get_experiment_by_name(self.spec.name)
-        if experiment:
-            return experiment.experiment_id
-        # A local sqlite store keeps artifacts beside itself; a server decides where its artifacts go.
-        location = None
-        if self.uri.startswith("sqlite:///"):
-            location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-        # The kind makes the MLflow UI open the experiment on its runs table rather than the GenAI overview.
-        tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
-        return self.client.create_experiment(self.spec.name, artifact_location=location, tags=tags)
-
-    def _parent(self, study: optuna.Study) -> str:
-        from mlflow.exceptions import MlflowException
-
-        run_id = study.user_attrs.get(PARENT_RUN_ATTR)
-        if run_id:
-            try:
-                run = self.client.get_run(run_id)
-            except MlflowException:
-                run = None
-            if run is not None and run.info.experiment_id == self.experiment_id:
-                self.client.update_run(run_id, status="RUNNING")
-                return run_id
-        spec = self.spec
-        tags = {
-            "study": spec.name,
-            "sampler": spec.sampler,
-            "seed": str(spec.seed),
-            "generator": spec.generator,
-            "cost_model": spec.cost_model,
-            "objectives": ", ".join(f"{m} {d}" for m, d in zip(spec.metrics, spec.directions, strict=True)),
-            "constraints": ", ".join(spec.constraints),
-            "child_runs": spec.tracking.child_runs,
-        }
-        run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=spec.name).info.run_id
-        study.set_user_attr(PARENT_RUN_ATTR, run_id)
-        return run_id
-
-    def _children(self, extra_filter: str = "") -> list[Any]:
-        runs: list[Any] = []
-        token = None
-        while True:
-            page = self.client.search_runs(
-                [self.experiment_id],
-                filter_string=f"tags.mlflow.parentRunId = '{self.parent_id}'{extra_filter}",
-                max_results=1000,
-                page_token=token,
-            )
-            runs.extend(page)
-            token = page.token
-            if not token:
-                return runs
-
-    def _existing_children(self) -> dict[int, str]:
-        """Child runs already written; one left RUNNING by a crash mid-write is deleted to be written again."""
-        out: dict[int, str] = {}
-        for run in self._children():
-            if run.info.status == "RUNNING":
-                self.client.delete_run(run.info.run_id)
-            else:
-                out[int(run.data.tags["trial_number"])] = run.info.run_id
-        return out
-
-    def _mark_front(self, front: set[int]) -> None:
-        """Children are written pareto=false; flip only those whose membership changed (one query, few writes)."""
-        marked = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.pareto = 'true'")}
-        for number in marked - front:
-            self.client.set_tag(self.children[number], "pareto", "false")
-        for number in front - marked:
-            if number in self.children:
-                self.client.set_tag(self.children[number], "pareto", "true")
-
-    def _attach_traces(self, study: optuna.Study, front: set[int]) -> None:
-        """The timeline trace of each Pareto member whose child run lacks one (tag timeline=true once done)."""
-        with_trace = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.timeline = 'true'")}
+        front = {int(n) for n in results.front["number"]}
+        wanted = (
+            {int(n) for n in results.frame["number"]}
+            if self.mode == "all"
+            else front
+            if self.mode == "pareto"
+            else set()
+        )
+        if self._process is None or self._reports is None:
+            return len(wanted)
         trials = study.get_trials(deepcopy=False)
-        for number in sorted(front & set(self.children) - with_trace):
-            point = decode(self.spec, trials[number].params)
-            if isinstance(point, str):
-                continue
-            with tempfile.TemporaryDirectory() as folder:
-                path = traces.write_trace(point, self.spec.generator, self.spec.cost_model, Path(folder))
-                if path is None:
-                    return
-                self.client.log_artifact(self.children[number], str(path))
-            self.client.set_tag(self.children[number], "timeline", "true")
+        candidates = [trials[n] for n in sorted(wanted - self._recorded) if trials[n].state in FINISHED]
+        timelines = {n: trials[n].params for n in front} if self.spec.tracking.timelines == "pareto" else {}
+        self._orders.put(mlflow_runs.Finish(candidates, front, wanted, results.artifacts, completed, timelines))
+        self._orders.put(None)
+        report = None
+        while report is None or isinstance(report, mlflow_runs.Connected):
+            try:
+                report = self._reports.recv()
+            except EOFError:
+                self._process.wait()
+                self._offline(f"the MLflow writer process ended with exit code {self._process.returncode}")
+                return len(wanted)
+            if isinstance(report, mlflow_runs.Connected):
+                self._take(report)
+        self._process.wait()
+        self._take(report)
+        self._hear()
+        self.written, self.write_seconds = report.written, report.write_seconds
+        if report.error:
+            self._offline(report.error)
+        return report.missing
 
-    def _drain(self) -> None:
-        while (trial := self._queue.get()) is not None:
-            if self.error is None:
-                try:
-                    start = time.perf_counter()
-                    self.children[trial.number] = self._write(trial)
-                    self.write_seconds += time.perf_counter() - start
-                    self.written += 1
-                except Exception as exc:  # the study itself goes on; finish() reports what is missing
-                    self._offline(exc)
-
-    def _write(self, trial: FrozenTrial) -> str:
-        from mlflow.entities import Metric, Param
-
-        attrs = trial.user_attrs
-        tags = {
-            "mlflow.parentRunId": self.parent_id,
-            "trial_number": str(trial.number),
-            "state": trial.state.name,
-            "pareto": "false",
-        }
-        if trial.state == TrialState.COMPLETE:
-            tags["feasible"] = str(all(v <= 0 for v in trial.constraints.values())).lower()
-        for name in (REASON, POINT_KEY, NODE):
-            if attrs.get(name):
-                tags[name] = str(attrs[name])[:5000]
-        run_id = self.client.create_run(
-            self.experiment_id, start_time=_ms(trial.datetime_start), tags=tags, run_name=f"trial-{trial.number}"
-        ).info.run_id
-        params = [Param(k, str(v)) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()]
-        timestamp = _ms(trial.datetime_complete) or 0
-        values = attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})
-        metrics = [Metric(k, float(v), timestamp, 0) for k, v in values.items()]
-        for start in range(0, max(len(params), len(metrics), 1), _BATCH):
-            self.client.log_batch(
-                run_id, metrics=metrics[start : start + _BATCH], params=params[start : start + _BATCH]
-            )
-        status = "FAILED" if trial.state == TrialState.FAIL else "FINISHED"
-        self.client.set_terminated(run_id, status, end_time=_ms(trial.datetime_complete))
-        return run_id
+    def _offline(self, error: str) -> None:
+        if self.error is None:
+            self.error = error.splitlines()[0][:300]

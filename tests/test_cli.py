@@ -6,6 +6,8 @@ joins the session's Ray (--address) instead of starting its own.
 
 import json
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -229,3 +231,58 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(ray_address, tmp_path):
 def test_sync_and_nightly_bad_input(tmp_path, args, fragments):
     result = dse(*[arg.format(tmp=tmp_path) for arg in args])
     assert_user_error(result, *fragments)
+
+
+def test_summary_counts_points_over_hbm_as_infeasible_and_a_rerun_says_nothing_is_left(tmp_path):
+    """The quickstart's space has points that run but exceed HBM: the summary counts them as infeasible (it said
+    "0 infeasible" while a quarter did not fit), the table marks the front, and a second run of a finished study
+    says that nothing was left to run. The MLflow sqlite store is written in WAL mode (see dse.sqlite_store)."""
+    out = tmp_path / "quick"
+    args = ["run", str(ROOT / "studies" / "quickstart.yaml"), "--trials", "24", "--out", str(out)]
+    first = dse(*args)
+    assert first.returncode == 0, first.stderr
+    frame = pd.read_parquet(out / "trials.parquet")
+    complete = frame["state"] == "COMPLETE"
+    fits = int((complete & (frame["feasible"] == True)).sum())  # noqa: E712
+    over, pruned = int(complete.sum()) - fits, int((frame["state"] == "PRUNED").sum())
+    assert over > 0, "the quickstart's first trials include points over HBM"
+    evaluated = frame.loc[complete, "point_key"].nunique()
+    assert (
+        f"24 trials: {fits} feasible, {over + pruned} infeasible ({over} evaluated over fits_memory, {pruned} pruned "
+        f"before evaluation), 0 failed; {evaluated} distinct points evaluated"
+    ) in first.stdout
+    assert frame["pareto"].sum() == len(pd.read_csv(out / "pareto.csv")) > 0
+    assert f"dse timeline {out}" in first.stdout
+    assert "nothing left to run" not in first.stdout
+    with sqlite3.connect(out / "mlflow.db") as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+    again = dse(*args)
+    assert again.returncode == 0, again.stderr
+    assert f"study quickstart already has 24 of 24 trials in {out}: nothing left to run" in again.stdout
+    assert len(pd.read_parquet(out / "trials.parquet")) == 24
+
+    small = tmp_path / "small"
+    assert dse("run", str(SMALL), "--trials", "4", "--inline", "--out", str(small)).returncode == 0
+    compared = dse("compare", str(out), str(small))
+    assert compared.returncode == 0, compared.stderr
+    warnings = [line for line in compared.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2, compared.stdout
+    assert "plan different models (llama3-8b vs tiny-llama)" in warnings[0]
+    assert "run different workloads (global_batch 256 vs 16, seq_len 8192 vs 512)" in warnings[1]
+
+
+def test_run_with_an_address_where_nothing_listens_fails_in_seconds(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        start = time.monotonic()
+        result = dse("run", str(SMALL), "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "out"))
+    assert_user_error(result, f"--address 127.0.0.1:{port}: no Ray cluster answers there", "ray start --head")
+    assert time.monotonic() - start < 30
+
+
+def test_run_with_out_naming_a_file(tmp_path):
+    taken = write(tmp_path, "taken", "a file, not a folder")
+    assert_user_error(dse("run", str(SMALL), "--out", str(taken)), f"--out {taken}: a file is in the way")
+    assert taken.read_text() == "a file, not a folder"

@@ -466,9 +466,15 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
     assert complete["step_time_s"].gt(0).all() and complete["peak_memory_bytes"].gt(0).all()
     front = {int(r.data.tags["trial_number"]) for r in runs if r.data.tags["pareto"] == "true"}
     assert front and front <= set(complete["number"])
+    assert frame.loc[frame["pareto"], "number"].tolist() == sorted(front), "the table marks the front too"
+    assert not any(r.data.tags.get("timeline") for r in runs), "timelines are written on demand"
+    assert main(["timeline", str(out)]) == 0
+    runs = child_runs(out, "small")
     assert {int(r.data.tags["trial_number"]) for r in runs if r.data.tags.get("timeline") == "true"} == front
     member = next(r for r in runs if r.data.tags["pareto"] == "true")
-    local = MlflowClient(f"sqlite:///{out / 'mlflow.db'}").download_artifacts(member.info.run_id, "timeline.json.gz")
+    name = f"trial-{member.data.tags['trial_number']}.json.gz"
+    local = MlflowClient(f"sqlite:///{out / 'mlflow.db'}").download_artifacts(member.info.run_id, name)
+    assert Path(local).read_bytes() == (out / "timelines" / name).read_bytes()
     with gzip.open(local, "rt") as trace:
         events = json.load(trace)["traceEvents"]
     assert any(e["ph"] == "X" and e["dur"] > 0 for e in events), "the Pareto member's simulated timeline"

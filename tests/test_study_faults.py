@@ -97,6 +97,20 @@ TRIALS = 300
 all finished by the time the poll saw the 15th once the driver and evaluations got faster."""
 
 
+def mlflow_writers(parent: int) -> list[int]:
+    """The pids of the `python -m dse.mlflow_runs` children of a process."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"dse.mlflow_runs" in command:
+            found.append(int(proc.name))
+    return found
+
+
 def test_a_driver_killed_with_sigkill_resumes_without_losing_or_repeating_a_trial_or_a_run(ray_address, tmp_path):
     """The quickstart's space, with enough trials (about 3 ms each with two workers) that the kill lands mid-study
     and mid-MLflow-writing: the journal is polled every 0.2 s for the 15th finished trial."""
@@ -116,8 +130,11 @@ def test_a_driver_killed_with_sigkill_resumes_without_losing_or_repeating_a_tria
             return False
 
     wait_until(some_finished, "15 finished trials", timeout=120)
+    writers = mlflow_writers(driver.pid)
     driver.send_signal(signal.SIGKILL)
     driver.wait(timeout=30)
+    assert len(writers) == 1, "the driver's MLflow writer process"
+    wait_until(lambda: not Path(f"/proc/{writers[0]}").exists(), "the orphaned writer to exit", timeout=60)
     before = journal_trials(out)
     assert 15 <= len(counted(before)) < TRIALS, "killed mid-study"
 

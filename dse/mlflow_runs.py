@@ -1,0 +1,326 @@
+"""A study's MLflow runs, written by a process of their own: `python -m dse.mlflow_runs ORDERS_FD REPORTS_FD`.
+
+The driver (`tracking.Tracker`) sends orders down one pipe (connect, a finished trial, finish) and hears back on
+another (the parent run once it exists, what the finish did). A process rather than a thread, because MLflow's
+cost is mostly Python: importing it (1-2 s), migrating a new sqlite store (~1 s) and 15-50 ms per child run, which
+in a thread took the interpreter lock from the study's own loop (the quickstart's first child run was written
+after its search had ended); in a process it runs on the other core. The writer exits when the driver closes the
+orders pipe, or dies: a SIGKILLed driver leaves no writer behind.
+
+One parent run per study (its id kept in the study's user attributes, so a resume reuses it, and the study's uid
+as a tag, so a driver killed before it stored the id finds it too) and child runs per trial, each with the trial's
+parameters, metrics, state and reason. Any failure takes the writer offline for the rest of the run: nothing more
+is tried (each attempt would wait for retries), and the finish report says what failed and what is missing.
+"""
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from optuna.trial import FrozenTrial, TrialState
+
+from dse import sqlite_store, traces
+from dse.executor import NODE
+from dse.space import StudySpec
+from dse.study import FIELDS, METRICS, POINT_KEY, REASON, TIMINGS
+
+STUDY_UID_TAG = "dse_study_uid"
+_BATCH = 100
+"""MLflow's limit of params + tags per log_batch call."""
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",
+}
+"""MLflow's own defaults retry a refused connection for minutes; a study should notice an outage in seconds. And
+over HTTP MLflow prints a 'View run' line per ended run, hundreds of them through the progress bar; the parent
+run's address is printed once at the end instead. The user's environment wins."""
+
+
+@dataclass(frozen=True)
+class Connect:
+    """The first order: where to write, for which study, and the earlier trials to write if they lack a run."""
+
+    uri: str
+    spec: dict[str, Any]
+    """StudySpec.model_dump(mode="json")."""
+    out_dir: Path
+    parent_hint: str | None
+    uid: str
+    earlier: list[FrozenTrial]
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last order: write what is missing of `candidates`, mark the front, attach the artifacts (and the
+    front's timelines, given each member's params, when the study asks for them), close the parent run."""
+
+    candidates: list[FrozenTrial]
+    front: set[int]
+    wanted: set[int]
+    """The trials that should have a child run by now."""
+    artifacts: list[Path]
+    completed: bool
+    front_params: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Connected:
+    experiment_id: str
+    parent_id: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    experiment_id: str
+    parent_id: str
+    error: str | None
+    missing: int
+    """Child runs MLflow still lacks."""
+    written: int
+    write_seconds: float
+
+
+def client(uri: str) -> Any:
+    """An MlflowClient with the study's HTTP defaults and MLflow's INFO logging (migrations of every new sqlite
+    store) silenced; a local sqlite store is switched to WAL (`sqlite_store`)."""
+    from mlflow import MlflowClient
+
+    for name in ("mlflow", "alembic", "urllib3.connectionpool"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    if uri.startswith("sqlite:///"):
+        sqlite_store.speed_up(Path(uri.removeprefix("sqlite:///")))
+    return MlflowClient(tracking_uri=uri)
+
+
+def child_runs(mlflow: Any, experiment_id: str, parent_id: str, extra_filter: str = "") -> list[Any]:
+    """Every child run of the parent (all pages), narrowed by an MLflow filter clause such as " and tags.x = 'y'"."""
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = mlflow.search_runs(
+            [experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_id}'{extra_filter}",
+            max_results=1000,
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def attach_timelines(mlflow: Any, children: list[Any], paths: dict[int, Path]) -> int:
+    """Log each trial's trace file to its child run where the run lacks one (tag timeline=true once done); returns
+    how many were attached. Trials without a child run (child_runs: pareto or none) keep only the file."""
+    by_number = {int(run.data.tags["trial_number"]): run for run in children}
+    attached = 0
+    for number, path in paths.items():
+        run = by_number.get(number)
+        if run is not None and run.data.tags.get("timeline") != "true":
+            mlflow.log_artifact(run.info.run_id, str(path))
+            mlflow.set_tag(run.info.run_id, "timeline", "true")
+            attached += 1
+    return attached
+
+
+def _ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+class Writer:
+    """The writer process's state: the client, the experiment and parent run, the child runs written."""
+
+    def __init__(self, order: Connect) -> None:
+        self.spec = StudySpec.model_validate(order.spec)
+        self.uri = order.uri
+        self.out_dir = order.out_dir
+        self.mlflow: Any = None
+        self.experiment_id = ""
+        self.parent_id = ""
+        self.children: dict[int, str] = {}
+        """Trial number -> child run id, for every child run written, in this run or earlier."""
+        self.written = 0
+        self.write_seconds = 0.0
+        self.error: str | None = None
+
+    def offline(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+    def connect(self, order: Connect) -> None:
+        """The experiment, the parent run and the child runs already written."""
+        self.mlflow = client(self.uri)
+        self.experiment_id = self._experiment()
+        self.parent_id = self._parent(order.parent_hint, order.uid)
+        self.children = self._existing_children()
+
+    def _experiment(self) -> str:
+        experiment = self.mlflow.get_experiment_by_name(self.spec.name)
+        if experiment:
+            return experiment.experiment_id
+        # A local sqlite store keeps artifacts beside itself; a server decides where its artifacts go.
+        location = None
+        if self.uri.startswith("sqlite:///"):
+            location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
+        # The kind makes the MLflow UI open the experiment on its runs table rather than the GenAI overview.
+        tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
+        return self.mlflow.create_experiment(self.spec.name, artifact_location=location, tags=tags)
+
+    def _parent(self, hint: str | None, uid: str) -> str:
+        """The study's parent run: the one the study names, else the one tagged with its uid, else a new one."""
+        from mlflow.exceptions import MlflowException
+
+        if hint:
+            try:
+                run = self.mlflow.get_run(hint)
+            except MlflowException:
+                run = None
+            if run is not None and run.info.experiment_id == self.experiment_id:
+                self.mlflow.update_run(hint, status="RUNNING")
+                return hint
+        tagged = self.mlflow.search_runs([self.experiment_id], f"tags.`{STUDY_UID_TAG}` = '{uid}'", max_results=1)
+        if tagged:
+            self.mlflow.update_run(tagged[0].info.run_id, status="RUNNING")
+            return tagged[0].info.run_id
+        spec = self.spec
+        tags = {
+            "study": spec.name,
+            "sampler": spec.sampler,
+            "seed": str(spec.seed),
+            "generator": spec.generator,
+            "cost_model": spec.cost_model,
+            "objectives": ", ".join(f"{m} {d}" for m, d in zip(spec.metrics, spec.directions, strict=True)),
+            "constraints": ", ".join(spec.constraints),
+            "child_runs": spec.tracking.child_runs,
+            STUDY_UID_TAG: uid,
+        }
+        return self.mlflow.create_run(self.experiment_id, tags=tags, run_name=spec.name).info.run_id
+
+    def _children(self, extra_filter: str = "") -> list[Any]:
+        return child_runs(self.mlflow, self.experiment_id, self.parent_id, extra_filter)
+
+    def _existing_children(self) -> dict[int, str]:
+        """Child runs already written; one left RUNNING by a crash mid-write is deleted to be written again."""
+        out: dict[int, str] = {}
+        for run in self._children():
+            if run.info.status == "RUNNING":
+                self.mlflow.delete_run(run.info.run_id)
+            else:
+                out[int(run.data.tags["trial_number"])] = run.info.run_id
+        return out
+
+    def write_child(self, trial: FrozenTrial) -> None:
+        """The trial's child run, unless it has one (a resume sends the trials of earlier runs)."""
+        if trial.number in self.children:
+            return
+        start = time.perf_counter()
+        self.children[trial.number] = self._write(trial)
+        self.write_seconds += time.perf_counter() - start
+        self.written += 1
+
+    def _write(self, trial: FrozenTrial) -> str:
+        from mlflow.entities import Metric, Param
+
+        attrs = trial.user_attrs
+        tags = {
+            "mlflow.parentRunId": self.parent_id,
+            "trial_number": str(trial.number),
+            "state": trial.state.name,
+            "pareto": "false",
+        }
+        if trial.state == TrialState.COMPLETE:
+            tags["feasible"] = str(all(v <= 0 for v in trial.constraints.values())).lower()
+        for name in (REASON, POINT_KEY, NODE):
+            if attrs.get(name):
+                tags[name] = str(attrs[name])[:5000]
+        run_id = self.mlflow.create_run(
+            self.experiment_id, start_time=_ms(trial.datetime_start), tags=tags, run_name=f"trial-{trial.number}"
+        ).info.run_id
+        params = [Param(k, str(v)) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()]
+        timestamp = _ms(trial.datetime_complete) or 0
+        values = attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})
+        metrics = [Metric(k, float(v), timestamp, 0) for k, v in values.items()]
+        for start in range(0, max(len(params), len(metrics), 1), _BATCH):
+            self.mlflow.log_batch(
+                run_id, metrics=metrics[start : start + _BATCH], params=params[start : start + _BATCH]
+            )
+        status = "FAILED" if trial.state == TrialState.FAIL else "FINISHED"
+        self.mlflow.set_terminated(run_id, status, end_time=_ms(trial.datetime_complete))
+        return run_id
+
+    def finish(self, order: Finish) -> None:
+        for trial in order.candidates:
+            self.write_child(trial)
+        self._mark_front(order.front)
+        if order.front_params:
+            paths = traces.write_timelines(self.spec, order.front_params, self.out_dir / traces.TIMELINES_DIR)
+            attach_timelines(self.mlflow, self._children(), paths)
+        for path in order.artifacts:
+            if path.is_dir():
+                self.mlflow.log_artifacts(self.parent_id, str(path), artifact_path=path.name)
+            else:
+                self.mlflow.log_artifact(self.parent_id, str(path))
+        self.mlflow.set_terminated(self.parent_id, "FINISHED" if order.completed else "KILLED")
+
+    def _mark_front(self, front: set[int]) -> None:
+        """Children are written pareto=false; flip only those whose membership changed (one query, few writes)."""
+        marked = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.pareto = 'true'")}
+        for number in marked - front:
+            self.mlflow.set_tag(self.children[number], "pareto", "false")
+        for number in front - marked:
+            if number in self.children:
+                self.mlflow.set_tag(self.children[number], "pareto", "true")
+
+    def finished(self, wanted: set[int]) -> Finished:
+        missing = len(wanted - set(self.children))
+        return Finished(self.experiment_id, self.parent_id, self.error, missing, self.written, self.write_seconds)
+
+
+def serve(orders: Connection, reports: Connection) -> None:
+    """Carry out orders until the driver closes the pipe (or dies); every failure is reported, never raised."""
+    writer: Writer | None = None
+    while True:
+        try:
+            order = orders.recv()
+        except EOFError:
+            return
+        if isinstance(order, Connect):
+            writer = Writer(order)
+            try:
+                writer.connect(order)
+                reports.send(Connected(writer.experiment_id, writer.parent_id))
+                for trial in order.earlier:
+                    writer.write_child(trial)
+            except Exception as exc:
+                writer.offline(exc)
+        elif writer is None:
+            continue
+        elif isinstance(order, Finish):
+            if writer.error is None:
+                try:
+                    writer.finish(order)
+                except Exception as exc:
+                    writer.offline(exc)
+            reports.send(writer.finished(order.wanted))
+        elif writer.error is None:
+            try:
+                writer.write_child(order)
+            except Exception as exc:
+                writer.offline(exc)
+
+
+if __name__ == "__main__":
+    # The orders were pickled as dse.mlflow_runs' classes, which this file run as __main__ would not match.
+    from dse.mlflow_runs import serve as serve_orders
+
+    serve_orders(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

@@ -30,11 +30,6 @@ def one_f_one_b(stages: int, stage: int, microbatches: int) -> list[Step]:
     return steps
 
 
-def forward_only(stages: int, stage: int, microbatches: int) -> list[Step]:
-    """Inference: forwards only, in micro-batch order."""
-    return [("F", i) for i in range(microbatches)]
-
-
 def interleaved(stages: int, stage: int, microbatches: int, chunks: int) -> list[ChunkStep]:
     """Interleaved 1F1B: micro-batches go through the stage's chunks in groups of `stages`; the stage runs
     (p - s - 1) * 2 + (v - 1) * p warm-up forwards, then alternates, then drains. Needs microbatches % stages

@@ -5,7 +5,7 @@ import numpy as np
 
 from dse.workload import NO_CALL, OpKind, TableTensors, Tensor, TensorKind, tensor_columns
 from generators.symbolic import SymbolicGenerator
-from generators.symbolic import generator as module
+from generators.symbolic import skeleton as module
 from simulators.analytical import AnalyticalCostModel, cost_model
 from simulators.analytical.fastpath import _layout, program_layout
 from tests.helpers import make_point

@@ -12,7 +12,7 @@ import pytest
 from dse.spec import DesignPoint
 from dse.workload import Tensor, TensorKind
 from generators.symbolic import SymbolicGenerator
-from generators.symbolic.generator import LINK_CYCLE
+from generators.symbolic.schedule import LINK_CYCLE
 from simulators.analytical import AnalyticalCostModel
 from simulators.analytical.steady import schedule_steady
 from tests.helpers import make_point

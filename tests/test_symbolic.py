@@ -182,7 +182,7 @@ def test_matcher_rejects_making_a_partial_sum():
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_a_schedule_reused_from_a_point_of_the_same_shape_equals_a_fresh_one(schedule):
-    from generators.symbolic import generator as module
+    from generators.symbolic import skeleton as module
 
     shape = {"tp": 2, "pp": 2, "dp": 2, "sp": True, "zero": 2, "pp_schedule": schedule}
     seen = make_point("tiny-llama", seq_len=256, global_batch=16, recompute="none", **shape)

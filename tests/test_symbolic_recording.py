@@ -9,9 +9,9 @@ import pytest
 from helpers import make_point
 
 from dse import catalog
-from generators.symbolic import generator
-from generators.symbolic.generator import SymbolicGenerator
+from generators.symbolic import SymbolicGenerator, recording
 from generators.symbolic.tape import Tape, larger
+from generators.symbolic.tracing import ModuleTracer
 
 SYSTEM = {"base": "dgx-h100", "network": {1: {"npus": 8}}}
 
@@ -57,12 +57,12 @@ def _contents(workload) -> str:
 
 def _recordings() -> set[int]:
     """The recordings the generator keeps, by identity: a point that adds none replayed one."""
-    return {id(recording) for variants in generator._RECORDINGS.values() for recording in variants}
+    return {id(kept) for variants in recording._RECORDINGS.values() for kept in variants}
 
 
 def _traced_plainly(point, monkeypatch) -> str:
     with monkeypatch.context() as patch:
-        patch.setattr(generator._Builder, "modules", generator._Builder.trace_modules)
+        patch.setattr(ModuleTracer, "modules", ModuleTracer.trace_modules)
         return _contents(SymbolicGenerator().generate(point))
 
 
@@ -94,7 +94,7 @@ def test_every_model_replays_the_workload_a_plain_trace_gives(model, monkeypatch
             if mode == "decode" and first.parallel.cp > 1:
                 continue
             cases += 1
-            generator._RECORDINGS.clear()
+            recording._RECORDINGS.clear()
             SymbolicGenerator().generate(first)
             recordings = _recordings()
             workload = SymbolicGenerator().generate(later)
@@ -109,7 +109,7 @@ def test_a_point_for_which_a_recorded_comparison_fails_is_traced_anew(monkeypatc
     does not hold for dp 16. Both recordings are kept: points alternating between them replay."""
     recorded = make_point("llama3-8b", SYSTEM, 1024, 64, 1, tp=2, dp=4, zero=3, fsdp="fsdp1")
     other = make_point("llama3-8b", SYSTEM, 1024, 64, 1, tp=2, dp=16, zero=3, fsdp="fsdp1")
-    generator._RECORDINGS.clear()
+    recording._RECORDINGS.clear()
     SymbolicGenerator().generate(recorded)
     first = _recordings()
     workload = SymbolicGenerator().generate(other)
@@ -137,7 +137,7 @@ def test_members_of_a_model_family_replay_one_recording(recorded, replayed, monk
     """A model family's members differ in widths, depth and head counts, which are sizes: a point of one member
     replays the recording of another's, and gives the workload a plain trace gives."""
     layout = dict(tp=2, dp=8, ep=2, zero=1) if "mixtral" in recorded else dict(tp=2, dp=4, sp=True)
-    generator._RECORDINGS.clear()
+    recording._RECORDINGS.clear()
     SymbolicGenerator().generate(make_point(recorded, SYSTEM, 1024, 64, 1, **layout))
     recordings = _recordings()
     point = make_point(replayed, SYSTEM, 2048, 64, 2, **layout)
@@ -150,7 +150,7 @@ def test_models_whose_structure_differs_are_traced_apart():
     """Grouped-query against full multi-head attention (an eager trace copies K/V per head only for GQA), a
     compressed query against a full-rank one (DeepSeek-V3 against V2-Lite): not one family's recording."""
     for first, second, kernels in (("llama3-8b", "llama2-7b", "eager"), ("deepseek-v2-lite", "deepseek-v3", "fused")):
-        generator._RECORDINGS.clear()
+        recording._RECORDINGS.clear()
         for model in (first, second):
             SymbolicGenerator().generate(
                 make_point(model, SYSTEM, 1024, 64, 1, {"workload.kernels": kernels}, tp=2, dp=4)

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from dse.workload import Collective, Op
+from generators.symbolic.attention import unfused_attention_backward
 from generators.symbolic.dist import PARTIAL, Dist, Partition, gradient_layout
-from generators.symbolic.graph import OUTPUT, Node, STensor, Tracer, make_layout, reduction_layout
+from generators.symbolic.graph import Tracer
 from generators.symbolic.tape import larger
+from generators.symbolic.tensors import OUTPUT, Node, STensor, make_layout, reduction_layout
 
 FUSED_ATTENTION_BACKWARD = 2.5
 """FLOPs fused (flash) attention's backward executes per forward FLOP: it keeps no probabilities, so it computes
@@ -21,7 +23,7 @@ Q K^T again besides dP = dO V^T, dV = P^T dO, dQ = dS K and dK = dS^T Q, five s 
 two (FlashAttention-2's own count, whose fwd+bwd TFLOP/s divide 3.5 forward FLOPs). The op keeps the
 conventional count (twice the forward, what unfused attention executes from its kept probabilities) and says
 the rest through its density. A fused node is one that keeps nothing extra; an unfused one's backward is its own
-kernels (Tracer.unfused_attention_backward)."""
+kernels (`attention.unfused_attention_backward`)."""
 
 
 @dataclass
@@ -199,7 +201,7 @@ class Differentiator:
                 total = self.tr.redistribute(total, target, record=False)
                 g = self.tr.redistribute(g, target, record=False)
             out = STensor(total.name + "+", total.dims, total.layout, total.itemsize)
-            self.tr._compute(f"{total.name}.accumulate", "elementwise", self.tr.elems(out), (total, g), (out,))
+            self.tr.compute(f"{total.name}.accumulate", "elementwise", self.tr.elems(out), (total, g), (out,))
             total = out
         return total
 
@@ -241,7 +243,7 @@ class Differentiator:
                 reads = [self.value(t) for t in node.inputs]
                 outs = [self._input_grad(g, t) for t in node.inputs]
                 flops = 2 * node.flops_per_elem * reduce(larger, [tr.elems(t) for t in node.inputs])
-                tr._compute(f"{name}.backward", node.category, flops, (g, *reads), outs)
+                tr.compute(f"{name}.backward", node.category, flops, (g, *reads), outs)
                 if node.kind == "loss":  # log-softmax's backward: fp32 gradients in and out, both held at once
                     tr.emitter.peak_temp = larger(tr.emitter.peak_temp, 2 * node.extra_saved)
                 for t, d in zip(node.inputs, outs, strict=True):
@@ -251,18 +253,18 @@ class Differentiator:
                 reads = [self.value(t) for t in (q, k, v, node.final or node.output)]
                 outs = [_grad_like(q), *(self._kv_grad(q, t) for t in (k, v))]
                 if node.extra_saved:
-                    tr.unfused_attention_backward(name, g, *reads, *outs, node.dropout)
+                    unfused_attention_backward(tr, name, g, *reads, *outs, node.dropout)
                 else:
                     fwd = node.ops[0]
                     flops = 2 * fwd.flops
                     density = fwd.density * FUSED_ATTENTION_BACKWARD / 2
-                    tr._compute(f"{name}.backward", "attention", flops, (g, *reads), outs, density)
+                    tr.compute(f"{name}.backward", "attention", flops, (g, *reads), outs, density)
                 for t, d in zip((q, k, v), outs, strict=True):
                     self._contribute(t, d)
             case "dropout":
                 x, mask = node.inputs
                 dx = _grad_like(x)
-                tr._compute(f"{name}.backward", "elementwise", tr.elems(x), (g, self.value(mask)), (dx,))
+                tr.compute(f"{name}.backward", "elementwise", tr.elems(x), (g, self.value(mask)), (dx,))
                 self._contribute(x, dx)
             case "relabel":
                 x, *side = node.inputs
@@ -278,7 +280,7 @@ class Differentiator:
                 side_grads = [_grad_like(t) for t in side]
                 reads = [self.value(t) for t in node.inputs] if side else []
                 flops = 2 * node.flops_per_elem * tr.elems(g)
-                tr._compute(f"{name}.backward", node.category, flops, (g, *reads), (dx, *side_grads))
+                tr.compute(f"{name}.backward", node.category, flops, (g, *reads), (dx, *side_grads))
                 self._contribute(x, dx)
                 for t, d in zip(side, side_grads, strict=True):
                     self._contribute(t, d)
@@ -291,7 +293,7 @@ class Differentiator:
                     elif isinstance(tokens.dist(axis), Partition):
                         layout[axis] = PARTIAL
                 dtable = STensor(f"{table.name}.grad", table.dims, make_layout(**layout), table.itemsize)
-                tr._compute(f"{name}.backward", "embedding", 0.0, (g,), (dtable,))
+                tr.compute(f"{name}.backward", "embedding", 0.0, (g,), (dtable,))
                 self._contribute(table, dtable)
 
     def _eager_backward(self, node: Node, g: STensor) -> None:
@@ -310,15 +312,15 @@ class Differentiator:
             shape, layout = (node.output, g.layout) if broadcast else (t, t.layout)
             for step in range(partial.prep):
                 prepared = STensor(f"{t.name}.grad.prep{step}", shape.dims, layout, t.itemsize)
-                tr._compute(f"{node.name}.backward.prep{step}", node.category, tr.elems(prepared), reads, (prepared,))
+                tr.compute(f"{node.name}.backward.prep{step}", node.category, tr.elems(prepared), reads, (prepared,))
                 reads = [prepared]
             grad = self._input_grad(g, t)
             if broadcast:
                 wide = STensor(f"{t.name}.grad.wide", node.output.dims, g.layout, t.itemsize)
-                tr._compute(f"{node.name}.backward", node.category, tr.elems(wide), (g, *reads), (wide,))
-                tr._compute(f"{t.name}.grad_reduce", node.category, tr.elems(wide), (wide,), (grad,))
+                tr.compute(f"{node.name}.backward", node.category, tr.elems(wide), (g, *reads), (wide,))
+                tr.compute(f"{t.name}.grad_reduce", node.category, tr.elems(wide), (wide,), (grad,))
             else:
-                tr._compute(f"{node.name}.backward", node.category, tr.elems(grad), (g, *reads), (grad,))
+                tr.compute(f"{node.name}.backward", node.category, tr.elems(grad), (g, *reads), (grad,))
             self._contribute(t, grad)
 
     def _kv_grad(self, q: STensor, t: STensor) -> STensor:
@@ -350,7 +352,7 @@ class Differentiator:
         if t.dims == g.dims:
             return g
         reduced = STensor(f"{t.name}.grad", t.dims, reduction_layout(g, t.dims), t.itemsize)
-        self.tr._compute(f"{t.name}.grad_reduce", "elementwise", self.tr.elems(g), (g,), (reduced,))
+        self.tr.compute(f"{t.name}.grad_reduce", "elementwise", self.tr.elems(g), (g,), (reduced,))
         return reduced
 
 

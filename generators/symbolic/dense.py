@@ -22,7 +22,7 @@ different strategies.
 
 Kernels (workload.kernels): fused prices each norm, RoPE and activation as one kernel (Megatron/TransformerEngine,
 torch.compile); eager decomposes RMSNorm, RoPE and SwiGLU into the aten ops the reference PyTorch Llama code runs,
-in their dtypes, with the gradients and saved tensors of eager autograd (`graph.Partial`). LayerNorm and GeLU are
+in their dtypes, with the gradients and saved tensors of eager autograd (`tensors.Partial`). LayerNorm and GeLU are
 single aten kernels either way; MLA's RoPE is applied to the whole query head, not only its RoPE part.
 """
 
@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 from dse.modelstats import LayerKind, dt_rank, ssm_inner
 from dse.spec import DesignPoint
+from generators.symbolic.attention import attend
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
-from generators.symbolic.graph import FP32, OUTPUT, PRODUCT, SCALED, Partial, STensor, Tracer, make_layout
+from generators.symbolic.graph import FP32, Tracer
+from generators.symbolic.tensors import OUTPUT, PRODUCT, SCALED, Partial, STensor, make_layout
 
 RotationTables = dict[str, STensor]
 """fms's per-position 2x2 rotation tables of one layer, by the head dimension they rotate (q and k share one)."""
@@ -324,11 +326,9 @@ class DenseModule:
 
     def _core_attention(self, q: STensor, k: STensor, v: STensor) -> STensor:
         m = self.point.model
-        train = self.mode == "train"
+        dropout = m.dropout and self.mode == "train"
         ring = "cp" if self.point.parallel.cp_algorithm == "ring" else None
-        return self.tracer.attention(
-            "attention", q, k, v, causal=True, fused=m.flash_attention, dropout=m.dropout and train, ring=ring
-        )
+        return attend(self.tracer, "attention", q, k, v, fused=m.flash_attention, dropout=dropout, ring=ring)
 
     def latent_attention(self, h1: STensor) -> STensor:
         """DeepSeek MLA: queries through an optional low-rank bottleneck, keys and values up-projected per head
@@ -384,7 +384,7 @@ class DenseModule:
         q_latent = tr.einsum("q_absorb", q_nope, self.use(w_uk), ("b", "s", "n", "kl"))
         q_abs = tr.relabel("q_concat", q_latent, ("b", "s", "n", "kr"), {}, side=(q_rope,))
         m = self.point.model
-        o_latent = tr.attention("attention", q_abs, cache, cache, causal=True, fused=m.flash_attention, value_dim="kl")
+        o_latent = attend(tr, "attention", q_abs, cache, cache, causal=True, fused=m.flash_attention, value_dim="kl")
         o = tr.einsum("o_absorb", o_latent, self.use(w_uv), ("b", "s", "n", "dv"))
         return self.linear("wo", o, w_o, ("b", "s", "h"))
 

@@ -1,4 +1,5 @@
-"""Pipeline schedules: the order in which one stage runs forward (F) and backward (B) micro-batches.
+"""Pipeline schedules: the order in which one stage runs forward (F) and backward (B) micro-batches, and how many
+micro-batches show a schedule's steady state (`steady_microbatches`).
 
 `gpipe` and `one_f_one_b` give (step, micro-batch) pairs for a stage holding one model chunk; `interleaved`
 gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's interleaved
@@ -6,6 +7,8 @@ gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Nara
 """
 
 from typing import Literal
+
+from dse.spec import DesignPoint
 
 Step = tuple[Literal["F", "B"], int]
 ChunkStep = tuple[Literal["F", "B"], int, int]
@@ -25,11 +28,6 @@ def one_f_one_b(stages: int, stage: int, microbatches: int) -> list[Step]:
         steps += [("F", warmup + j), ("B", j)]
     steps += [("B", i) for i in range(microbatches - warmup, microbatches)]
     return steps
-
-
-def forward_only(stages: int, stage: int, microbatches: int) -> list[Step]:
-    """Inference: forwards only, in micro-batch order."""
-    return [("F", i) for i in range(microbatches)]
 
 
 def interleaved(stages: int, stage: int, microbatches: int, chunks: int) -> list[ChunkStep]:
@@ -56,3 +54,36 @@ def interleaved(stages: int, stage: int, microbatches: int, chunks: int) -> list
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+
+
+LINK_CYCLE = 6
+"""Periods after which the state of shared network links repeats, at most, as the analytical model schedules
+them: calls repeat every period, but which transfer last used a link shared by pipeline sends and collectives (or
+ring-attention sends) can cycle over 2 or 3 periods, and the drain after the steady state starts where in that
+cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its drain in the
+same place."""
+
+
+def steady_microbatches(point: DesignPoint) -> int | None:
+    """Micro-batches of the step's SteadyForm, or None when it has none (see `Pipeline.steady_form`).
+
+    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
+    about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
+    interleaved stages repeat every p micro-batches and warm up and drain for up to about two of those groups
+    each, so they take 6p. To those, as many periods as make the difference to the step a multiple of LINK_CYCLE.
+    Only training with those schedules has one: GPipe holds every micro-batch's activations, so its memory grows
+    with them, and inference holds a KV cache per micro-batch."""
+    p = point.parallel
+    if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
+        return None
+    period = steady_period(point)
+    base = 6 * p.pp if period > 1 else 2 * p.pp + 2
+    short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
+    return short if point.micro_batches > short else None
+
+
+def steady_period(point: DesignPoint) -> int:
+    """Micro-batches after which a steady pipeline stage repeats its calls: one for 1F1B, a group of p for
+    interleaved 1F1B (each chunk's micro-batches go through the stages in groups of p)."""
+    p = point.parallel
+    return p.pp if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 1

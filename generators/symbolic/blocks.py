@@ -1,0 +1,83 @@
+"""The blocks a workload is made of: a block from the ops an emitter collected, what tracing one module gives
+(`Traced`: its forward, backward, gradient-sync and weight-gather blocks) and all modules of a point (`Modules`),
+and the names of layer blocks."""
+
+from dataclasses import dataclass, field
+
+from dse.modelstats import LayerKind
+from dse.spec import ParallelSpec
+from dse.workload import Block
+from generators.symbolic.emitter import Emitter
+from generators.symbolic.tensors import STensor
+
+
+def block_of(name: str, emitter: Emitter, output: int = -1) -> Block:
+    """The block of an emitter's ops. Its temporary memory counts the weights all-gathered for it, unless those are
+    prefetched: their gather call holds them then (`Traced.gathered_bytes`)."""
+    temp = emitter.peak_temp + (0.0 if emitter.prefetch else emitter.gathered_params)
+    return Block(name, tuple(emitter.ops), output, temp)
+
+
+def add_block(blocks: list[Block], name: str, emitter: Emitter, output: int = -1) -> int:
+    """Add the block of an emitter's ops to the workload's blocks; its index."""
+    blocks.append(block_of(name, emitter, output))
+    return len(blocks) - 1
+
+
+@dataclass
+class Traced:
+    """A module traced once: its forward and backward blocks and what they imply for memory and sync."""
+
+    forward: int
+    backward: int | None
+    sync: int | None
+    saved_bytes: float
+    params: list[STensor] = field(default_factory=list)
+    cache_bytes: float = 0.0
+    """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
+    gathers: tuple[int | None, int | None] = (None, None)
+    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one module ahead."""
+    gathered_bytes: tuple[float, float] = (0.0, 0.0)
+    """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
+    unrecomputed: "Traced | None" = None
+    """The same layer with a backward that recomputes nothing, for the layers `recompute_every` skips."""
+
+
+def block_name(kind: LayerKind) -> str:
+    """'layer' for the dense transformer layer (every dense model's only kind), else layer.<mixer>.<mlp>."""
+    return "layer" if kind == ("attn", "dense") else f"layer.{kind[0]}.{kind[1]}"
+
+
+LayerKey = tuple[LayerKind, str, str]
+"""A layer's kind, its strategy for the tp ranks, and the previous layer's (whose layout its input comes in)."""
+
+
+def layer_keys(kinds: list[LayerKind], p: ParallelSpec) -> list[LayerKey]:
+    """Per layer, what it is traced for: layers alike in all three share one trace. The embedding hands on in
+    the tp layout."""
+    strategies = [p.layer_strategy(i) for i in range(len(kinds))]
+    previous = ["tp", *strategies[:-1]]
+    return list(zip(kinds, strategies, previous, strict=True))
+
+
+def layer_block_name(key: LayerKey) -> str:
+    """block_name, marked '.dp' for a layer using the tp ranks as data parallel and '.from_<s>' when its input
+    changes layout from the previous layer's strategy s."""
+    kind, strategy, previous = key
+    name = block_name(kind) + ("" if strategy == "tp" else f".{strategy}")
+    return name + ("" if previous == strategy else f".from_{previous}")
+
+
+@dataclass(frozen=True)
+class Modules:
+    """What tracing the modules gives (`ModuleTracer.trace_modules`): the workload's first blocks, and the Traced
+    of every layer kind, of the embedding and of the head; with `Sym` numbers when recorded on a tape."""
+
+    blocks: list[Block]
+    layers: dict[LayerKey, Traced]
+    embedding: Traced
+    head: Traced
+    table: STensor
+    """The embedding's token table."""
+    tied: bool
+    """Whether the head reads that table (tied embeddings on a single stage)."""

@@ -1,0 +1,175 @@
+"""The optimizer side of a training step: each module's gradient sync over the data-parallel ranks, the exchange
+of a tied weight's gradient between the first and last pipeline stages, and per stage the Adam step with ZeRO's
+sharding and the memory of weights, gradients and optimizer states."""
+
+from collections import defaultdict
+from dataclasses import replace
+
+from dse.spec import DesignPoint
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind, TensorKind
+from generators.symbolic.blocks import Traced, add_block, block_of
+from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
+from generators.symbolic.emitter import Emitter
+from generators.symbolic.graph import Tracer
+from generators.symbolic.tensors import STensor
+
+OPTIMIZER_STATE_BYTES = 12
+"""fp32 master weights, Adam momentum and variance per parameter (ZeRO paper's K = 12)."""
+ADAM_FLOPS = 12
+ADAM_BYTES = 28
+"""Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
+DATA_AXES = ("dp", "ep")
+TIED_SYNC_TAG = 0
+"""The tied-weight gradient exchange's p2p tag: pipeline transfers' tags start at 1 (`Pipeline.tag`)."""
+
+
+def is_expert(param: STensor) -> bool:
+    d = param.dist("ep")
+    return isinstance(d, Partition) and d.dim == "e" and param.name.startswith("experts.")
+
+
+def gradient_sync(
+    tracer: Tracer, name: str, grads: list[tuple[STensor, STensor]], zero: int, synced: set[int]
+) -> Emitter | None:
+    """One bucket per collective and axis: the gradient reduction of every parameter of the module (those not in
+    `synced`, the ids of parameters a module traced before reduces: a tied weight's), or None if there is none.
+
+    Dense weights reduce over every data-parallel rank (dp x ep, and cp, whose tokens also differ); expert
+    weights only over the ranks that hold the same experts (dp / ep)."""
+    tr = tracer
+    tr.begin_block([g for _, g in grads])
+    for param, grad in grads:
+        if id(param) in synced:
+            continue
+        synced.add(id(param))
+        target: dict[str, Dist] = {"tp": gradient_layout(param.dist("tp"))}
+        for axis in DATA_AXES:
+            if axis == "ep" and is_expert(param):
+                target[axis] = param.dist(axis)
+            else:
+                target[axis] = DUP if zero == 0 else Partition(param.dims[0])
+        tr.redistribute(grad, target, record=False)
+    ops = tr.end_block().ops
+    buckets: dict[tuple[str, str], float] = defaultdict(float)
+    for op in ops:
+        buckets[(op.category, op.axis)] += op.comm_bytes
+    if not buckets:
+        return None
+    merged = Emitter()
+    for (category, axis), size in sorted(buckets.items()):
+        merged.emit(
+            Op(
+                f"{name}.grad_sync.{category}",
+                OpKind.COLLECTIVE,
+                category,
+                comm_bytes=size,
+                axis=axis,
+                deps=(BLOCK_INPUT,),
+            )
+        )
+    return merged
+
+
+class ModelStates:
+    """The weights, gradients and optimizer states of a point's pipeline stages: their memory, the optimizer step
+    over them, and the tied weight's gradient exchange, as blocks added to the workload's `blocks`."""
+
+    def __init__(self, point: DesignPoint, tracer: Tracer, itemsize: int, blocks: list[Block]) -> None:
+        self.point = point
+        self.train = point.workload.mode == "train"
+        self.tracer = tracer
+        self.itemsize = itemsize
+        self.blocks = blocks
+        self._elems: dict[int, float] = {}
+        self._shared: dict[Block, int] = {}
+        """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
+        optimizer step of pipeline stages that hold alike layers)."""
+
+    def tied_sync_blocks(self, table: STensor) -> dict[int, int]:
+        """With pipeline stages, the first stage's token table and the last stage's LM head are two copies of one
+        tied weight: after backward the two stages add up each other's gradient (Megatron's embedding-group
+        all-reduce, which over its two ranks moves what one send each way does). By stage, the block doing it."""
+        p = self.point.parallel
+        if not self.train or p.pp == 1:
+            return {}
+        size = self._replica_elems(table) * self.itemsize
+        blocks = {}
+        for stage, peer in ((0, p.pp - 1), (p.pp - 1, 1 - p.pp)):
+            emitter = Emitter()
+            send = Op("tied_grad.send", OpKind.SEND, "send", comm_bytes=size, axis="pp", peer=peer, deps=(BLOCK_INPUT,))
+            emitter.emit(send)
+            emitter.emit(replace(send, name="tied_grad.recv", kind=OpKind.RECV, category="recv", deps=()))
+            blocks[stage] = add_block(self.blocks, "tied_grad_sync", emitter)
+        return blocks
+
+    def _replica_elems(self, w: STensor) -> float:
+        """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
+        elems = self._elems.get(id(w))
+        if elems is None:
+            unsharded = w.relayout("dp", DUP)
+            if not is_expert(w):
+                unsharded = unsharded.relayout("ep", DUP)
+            elems = self._elems[id(w)] = self.tracer.elems(unsharded)
+        return elems
+
+    def optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
+        """The Adam step over this stage's share of the parameters, and the static memory of model states; the
+        stage's modules come with how many layers run each (layers of a kind share their weights' STensors).
+
+        A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas."""
+        p = self.point.parallel
+        item = self.itemsize
+        local = opt_elems = 0.0
+        zero_share = 0.0
+        by_group: dict[str, float] = defaultdict(float)
+        data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
+        uses: dict[int, list] = {}  # a tied table is one weight of two modules: count each weight once
+        for traced, layers in modules:
+            for w in traced.params:
+                use = uses.get(id(w))
+                if use is None:
+                    uses[id(w)] = [w, layers]
+                else:
+                    use[1] += layers
+        for w, count in uses.values():
+            elems = self._replica_elems(w) * count
+            expert = is_expert(w)
+            local += elems
+            zero_share += elems / (p.dp // p.ep if expert else p.dp)
+            by_group["dp" if expert else data] += elems
+        opt_elems = zero_share if p.zero >= 1 else local
+        memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
+        if not self.train:
+            return None, memory
+        memory[TensorKind.GRADIENT] = (zero_share if p.zero >= 2 else local) * item
+        memory[TensorKind.OPTIMIZER_STATE] = opt_elems * OPTIMIZER_STATE_BYTES
+        emitter = Emitter()
+        adam = emitter.emit(
+            Op(
+                "adam",
+                OpKind.COMPUTE,
+                "optimizer",
+                flops=ADAM_FLOPS * opt_elems,
+                bytes=ADAM_BYTES * opt_elems,
+                deps=(BLOCK_INPUT,),
+            )
+        )
+        # ZeRO-1/2: every replica group gathers the updated weights it sharded (experts over dp / ep ranks)
+        for axis, elems in sorted(by_group.items()) if p.zero in (1, 2) else ():
+            if axis and (axis != "dp" or p.dp // p.ep > 1):
+                emitter.emit(
+                    Op(
+                        "params.all_gather",
+                        OpKind.COLLECTIVE,
+                        "all_gather",
+                        comm_bytes=elems * item,
+                        axis=axis,
+                        deps=(adam,),
+                    )
+                )
+        block = block_of("optimizer", emitter)
+        index = self._shared.get(block)
+        if index is None:
+            self.blocks.append(block)
+            index = self._shared[block] = len(self.blocks) - 1
+        return index, memory

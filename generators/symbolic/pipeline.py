@@ -1,0 +1,380 @@
+"""The pipeline schedule of a step: per stage, the calls of its traced blocks in the order its schedule runs forwards
+and backwards over micro-batches and model chunks, the pipeline sends and receives between stages, the gradient
+syncs and ZeRO-3's prefetched weight gathers, and the activations and gathered weights each call keeps alive.
+A stage's schedule is walked once per shape (`skeleton`) and given the sizes of later points.
+"""
+
+from collections import defaultdict
+from typing import NamedTuple
+
+import numpy as np
+
+from dse.spec import DesignPoint
+from dse.workload import BLOCK_INPUT, Block, Call, Op, OpKind, Program, SteadyForm, Tensor, TensorKind
+from generators.symbolic.blocks import LayerKey, Traced, add_block
+from generators.symbolic.dense import DenseModule
+from generators.symbolic.emitter import Emitter
+from generators.symbolic.optimizer import TIED_SYNC_TAG
+from generators.symbolic.schedule import SCHEDULES, interleaved, steady_microbatches, steady_period
+from generators.symbolic.skeleton import Skeleton, Source, Unit, keep_skeleton, schedule_shape, skeleton_for
+
+
+class Stage(NamedTuple):
+    """What a pipeline stage's programs share, whatever their number of micro-batches."""
+
+    layers: dict[int, list[int]]
+    """Per model chunk, the layers the stage holds."""
+    optimizer: int | None
+    fixed: tuple[Tensor, ...]
+    """Tensors held for the whole step: weights, gradients, optimizer states, KV cache."""
+
+
+class Pipeline:
+    """Schedules the traced modules of one point over its pipeline stages, adding the p2p blocks it needs to
+    `blocks`."""
+
+    def __init__(
+        self,
+        point: DesignPoint,
+        module: DenseModule,
+        blocks: list[Block],
+        layer_traces: dict[LayerKey, Traced],
+        embed: Traced,
+        head: Traced,
+        keys: list[LayerKey],
+        tied_sync: dict[int, int],
+    ) -> None:
+        self.point = point
+        self.train = point.workload.mode == "train"
+        self.module = module
+        self.tracer = module.tracer
+        self.blocks = blocks
+        self.layer_traces = layer_traces
+        self.embed, self.head = embed, head
+        self.keys = keys
+        """Per layer, the traced layer it runs."""
+        self.tied_sync = tied_sync
+        """By stage, the block exchanging a tied weight's gradient (`ModelStates.tied_sync_blocks`)."""
+        self.microbatches = point.micro_batches
+        """How many micro-batches the programs being scheduled run (see `programs`)."""
+        self.sends: dict[tuple[int, int], list[int]] | None = None
+        """Send orders of the micro-batches being scheduled, found when a stage is walked (`schedule`): a
+        skeleton reused from an earlier point needs none."""
+        self.p2p: dict[tuple[OpKind, int, str], int] = {}
+        p, m = point.parallel, point.model
+        chunks = self.chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
+        # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]); a stage's layers
+        # split evenly over its chunks, the first chunks taking one more where they do not divide (uneven stages).
+        per_stage = p.stage_layers(m.layers)
+        starts = self.vstage_starts = [0]
+        for v in range(p.pp * chunks):
+            count, chunk = per_stage[v % p.pp], v // p.pp
+            starts.append(starts[-1] + count // chunks + (chunk < count % chunks))
+
+    def stage_layers(self, stage: int) -> dict[int, list[int]]:
+        """Per model chunk, the layers a stage holds."""
+        p, starts = self.point.parallel, self.vstage_starts
+        vstages = [c * p.pp + stage for c in range(self.chunks)]
+        return {c: list(range(starts[v], starts[v + 1])) for c, v in enumerate(vstages)}
+
+    def programs(self, stages: list[Stage], microbatches: int) -> list[Program]:
+        """One program per pipeline stage, running `microbatches` micro-batches."""
+        self.microbatches = microbatches
+        self.sends = None
+        programs = []
+        for stage, (layers, optimizer, fixed) in enumerate(stages):
+            program = Program(stage, f"stage{stage}", tensors=list(fixed))
+            self.scheduled(program, stage, layers, optimizer)
+            programs.append(program)
+        return programs
+
+    def steady_form(self, stages: list[Stage]) -> SteadyForm | None:
+        """The step with fewer micro-batches that shows its whole pipeline steady state (see SteadyForm and
+        `steady_microbatches`). The cost model checks the periods on the timeline and prices the full step where
+        they do not show."""
+        short = steady_microbatches(self.point)
+        if short is None:
+            return None
+        period = steady_period(self.point)
+        repeats = (self.point.micro_batches - short) // period
+        return SteadyForm(self.programs(stages, short), short, period, repeats)
+
+    def steps(self, stage: int) -> list[tuple[str, int, int]]:
+        """(F or B, micro-batch, chunk) in the order the stage runs them."""
+        p, chunks, microbatches = self.point.parallel, self.chunks, self.microbatches
+        if not self.train:
+            return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
+        if p.pp_schedule == "interleaved":
+            return list(interleaved(p.pp, stage, microbatches, chunks))
+        return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
+
+    def tag(self, mb: int, vstage: int, backward: bool) -> int:
+        """Both ends of a transfer compute the same tag, from the sender's forward virtual stage."""
+        base = mb if self.chunks == 1 else mb * self.point.parallel.pp * self.chunks + vstage
+        return 1 + 2 * base + (1 if backward else 0)
+
+    def send_orders(self) -> dict[tuple[int, int], list[int]]:
+        """Per (sender stage, receiver stage), the tags in the order the sender sends them.
+
+        Sends and receives run in order on their streams (as NCCL p2p calls on one stream do), so a receiver
+        posts its receives from a sender in that sender's order; with one chunk per stage this is simply
+        micro-batch order, with interleaved chunks it lets a receive be posted before the step that reads it."""
+        p = self.point.parallel
+        vstages = p.pp * self.chunks
+        orders: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for stage in range(p.pp):
+            for step, mb, chunk in self.steps(stage):
+                vstage = chunk * p.pp + stage
+                if step == "F" and vstage < vstages - 1:
+                    orders[(stage, (vstage + 1) % p.pp)].append(self.tag(mb, vstage, False))
+                elif step == "B" and vstage > 0:
+                    orders[(stage, (vstage - 1) % p.pp)].append(self.tag(mb, vstage - 1, True))
+        return orders
+
+    def p2p_block(self, kind: OpKind, peer: int, strategy: str) -> int:
+        """A send to (recv from) the stage `peer` positions along pp of an activation (or its gradient) laid out as
+        the layers of `strategy` leave it; one block per direction, offset and strategy."""
+        key = (kind, peer, strategy)
+        if key not in self.p2p:
+            direction = "fwd" if (peer > 0) == (kind is OpKind.SEND) else "bwd"
+            name = f"{kind.value}_{direction}" + ("" if abs(peer) == 1 else f"_{peer:+d}")
+            name += "" if strategy == "tp" else f".{strategy}"
+            size = self.tracer.nbytes(self.module.activation("x", ("b", "s", "h"), strategy))
+            emitter = Emitter()
+            deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
+            emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
+            self.p2p[key] = add_block(self.blocks, name, emitter)
+        return self.p2p[key]
+
+    def boundary(self, vstage: int) -> str:
+        """The strategy of the last layer of a virtual stage: how what crosses to the next one is laid out."""
+        return self.point.parallel.layer_strategy(self.vstage_starts[vstage + 1] - 1)
+
+    def unrecomputed(self, key: LayerKey, index: int) -> bool:
+        """Whether layer `index` runs its backward without recompute: with `recompute_every` n only every n-th
+        layer recomputes (layers n-1, 2n-1, ..., as torchtitan's layer-level selective checkpointing and the FSDP
+        blog's checkpointing of every n-th block); the others keep every activation their backward reads."""
+        every = self.point.parallel.recompute_every
+        return self.layer_traces[key].unrecomputed is not None and (index + 1) % every != 0
+
+    def scheduled(self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None) -> None:
+        """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
+
+        The calls of a stage depend only on the shape of the step (stages, chunks, micro-batches, layer kinds,
+        block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
+        from this point's traced blocks. A study's points share few shapes, so most generations skip the walk
+        over every layer and micro-batch."""
+        traces = (self.embed, self.head, *self.layer_traces.values())
+        key = (
+            stage,
+            schedule_shape(self.point),
+            self.microbatches,
+            len(self.blocks),
+            tuple(self.p2p.items()),
+            optimizer,
+            tuple(self.keys),
+            tuple((c, tuple(indices)) for c, indices in layers.items()),
+            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
+        )
+        skeleton = skeleton_for(key)
+        if skeleton is None:
+            first_p2p, first_tensor = len(self.p2p), len(program.tensors)
+            sources = self.schedule(program, stage, layers, optimizer)
+            keep_skeleton(key, Skeleton.of_walk(program, first_tensor, sources, tuple(list(self.p2p)[first_p2p:])))
+            return
+        for kind, peer, strategy in skeleton.p2p:
+            self.p2p_block(kind, peer, strategy)
+        skeleton.fill(program, np.array([self.source_bytes(source) for source in skeleton.sources]))
+
+    def source_bytes(self, source: Source) -> float:
+        """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
+        key, unrecomputed, what = source
+        traced = self.unit_trace((key, unrecomputed))
+        return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
+
+    def unit_trace(self, unit: Unit) -> Traced:
+        """The traced module a unit of the schedule runs."""
+        key, unrecomputed = unit
+        if key == "embed":
+            return self.embed
+        if key == "head":
+            return self.head
+        traced = self.layer_traces[key]  # type: ignore[index]
+        if unrecomputed:
+            assert traced.unrecomputed is not None
+            return traced.unrecomputed
+        return traced
+
+    def schedule(
+        self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None
+    ) -> list[Source]:
+        """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
+        keep alive; returns what sizes each of those tensors (a `Source`)."""
+        p, keys = self.point.parallel, self.keys
+        microbatches = self.microbatches
+        chunks = self.chunks
+        vstages = p.pp * chunks
+        sync_every = p.zero >= 2
+        fwd_call: dict[tuple[int, int], int] = {}
+        last_backward: dict[int, int] = {}
+        syncs: list[int] = []
+        synced: set[int] = set()
+
+        sources: list[Source] = []
+
+        def keep(
+            name: str,
+            source: Source,
+            nbytes: float,
+            producer: int,
+            consumer: int,
+            kind: TensorKind = TensorKind.ACTIVATION,
+        ) -> None:
+            program.tensors.append(Tensor(name, kind, nbytes, producer, consumer))
+            sources.append(source)
+
+        names = {-1: "embed", -2: "head"} | {i: f"layer{i}" for indices in layers.values() for i in indices}
+
+        def gather(
+            units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
+        ) -> tuple[int, ...]:
+            """The call that all-gathers the weights of units[pos] for its forward (way 0) or backward (1), if it
+            prefetches. It is issued before the unit run ahead of it (`after` is that unit's input), as FSDP
+            issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
+            at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
+            when their module ends)."""
+            if not gathering or pos >= len(units):
+                return ()
+            index, unit = units[pos]
+            block = trace_of[unit].gathers[way]
+            if block is None:
+                return ()
+            return (program.add(Call(block, after, index, mb)),)
+
+        def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
+            for producer in gathered:
+                nbytes = trace_of[unit].gathered_bytes[way]
+                keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
+
+        def sync(traced: Traced, after: int, mb: int, index: int) -> None:
+            """The module's gradient sync after its backward, once per micro-batch that syncs (see its caller)."""
+            if (index, mb) not in synced:
+                synced.add((index, mb))
+                syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
+
+        tag = self.tag
+        posted: dict[int, int] = {}
+        cursor: dict[int, int] = defaultdict(int)
+
+        def peer(vstage: int, step: int) -> int:
+            """Offset along pp of the rank holding virtual stage vstage + step."""
+            return (vstage + step) % p.pp - stage
+
+        if self.sends is None:
+            self.sends = self.send_orders()
+        sends = self.sends
+
+        def post(source_vstage: int, wanted: int) -> None:
+            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted`."""
+            source = source_vstage % p.pp
+            order = sends[(source, stage)]
+            while wanted not in posted:
+                t = order[cursor[source]]
+                cursor[source] += 1
+                base, backward = divmod(t - 1, 2)
+                # the boundary the transfer crosses: tags of interleaved schedules name it, else the sender's stage
+                crossed = base % vstages if chunks > 1 else source - backward
+                recv = self.p2p_block(OpKind.RECV, source - stage, self.boundary(crossed))
+                mb_of = base // (1 if chunks == 1 else vstages)
+                posted[t] = program.add(Call(recv, (), -1, mb_of, t))
+
+        def receive(source_vstage: int, wanted: int) -> int:
+            post(source_vstage, wanted)
+            return posted.pop(wanted)
+
+        steps = self.steps(stage)
+
+        def prefetch(i: int) -> None:
+            """Before a step's send, post the receive the next step reads (Megatron's send_forward_recv_forward
+            and send_backward_recv_backward), so neither end's send waits behind the other's."""
+            if i >= len(steps):
+                return
+            step, mb, chunk = steps[i]
+            vstage = chunk * p.pp + stage
+            if step == "F" and vstage > 0:
+                post(vstage - 1, tag(mb, vstage - 1, False))
+            elif step == "B" and vstage < vstages - 1:
+                post(vstage + 1, tag(mb, vstage, True))
+
+        in_order: dict[int, list[tuple[int, Unit]]] = {}
+        """Per chunk, the modules a forward runs (a backward runs them reversed)."""
+        for chunk, indices in layers.items():
+            vstage = chunk * p.pp + stage
+            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if vstage == 0 else []
+            units += [(index, (keys[index], self.unrecomputed(keys[index], index))) for index in indices]
+            in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
+        reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
+        trace_of = {unit: self.unit_trace(unit) for units in in_order.values() for _, unit in units}
+        saved_source = {unit: (*unit, -1) for unit in trace_of}
+        last_mb = microbatches - 1
+        # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
+        gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
+
+        calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
+        for i, (step, mb, chunk) in enumerate(steps):
+            vstage = chunk * p.pp + stage
+            first, last = vstage == 0, vstage == vstages - 1
+            if step == "F":
+                units = in_order[chunk]
+                prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
+                # the first module's gather starts with the step, once its input has arrived (Megatron waits for
+                # the receive before it runs the micro-batch)
+                gathered = gather(units, 0, 0, () if prev is None else (prev,), mb)
+                for pos, (index, unit) in enumerate(units):
+                    inputs = () if prev is None else (prev,)
+                    ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
+                    append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
+                    prev = len(calls) - 1
+                    if gathered:
+                        hold(unit, 0, index, gathered, prev)
+                    fwd_call[(index, mb)] = prev
+                    gathered = ahead
+                if not last:
+                    if chunks > 1:
+                        prefetch(i + 1)
+                    send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
+                    program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
+                continue
+            prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
+            received = () if prev is None else (prev,)
+            units = reversed_order[chunk]
+            # a module is gathered again for its backward once its forward has freed its weights
+            # (and, like the forward's, once the gradient it starts from has arrived)
+            gathered = gather(units, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb) if units else ()
+            for pos, (index, unit) in enumerate(units):
+                traced = trace_of[unit]
+                assert traced.backward is not None
+                inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
+                ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
+                append(Call(traced.backward, (*inputs, *gathered), index, mb))
+                prev = last_backward[index] = len(calls) - 1
+                if gathered:
+                    hold(unit, 1, index, gathered, prev)
+                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
+                gathered = ahead
+                if traced.sync is not None and (sync_every or mb == last_mb):
+                    sync(traced, prev, mb, index)
+            if not first:
+                assert prev is not None
+                if chunks > 1:
+                    prefetch(i + 1)
+                send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
+                program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+        tied = self.tied_sync.get(stage)
+        if tied is not None:
+            # after the last backward of the embedding (first stage) or the head (last stage)
+            owner = -1 if stage == 0 else -2
+            syncs.append(program.add(Call(tied, (last_backward[owner],), owner, microbatches - 1, TIED_SYNC_TAG)))
+        if optimizer is not None:
+            program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
+        return sources

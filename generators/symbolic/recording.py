@@ -1,0 +1,164 @@
+"""Module traces recorded once per structure and replayed on the sizes of later points (`tape`).
+
+A trace is a structure (layouts, collectives, the derived backward) with numbers made of the point's sizes. It is
+recorded once per model family, parallel layout and kind of step (`trace_structure`), over the sizes (the model's
+widths among them) and the tp, ep and dp degrees, and later points of that structure replay the recording with
+their own: the walk runs once, the arithmetic per point. A comparison the trace made on sizes is a guard; a point
+for which one comes out otherwise is traced anew, and its recording kept beside the first.
+"""
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, Spec, SSMSpec
+from dse.workload import Block, Op
+from generators.symbolic.blocks import LayerKey, Modules, Traced
+from generators.symbolic.tape import Sym, Tape
+
+
+@dataclass
+class Recording:
+    """Modules traced with recording sizes (`Sym` numbers), their tape, and per block the slot of every number
+    its ops carry (constants have slots too), so that a replay's values make the blocks without a type test
+    per field."""
+
+    tape: Tape
+    modules: Modules
+    blocks: list[tuple[str, int, int, tuple[tuple, ...]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        slot = self.tape.slot
+        self.blocks = [
+            (
+                b.name,
+                b.output,
+                slot(b.temp_bytes),
+                tuple(
+                    (
+                        op.name,
+                        op.kind,
+                        op.category,
+                        slot(op.flops),
+                        slot(op.bytes),
+                        slot(op.density),
+                        slot(op.comm_bytes),
+                        op.axis,
+                        op.peer,
+                        op.deps,
+                        slot(op.out_bytes),
+                    )
+                    for op in b.ops
+                ),
+            )
+            for b in self.modules.blocks
+        ]
+
+    def numeric(self, values: list) -> Modules:
+        """The modules with every recorded number read from `values` (a replay of the tape)."""
+        v = values
+
+        def num(x: Any) -> Any:
+            return v[x.slot] if type(x) is Sym else x
+
+        def traced(t: Traced) -> Traced:
+            return replace(
+                t,
+                saved_bytes=num(t.saved_bytes),
+                cache_bytes=num(t.cache_bytes),
+                gathered_bytes=(num(t.gathered_bytes[0]), num(t.gathered_bytes[1])),
+                unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
+            )
+
+        blocks = [
+            Block(
+                name,
+                tuple(
+                    [
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o])
+                        for n, k, c, f, b, d, m, ax, pe, de, o in ops
+                    ]
+                ),
+                output,
+                v[temp],
+            )
+            for name, output, temp, ops in self.blocks
+        ]
+        m = self.modules
+        layers = {key: traced(t) for key, t in m.layers.items()}
+        return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
+
+
+RECORDED_DEGREES = ("tp", "ep", "dp")
+"""The parallel degrees a module trace is recorded over (`ModuleTracer.modules`), like the sizes."""
+
+
+MODEL_SIZES: dict[type, tuple[str, ...]] = {
+    ModelSpec: ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_seq"),
+    MoESpec: ("experts", "expert_ffn", "shared_experts", "first_dense_layers"),
+    MLASpec: ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+    SSMSpec: ("expand", "dt_rank", "attention_every"),
+}
+"""Model fields a module trace reads only as the tracer's sizes (DenseModule), or, for the layer counts and
+patterns, through which layer kinds there are: the fields a model family's members differ in."""
+
+
+def _family(spec: Spec) -> Spec:
+    """The spec with its size fields blanked (nested sections too): what members of a family share."""
+    update: dict[str, Any] = dict.fromkeys(MODEL_SIZES[type(spec)])
+    for name in ("moe", "mla", "ssm"):
+        section = getattr(spec, name, None)
+        if section is not None:
+            update[name] = _family(section)
+    return spec.model_copy(update=update)
+
+
+def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
+    """What a module trace depends on besides the sizes and degrees it is recorded over: the model family and
+    the layer kinds there are, the parallel layout but for those degrees, and the kind of step. The model's
+    widths, micro-batch size and sequence length are sizes; the few size relations that decide structure are
+    named here (grouped-query or not, shared experts or none, a compressed query or a full one)."""
+    m, p = point.model, point.parallel
+    relations = (
+        m.n_kv_heads == m.heads,
+        m.moe is not None and m.moe.shared_experts > 0,
+        m.mla is not None and m.mla.q_lora_rank is None,
+        p.layer_strategy(m.layers - 1),
+    )
+    # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
+    # schedule's and the optimizer's business, not the trace's)
+    layout = tuple(
+        (name, min(value, 1) if name == "zero" and value < 3 else value)
+        for name, value in p
+        if name not in RECORDED_DEGREES
+    )
+    kinds = tuple(dict.fromkeys(keys))
+    return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)
+
+
+RECORDING_CACHE_SIZE = 256
+RECORDING_VARIANTS = 4
+"""Recordings kept per structure whose comparisons came out differently (FSDP1's gradient divide factors with dp
+4, 8 and 16), so that points alternating between them replay instead of recording again."""
+_RECORDINGS: dict[tuple, list[Recording]] = {}
+"""Per process, like the skeletons; emptied when full."""
+
+
+def recorded_modules(key: tuple, numbers: dict[str, Any]) -> Modules | None:
+    """The modules of structure `key` replayed on `numbers` (sizes and degrees), from the first recording of that
+    structure whose guards hold for them; None if none does."""
+    for recording in _RECORDINGS.get(key, []):
+        values = recording.tape.replay(numbers)
+        if values is not None:
+            return recording.numeric(values)
+    return None
+
+
+def keep_recording(key: tuple, recording: Recording) -> None:
+    """Keep a recording of structure `key` for later points, the last RECORDING_VARIANTS of the structure."""
+    variants = _RECORDINGS.get(key)
+    if variants is None:
+        if len(_RECORDINGS) >= RECORDING_CACHE_SIZE:
+            _RECORDINGS.clear()
+        variants = _RECORDINGS[key] = []
+    variants.append(recording)
+    del variants[:-RECORDING_VARIANTS]

@@ -1,0 +1,113 @@
+"""Pipeline stages' schedules without sizes (`Skeleton`), kept per shape of the step (`Pipeline.scheduled` keys
+them) so that a later point of that shape adds only its sizes; and what a point's schedule is keyed by
+(`schedule_shape`, `schedule_affinity`)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.spec import DesignPoint
+from dse.workload import CallShape, OpKind, Program, TableTensors, TensorTable, tensor_columns
+from generators.symbolic.blocks import LayerKey
+from generators.symbolic.schedule import steady_microbatches
+
+Unit = tuple[str | LayerKey, bool]
+"""A traced module a call runs: "embed", "head" or a traced layer, and whether it is the layer's variant whose
+backward recomputes nothing (see `Pipeline.unrecomputed`)."""
+Source = tuple[str | LayerKey, bool, int]
+"""What sizes a scheduled tensor: a unit and what of it: -1 its saved activations, 0 and 1 the weights its
+forward and its backward gather."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Skeleton:
+    """One stage's schedule without sizes: its calls, the p2p blocks it made, and its activation tensors' lifetimes
+    with what sizes each (the bytes a source's block saves or gathers). Every program built from it carries its
+    `shape`, on which cost models keep what they derive from the calls alone, and its `table` of tensors, to
+    which a point adds only the sizes."""
+
+    shape: CallShape
+    p2p: tuple[tuple[OpKind, int, str], ...]
+    table: TensorTable
+    sources: tuple[Source, ...]
+    """The distinct sources of the tensors' sizes."""
+    source_of: np.ndarray
+    """Per row of the table, its source's place in `sources`."""
+
+    @staticmethod
+    def of_walk(
+        program: Program, first_tensor: int, sources: list[Source], p2p: tuple[tuple[OpKind, int, str], ...]
+    ) -> "Skeleton":
+        """The skeleton of a program just walked (`Pipeline.schedule`): the walk added its tensors from
+        `first_tensor` on, sized by `sources`, and made the p2p blocks `p2p`. The program takes the skeleton's
+        shape and holds those tensors in its table."""
+        own, added = program.tensors[:first_tensor], program.tensors[first_tensor:]
+        distinct = tuple(dict.fromkeys(sources))
+        place = {source: i for i, source in enumerate(distinct)}
+        columns = tensor_columns(added)
+        table = TensorTable(
+            tuple(t.name for t in added),
+            tuple(t.kind for t in added),
+            columns.producer,
+            columns.consumer,
+            columns.kind,
+        )
+        skeleton = Skeleton(
+            CallShape(tuple(program.calls)),
+            p2p,
+            table,
+            distinct,
+            np.array([place[source] for source in sources], dtype=np.intp),
+        )
+        program.shape = skeleton.shape
+        program.tensors = TableTensors(own, table, columns.bytes)
+        return skeleton
+
+    def fill(self, program: Program, nbytes: np.ndarray) -> None:
+        """Make a program holding only its stage's fixed tensors run this skeleton's calls, its tensors sized by
+        `nbytes` per source."""
+        program.calls = list(self.shape.calls)
+        program.shape = self.shape
+        program.tensors = TableTensors(program.tensors, self.table, nbytes[self.source_of])
+
+
+def schedule_shape(point: DesignPoint) -> tuple:
+    """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure and
+    the number of micro-batches scheduled."""
+    p = point.parallel
+    return (
+        point.model.name,
+        p.pp,
+        p.virtual_stages if p.pp_schedule == "interleaved" else 1,
+        p.pp_schedule,
+        point.workload.mode,
+        p.zero >= 2,
+        p.recompute_every,
+        p.first_stage_layers,
+        p.last_stage_layers,
+    )
+
+
+def schedule_affinity(point: DesignPoint) -> tuple:
+    """The schedule skeletons a cost model prices a point from: its shape and the micro-batches of its steady
+    form (or of the step, without one). The first point of each pays the walk over every layer and micro-batch,
+    most of a cold generation, and the cost model keeps its segment layouts on the skeletons' call shapes, so
+    points alike in these run best in one process: the generator's `affinity`."""
+    return (*schedule_shape(point), steady_microbatches(point) or point.micro_batches)
+
+
+SKELETON_CACHE_SIZE = 256
+_SKELETONS: dict[tuple, Skeleton] = {}
+"""Per process (an evaluator actor keeps it across trials); emptied when full."""
+
+
+def skeleton_for(key: tuple) -> Skeleton | None:
+    """The skeleton kept for a stage of this shape (`Pipeline.scheduled` makes the key), if any."""
+    return _SKELETONS.get(key)
+
+
+def keep_skeleton(key: tuple, skeleton: Skeleton) -> None:
+    """Keep a stage's skeleton for later points of its shape."""
+    if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
+        _SKELETONS.clear()
+    _SKELETONS[key] = skeleton

@@ -1,0 +1,199 @@
+"""Tracing a point's modules: every distinct layer, the embedding and the head, each once, into the workload's first
+blocks (forward; in training also the derived backward with what it recomputes, the gradient sync, and ZeRO-3's
+prefetched weight gathers), or replaying a recording of the same structure (`recording`).
+
+Each kind of layer (a mixer and an MLP: attention + dense, MLA + MoE, SSM, ...) is traced once and shared by every
+layer, micro-batch and stage that runs it. Training traces forward and the derived backward; prefill and decode
+trace the forward only and hold KV caches (or SSM states) instead of gradients.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from dse.spec import DTYPE_BYTES, DesignPoint
+from dse.workload import Block, Collective
+from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
+from generators.symbolic.blocks import LayerKey, Modules, Traced, add_block, layer_block_name
+from generators.symbolic.dense import DenseModule
+from generators.symbolic.dist import DUP, gradient_layout
+from generators.symbolic.emitter import Emitter
+from generators.symbolic.fsdp import FsdpCopies
+from generators.symbolic.optimizer import gradient_sync
+from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
+from generators.symbolic.tape import Tape
+from generators.symbolic.tensors import Node, STensor
+
+
+class ModuleTracer:
+    """Traces the modules of one point into `blocks`, each distinct one once."""
+
+    def __init__(self, point: DesignPoint):
+        self.point = point
+        self.train = point.workload.mode == "train"
+        self.module = DenseModule(point)
+        self.tracer = self.module.tracer
+        self.blocks: list[Block] = []
+        self.synced: set[int] = set()
+        """Ids of the parameters whose gradients a module traced before syncs (a tied weight syncs once)."""
+        p = point.parallel
+        self.fsdp = (
+            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype])
+            if p.zero == 3
+            else None
+        )
+
+    def gather_block(self, name: str, emitter: Emitter) -> int | None:
+        """The weight all-gathers a prefetching block's ops read, as a block of their own."""
+        if not emitter.gathers:
+            return None
+        self.blocks.append(Block(f"{name}.gather", tuple(emitter.gathers)))
+        return len(self.blocks) - 1
+
+    def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
+        """Nodes recomputed in backward, and those of them whose output is stored all the same."""
+        policy = self.point.parallel.recompute
+        if not name.startswith("layer") or policy == "none":
+            return [], []
+        if policy == "full":
+            return list(tape), []
+        if policy == "selective_op":
+            replayed = _per_op_recomputed(tape)
+            return (replayed if self.module.eager else read_by_backward(tape, replayed)), []
+        attention = [n for n in tape if n.kind == "attention"]
+        # Megatron's selective recompute re-runs the unfused core attention (QK^T, softmax, dropout, over V) and
+        # keeps its output, which the output projection reads; a fused kernel's output is recomputed with it.
+        kept = attention if not self.point.model.flash_attention else []
+        return attention, kept
+
+    def trace(self, name: str, inputs: Sequence[STensor], forward: Callable[[], STensor]) -> Traced:
+        """The module `forward` computes from `inputs`, traced into the blocks of its forward and, in training, of
+        its derived backward, gradient sync and prefetched weight gathers."""
+        tr = self.tracer
+        first_param = len(self.module.params)
+        first_cache = len(self.module.caches)
+        tr.tape, tr.recording = [], True
+        tr.begin_block(inputs)
+        # ZeRO-3 weight gathers get calls of their own, issued one module ahead (FSDP's forward and backward
+        # prefetch, FSDP2's implicit prefetch); see `Pipeline.schedule`.
+        tr.emitter.prefetch = self.train and self.point.parallel.zero == 3
+        tr.emitter.fsdp = self.fsdp
+        out = forward()
+        fwd = tr.end_block()
+        tape = tr.tape
+        params = self.module.params[first_param:]
+        cache = sum(tr.nbytes(c) for c in self.module.caches[first_cache:])
+        if not self.train:
+            forward_block = add_block(self.blocks, f"{name}.forward", fwd)
+            return Traced(forward_block, None, None, 0.0, params, cache)
+
+        tr.recording = False
+        replayed, kept = self._replayed(name, tape)
+        bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
+        saved = saved_bytes(tr, tape, replayed, kept)
+        forward_block = add_block(self.blocks, f"{name}.forward", fwd)
+        backward_block = add_block(self.blocks, f"{name}.backward", bwd, output)
+        sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
+        sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
+        gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
+        gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
+        traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
+        if replayed and self.point.parallel.recompute_every > 1:
+            plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            traced.unrecomputed = replace(
+                traced,
+                backward=add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output),
+                saved_bytes=saved_bytes(tr, tape, [], []),
+                gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
+                gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
+            )
+        return traced
+
+    def _derive(
+        self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool
+    ) -> tuple[Emitter, Gradients, int]:
+        """The backward block of a traced forward that recomputes `replayed` first, its gradients, and the op
+        whose end hands the input gradients on."""
+        tr = self.tracer
+        layout = {axis: gradient_layout(out.dist(axis)) for axis in tr.degrees}
+        grad_out = STensor(f"{out.name}.grad", out.dims, tuple(sorted(layout.items())), out.itemsize)
+        grad_out = grad_out.relayout("tp", layout.get("tp", DUP))
+        # The forward's values are the call's inputs too (the forward call it reads), so what backward does with
+        # them alone (recompute, a K/V regather) waits for the call to start, as autograd only reaches a module once
+        # the gradient of its output exists, rather than running ahead of the gradient it is part of.
+        tr.begin_block([grad_out, *inputs, *(node.output for node in tape)])
+        tr.emitter.prefetch = prefetch
+        tr.emitter.fsdp = self.fsdp
+        diff = Differentiator(tr, tape, self.module.leaf_ids)
+        diff.replay(replayed)
+        grads = diff.run([(out, grad_out)], inputs)
+        bwd = tr.end_block()
+        input_grad_ops = [bwd.origin[id(g)] for g in grads.inputs.values() if id(g) in bwd.origin]
+        return bwd, grads, max(input_grad_ops) if input_grad_ops else -1
+
+    def trace_modules(self, keys: list[LayerKey]) -> Modules:
+        """Every distinct layer, the embedding and the head, traced: their blocks (the first of the workload's)
+        and what they imply."""
+        point, module = self.point, self.module
+        p, m = point.parallel, point.model
+        tokens = module.tokens()
+        embed_table: list[STensor] = []
+
+        def embed() -> STensor:
+            out, table = module.embed(tokens)
+            embed_table.append(table)
+            return out
+
+        traced: dict[LayerKey, Traced] = {}
+        for key in dict.fromkeys(keys):
+            x_in = module.activation("x", ("b", "s", "h"), key[2])
+            traced[key] = self.trace(
+                layer_block_name(key), [x_in], lambda key=key, x_in=x_in: module.layer(x_in, key[0], key[1])
+            )
+        embedding = self.trace("embed", [], embed)
+        tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
+        head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
+        head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
+        return Modules(self.blocks, traced, embedding, head, embed_table[0], tie is not None)
+
+    def modules(self, keys: list[LayerKey]) -> Modules:
+        """`trace_modules` for this point: replayed from the recording of an earlier point of the same structure
+        (see `recording`), or traced with recording sizes and kept for later points.
+
+        The recorded sizes are the tracer's dimension sizes and the degrees of the tp, ep and dp axes; which axes
+        are split, the cp degree (its ring has a step per rank) and everything else are the structure."""
+        tracer = self.tracer
+        sizes, degrees, fsdp = tracer.sizes, tracer.degrees, self.fsdp
+        recorded = {name: degree for name, degree in degrees.items() if name in RECORDED_DEGREES}
+        numbers = {**sizes, **{f"degree.{name}": degree for name, degree in recorded.items()}}
+        key = (trace_structure(self.point, keys), tuple(sorted(degrees)))
+        modules = recorded_modules(key, numbers)
+        if modules is not None:
+            return modules
+        tape = Tape()
+        tracer.use_sizes(
+            {name: tape.leaf(name, value) for name, value in sizes.items()},
+            degrees | {name: tape.leaf(f"degree.{name}", d) for name, d in recorded.items()},
+        )
+        if fsdp is not None:
+            self.fsdp = replace(fsdp, degrees=tracer.degrees)
+        recording = Recording(tape, self.trace_modules(keys))
+        tracer.use_sizes(sizes, degrees)
+        self.fsdp = fsdp
+        keep_recording(key, recording)
+        return recording.numeric(tape.values)
+
+
+def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:
+    """torchtitan's per-op selective checkpointing (`selective_ac_option: op`, its `_save_list`): the outputs of
+    attention, of the matmuls except every second one (the 2nd, 4th, ... of the layer) and of the tensor-parallel
+    reduce-scatters are saved; every other op is recomputed in backward from what is saved."""
+    saved: set[int] = set()
+    matmuls = 0
+    for node in tape:
+        if node.kind == "einsum":
+            matmuls += 1
+            if matmuls % 2:
+                saved.add(id(node))
+        elif node.kind == "attention" or any(op.category == Collective.REDUCE_SCATTER for op in node.ops):
+            saved.add(id(node))
+    return [node for node in tape if id(node) not in saved]

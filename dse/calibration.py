@@ -8,9 +8,11 @@ check the result. Float8 rows of the torchtitan table are left out: the generato
 runs the kernels its software ran (`workload.kernels`): the blog's fms-fsdp runs and torchtitan's eager row eager,
 torchtitan's torch.compile row fused, so the eager/compile difference is itself checked.
 
-The collective cases are nccl-tests bus bandwidths on a catalog system's network, priced by the analytical
-network model. Most of them set a catalog efficiency (they say which): their row shows that the catalog and the
-formulas reproduce the figure they were set from. The others check the model, and only those count in the mean.
+The collective cases are nccl-tests bus bandwidths on a catalog system's network, priced by the chosen cost model
+when it prices a collective alone (dse.interfaces.CollectiveCostModel; the analytical model does, with the closed
+forms its simulation uses). Most of them set a catalog efficiency (they say which): their row shows that the
+catalog and the formulas reproduce the figure they were set from. The others check the model, and only those count
+in the mean.
 
 The held-out cases are published measurements outside ../shared/calibration.md that set nothing: Megatron-LM's
 iteration times from Korthikanti et al. 2022, the figures Calculon reports its own accuracy on. They run the
@@ -27,10 +29,10 @@ from rich.table import Table
 
 from dse import plugins
 from dse.evaluate import evaluate
-from dse.interfaces import CostModel, WorkloadGenerator
+from dse.interfaces import CollectiveCostModel, CostModel, WorkloadGenerator
 from dse.points import build_point, expand
 from dse.spec import GiB, SystemSpec
-from simulators.analytical.network import bus_factor, collective_time, group_span, p2p_time
+from dse.workload import Collective, bus_factor
 
 FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"
 TORCHTITAN = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (iteration 90)"
@@ -234,15 +236,22 @@ class CollectiveRow:
         return self.bus_GBps / self.case.bus_GBps - 1
 
 
-def run_collectives(cases: list[CollectiveCase] = COLLECTIVE_CASES) -> list[CollectiveRow]:
+def run_collectives(
+    cost_model: CostModel, cases: list[CollectiveCase] = COLLECTIVE_CASES
+) -> list[CollectiveRow] | None:
+    """Each case's bus bandwidth as the cost model prices it; None when the model does not price a collective
+    alone (it is not a CollectiveCostModel)."""
+    if not isinstance(cost_model, CollectiveCostModel):
+        return None
     rows = []
     for case in cases:
         system = SystemSpec.model_validate(expand({"system": case.system})["system"])
         if case.collective == "send":
-            bus = BUFFER / p2p_time(BUFFER, 0, case.npus - 1, system.network)
+            bus = BUFFER / cost_model.p2p_time(BUFFER, 0, case.npus - 1, system)
         else:
-            span = group_span(range(case.npus), system.network)
-            bus = bus_factor(case.collective, case.npus) * BUFFER / collective_time(case.collective, BUFFER, span)
+            kind = Collective(case.collective)
+            seconds = cost_model.collective_time(kind, BUFFER, range(case.npus), system)
+            bus = bus_factor(kind, case.npus) * BUFFER / seconds
         rows.append(CollectiveRow(case, bus / 1e9))
     return rows
 
@@ -288,15 +297,16 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "calibrate",
         help="model against published measurements",
         description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
-        "nccl-tests bus bandwidths on the analytical network model) and print model against measurement with "
-        "per-case and mean error; then the held-out Megatron-LM iteration times, which set nothing.",
+        "nccl-tests bus bandwidths where the cost model prices a collective alone) and print model against "
+        "measurement with per-case and mean error; then the held-out Megatron-LM iteration times, which set nothing.",
     )
     calibrate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
     calibrate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
     calibrate.add_argument(
         "--json",
         action="store_true",
-        help="print the rows as JSON: {training: [...], held_out: [...], collectives: [...]}",
+        help="print the rows as JSON: {training: [...], held_out: [...], collectives: [...]} (collectives null "
+        "when the cost model does not price a collective alone)",
     )
 
 
@@ -304,21 +314,28 @@ def main(args: argparse.Namespace, console: Console) -> int:
     generator, cost_model = plugins.generator(args.generator), plugins.cost_model(args.cost_model)
     rows = run(generator, cost_model)
     held_out = run(generator, cost_model, HELD_OUT)
-    collectives = run_collectives()
+    collectives = run_collectives(cost_model)
     if args.json:
         print(
             json.dumps(
                 {
                     "training": [_as_dict(row) for row in rows],
                     "held_out": [_as_dict(row) for row in held_out],
-                    "collectives": [_collective_dict(row) for row in collectives],
+                    "collectives": None if collectives is None else [_collective_dict(row) for row in collectives],
                 }
             )
         )
         return 0
     _print_training(rows, "calibration: model vs measured", console)
     _print_training(held_out, "held out (sets nothing): Megatron-LM iteration times", console)
-    _print_collectives(collectives, console)
+    if collectives is None:
+        console.print(
+            f"collectives: cost model '{cost_model.name}' does not price a collective alone "
+            "(dse.interfaces.CollectiveCostModel), so the nccl-tests cases are left out",
+            soft_wrap=True,
+        )
+    else:
+        _print_collectives(collectives, cost_model.name, console)
     return 0
 
 
@@ -346,8 +363,8 @@ def _print_training(rows: list[Row], title: str, console: Console) -> None:
         console.print(f"source: {source}", soft_wrap=True)
 
 
-def _print_collectives(rows: list[CollectiveRow], console: Console) -> None:
-    table = Table(title="collectives: analytical network model vs nccl-tests bus bandwidth")
+def _print_collectives(rows: list[CollectiveRow], cost_model: str, console: Console) -> None:
+    table = Table(title=f"collectives: {cost_model} network model vs nccl-tests bus bandwidth")
     for column in ("case", "GB/s model", "measured", "error", "role"):
         table.add_column(column, justify="left" if column in ("case", "role") else "right", no_wrap=column == "case")
     for row in rows:

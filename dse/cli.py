@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import optuna
@@ -358,6 +359,13 @@ def _generate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def run_study(study: Path, out: Path, tracking_uri: str, workers: int | None, console: Console) -> int:
+    """`dse run STUDY --out OUT --tracking-uri URI [--workers N]` as a call, every other option at its default:
+    what `dse nightly` runs each study with (it is handed this, as a nightly.StudyRunner, not importing the CLI)."""
+    argv = ["run", str(study), "--out", str(out), "--tracking-uri", tracking_uri]
+    return _run(_parser().parse_args(argv + (["--workers", str(workers)] if workers else [])), console)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     to_stderr = args.command == "evaluate" and args.json
@@ -367,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=to_stderr, width=width)
     try:
         commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
-        commands |= commands_module.HANDLERS
+        commands |= commands_module.handlers(partial(run_study, console=console))
         commands["calibrate"] = calibration.main
         return commands[args.command](args, console)
     except DseError as exc:

@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -162,7 +163,7 @@ def _study_differences(a: Path, b: Path) -> list[str]:
     return out
 
 
-def run_nightly(args: argparse.Namespace, console: Console) -> int:
+def run_nightly(args: argparse.Namespace, console: Console, run_study: nightly.StudyRunner) -> int:
     if not 0 <= args.threshold < 1:
         raise DseError(f"--threshold {args.threshold}: give a relative change between 0 and 1, e.g. 0.01 for 1 %")
     suite = nightly.load_suite(args.suite)
@@ -170,8 +171,9 @@ def run_nightly(args: argparse.Namespace, console: Console) -> int:
     root: Path = args.root
     root.mkdir(parents=True, exist_ok=True)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(root)
-    run_args = ["--workers", str(args.workers)] if args.workers else []
-    text, moved = _with_ray(args.address, lambda: nightly.run_suite(suite, root, night, uri, run_args, args.threshold))
+    text, moved = _with_ray(
+        args.address, lambda: nightly.run_suite(suite, root, night, uri, args.workers, args.threshold, run_study)
+    )
     print(text)
     print(f"report: {root / night / nightly.REPORT}", file=sys.stderr)
     return EXIT_CHANGED if moved else 0
@@ -189,4 +191,11 @@ def _with_ray(address: str | None, work: Callable[[], T]) -> T:
             ray.shutdown()
 
 
-HANDLERS = {"sync": sync, "compare": compare, "nightly": run_nightly, "timeline": timeline}
+Handler = Callable[[argparse.Namespace, Console], int]
+
+
+def handlers(run_study: nightly.StudyRunner) -> dict[str, Handler]:
+    """This module's commands by name. The CLI gives the way to run one study (its own `dse run`), which
+    `dse nightly` runs each of its studies with; taking it as an argument keeps this module below the CLI."""
+    nightly_command = partial(run_nightly, run_study=run_study)
+    return {"sync": sync, "compare": compare, "nightly": nightly_command, "timeline": timeline}

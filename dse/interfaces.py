@@ -1,10 +1,11 @@
 """The contracts between the core and its plugins: generators make Workloads, cost models price them."""
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from dse.spec import DesignPoint, SystemSpec
-from dse.workload import Workload
+from dse.workload import Collective, Workload
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,3 +89,21 @@ class CostModel(Protocol):
     name: str
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult: ...
+
+
+@runtime_checkable
+class CollectiveCostModel(CostModel, Protocol):
+    """A cost model that also prices one collective or one send alone on a system's network, as nccl-tests
+    measures them (nothing else in flight, sizes in the nccl-tests convention, NPU r holding rank r).
+
+    An optional capability: `dse calibrate` checks it against nccl-tests' bus bandwidths, so a network model is
+    checked where it can be measured in isolation, not only through whole steps; a cost model without it has
+    its end-to-end cases checked and its collective rows left out."""
+
+    def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
+        """Seconds of a collective of `size` bytes over the NPUs `ranks` of the system."""
+        ...
+
+    def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
+        """Seconds of a send of `size` bytes from NPU src to NPU dst."""
+        ...

@@ -14,12 +14,14 @@ import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 import pandas as pd
 
 from dse import pareto, report
 from dse.errors import DseError
 from dse.space import StudySpec, load_study
+from dse.study import open_study
 from dse.tracking import PARENT_RUN_ATTR, PARQUET, load_saved_spec, read_parquet
 
 NIGHT_FILE = "nightly.json"
@@ -29,6 +31,14 @@ EXPERIMENT = "dse-nightly"
 NIGHT_TAG = "dse.night"
 METRIC_PREFIX = "nightly."
 LOG = logging.getLogger(__name__)
+
+
+class StudyRunner(Protocol):
+    """Runs a study file into an output folder as `dse run STUDY --out OUT --tracking-uri URI [--workers N]` does
+    and returns its exit code. The CLI hands its own to `dse nightly` (dse.cli.run_study), so a night's studies
+    take the code path of `dse run` while this module, a layer below the CLI, does not import it."""
+
+    def __call__(self, study: Path, out: Path, tracking_uri: str, workers: int | None) -> int: ...
 
 
 def default_night() -> str:
@@ -139,15 +149,18 @@ def load_suite(suite: Path) -> list[tuple[Path, StudySpec]]:
 
 
 def run_suite(
-    suite: list[tuple[Path, StudySpec]], root: Path, night: str, uri: str, run_args: list[str], threshold: float
+    suite: list[tuple[Path, StudySpec]],
+    root: Path,
+    night: str,
+    uri: str,
+    workers: int | None,
+    threshold: float,
+    run_study: StudyRunner,
 ) -> tuple[str, bool]:
     """Run every study of the suite for this night and write the report; returns it and whether anything moved.
 
-    run_args go to each `dse run` (--workers); Ray is joined once by the caller. A night run again starts its
-    studies afresh."""
+    Ray is joined once by the caller. A night run again starts its studies afresh."""
     from mlflow import MlflowClient
-
-    from dse.cli import main as dse
 
     night_dir = root / night
     client = MlflowClient(uri)
@@ -156,7 +169,7 @@ def run_suite(
         out = night_dir / spec.name
         if out.exists():
             shutil.rmtree(out)
-        code = dse(["run", str(path), "--out", str(out), "--tracking-uri", uri, *run_args])
+        code = run_study(path, out, uri, workers)
         if code != 0:
             raise DseError(f"{path}: the study failed (exit code {code}); the night is incomplete, see above")
         now = figures(read_parquet(out))
@@ -184,8 +197,6 @@ def _baseline_from_mlflow_safely(client, spec: StudySpec, night: str) -> tuple[d
 
 
 def _tag_night(client, out: Path, night: str, now: dict[str, float]) -> None:
-    from dse.study import open_study
-
     spec = load_saved_spec(out)
     run_id = open_study(spec, out).user_attrs.get(PARENT_RUN_ATTR)
     if not run_id:

@@ -37,6 +37,15 @@ class Collective(StrEnum):
     BROADCAST = "broadcast"
 
 
+def bus_factor(kind: Collective | str, n: int) -> float:
+    """The share of the buffer a ring over n members moves over each member's link: nccl-tests' bus bandwidth
+    (busbw) is this times the buffer over the time, which makes collectives of any kind and size comparable."""
+    kind = Collective(kind)
+    if kind is Collective.BROADCAST:
+        return 1.0
+    return (2 if kind is Collective.ALL_REDUCE else 1) * (n - 1) / n
+
+
 class TensorKind(StrEnum):
     PARAMETER = "parameter"
     GRADIENT = "gradient"

@@ -6,16 +6,19 @@ real-valued RoPE and FSDP1's copies (flat gradient concatenated and divided befo
 torchtitan's with FSDP2's (copy-in, copy-out at every gather, an fp32 reduce-scatter input). Every row is within
 10%; the blog's 7B (no recompute: the elementwise work weighs most there) stays the most optimistic, by 8-9%.
 Peak memory of both torchtitan rows is within 4% (the compiled row keeps only what its backward reads). The
-collective rows are nccl-tests bus bandwidths on the catalog's networks.
+collective rows are nccl-tests bus bandwidths on the catalog's networks, priced by a cost model that prices a
+collective alone (dse.interfaces.CollectiveCostModel); one that does not still gets its end-to-end rows.
 """
 
 import json
+import textwrap
 
 import pytest
 
 from dse import plugins
 from dse.calibration import CASES, COLLECTIVE_CASES, HELD_OUT, Case, errors, run, run_collectives
 from dse.cli import main
+from dse.interfaces import CollectiveCostModel
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +97,9 @@ def test_the_collective_rows_reproduce_nccl_tests():
     """A row that set a catalog efficiency reproduces its figure within 1% (the catalog keeps two digits). The row
     that only checks the model, two nodes of eight A100s with 4x200G InfiniBand each, is within 5%: their NICs
     bound NCCL's rings at 8 x 12.5 x 0.9 = 90 GB/s where 86 was measured (a hierarchical decomposition read 100)."""
-    rows = run_collectives()
+    analytical = plugins.cost_model("analytical")
+    assert isinstance(analytical, CollectiveCostModel)
+    rows = run_collectives(analytical)
     assert len(rows) == len(COLLECTIVE_CASES) == 5
     for row in rows:
         assert abs(row.error) < (0.01 if row.case.sets else 0.05), row.case.name
@@ -135,3 +140,51 @@ def test_held_out_megatron_iteration_times():
         bound = 0.06 if "full recompute" in name else 0.15
         assert abs(row.throughput_error) < bound, name
     assert sum(errors(list(rows.values()))) / len(rows) < 0.08
+
+
+SIMULATE_ONLY = """
+    from simulators.analytical import AnalyticalCostModel
+
+
+    class SimulateOnly:
+        \"\"\"A cost model with nothing but the CostModel contract (as an external simulator may start).\"\"\"
+
+        name = "simulate-only"
+
+        def simulate(self, workload, system):
+            return AnalyticalCostModel().simulate(workload, system)
+"""
+
+
+@pytest.fixture
+def simulate_only_plugin(tmp_path, monkeypatch):
+    """A cost model installed as a user's plugin is: a distribution on sys.path declaring the entry point."""
+    (tmp_path / "simulate_only_plugin.py").write_text(textwrap.dedent(SIMULATE_ONLY))
+    info = tmp_path / "simulate_only_plugin-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: simulate-only-plugin\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[dse.simulators]\nsimulate-only = simulate_only_plugin:SimulateOnly\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins._registry.cache_clear()
+    yield "simulate-only"
+    monkeypatch.undo()
+    plugins._registry.cache_clear()
+
+
+def test_calibrate_a_cost_model_that_prices_no_collective_alone(simulate_only_plugin, rows, capsys):
+    """Its end-to-end rows are priced (the same figures: it simulates as the analytical model does) and the
+    nccl-tests rows are left out, saying so, instead of being priced by another model behind its back."""
+    model = plugins.cost_model(simulate_only_plugin)
+    assert not isinstance(model, CollectiveCostModel)
+    assert run_collectives(model) is None
+    assert main(["calibrate", "--cost-model", simulate_only_plugin, "--json"]) == 0
+    tables = json.loads(capsys.readouterr().out)
+    assert tables["collectives"] is None
+    assert {row["case"]: row["tokens_per_s_per_gpu"] for row in tables["training"]} == {
+        name: row.tokens_per_s_per_gpu for name, row in rows.items()
+    }
+    assert main(["calibrate", "--cost-model", simulate_only_plugin]) == 0
+    out = capsys.readouterr().out
+    assert "held out (sets nothing)" in out
+    assert "cost model 'simulate-only' does not price a collective alone" in out
+    assert "nccl-tests bus bandwidth" not in out

@@ -8,7 +8,8 @@ import numpy as np
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.spec import SystemSpec
-from dse.workload import DeferredPrograms, Program, TableTensors, Tensor, Workload
+from dse.workload import Collective, DeferredPrograms, Program, TableTensors, Tensor, Workload
+from simulators.analytical import network
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
@@ -89,6 +90,14 @@ class AnalyticalCostModel:
             _RESULTS.clear()
         _RESULTS[key] = (contents, _copy(result))
         return result
+
+    def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
+        """The closed form the simulation prices the collective with (dse.interfaces.CollectiveCostModel)."""
+        return network.collective_time(kind, size, network.group_span(ranks, system.network))
+
+    def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
+        """The time the simulation gives a pipeline send (dse.interfaces.CollectiveCostModel)."""
+        return network.p2p_time(size, src, dst, system.network)
 
     def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
         if workload.layout.world > system.npus:

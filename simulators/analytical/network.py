@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from math import ceil, log2, prod
 
 from dse.spec import NetworkDim
-from dse.workload import Collective
+from dse.workload import Collective, bus_factor
 
 Span = list[tuple[NetworkDim, int]]
 """The dimensions a process group spans (those where it has more than one coordinate) and that count."""
@@ -160,15 +160,6 @@ def collective_time(kind: str, size: float, span: Span) -> float:
     if len(span) > 1:
         return _across(collective, size, span)
     return sum(sum(_dim_parts(collective, size, dim, count)) for dim, count in span)
-
-
-def bus_factor(kind: Collective | str, n: int) -> float:
-    """The share of the buffer a ring over n members moves over each member's link: nccl-tests' bus bandwidth
-    is this times the buffer over the time."""
-    kind = Collective(kind)
-    if kind is Collective.BROADCAST:
-        return 1.0
-    return (2 if kind is Collective.ALL_REDUCE else 1) * (n - 1) / n
 
 
 def _across(kind: Collective, size: float, span: Span) -> float:

@@ -13,7 +13,7 @@ What the checks do not see is which transfer last used a shared network link (`p
 pipeline transfers share a link with collectives or ring-attention sends, the links' state can cycle over two or
 three micro-batches while every call's times repeat each one, and the drain after the steady state depends on
 where in that cycle it starts. The generator makes the steady form a whole number of such cycles shorter than
-the step (`generators.symbolic.generator.LINK_CYCLE`), so both drains start in the same phase; a step priced
+the step (`generators.symbolic.schedule.LINK_CYCLE`), so both drains start in the same phase; a step priced
 from a steady form of the other phase was off by up to 0.8% (Llama-3-8B on two pipeline stages across nodes).
 
 Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p micro-batches' activations

@@ -281,16 +281,15 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
     point = load_point(args.point)
     cost_model = plugins.cost_model(args.cost_model)
+    traced = traces.timeline_model(args.cost_model) if args.trace is not None else None
     if args.trace is not None:
-        found = traces.exporter(args.cost_model)
-        if found is None:
+        if traced is None:
             raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
-        model_class, to_chrome_trace = found
-        cost_model = model_class(timeline=True)
+        cost_model = traced.with_timeline()
     evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
-    if args.trace is not None:
+    if traced is not None:
         try:
-            args.trace.write_text(json.dumps(to_chrome_trace(evaluation.result)))
+            args.trace.write_text(json.dumps(traced.chrome_trace(evaluation.result)))
         except OSError as exc:
             raise DseError(f"--trace: cannot write {args.trace} ({exc.strerror}); choose another FILE") from None
     metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}

@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from dse.spec import DesignPoint, SystemSpec
 from dse.workload import Collective, Workload
@@ -106,4 +106,21 @@ class CollectiveCostModel(CostModel, Protocol):
 
     def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
         """Seconds of a send of `size` bytes from NPU src to NPU dst."""
+        ...
+
+
+@runtime_checkable
+class TimelineCostModel(CostModel, Protocol):
+    """A cost model that can keep every op's interval and write them as a Chrome/Perfetto trace.
+
+    An optional capability: `dse evaluate --trace` and `dse timeline` use it. Keeping a timeline is asked for per
+    use (`with_timeline`), because it costs: the analytical model then runs every op by itself instead of pricing
+    repeated runs of kernels once."""
+
+    def with_timeline(self) -> CostModel:
+        """A cost model of the same settings whose results carry their timeline."""
+        ...
+
+    def chrome_trace(self, result: SimResult) -> dict[str, Any]:
+        """The result's timeline as Chrome trace JSON (`{"traceEvents": [...]}`)."""
         ...

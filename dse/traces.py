@@ -1,19 +1,17 @@
-"""Timeline traces of single design points, for the Pareto members' MLflow runs (open them in ui.perfetto.dev).
+"""Timeline traces of single design points, for `dse evaluate --trace` and `dse timeline` (open them in
+ui.perfetto.dev).
 
-A cost model offers traces by convention, without dse importing it: its constructor takes `timeline=True` and
-its package exports `to_chrome_trace(SimResult) -> dict` (simulators.analytical does both). Traces are
-gzipped: a Llama-3-8B step on 64 GPUs is ~50k events, 8 MB of JSON, well under 1 MB compressed.
+A cost model offers traces through the TimelineCostModel capability (dse.interfaces); simulators.analytical has
+it. Traces are gzipped: a Llama-3-8B step on 64 GPUs is ~50k events, 8 MB of JSON, well under 1 MB compressed.
 """
 
 import gzip
-import importlib
-import inspect
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from dse import plugins
+from dse.interfaces import TimelineCostModel
 from dse.space import StudySpec, decode
 from dse.spec import DesignPoint
 
@@ -21,14 +19,10 @@ TIMELINES_DIR = "timelines"
 """A study's traces: OUT_DIR/timelines/trial-N.json.gz."""
 
 
-def exporter(cost_model: str) -> tuple[type, Callable[[Any], dict[str, Any]]] | None:
-    """The cost model's class and its package's to_chrome_trace, or None if it offers no trace."""
-    cls = type(plugins.cost_model(cost_model))
-    package = importlib.import_module(cls.__module__.rpartition(".")[0] or cls.__module__)
-    export = getattr(package, "to_chrome_trace", None)
-    if export is None or "timeline" not in inspect.signature(cls).parameters:
-        return None
-    return cls, export
+def timeline_model(cost_model: str) -> TimelineCostModel | None:
+    """The registered cost model as one that keeps its timeline, or None if it cannot (TimelineCostModel)."""
+    model = plugins.cost_model(cost_model)
+    return model if isinstance(model, TimelineCostModel) else None
 
 
 def write_trace(point: DesignPoint, generator: str, cost_model: str, path: Path) -> bool:
@@ -37,12 +31,11 @@ def write_trace(point: DesignPoint, generator: str, cost_model: str, path: Path)
 
     The JSON is encoded whole (json.dumps runs in C; json.dump streams through Python, 5x slower on these 50k
     events) and compressed at level 6 in one call: ~8 MB of JSON, well under 1 MB written."""
-    found = exporter(cost_model)
-    if found is None:
+    model = timeline_model(cost_model)
+    if model is None:
         return False
-    cls, export = found
     workload = plugins.generator(generator).generate(point)
-    trace = export(cls(timeline=True).simulate(workload, point.system))
+    trace = model.chrome_trace(model.with_timeline().simulate(workload, point.system))
     path.write_bytes(gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), compresslevel=6))
     return True
 

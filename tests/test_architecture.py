@@ -19,9 +19,7 @@ from conftest import ROOT
 CORE = ROOT / "dse"
 PLUGIN_PACKAGES = frozenset({"generators", "simulators", "objectives"})
 DYNAMIC_IMPORT_CALLS = frozenset({"import_module", "__import__"})
-COMPUTED_IMPORTS = {
-    "dse/traces.py": "the package of a cost model found through its entry point, for its to_chrome_trace",
-}
+COMPUTED_IMPORTS: dict[str, str] = {}
 """Core files that import a module by a computed name, and what that name is."""
 
 

@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
 from simulators.analytical.steady import schedule_steady
+from simulators.analytical.trace import to_chrome_trace
 
 RESULT_CACHE_SIZE = 32
 _RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
@@ -75,6 +77,12 @@ class AnalyticalCostModel:
     def __init__(self, timeline: bool = False, exact: bool = False) -> None:
         self.timeline = timeline
         self.exact = exact
+
+    def with_timeline(self) -> "AnalyticalCostModel":
+        return AnalyticalCostModel(timeline=True, exact=self.exact)
+
+    def chrome_trace(self, result: SimResult) -> dict[str, Any]:
+        return to_chrome_trace(result)
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
         """The step's result; a point priced before in this process with the same settings is read back."""

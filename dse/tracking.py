@@ -8,6 +8,7 @@ thread: a child run costs ~50 ms on local sqlite and ~260 ms through a server, t
 MLflow fails the study goes on without it and says how to catch up.
 """
 
+import contextlib
 import logging
 import os
 import queue
@@ -17,18 +18,21 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse import pareto, plots, traces
+from dse import browse, pareto, plots, traces
 from dse.errors import DseError, SpecError
 from dse.executor import NODE
 from dse.space import StudySpec, decode, load_study
 from dse.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 PARQUET = "trials.parquet"
 PARETO_CSV = "pareto.csv"
@@ -263,22 +267,28 @@ class Tracker:
         location = None
         if self.uri.startswith("sqlite:///"):
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-        # The kind makes the MLflow UI open the experiment on its runs table rather than the GenAI overview.
+        # The kind is for MLflow clients that read it; 3.17's UI goes by its mode switch instead (see dse.browse).
         tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
         return self.client.create_experiment(self.spec.name, artifact_location=location, tags=tags)
 
     def _parent(self, study: optuna.Study) -> str:
+        """Reuse the study's parent run (a resume) or create it, and (re)write its saved view of the runs table,
+        which follows the study file's objectives and space."""
         from mlflow.exceptions import MlflowException
 
-        run_id = study.user_attrs.get(PARENT_RUN_ATTR)
-        if run_id:
-            try:
+        run = None
+        if run_id := study.user_attrs.get(PARENT_RUN_ATTR):
+            with contextlib.suppress(MlflowException):
                 run = self.client.get_run(run_id)
-            except MlflowException:
-                run = None
-            if run is not None and run.info.experiment_id == self.experiment_id:
-                self.client.update_run(run_id, status="RUNNING")
-                return run_id
+        if run is not None and run.info.experiment_id == self.experiment_id:
+            self.client.update_run(run.info.run_id, status="RUNNING")
+        else:
+            run = self._new_parent(study)
+        view = browse.view_tag(self.spec, run.info.run_id, run.info.start_time)
+        self.client.set_experiment_tag(self.experiment_id, browse.view_key(run.info.run_id), view)
+        return run.info.run_id
+
+    def _new_parent(self, study: optuna.Study) -> "Run":
         spec = self.spec
         tags = {
             "study": spec.name,
@@ -290,9 +300,9 @@ class Tracker:
             "constraints": ", ".join(spec.constraints),
             "child_runs": spec.tracking.child_runs,
         }
-        run_id = self.client.create_run(self.experiment_id, tags=tags, run_name=spec.name).info.run_id
-        study.set_user_attr(PARENT_RUN_ATTR, run_id)
-        return run_id
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=spec.name)
+        study.set_user_attr(PARENT_RUN_ATTR, run.info.run_id)
+        return run
 
     def _children(self, extra_filter: str = "") -> list[Any]:
         runs: list[Any] = []

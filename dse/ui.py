@@ -1,34 +1,32 @@
-"""`dse ui`: the MLflow UI over a study's local store, as one process group that stops whole.
+"""`dse ui`: the MLflow UI over a study's local store, which stops whole, and the lines that lead to a study.
 
 `mlflow ui` runs uvicorn's worker processes and a job runner with its own consumers, and forwards SIGTERM to
 uvicorn alone. Stopped the way `make` stops its recipe (SIGTERM to its child), it left 13 processes and ~2 GiB
-running a minute later, some of them spinning. So `dse ui` starts the server in a process group of its own and,
-on SIGTERM, SIGINT (Ctrl-C) or SIGHUP, or when the server exits by itself, stops the whole group: SIGTERM, then
-SIGKILL for whatever is left after a grace period.
+running a minute later, some of them spinning. So `dse ui` runs it as a process group that stops whole
+(dse.procgroup), with one worker and without the job runner.
 """
 
 import argparse
-import logging
+import json
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from rich.console import Console
 
-from dse import browse, tracking
+from dse import browse, procgroup, tracking
 from dse.errors import DseError
 
 DEMO_OUT = Path("runs/quickstart")
 """The output folder `make ui` serves (the Makefile's DEMO_OUT)."""
 PORT = 5000
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-GRACE_S = 10.0
-"""How long the server's processes get to exit on SIGTERM before SIGKILL."""
+READY_S = 300.0
+"""How long to wait for the server to answer before giving up on printing the studies' links."""
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The job runner serves GenAI features (judges, issue detection) that a study never uses: eight processes and
 ~0.7 GiB less. The user's environment wins."""
@@ -85,12 +83,11 @@ def main(args: argparse.Namespace, console: Console) -> int:
     uri = tracking.default_tracking_uri(args.out)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
     base = f"http://{host}:{args.port}"
-    console.print(f"MLflow UI     {base} over {store} (Ctrl-C stops it)", soft_wrap=True)
-    for name, experiment_id, view in _studies(uri):
-        console.print(f"study {name}  {browse.experiment_url(base, experiment_id, view)}", soft_wrap=True)
+    console.print(f"starting the MLflow UI on {base} over {store} (Ctrl-C stops it)", soft_wrap=True)
+    threading.Thread(target=_announce, args=(base, console), name="announce", daemon=True).start()
     command = [sys.executable, "-m", "mlflow", "ui", "--host", args.host, "--port", str(args.port)]
     command += ["--workers", "1", "--backend-store-uri", uri]
-    return serve(command, {**SERVER_ENV, **os.environ})
+    return procgroup.serve(command, {**SERVER_ENV, **os.environ})
 
 
 def _check_port(host: str, port: int) -> None:
@@ -104,55 +101,29 @@ def _check_port(host: str, port: int) -> None:
             raise DseError(f"--port {port}: {reason}; stop what serves it or pass another --port") from None
 
 
-def _studies(uri: str) -> list[tuple[str, str, str]]:
-    """(name, experiment id, latest view) of each study in the store, i.e. each experiment with a dse view."""
-    from mlflow import MlflowClient
+def _announce(base: str, console: Console) -> None:
+    """Once the server answers (it takes ~15 s), print each study's link: the latest study run's trials view.
 
-    logging.getLogger("alembic").setLevel(logging.ERROR)
-    found = [(e.name, e.experiment_id, browse.latest_view(e.tags)) for e in MlflowClient(uri).search_experiments()]
-    return sorted((name, experiment_id, view) for name, experiment_id, view in found if view)
-
-
-def serve(command: list[str], env: dict[str, str]) -> int:
-    """Run `command` in a process group of its own until it exits or this process is asked to stop; either way
-    no process of the group outlives the call. Returns the command's exit code, 0 when asked to stop."""
-    requested: list[int] = []
-    process: subprocess.Popen[bytes] | None = None
-
-    def stop(signum: int, frame: object) -> None:
-        requested.append(signum)
-        if process is not None:  # a second signal does not wait for the grace period
-            _signal_group(process.pid, signal.SIGKILL if len(requested) > 1 else signal.SIGTERM)
-
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
-    try:
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, process_group=0)
-        if requested:  # a signal that came while the server was starting
-            _signal_group(process.pid, signal.SIGTERM)
-        code = process.wait()
-    finally:
-        if process is not None:
-            _stop_group(process.pid)
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-    return 0 if requested else code
-
-
-def _signal_group(group: int, number: int) -> bool:
-    """Send a signal to a process group; False when no process is left in it."""
-    try:
-        os.killpg(group, number)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _stop_group(group: int) -> None:
-    if not _signal_group(group, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + GRACE_S
+    Asked over the server's REST API, so that this process, which only waits, does not import MLflow (~0.2 GiB).
+    """
+    deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
-        if not _signal_group(group, 0):
-            return
-        time.sleep(0.1)
-    _signal_group(group, signal.SIGKILL)
+        try:
+            request = urllib.request.Request(
+                f"{base}/api/2.0/mlflow/experiments/search",
+                data=json.dumps({"max_results": 1000}).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=10) as response:
+                experiments = json.load(response).get("experiments", [])
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        return
+    console.print(f"MLflow UI     {base}", soft_wrap=True)
+    for experiment in sorted(experiments, key=lambda e: e["name"]):
+        view = browse.latest_view({tag["key"]: tag["value"] for tag in experiment.get("tags", [])})
+        if view:
+            url = browse.experiment_url(base, experiment["experiment_id"], view)
+            console.print(f"study {experiment['name']}  {url}", soft_wrap=True)

@@ -12,8 +12,7 @@ from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-from conftest import ROOT
+from conftest import ROOT, skip_without
 from mlflow import MlflowClient
 
 CHROMIUM_FLAGS = [
@@ -32,7 +31,7 @@ CHROMIUM_FLAGS = [
 def chromium(url: str, profile: Path, *action: str, size: str = "1800,1100") -> str:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
-        pytest.skip("chromium is not installed: apt-get install chromium")
+        skip_without("chromium", "chromium (headless, for the MLflow UI)")
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", *action, url]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 

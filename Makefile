@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_OUT := runs/quickstart
+UI_PORT ?= 5000
 
 .PHONY: demo test lint bench ui clean
 
@@ -27,8 +28,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
+# `dse ui` runs the MLflow UI in a process group of its own and stops all of it on Ctrl-C or SIGTERM, which make
+# passes on to its recipe (plain `mlflow ui` left its workers running).
 ui: $(STAMP)
-	$(BIN)/mlflow ui --host 127.0.0.1 --port 5000 --backend-store-uri sqlite:///$(DEMO_OUT)/mlflow.db
+	exec $(BIN)/dse ui $(DEMO_OUT) --port $(UI_PORT)
 
 clean:
 	rm -rf $(VENV) runs

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dse import calibration, pareto, plugins, report, traces, tracking
+from dse import calibration, pareto, plugins, report, traces, tracking, ui
 from dse import commands as commands_module
 from dse import study as studies
 from dse.errors import DseError
@@ -37,8 +37,6 @@ PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
-MAKE_UI_OUT = "runs/quickstart"
-"""The output folder `make ui` serves (the Makefile's DEMO_OUT)."""
 RESUME_HINT = "interrupted; run the same command again to resume the study (finished trials are kept)"
 
 
@@ -102,6 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("out", type=Path, metavar="OUT_DIR", help="a study's output folder, e.g. runs/quickstart")
     commands_module.add_parsers(commands)
     calibration.add_parser(commands)
+    ui.add_parser(commands)
 
     generate = commands.add_parser(
         "generate",
@@ -166,12 +165,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
             f"timelines     dse timeline {out}  (the Pareto points' simulated steps, for Perfetto)", soft_wrap=True
         )
     console.print(f"MLflow        {uri}  (experiment '{spec.name}')", soft_wrap=True)
-    if uri.startswith("sqlite:"):
-        make_ui = "make ui, or " if out.resolve() == Path(MAKE_UI_OUT).resolve() else ""
-        console.print(f"browse        {make_ui}mlflow ui --backend-store-uri {uri}", soft_wrap=True)
-    elif uri.startswith(("http:", "https:")) and tracker.parent_id:
-        page = f"{uri.rstrip('/')}/#/experiments/{tracker.experiment_id}/runs/{tracker.parent_id}"
-        console.print(f"browse        {page}", soft_wrap=True)
+    for line in ui.browse_lines(uri, tracker.experiment_id, tracker.parent_id, out):
+        console.print(line, soft_wrap=True)
     if not completed:
         print(RESUME_HINT, file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -376,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
         commands |= commands_module.handlers(partial(run_study, console=console))
         commands["calibrate"] = calibration.main
+        commands["ui"] = ui.main
         return commands[args.command](args, console)
     except DseError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -13,6 +13,7 @@ parameters, metrics, state and reason. Any failure takes the writer offline for 
 is tried (each attempt would wait for retries), and the finish report says what failed and what is missing.
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -25,7 +26,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from dse import sqlite_store, traces
+from dse import browse, sqlite_store, traces
 from dse.executor import NODE
 from dse.space import StudySpec
 from dse.study import FIELDS, METRICS, POINT_KEY, REASON, TIMINGS
@@ -172,26 +173,35 @@ class Writer:
         location = None
         if self.uri.startswith("sqlite:///"):
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-        # The kind makes the MLflow UI open the experiment on its runs table rather than the GenAI overview.
+        # The kind is for MLflow clients that read it; 3.17's UI goes by its mode switch instead (see dse.browse).
         tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
         return self.mlflow.create_experiment(self.spec.name, artifact_location=location, tags=tags)
 
     def _parent(self, hint: str | None, uid: str) -> str:
-        """The study's parent run: the one the study names, else the one tagged with its uid, else a new one."""
+        """The study's parent run: the one the study names, else the one tagged with its uid (a resume), else a new
+        one; and its saved view of the runs table (re)written, which follows the study file's objectives and space
+        (dse.browse)."""
+        run = self._earlier_parent(hint, uid)
+        if run is not None:
+            self.mlflow.update_run(run.info.run_id, status="RUNNING")
+        else:
+            run = self._new_parent(uid)
+        view = browse.view_tag(self.spec, run.info.run_id, run.info.start_time)
+        self.mlflow.set_experiment_tag(self.experiment_id, browse.view_key(run.info.run_id), view)
+        return run.info.run_id
+
+    def _earlier_parent(self, hint: str | None, uid: str) -> Any:
         from mlflow.exceptions import MlflowException
 
         if hint:
-            try:
+            with contextlib.suppress(MlflowException):
                 run = self.mlflow.get_run(hint)
-            except MlflowException:
-                run = None
-            if run is not None and run.info.experiment_id == self.experiment_id:
-                self.mlflow.update_run(hint, status="RUNNING")
-                return hint
+                if run.info.experiment_id == self.experiment_id:
+                    return run
         tagged = self.mlflow.search_runs([self.experiment_id], f"tags.`{STUDY_UID_TAG}` = '{uid}'", max_results=1)
-        if tagged:
-            self.mlflow.update_run(tagged[0].info.run_id, status="RUNNING")
-            return tagged[0].info.run_id
+        return tagged[0] if tagged else None
+
+    def _new_parent(self, uid: str) -> Any:
         spec = self.spec
         tags = {
             "study": spec.name,
@@ -204,7 +214,7 @@ class Writer:
             "child_runs": spec.tracking.child_runs,
             STUDY_UID_TAG: uid,
         }
-        return self.mlflow.create_run(self.experiment_id, tags=tags, run_name=spec.name).info.run_id
+        return self.mlflow.create_run(self.experiment_id, tags=tags, run_name=spec.name)
 
     def _children(self, extra_filter: str = "") -> list[Any]:
         return child_runs(self.mlflow, self.experiment_id, self.parent_id, extra_filter)

@@ -3,11 +3,16 @@
 Each is real and costly to start (Ray 10-18 s on a 2-core machine, an MLflow server ~2 GiB), so each starts once
 per session, only if a test asks for it. In-process studies reuse the local Ray (the executor never shuts down a
 Ray it did not start) and `dse run` subprocesses join it with --address.
+
+Chromium, PostgreSQL and Redis are system packages that only `.ci/run` installs; where one is missing its tests
+skip (`skip_without`), and the session's summary names those tests and the one command that installs what they
+need.
 """
 
 import glob
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,10 +25,39 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+MISSING_SERVICE = "real service missing"
+"""How the skip reason of a test whose system package is not installed begins (the summary looks for it)."""
+
+
+def skip_without(package: str, what: str) -> NoReturn:
+    """Skip the test: `what` (the binaries of apt package `package`, as .ci/run installs them) is not installed."""
+    pytest.skip(f"{MISSING_SERVICE}: {what} not installed (apt package {package})")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say plainly which real-service tests did not run, and the one command that installs what they need."""
+    missing: dict[str, list[str]] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        if found := re.search(rf"{MISSING_SERVICE}: .*\(apt package (\S+)\)", reason):
+            missing.setdefault(found[1], []).append(report.nodeid)
+    if not missing:
+        return
+    count = sum(len(tests) for tests in missing.values())
+    terminalreporter.section(f"{count} real-service tests did not run", sep="=", yellow=True, bold=True)
+    for package, tests in sorted(missing.items()):
+        terminalreporter.line(f"{package} is not installed, so these did not run:")
+        for test in tests:
+            terminalreporter.line(f"  {test}")
+    sudo = "" if os.geteuid() == 0 else "sudo "
+    packages = " ".join(sorted(missing))
+    terminalreporter.line("to run them, install what they need (as .ci/run does) and run `make test` again:")
+    terminalreporter.line(f"  {sudo}apt-get update && {sudo}apt-get install -y {packages}", bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -121,7 +155,7 @@ def postgres_url() -> Iterator[str]:
     runs as that user."""
     initdb = _binary("initdb", "/usr/lib/postgresql/*/bin/initdb")
     if initdb is None:
-        pytest.skip("PostgreSQL binaries (initdb, pg_ctl) are not installed: apt-get install postgresql")
+        skip_without("postgresql", "PostgreSQL (initdb, pg_ctl)")
     pg_ctl = str(Path(initdb).parent / "pg_ctl")
     root = Path(tempfile.mkdtemp(prefix="dse-pg-"))
     as_user: list[str] = []
@@ -142,7 +176,7 @@ def postgres_url() -> Iterator[str]:
 def redis_url() -> Iterator[str]:
     server = shutil.which("redis-server")
     if server is None:
-        pytest.skip("redis-server is not installed: apt-get install redis-server")
+        skip_without("redis-server", "redis-server")
     port = free_port()
     process = subprocess.Popen(
         [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],

@@ -137,7 +137,8 @@ def test_run_then_report(ray_address, tmp_path):
     assert "Traceback" not in result.stderr
     assert "Pareto front of small" in result.stdout
     assert f"trials table  {out / 'trials.parquet'}" in result.stdout
-    assert f"mlflow ui --backend-store-uri sqlite:///{out / 'mlflow.db'}" in result.stdout
+    assert "browse        http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&" in result.stdout
+    assert f"start the UI  dse ui {out}\n" in result.stdout
     assert len(pd.read_parquet(out / "trials.parquet")) == 6
 
     report = dse("report", str(out))

@@ -118,9 +118,12 @@ def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow
         if mode == "pareto":
             front = sorted(pd.read_csv(out / "pareto.csv")["number"])
             assert numbers == front and front
-            # one line leads to the parent run, instead of MLflow's 'View run' line per child run
-            page = f"{mlflow_server.uri}/#/experiments/{parents[0].info.experiment_id}/runs/{parents[0].info.run_id}"
-            assert f"browse        {page}" in result.stdout and "View run" not in result.stdout
+            # one line leads to the trials and one to the parent run, instead of MLflow's 'View run' line per child
+            experiment, parent = parents[0].info.experiment_id, parents[0].info.run_id
+            view = f"{mlflow_server.uri}/#/experiments/{experiment}/runs?workflowType=machine_learning&"
+            page = f"{mlflow_server.uri}/#/experiments/{experiment}/runs/{parent}?workflowType=machine_learning"
+            assert f"browse        {view}viewStateShareKey=dse-{parent}\n" in result.stdout
+            assert f"study run     {page}" in result.stdout and "View run" not in result.stdout
             assert {r.data.tags["pareto"] for r in children} == {"true"}
         else:
             assert numbers == []

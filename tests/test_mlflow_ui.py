@@ -1,6 +1,6 @@
 """The MLflow UI, as a person browsing a study sees it: a real `mlflow server`, a real headless Chromium (Debian's
-chromium package), screenshots of the experiment's runs table and of its trials compared side by side, and the
-rendered page's text checked for the study's runs and metrics."""
+chromium package), screenshots of the page `dse run` links to and of the trials compared side by side, and the
+rendered DOM checked for the study's runs, their order and their metric columns."""
 
 import json
 import re
@@ -8,10 +8,11 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
+from collections import defaultdict
+from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
-from conftest import ROOT
+from conftest import ROOT, skip_without
 from mlflow import MlflowClient
 
 CHROMIUM_FLAGS = [
@@ -30,7 +31,7 @@ CHROMIUM_FLAGS = [
 def chromium(url: str, profile: Path, *action: str, size: str = "1800,1100") -> str:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
-        pytest.skip("chromium is not installed: apt-get install chromium")
+        skip_without("chromium", "chromium (headless, for the MLflow UI)")
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", *action, url]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 
@@ -41,7 +42,58 @@ def visible_text(html: str) -> str:
     return " ".join(re.sub(r"<[^>]+>", " ", html).split())
 
 
-def test_the_mlflow_ui_lists_the_study_runs_with_their_metrics(mlflow_server, tmp_path):
+class RunsGrid(HTMLParser):
+    """The runs table of a rendered page: its column ids in display order, and per row (in display order) its
+    run id and cell texts by column id. The grid renders only the columns in view, so a column is found only if
+    it is shown."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self._positions: dict[str, int] = {}
+        self.row_ids: dict[int, str] = {}
+        self.cells: dict[int, dict[str, str]] = defaultdict(dict)
+        self._row: int | None = None
+        self._cell: str | None = None
+        self._depth = 0
+        self._text: list[str] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if a.get("role") == "columnheader" and a.get("col-id") and a.get("aria-colindex"):
+            self._positions[a["col-id"] or ""] = int(a["aria-colindex"] or 0)
+        if a.get("role") == "row" and a.get("row-index") is not None:
+            self._row = int(a["row-index"] or 0)
+            self.row_ids[self._row] = a.get("row-id") or ""
+        if self._row is not None and a.get("role") == "gridcell":
+            self._cell, self._depth, self._text = a.get("col-id"), 0, []
+        if self._cell is not None and tag not in ("input", "br", "img"):
+            self._depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._cell is not None:
+            self._depth -= 1
+            if self._depth == 0 and self._row is not None:
+                self.cells[self._row][self._cell] = " ".join("".join(self._text).split())
+                self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._text.append(data)
+
+    @property
+    def data_columns(self) -> list[str]:
+        """Metric, parameter and tag columns (metrics.`step_time_s`), without the pinned and group headers."""
+        return sorted((c for c in self._positions if "`" in c and "Run Name" not in c), key=self._positions.get)
+
+    def column(self, col_id: str) -> list[str]:
+        """A column's cell texts, row by row in display order."""
+        return [self.cells[row].get(col_id, "") for row in sorted(self.row_ids)]
+
+
+def test_dse_run_links_to_the_trials_table_with_the_objectives_as_columns(mlflow_server, tmp_path):
+    """`dse run` prints a link that opens the study's trials (not the GenAI overview, not one folded parent run),
+    best step time first, with step time and peak memory as columns; the trials compare side by side."""
     study = tmp_path / "ui-study.yaml"
     study.write_text((ROOT / "studies" / "small.yaml").read_text().replace("name: small", "name: ui-study"))
     out, uri = tmp_path / "out", mlflow_server.uri
@@ -53,17 +105,33 @@ def test_the_mlflow_ui_lists_the_study_runs_with_their_metrics(mlflow_server, tm
         timeout=300,
     )
     assert run.returncode == 0, run.stderr
+    link = re.search(r"^browse +(\S+)$", run.stdout, flags=re.M)
+    assert link, run.stdout
+    page = link.group(1)
+    assert page.startswith(f"{uri}/#/experiments/")
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("ui-study").experiment_id
-    children = client.search_runs([experiment], "tags.state = 'COMPLETE'")
-    assert children
+    children = client.search_runs([experiment], "tags.trial_number != ''")
+    assert len(children) == 8
 
-    runs_page = f"{mlflow_server.uri}/#/experiments/{experiment}/runs"
     runs_png = tmp_path / "mlflow-runs.png"
-    chromium(runs_page, tmp_path / "profile-runs", f"--screenshot={runs_png}")
-    runs_text = visible_text(chromium(runs_page, tmp_path / "profile-runs-dom", "--dump-dom"))
-    assert "ui-study" in runs_text and "Training runs" in runs_text
-    assert "9 matching runs" in runs_text, "the parent and its 8 trials"
+    chromium(page, tmp_path / "profile-runs", f"--screenshot={runs_png}")
+    html = chromium(page, tmp_path / "profile-runs-dom", "--dump-dom")
+    assert "<title>Runs - Experiment" in html, "the runs table, not the GenAI overview"
+    assert "ui-study trials" in visible_text(html), "the study run's saved view is active"
+    grid = RunsGrid(html)
+    step_time, peak_memory = "metrics.`step_time_s`", "metrics.`peak_memory_bytes`"
+    assert grid.data_columns[:2] == [step_time, peak_memory], "the objectives lead the columns"
+    assert {"tags.`feasible`", "tags.`pareto`"} <= set(grid.data_columns)
+    by_id = {r.info.run_id: r for r in children}
+    assert sorted(grid.row_ids.values()) == sorted(by_id), "every trial is a row (no parent row to unfold)"
+    shown = [float(v) if v != "-" else float("inf") for v in grid.column(step_time)]
+    assert shown == sorted(shown), "best step time first, infeasible trials last"
+    for row, run_id in grid.row_ids.items():
+        metrics = by_id[run_id].data.metrics
+        for column, metric in ((step_time, "step_time_s"), (peak_memory, "peak_memory_bytes")):
+            cell = grid.cells[row][column]
+            assert (None if cell == "-" else float(cell)) == metrics.get(metric), "a trial's own values"
 
     ids = urllib.parse.quote(json.dumps([r.info.run_id for r in children]))
     compare = (
@@ -76,8 +144,8 @@ def test_the_mlflow_ui_lists_the_study_runs_with_their_metrics(mlflow_server, tm
         assert child.info.run_name in compare_text
     for metric in ("step_time_s", "peak_memory_bytes", "mfu"):
         assert metric in compare_text
-    step_time = children[0].data.metrics["step_time_s"]
-    assert f"{step_time:.5g}"[:5] in compare_text, "metric values are rendered"
+    step = next(r.data.metrics["step_time_s"] for r in children if r.data.metrics)
+    assert f"{step:.5g}"[:5] in compare_text, "metric values are rendered"
     for png in (runs_png, compare_png):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 50_000
     print(f"screenshots: {runs_png} {compare_png}")

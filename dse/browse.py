@@ -12,10 +12,12 @@ re-run into another folder), and a link should show the trials its run evaluated
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dse.space import StudySpec
+if TYPE_CHECKING:
+    from dse.space import StudySpec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 """The MLflow UI's experiment-tag prefix for saved views; the rest of the key is the view's id."""
@@ -45,21 +47,37 @@ def _column(kind: str, key: str) -> str:
     return f"{kind}.`{key}`"
 
 
-def trials_view(spec: StudySpec, parent_id: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StudyColumns:
+    """What a study's runs table shows, as plain data (the MLflow writer process does not load study files):
+    the objectives' metrics and directions, and the searched and derived parameters."""
+
+    name: str
+    metrics: list[str]
+    minimize: list[bool]
+    params: list[str]
+
+    @classmethod
+    def of(cls, spec: "StudySpec") -> "StudyColumns":
+        minimize = [direction == "minimize" for direction in spec.directions]
+        return cls(spec.name, list(spec.metrics), minimize, [*spec.space, *spec.derived])
+
+
+def trials_view(study: StudyColumns, parent_id: str) -> dict[str, Any]:
     """The runs table of a study run: its trials, best first by the first objective, with the objectives,
     feasibility, Pareto membership and state, then the searched and derived parameters, as columns.
 
     Ordered by a metric, the UI lists child runs flat instead of folding them under their parent run (it nests
     them only when ordered by creation time); a saved view could not unfold them, as MLflow leaves expanded rows
     out of shared views. The parent run is not a row: it is the filter (its page is linked separately)."""
-    metrics = [_column("metrics", metric) for metric in spec.metrics]
+    metrics = [_column("metrics", metric) for metric in study.metrics]
     tags = [_column("tags", tag) for tag in ("feasible", "pareto", "state")]
-    params = [_column("params", path) for path in [*spec.space, *spec.derived][:MAX_PARAM_COLUMNS]]
+    params = [_column("params", path) for path in study.params[:MAX_PARAM_COLUMNS]]
     columns = [*metrics, *tags, *params]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
         "orderByKey": metrics[0],
-        "orderByAsc": spec.directions[0] == "minimize",
+        "orderByAsc": study.minimize[0],
         "selectedColumns": columns,
         "columnOrder": columns,
         "columnWidths": dict.fromkeys(metrics, METRIC_WIDTH),
@@ -67,11 +85,11 @@ def trials_view(spec: StudySpec, parent_id: str) -> dict[str, Any]:
     }
 
 
-def view_tag(spec: StudySpec, parent_id: str, started_ms: int) -> str:
+def view_tag(study: StudyColumns, parent_id: str, started_ms: int) -> str:
     """The experiment tag's value: the UI's saved-view envelope around the view's state (a JSON string), named
     after the study and when its run started."""
-    name = f"{spec.name} trials, {datetime.fromtimestamp(started_ms / 1000):%Y-%m-%d %H:%M}"
-    state = json.dumps(trials_view(spec, parent_id))
+    name = f"{study.name} trials, {datetime.fromtimestamp(started_ms / 1000):%Y-%m-%d %H:%M}"
+    state = json.dumps(trials_view(study, parent_id))
     return json.dumps({"name": name, "createdAt": started_ms, "updatedAt": int(time.time() * 1000), "state": state})
 
 

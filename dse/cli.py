@@ -149,13 +149,17 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
                 studies.run(spec, study, executor, spec.trials, on_trial, stop.is_set)
             completed = not stop.is_set()
-        finally:
+        except BaseException:  # a second Ctrl-C or a bug: what has finished is still written, then it goes on up
             executor.close()
-            with console.status("writing the trials table, plots and MLflow runs"):
-                results = tracking.write_results(spec, study, out)
-                missing = tracker.finish(study, results, completed)
-    frame, best = results.frame, results.front
-    _print_summary(console, frame, best, f"Pareto front of {spec.name}")
+            tracker.finish(study, tracking.write_results(spec, study, out), completed=False)
+            raise
+        executor.close()
+        results = tracking.write_tables(spec, study, out)
+        frame, best = results.frame, results.front
+        _print_summary(console, frame, best, f"Pareto front of {spec.name}")
+        with console.status("writing the Pareto plots and the MLflow runs"):
+            tracking.write_plots(spec, results, out)
+            missing = tracker.finish(study, results, completed)
     if tracker.error:
         print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
     # Paths and commands are printed whole (soft wrap) so that they can be copied.

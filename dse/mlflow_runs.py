@@ -4,8 +4,9 @@ The driver (`tracking.Tracker`) sends orders down one pipe (connect, a finished 
 another (the parent run once it exists, what the finish did). A process rather than a thread, because MLflow's
 cost is mostly Python: importing it (1-2 s), migrating a new sqlite store (~1 s) and 15-50 ms per child run, which
 in a thread took the interpreter lock from the study's own loop (the quickstart's first child run was written
-after its search had ended); in a process it runs on the other core. The writer exits when the driver closes the
-orders pipe, or dies: a SIGKILLed driver leaves no writer behind.
+after its search had ended); in a process it runs on the other core. It imports MLflow and nothing of the study's
+(no Optuna, no study files): the orders carry plain data. The writer exits when the driver closes the orders
+pipe, or dies: a SIGKILLed driver leaves no writer behind.
 
 One parent run per study (its id kept in the study's user attributes, so a resume reuses it, and the study's uid
 as a tag, so a driver killed before it stored the id finds it too) and child runs per trial, each with the trial's
@@ -19,17 +20,11 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import FrozenTrial, TrialState
-
-from dse import browse, sqlite_store, traces
-from dse.executor import NODE
-from dse.space import StudySpec
-from dse.study import FIELDS, METRICS, POINT_KEY, REASON, TIMINGS
+from dse import browse, sqlite_store
 
 STUDY_UID_TAG = "dse_study_uid"
 _BATCH = 100
@@ -46,29 +41,47 @@ run's address is printed once at the end instead. The user's environment wins.""
 
 
 @dataclass(frozen=True)
+class TrialRecord:
+    """What a trial's child run holds: its tags (state, feasibility, reason, point key, node), parameters (the
+    point's fields and the searched values) and metrics (objectives and timings), in MLflow's terms."""
+
+    number: int
+    state: str
+    feasible: bool | None
+    tags: dict[str, str]
+    params: dict[str, str]
+    metrics: dict[str, float]
+    start_ms: int | None
+    end_ms: int | None
+
+
+@dataclass(frozen=True)
 class Connect:
     """The first order: where to write, for which study, and the earlier trials to write if they lack a run."""
 
     uri: str
-    spec: dict[str, Any]
-    """StudySpec.model_dump(mode="json")."""
+    columns: browse.StudyColumns
+    parent_tags: dict[str, str]
+    """The study's settings, as the parent run's tags."""
     out_dir: Path
     parent_hint: str | None
     uid: str
-    earlier: list[FrozenTrial]
+    earlier: list[TrialRecord]
 
 
 @dataclass(frozen=True)
 class Finish:
     """The last order: write what is missing of `candidates`, mark the front, attach the artifacts (and the
-    front's timelines, given each member's params, when the study asks for them), close the parent run."""
+    front's timelines, when the study asks for them: its spec and each member's params), close the parent run."""
 
-    candidates: list[FrozenTrial]
+    candidates: list[TrialRecord]
     front: set[int]
     wanted: set[int]
     """The trials that should have a child run by now."""
     artifacts: list[Path]
     completed: bool
+    timelines_spec: dict[str, Any] | None = None
+    """StudySpec.model_dump(mode="json") when the study writes its front's timelines."""
     front_params: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -134,15 +147,12 @@ def attach_timelines(mlflow: Any, children: list[Any], paths: dict[int, Path]) -
     return attached
 
 
-def _ms(moment: datetime | None) -> int | None:
-    return None if moment is None else int(moment.timestamp() * 1000)
-
-
 class Writer:
     """The writer process's state: the client, the experiment and parent run, the child runs written."""
 
     def __init__(self, order: Connect) -> None:
-        self.spec = StudySpec.model_validate(order.spec)
+        self.columns = order.columns
+        self.parent_tags = order.parent_tags
         self.uri = order.uri
         self.out_dir = order.out_dir
         self.mlflow: Any = None
@@ -166,7 +176,7 @@ class Writer:
         self.children = self._existing_children()
 
     def _experiment(self) -> str:
-        experiment = self.mlflow.get_experiment_by_name(self.spec.name)
+        experiment = self.mlflow.get_experiment_by_name(self.columns.name)
         if experiment:
             return experiment.experiment_id
         # A local sqlite store keeps artifacts beside itself; a server decides where its artifacts go.
@@ -174,8 +184,8 @@ class Writer:
         if self.uri.startswith("sqlite:///"):
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
         # The kind is for MLflow clients that read it; 3.17's UI goes by its mode switch instead (see dse.browse).
-        tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.spec.name}
-        return self.mlflow.create_experiment(self.spec.name, artifact_location=location, tags=tags)
+        tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.columns.name}
+        return self.mlflow.create_experiment(self.columns.name, artifact_location=location, tags=tags)
 
     def _parent(self, hint: str | None, uid: str) -> str:
         """The study's parent run: the one the study names, else the one tagged with its uid (a resume), else a new
@@ -186,7 +196,7 @@ class Writer:
             self.mlflow.update_run(run.info.run_id, status="RUNNING")
         else:
             run = self._new_parent(uid)
-        view = browse.view_tag(self.spec, run.info.run_id, run.info.start_time)
+        view = browse.view_tag(self.columns, run.info.run_id, run.info.start_time)
         self.mlflow.set_experiment_tag(self.experiment_id, browse.view_key(run.info.run_id), view)
         return run.info.run_id
 
@@ -202,19 +212,8 @@ class Writer:
         return tagged[0] if tagged else None
 
     def _new_parent(self, uid: str) -> Any:
-        spec = self.spec
-        tags = {
-            "study": spec.name,
-            "sampler": spec.sampler,
-            "seed": str(spec.seed),
-            "generator": spec.generator,
-            "cost_model": spec.cost_model,
-            "objectives": ", ".join(f"{m} {d}" for m, d in zip(spec.metrics, spec.directions, strict=True)),
-            "constraints": ", ".join(spec.constraints),
-            "child_runs": spec.tracking.child_runs,
-            STUDY_UID_TAG: uid,
-        }
-        return self.mlflow.create_run(self.experiment_id, tags=tags, run_name=spec.name)
+        tags = {**self.parent_tags, STUDY_UID_TAG: uid}
+        return self.mlflow.create_run(self.experiment_id, tags=tags, run_name=self.columns.name)
 
     def _children(self, extra_filter: str = "") -> list[Any]:
         return child_runs(self.mlflow, self.experiment_id, self.parent_id, extra_filter)
@@ -229,7 +228,7 @@ class Writer:
                 out[int(run.data.tags["trial_number"])] = run.info.run_id
         return out
 
-    def write_child(self, trial: FrozenTrial) -> None:
+    def write_child(self, trial: TrialRecord) -> None:
         """The trial's child run, unless it has one (a resume sends the trials of earlier runs)."""
         if trial.number in self.children:
             return
@@ -238,42 +237,40 @@ class Writer:
         self.write_seconds += time.perf_counter() - start
         self.written += 1
 
-    def _write(self, trial: FrozenTrial) -> str:
+    def _write(self, trial: TrialRecord) -> str:
         from mlflow.entities import Metric, Param
 
-        attrs = trial.user_attrs
         tags = {
             "mlflow.parentRunId": self.parent_id,
             "trial_number": str(trial.number),
-            "state": trial.state.name,
+            "state": trial.state,
             "pareto": "false",
+            **trial.tags,
         }
-        if trial.state == TrialState.COMPLETE:
-            tags["feasible"] = str(all(v <= 0 for v in trial.constraints.values())).lower()
-        for name in (REASON, POINT_KEY, NODE):
-            if attrs.get(name):
-                tags[name] = str(attrs[name])[:5000]
+        if trial.feasible is not None:
+            tags["feasible"] = str(trial.feasible).lower()
         run_id = self.mlflow.create_run(
-            self.experiment_id, start_time=_ms(trial.datetime_start), tags=tags, run_name=f"trial-{trial.number}"
+            self.experiment_id, start_time=trial.start_ms, tags=tags, run_name=f"trial-{trial.number}"
         ).info.run_id
-        params = [Param(k, str(v)) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()]
-        timestamp = _ms(trial.datetime_complete) or 0
-        values = attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})
-        metrics = [Metric(k, float(v), timestamp, 0) for k, v in values.items()]
+        params = [Param(k, v) for k, v in trial.params.items()]
+        metrics = [Metric(k, v, trial.end_ms or 0, 0) for k, v in trial.metrics.items()]
         for start in range(0, max(len(params), len(metrics), 1), _BATCH):
             self.mlflow.log_batch(
                 run_id, metrics=metrics[start : start + _BATCH], params=params[start : start + _BATCH]
             )
-        status = "FAILED" if trial.state == TrialState.FAIL else "FINISHED"
-        self.mlflow.set_terminated(run_id, status, end_time=_ms(trial.datetime_complete))
+        self.mlflow.set_terminated(run_id, "FAILED" if trial.state == "FAIL" else "FINISHED", end_time=trial.end_ms)
         return run_id
 
     def finish(self, order: Finish) -> None:
         for trial in order.candidates:
             self.write_child(trial)
         self._mark_front(order.front)
-        if order.front_params:
-            paths = traces.write_timelines(self.spec, order.front_params, self.out_dir / traces.TIMELINES_DIR)
+        if order.timelines_spec is not None:
+            from dse import traces  # only here: it loads the study's plugins, which the writer needs for nothing else
+            from dse.space import StudySpec
+
+            spec = StudySpec.model_validate(order.timelines_spec)
+            paths = traces.write_timelines(spec, order.front_params, self.out_dir / traces.TIMELINES_DIR)
             attach_timelines(self.mlflow, self._children(), paths)
         for path in order.artifacts:
             if path.is_dir():
@@ -334,3 +331,6 @@ if __name__ == "__main__":
     from dse.mlflow_runs import serve as serve_orders
 
     serve_orders(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
+    # Every write is committed and reported; the interpreter's own teardown with MLflow loaded takes 0.7 s or more,
+    # which the driver would wait for.
+    os._exit(0)

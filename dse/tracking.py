@@ -18,7 +18,8 @@ import subprocess
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse import mlflow_runs, pareto, plots
+from dse import browse, mlflow_runs, pareto, plots
 from dse.errors import DseError, SpecError
 from dse.executor import NODE
 from dse.space import StudySpec, decode, load_study
@@ -128,20 +129,20 @@ class Results:
 
 
 def write_results(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results:
-    """Trials table, Pareto table, Pareto plots and the front's points as point files, from the storage."""
+    """Everything of write_tables and write_plots."""
+    results = write_tables(spec, study, out_dir)
+    write_plots(spec, results, out_dir)
+    return results
+
+
+def write_tables(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results:
+    """Trials table, Pareto table and the front's points as point files, from the storage: a tenth of a second,
+    so that `dse run` prints the front before the plots (most of a second: matplotlib and plotly) are drawn."""
     frame = trials_frame(spec, study)
     best = pareto.front(frame)
     frame["pareto"] = frame["number"].isin(best["number"])
     write_parquet(frame, out_dir / PARQUET)
     best.to_csv(out_dir / PARETO_CSV, index=False)
-    title = f"study {spec.name}"
-    artifacts = [
-        out_dir / SPEC_FILE,
-        out_dir / PARQUET,
-        out_dir / PARETO_CSV,
-        plots.pareto_png(frame, best, out_dir / plots.PNG, title),
-        plots.pareto_html(frame, best, out_dir / plots.HTML, title),
-    ]
     points = out_dir / BEST_DIR
     points.mkdir(exist_ok=True)
     for stale in points.glob("trial-*.yaml"):
@@ -154,8 +155,14 @@ def write_results(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Result
                 header = f"# trial {trial.number} of study {spec.name}: `dse evaluate` this file\n"
                 body = yaml.safe_dump(point.model_dump(mode="json", exclude_none=True), sort_keys=False)
                 (points / f"trial-{trial.number}.yaml").write_text(header + body)
-    artifacts.append(points)
-    return Results(frame, best, artifacts)
+    return Results(frame, best, [out_dir / SPEC_FILE, out_dir / PARQUET, out_dir / PARETO_CSV, points])
+
+
+def write_plots(spec: StudySpec, results: Results, out_dir: Path) -> None:
+    """The Pareto plots (PNG and interactive HTML), added to the results' artifacts."""
+    title = f"study {spec.name}"
+    results.artifacts.append(plots.pareto_png(results.frame, results.front, out_dir / plots.PNG, title))
+    results.artifacts.append(plots.pareto_html(results.frame, results.front, out_dir / plots.HTML, title))
 
 
 def attach_saved_timelines(uri: str, study: optuna.Study, paths: dict[int, Path]) -> int:
@@ -167,6 +174,40 @@ def attach_saved_timelines(uri: str, study: optuna.Study, paths: dict[int, Path]
     mlflow = mlflow_runs.client(uri)
     experiment = mlflow.get_run(parent).info.experiment_id
     return mlflow_runs.attach_timelines(mlflow, mlflow_runs.child_runs(mlflow, experiment, parent), paths)
+
+
+def _ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def trial_record(trial: FrozenTrial) -> mlflow_runs.TrialRecord:
+    """A finished trial as its child run shows it."""
+    attrs = trial.user_attrs
+    complete = trial.state == TrialState.COMPLETE
+    return mlflow_runs.TrialRecord(
+        number=trial.number,
+        state=trial.state.name,
+        feasible=all(v <= 0 for v in trial.constraints.values()) if complete else None,
+        tags={name: str(attrs[name])[:5000] for name in (REASON, POINT_KEY, NODE) if attrs.get(name)},
+        params={k: str(v) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()},
+        metrics={k: float(v) for k, v in (attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})).items()},
+        start_ms=_ms(trial.datetime_start),
+        end_ms=_ms(trial.datetime_complete),
+    )
+
+
+def parent_tags(spec: StudySpec) -> dict[str, str]:
+    """The study's settings as its parent run's tags."""
+    return {
+        "study": spec.name,
+        "sampler": spec.sampler,
+        "seed": str(spec.seed),
+        "generator": spec.generator,
+        "cost_model": spec.cost_model,
+        "objectives": ", ".join(f"{m} {d}" for m, d in zip(spec.metrics, spec.directions, strict=True)),
+        "constraints": ", ".join(spec.constraints),
+        "child_runs": spec.tracking.child_runs,
+    }
 
 
 class Tracker:
@@ -213,13 +254,15 @@ class Tracker:
         self._stored_parent = study.user_attrs.get(PARENT_RUN_ATTR)
         earlier = study.get_trials(deepcopy=False, states=FINISHED) if self.mode == "all" else []
         self._recorded.update(trial.number for trial in earlier)
-        spec = self.spec.model_dump(mode="json")
         try:
             self._spawn()
         except OSError as exc:
             self._offline(f"cannot start the MLflow writer process ({exc})")
             return
-        self._orders.put(mlflow_runs.Connect(self.uri, spec, self.out_dir, self._stored_parent, uid, earlier))
+        columns, tags = browse.StudyColumns.of(self.spec), parent_tags(self.spec)
+        records = [trial_record(trial) for trial in earlier]
+        connect = mlflow_runs.Connect(self.uri, columns, tags, self.out_dir, self._stored_parent, uid, records)
+        self._orders.put(connect)
 
     def _spawn(self) -> None:
         """The writer in a new session (Ctrl-C in the terminal is the driver's to handle; the driver closes the
@@ -256,7 +299,7 @@ class Tracker:
         self._hear()
         if self.mode == "all" and self._process is not None:
             self._recorded.add(trial.number)
-            self._orders.put(trial)
+            self._orders.put(trial_record(trial))
 
     def _hear(self) -> None:
         """Take the writer's report that it connected, if it came, and keep the parent run's id in the study (in
@@ -287,9 +330,12 @@ class Tracker:
         if self._process is None or self._reports is None:
             return len(wanted)
         trials = study.get_trials(deepcopy=False)
-        candidates = [trials[n] for n in sorted(wanted - self._recorded) if trials[n].state in FINISHED]
-        timelines = {n: trials[n].params for n in front} if self.spec.tracking.timelines == "pareto" else {}
-        self._orders.put(mlflow_runs.Finish(candidates, front, wanted, results.artifacts, completed, timelines))
+        candidates = [trial_record(trials[n]) for n in sorted(wanted - self._recorded) if trials[n].state in FINISHED]
+        finish = mlflow_runs.Finish(candidates, front, wanted, results.artifacts, completed)
+        if self.spec.tracking.timelines == "pareto":
+            params = {n: trials[n].params for n in front}
+            finish = replace(finish, timelines_spec=self.spec.model_dump(mode="json"), front_params=params)
+        self._orders.put(finish)
         self._orders.put(None)
         report = None
         while report is None or isinstance(report, mlflow_runs.Connected):

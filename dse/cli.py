@@ -59,7 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--trials", type=int, help="total trials, including those already in OUT (default: the file's)")
     run.add_argument("--workers", type=int, help="evaluations in flight at once (default: the file's)")
     run.add_argument(
-        "--address", help="Ray cluster to join, e.g. auto or ray://head:10001 (default: start a local Ray)"
+        "--address",
+        help="Ray cluster to join, e.g. auto or ray://head:10001 (default: this process, and a local Ray once the "
+        "study's remaining work pays for its start)",
     )
     run.add_argument("--out", type=Path, help="output folder (default: runs/<study name>)")
     run.add_argument(

@@ -320,13 +320,7 @@ class Tracker:
 
         Returns how many child runs MLflow still lacks (0 unless it failed; `error` then says why)."""
         front = {int(n) for n in results.front["number"]}
-        wanted = (
-            {int(n) for n in results.frame["number"]}
-            if self.mode == "all"
-            else front
-            if self.mode == "pareto"
-            else set()
-        )
+        wanted = {"all": {int(n) for n in results.frame["number"]}, "pareto": front, "none": set()}[self.mode]
         if self._process is None or self._reports is None:
             return len(wanted)
         trials = study.get_trials(deepcopy=False)
@@ -337,18 +331,17 @@ class Tracker:
             finish = replace(finish, timelines_spec=self.spec.model_dump(mode="json"), front_params=params)
         self._orders.put(finish)
         self._orders.put(None)
-        report = None
-        while report is None or isinstance(report, mlflow_runs.Connected):
+        while True:
             try:
                 report = self._reports.recv()
             except EOFError:
                 self._process.wait()
                 self._offline(f"the MLflow writer process ended with exit code {self._process.returncode}")
                 return len(wanted)
-            if isinstance(report, mlflow_runs.Connected):
-                self._take(report)
+            self._take(report)
+            if isinstance(report, mlflow_runs.Finished):
+                break
         self._process.wait()
-        self._take(report)
         self._hear()
         self.written, self.write_seconds = report.written, report.write_seconds
         if report.error:

@@ -1,7 +1,12 @@
-"""Rules that make a well-formed design point runnable, checked before any generation is spent on it."""
+"""Rules that make a well-formed design point runnable, checked before any generation is spent on it.
+
+The tool's limits over several fields come first (dse/limits.py): they bound the work the other rules and the
+evaluation do.
+"""
 
 from dse.errors import InfeasibleError
-from dse.modelstats import layer_kinds, ssm_inner
+from dse.limits import MAX_PARAMETERS, MAX_PIPELINE_CHUNKS, MAX_PIPELINE_STEPS
+from dse.modelstats import layer_kinds, param_count, ssm_inner
 from dse.spec import DesignPoint
 
 
@@ -9,9 +14,41 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def exceeded_limit(point: DesignPoint) -> str | None:
+    """The first of the tool's limits over several fields that the point exceeds, or None."""
+    m, w, p = point.model, point.workload, point.parallel
+    if (params := param_count(m)) > MAX_PARAMETERS:
+        return (
+            f"model '{m.name}' has {params:.3g} parameters, over the limit of {MAX_PARAMETERS:.0e} (README: Limits); "
+            "lower model.layers or its widths (hidden, ffn, vocab, moe.experts)"
+        )
+    chunks = p.pp * (p.virtual_stages if p.pp_schedule == "interleaved" else 1)
+    if chunks > MAX_PIPELINE_CHUNKS:
+        return (
+            f"parallel.pp*virtual_stages = {chunks} pipeline chunks is over the limit of {MAX_PIPELINE_CHUNKS} "
+            "(README: Limits); lower parallel.pp or parallel.virtual_stages"
+        )
+    micro_batches = w.global_batch // (p.dp * w.micro_batch)
+    if chunks * micro_batches > MAX_PIPELINE_STEPS:
+        return (
+            f"{chunks} pipeline chunks x {micro_batches} micro-batches per step (workload.global_batch / "
+            f"(parallel.dp * workload.micro_batch)) = {chunks * micro_batches:,} chunk passes is over the limit of "
+            f"{MAX_PIPELINE_STEPS:,} (README: Limits); raise workload.micro_batch or parallel.dp, or lower "
+            "workload.global_batch or parallel.pp"
+        )
+    return None
+
+
 def infeasibility(point: DesignPoint) -> str | None:
     """The first reason the point cannot run, or None. Each reason names the fields and what would fit."""
+    if (limit := exceeded_limit(point)) is not None:
+        return limit
     m, w, p, s = point.model, point.workload, point.parallel, point.system
+    if m.dtype not in s.accelerator.peak_tflops:
+        return (
+            f"model.dtype={m.dtype} but accelerator '{s.accelerator.name}' has no peak_tflops.{m.dtype}; use a dtype "
+            f"in {{{', '.join(s.accelerator.peak_tflops)}}} or add its peak to system.accelerator.peak_tflops"
+        )
     if p.world != s.npus:
         return (
             f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "

@@ -2,7 +2,9 @@
 
 A point names catalog entries or overrides them: `model: llama3-8b`, or `model: {base: llama3-8b, layers: 16}`.
 The same holds for `system` and `system.accelerator`. A list is overridden element-wise by a mapping of indices,
-e.g. `system: {base: dgx-h100, network: {1: {npus: 16}}}` keeps the NVLink dimension and scales out to 16 nodes.
+e.g. `system: {base: dgx-h100, network: {1: {npus: 16}}}` keeps the NVLink dimension and scales out to 16 nodes,
+and a mapping key by key: `system: {base: dgx-h100, accelerator: {hbm_GiB: 141}}` is the preset's H100 with more
+HBM, while `accelerator: h200` or `accelerator: {base: h200, ...}` replaces it.
 """
 
 import copy
@@ -12,16 +14,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse import catalog
-from dse.errors import SpecError
-from dse.spec import DesignPoint
+from dse.errors import InfeasibleError, SpecError
+from dse.feasibility import infeasibility
+from dse.spec import DesignPoint, ignored_setting
 from dse.yamlio import describe_validation_error, load_mapping
 
 POINT_FIELDS = ("model", "workload", "parallel", "system")
 
 
 def merge(base: Any, override: Any) -> Any:
-    """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices."""
-    if isinstance(base, dict) and isinstance(override, dict):
+    """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices.
+    A mapping with a `base` names its own starting point, so it replaces what it overrides."""
+    if isinstance(base, dict) and isinstance(override, dict) and "base" not in override:
         out = dict(base)
         for key, value in override.items():
             out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
@@ -30,7 +34,9 @@ def merge(base: Any, override: Any) -> Any:
         out = list(base)
         for index, value in override.items():
             if not 0 <= index < len(out):
-                raise SpecError(f"list index {index} is out of range (the list has {len(out)} entries)")
+                raise SpecError(
+                    f"list index {index} is out of range (the list has {len(out)} entries); use 0 to {len(out) - 1}"
+                )
             out[index] = merge(out[index], value)
         return out
     return copy.deepcopy(override)
@@ -46,6 +52,8 @@ def _resolve(kind: catalog.Kind, ref: Any, field: str) -> Any:
         base = catalog.entry(kind, ref["base"])
         if kind == "models" and "name" not in rest:
             rest["name"] = f"{ref['base']}*" if rest else ref["base"]
+        if kind == "systems" and isinstance(base.get("accelerator"), str):
+            base["accelerator"] = catalog.entry("accelerators", base["accelerator"])  # overrides merge into it
         return merge(base, rest)
     return ref
 
@@ -110,9 +118,18 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
 
 
 def load_point(path: str | Path) -> DesignPoint:
+    """A point file as a runnable point: valid, setting nothing that would be ignored, and feasible; every error
+    names the file."""
     raw = load_mapping(path)
     try:
         expanded = expand(raw)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    return build_point(expanded, str(path))
+    point = build_point(expanded, str(path))
+    ignored = ignored_setting(point)
+    if ignored:
+        raise SpecError(f"{path}: {ignored}")
+    reason = infeasibility(point)
+    if reason:
+        raise InfeasibleError(f"{path}: {reason}")
+    return point

@@ -5,7 +5,7 @@ evaluation do.
 """
 
 from dse.errors import InfeasibleError
-from dse.limits import MAX_PARAMETERS, MAX_PIPELINE_CHUNKS, MAX_PIPELINE_STEPS
+from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
 from dse.modelstats import layer_kinds, param_count, ssm_inner
 from dse.spec import DesignPoint
 
@@ -29,12 +29,12 @@ def exceeded_limit(point: DesignPoint) -> str | None:
             "(README: Limits); lower parallel.pp or parallel.virtual_stages"
         )
     micro_batches = w.global_batch // (p.dp * w.micro_batch)
-    if chunks * micro_batches > MAX_PIPELINE_STEPS:
+    if micro_batches * m.layers > MAX_LAYER_PASSES:
         return (
-            f"{chunks} pipeline chunks x {micro_batches} micro-batches per step (workload.global_batch / "
-            f"(parallel.dp * workload.micro_batch)) = {chunks * micro_batches:,} chunk passes is over the limit of "
-            f"{MAX_PIPELINE_STEPS:,} (README: Limits); raise workload.micro_batch or parallel.dp, or lower "
-            "workload.global_batch or parallel.pp"
+            f"{micro_batches} micro-batches per step (workload.global_batch / (parallel.dp * workload.micro_batch)) "
+            f"x model.layers={m.layers} = {micro_batches * m.layers:,} layer passes is over the limit of "
+            f"{MAX_LAYER_PASSES:,} (README: Limits); raise workload.micro_batch or parallel.dp, or lower "
+            "workload.global_batch"
         )
     return None
 

@@ -25,9 +25,10 @@ MAX_WORLD = 2**20
 """NPUs of a system, and every parallel degree (1,048,576)."""
 MAX_PIPELINE_CHUNKS = 512
 """Model chunks in the pipeline (parallel.pp x virtual_stages); each is a program the cost model schedules."""
-MAX_PIPELINE_STEPS = 2**17
-"""Chunk passes the cost model may schedule one by one: pp x virtual_stages x micro-batches per step (GPipe and
-interleaved schedules are simulated whole, 1F1B over its steady state where it has one): 131,072."""
+MAX_LAYER_PASSES = 2**18
+"""Micro-batches per step x model.layers: the layer passes the cost model may schedule one by one (GPipe and
+interleaved schedules are simulated whole, 1F1B over its steady state of about 2 pp + 2 micro-batches): 262,144,
+which the slowest evaluation the limits admit prices in about 15 s."""
 
 # The system: physical ranges, wide enough for hardware a thousand times today's, narrow enough that every
 # time and rate the cost model derives from them is a finite float.

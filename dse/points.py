@@ -22,52 +22,61 @@ from dse.yamlio import describe_validation_error, load_mapping
 POINT_FIELDS = ("model", "workload", "parallel", "system")
 
 
-def merge(base: Any, override: Any) -> Any:
+def merge(base: Any, override: Any, path: str = "") -> Any:
     """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices.
     A mapping with a `base` names its own starting point, so it replaces what it overrides."""
     if isinstance(base, dict) and isinstance(override, dict) and "base" not in override:
         out = dict(base)
         for key, value in override.items():
-            out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
+            out[key] = merge(base[key], value, f"{path}.{key}".lstrip(".")) if key in base else copy.deepcopy(value)
         return out
     if isinstance(base, list) and isinstance(override, dict) and all(isinstance(k, int) for k in override):
         out = list(base)
         for index, value in override.items():
             if not 0 <= index < len(out):
                 raise SpecError(
-                    f"list index {index} is out of range (the list has {len(out)} entries); use 0 to {len(out) - 1}"
+                    f"field '{path}.{index}': list index {index} is out of range (the list has {len(out)} "
+                    f"entries); use 0 to {len(out) - 1}"
                 )
-            out[index] = merge(out[index], value)
+            out[index] = merge(out[index], value, f"{path}.{index}".lstrip("."))
         return out
     return copy.deepcopy(override)
 
 
 def _resolve(kind: catalog.Kind, ref: Any, field: str) -> Any:
     if isinstance(ref, str):
-        return catalog.entry(kind, ref)
+        return _entry(kind, ref, field)
     if isinstance(ref, dict) and "base" in ref:
         rest = {k: v for k, v in ref.items() if k != "base"}
         if not isinstance(ref["base"], str):
             raise SpecError(f"field '{field}.base': expected a catalog name, got {ref['base']!r}")
-        base = catalog.entry(kind, ref["base"])
+        base = _entry(kind, ref["base"], f"{field}.base")
         if kind == "models" and "name" not in rest:
             rest["name"] = f"{ref['base']}*" if rest else ref["base"]
         if kind == "systems" and isinstance(base.get("accelerator"), str):
             base["accelerator"] = catalog.entry("accelerators", base["accelerator"])  # overrides merge into it
-        return merge(base, rest)
+        return merge(base, rest, field)
     return ref
 
 
-def expand(raw: dict[str, Any]) -> dict[str, Any]:
-    """Replace catalog references with their entries; what is left is plain data for DesignPoint."""
+def _entry(kind: catalog.Kind, name: str, field: str) -> dict[str, Any]:
+    try:
+        return catalog.entry(kind, name)
+    except SpecError as exc:
+        raise SpecError(f"field '{field}': {exc}") from None
+
+
+def expand(raw: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Replace catalog references with their entries; what is left is plain data for DesignPoint. An error names
+    the field, after `where` (e.g. 'base.' in a study)."""
     out = dict(raw)
     if "model" in out:
-        out["model"] = _resolve("models", out["model"], "model")
+        out["model"] = _resolve("models", out["model"], f"{where}model")
     if "system" in out:
-        system = _resolve("systems", out["system"], "system")
+        system = _resolve("systems", out["system"], f"{where}system")
         if isinstance(system, dict) and "accelerator" in system:
             system = dict(system)
-            system["accelerator"] = _resolve("accelerators", system["accelerator"], "system.accelerator")
+            system["accelerator"] = _resolve("accelerators", system["accelerator"], f"{where}system.accelerator")
         out["system"] = system
     return out
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import optuna
 from annotated_types import Gt, Le
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from dse import plugins
 from dse.errors import SpecError
@@ -229,11 +230,10 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
                 f"{', '.join(installed) or 'none'}"
             )
     _ = spec.objective_list, spec.constraint_list, spec.expressions  # resolved now so errors surface at load
-    for key, value in spec.base.items():
-        try:
-            expand({key: value})
-        except SpecError as exc:
-            raise SpecError(f"{path}: field 'base.{key}': {exc}") from None
+    try:
+        expand(spec.base, where="base.")
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     if spec.sampler == "grid":
         ranged = [name for name, param in spec.space.items() if param.choices is None]
         if ranged:
@@ -268,28 +268,43 @@ def vary(spec: StudySpec) -> list[tuple[str, Value, DesignPoint | str]]:
     firsts = {name: param.first for name, param in spec.space.items()}
     out: list[tuple[str, Value, DesignPoint | str]] = []
     for name, param in spec.space.items():
-        for value in param.values:
-            where = f"{spec.source}: field 'space.{name}': {value!r}"
-            try:
-                raw = _assemble(spec, {**firsts, name: value})
+        labels = ["choice"] * len(param.choices) if param.choices is not None else ["low", "high"]
+        for label, value in zip(labels, param.values, strict=True):
+            where = f"{spec.source}: field 'space.{name}': {label} {value!r}"
+            params = {**firsts, name: value}
+            try:  # the value alone first: a derived value it breaks (a division by 0) must not hide it
+                own = _own_errors(_assemble(spec, params, derive=False), name)
+                raw = _assemble(spec, params)
             except SpecError as exc:
-                message = str(exc)
-                raise SpecError(message if message.startswith(spec.source) else f"{where}: {message}") from None
+                raise _located(exc, spec.source, where) from None
+            if own:
+                field = error_field(own[0])
+                raise SpecError(f"{where}{f' ({field})' if field != name else ''}: {error_message(own[0])}")
             if isinstance(raw, str):
                 out.append((name, value, raw))
                 continue
             try:
                 point = DesignPoint.model_validate(raw)
             except ValidationError as exc:
-                own = [e for e in exc.errors() if f"{error_field(e)}.".startswith(f"{name}.")]
-                if own:
-                    field = error_field(own[0])
-                    inner = f" ({field})" if field != name else ""
-                    raise SpecError(f"{where}{inner}: {error_message(own[0])}") from None
                 out.append((name, value, describe_validation_error(exc, "with the first value of the others")))
                 continue
             out.append((name, value, infeasibility(point) or point))
     return out
+
+
+def _own_errors(raw: Any, path: str) -> list[ErrorDetails]:
+    """The validation errors of the point data's field at a dotted path, or of a field within it."""
+    try:
+        DesignPoint.model_validate(raw)
+    except ValidationError as exc:
+        return [e for e in exc.errors() if f"{error_field(e)}.".startswith(f"{path}.")]
+    return []
+
+
+def _located(exc: SpecError, source: str, where: str) -> SpecError:
+    """exc, its message led by `where` unless it already names the source file."""
+    message = str(exc)
+    return exc if message.startswith(source) else SpecError(f"{where}: {message}")
 
 
 def space_size(spec: StudySpec) -> int | None:
@@ -368,16 +383,19 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     Params may name catalog entries (`model: {choices: [llama3-8b, llama3-70b]}`): the point is expanded again
     after assignment. A malformed combination raises SpecError naming the study file and the field.
     """
-    raw = _assemble(spec, params)
+    try:
+        raw = _assemble(spec, params)
+    except SpecError as exc:  # a catalog name among the params that the catalog lacks
+        raise _located(exc, spec.source, spec.source) from None
     if isinstance(raw, str):
         return raw
     point = build_point(raw, f"{spec.source} (base with space and derived applied)")
     return infeasibility(point) or point
 
 
-def _assemble(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any] | str:
-    """The point data of a trial's params (base, params, derived values), not yet validated, or the reason a
-    derived value has none."""
+def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -> dict[str, Any] | str:
+    """The point data of a trial's params (base, params, and derived values unless derive is false), not yet
+    validated, or the reason a derived value has none."""
     raw = dict(spec.expanded_base)  # copied on write along each assigned path
     owned = {id(raw)}
     for name, value in params.items():
@@ -386,6 +404,8 @@ def _assemble(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any] | st
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'space.{name}': {exc}") from None
     raw = expand(raw)
+    if not derive:
+        return raw
     env: dict[str, float] = dict(params)
     if any("world" in expr.names for expr in spec.expressions.values()):
         env["world"] = _world(raw, spec.source)

@@ -202,10 +202,39 @@ def describe_validation_error(exc: ValidationError, source: str) -> str:
 
     Unknown fields come first: a misspelt required field is both unknown and missing, and only the unknown one
     names what to fix."""
-    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    errors = sorted(_merge_unions(exc.errors()), key=lambda e: e["type"] != "extra_forbidden")
     more = len(errors) - 1
     tail = f" (+{more} more)" if more else ""
     return f"{source}: field '{error_field(errors[0]) or '(top level)'}': {error_message(errors[0])}{tail}"
+
+
+_UNION_MEMBERS = {"bool": "a boolean", "int": "a whole number", "float": "a number", "str": "a string"}
+
+
+def _merge_unions(errors: list[ErrorDetails]) -> list[ErrorDetails]:
+    """One error per field of a union type (a study choice is a boolean, a number or a string): pydantic gives
+    one per member, at a location that ends in the member's type ('choices.0.bool'), which is no field."""
+    out: list[ErrorDetails | tuple] = []
+    members: dict[tuple, list[str]] = {}
+    for err in errors:
+        *loc, last = err["loc"] or ("",)
+        if last not in _UNION_MEMBERS:
+            out.append(err)
+        elif tuple(loc) in members:
+            members[tuple(loc)].append(_UNION_MEMBERS[str(last)])
+        else:
+            members[tuple(loc)] = [_UNION_MEMBERS[str(last)]]
+            out.append((tuple(loc), err["input"]))
+    return [
+        item
+        if not isinstance(item, tuple)
+        else ErrorDetails(type="union", loc=item[0], msg=f"expected {_either(members[item[0]])}", input=item[1])
+        for item in out
+    ]
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def error_field(err: ErrorDetails) -> str:
@@ -224,13 +253,23 @@ def error_message(err: ErrorDetails) -> str:
         return "unknown field; check its spelling against the documented fields"
     if kind == "missing":
         return "required field is missing"
-    got = err.get("input")
-    shown = "" if isinstance(got, dict | list) else f" (got {_short(got)})"
+    if kind == "model_type":  # pydantic says 'a valid dictionary or instance of ModelSpec'
+        return f"expected a mapping of fields{_catalog_hint(err)}{_got(err)}"
     if kind in _BOUNDS or kind in _FLOORS:
         words, key = (_BOUNDS | _FLOORS)[kind]
-        limit = err["ctx"][key]
-        return f"must be {words} {limit}{shown}; see the README's Limits for the accepted range"
-    return f"{err['msg']}{shown}"
+        return f"must be {words} {err['ctx'][key]}{_got(err)}; see the README's Limits for the accepted range"
+    return f"{err['msg']}{_got(err)}"
+
+
+def _got(err: ErrorDetails) -> str:
+    got = err.get("input")
+    return "" if isinstance(got, dict | list) else f" (got {_short(got)})"
+
+
+def _catalog_hint(err: ErrorDetails) -> str:
+    field = error_field(err)
+    kind = {"model": "models", "system": "systems", "system.accelerator": "accelerators"}.get(field)
+    return f" or the name of a catalog entry (dse/catalog/{kind})" if kind else ""
 
 
 def _short(value: Any) -> str:

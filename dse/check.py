@@ -42,6 +42,8 @@ def main(args: argparse.Namespace, console: Console) -> int:
             f"{args.file}: a valid point: {point.model.name} ({param_count(point.model):.3g} parameters) on "
             f"{point.parallel.world} NPUs of {point.system.name}, key {point.key}",
             soft_wrap=True,
+            markup=False,
+            highlight=False,
         )
     else:
         raise SpecError(
@@ -59,6 +61,8 @@ def _check_study(path: Path, console: Console) -> None:
         f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} trials "
         f"({spec.sampler})",
         soft_wrap=True,
+        markup=False,
+        highlight=False,
     )
     variants = vary(spec)
     reasons = [(name, value, outcome) for name, value, outcome in variants if isinstance(outcome, str)]
@@ -66,6 +70,7 @@ def _check_study(path: Path, console: Console) -> None:
         f"{len(variants)} points varying one parameter at a time from the first: "
         f"{len(variants) - len(reasons)} can run, {len(reasons)} cannot",
         soft_wrap=True,
+        highlight=False,
     )
     for name, value, reason in reasons[:SHOWN_REASONS]:
         console.print(f"  {name}={value}: {reason}", markup=False, highlight=False, soft_wrap=True)

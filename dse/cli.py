@@ -255,7 +255,8 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(metrics, allow_nan=False))
         return 0
-    console.print(f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}", soft_wrap=True)
+    header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
+    console.print(header, soft_wrap=True, markup=False, highlight=False)  # names and paths are not Rich markup
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -57,7 +57,7 @@ MAX_EXPRESSION_CHARS = 500
 MAX_EXPRESSION_DEPTH = 32
 """Nesting of a derived expression (operators and parentheses)."""
 MAX_NAME_CHARS = 100
-"""A study's name, which is also its output folder's."""
+"""A study's name (also its output folder's), and a model's, accelerator's or system's."""
 MAX_FILE_BYTES = 2**20
 """A point or study file (1 MiB; the shipped ones are under 2 KiB)."""
 MAX_NESTING = 32

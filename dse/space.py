@@ -5,6 +5,7 @@ assign every sampled parameter, then every derived value, then validate. A point
 as its reason (a string) so the study can tell Optuna at once, without spending an evaluation on it.
 """
 
+import math
 import types
 from collections.abc import Mapping
 from functools import cached_property
@@ -415,6 +416,8 @@ def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -
             return f"derived {path} = {expr.text}: {value}"
         if isinstance(value, float) and value.is_integer():
             value = int(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"derived {path} = {expr.text} is {value}, not a finite number"
         if isinstance(value, float) and _is_integer_field(path):
             shown = ", ".join(f"{name}={env[name]}" for name in sorted(expr.names))
             return f"derived {path} = {expr.text} = {value:.3g} ({shown}) is not a whole number"

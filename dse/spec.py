@@ -18,7 +18,7 @@ from math import prod
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Le
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from dse.limits import (
@@ -27,6 +27,7 @@ from dse.limits import (
     MAX_LATENCY_NS,
     MAX_LAUNCH_US,
     MAX_LAYERS,
+    MAX_NAME_CHARS,
     MAX_NETWORK_DIMS,
     MAX_RATE,
     MAX_SEQ_LEN,
@@ -70,6 +71,8 @@ Capacity = Annotated[float, Ge(0), Le(MAX_CAPACITY_GIB)]
 """GiB."""
 Latency = Annotated[float, Ge(0), Le(MAX_LATENCY_NS)]
 """Nanoseconds."""
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A model's, accelerator's or system's name: shown in tables, plots and MLflow, so one line of text."""
 
 
 class Spec(BaseModel):
@@ -116,7 +119,7 @@ class SSMSpec(Spec):
 class ModelSpec(Spec):
     """A decoder-only model: dense transformer (gpt, llama), MoE (mixtral, deepseek), SSM (mamba) or hybrid."""
 
-    name: str
+    name: Name
     family: Literal["gpt", "llama", "mixtral", "deepseek", "mamba", "hybrid"]
     layers: Layers
     hidden: Width
@@ -300,7 +303,7 @@ class ParallelSpec(Spec):
 class AcceleratorSpec(Spec):
     """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
 
-    name: str
+    name: Name
     peak_tflops: dict[Dtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
     hbm_GiB: Annotated[Capacity, Gt(0)]
     hbm_bandwidth_GBps: Rate
@@ -404,7 +407,7 @@ class NetworkDim(Spec):
 
 
 class SystemSpec(Spec):
-    name: str
+    name: Name
     accelerator: AcceleratorSpec
     network: list[NetworkDim] = Field(
         min_length=1, max_length=MAX_NETWORK_DIMS, description="dimensions, innermost first"

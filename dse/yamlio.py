@@ -258,7 +258,7 @@ def error_message(err: ErrorDetails) -> str:
     if kind in _BOUNDS or kind in _FLOORS:
         words, key = (_BOUNDS | _FLOORS)[kind]
         return f"must be {words} {err['ctx'][key]}{_got(err)}; see the README's Limits for the accepted range"
-    return f"{err['msg']}{_got(err)}"
+    return f"{err['msg'].removeprefix('Value error, ')}{_got(err)}"
 
 
 def _got(err: ErrorDetails) -> str:

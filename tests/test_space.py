@@ -168,7 +168,7 @@ def test_expression_syntax_error():
         ),
         (
             "space:\n  parallel.tp: {low: 8, high: 1}\n",
-            "field 'space.parallel.tp': Value error, low=8 is above high=1",
+            "field 'space.parallel.tp': low=8 is above high=1",
         ),
         (
             "space:\n  parallel.tp: {choices: [1, 2]}\nconstraints: [step_time]\n",

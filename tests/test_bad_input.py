@@ -223,11 +223,10 @@ def mutated(draw: st.DrawFn, seeds: list[dict[str, Any]], fields: list[str]) -> 
 
 
 def add_field(draw: st.DrawFn, doc: dict[str, Any], path: str) -> None:
-    """Set a schema field the file may not have: into the point itself, or, in a study, into its base, as a
-    searched parameter (choices or a range) or as a derived value."""
+    """Set a schema field (`path`, of a point or a study) the file may not have; in a study, perhaps a field of
+    the point instead: into its base, as a searched parameter (choices or a range) or as a derived value."""
     value = draw(VALUES)
-    if "space" in doc:
-        where = draw(st.sampled_from(["space", "derived", "base"]))
+    if "space" in doc and (where := draw(st.sampled_from(["study", "space", "derived", "base"]))) != "study":
         point_path = draw(st.sampled_from(POINT_PATHS))
         if where == "space" and isinstance(doc["space"], dict):
             choices = draw(st.lists(st.one_of(VALUES, st.integers(0, 64)), min_size=1, max_size=5))

@@ -6,6 +6,7 @@ study says how to resume it and exits with 130.
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dse import calibration, pareto, plugins, report, traces, tracking, ui
+from dse import calibration, check, pareto, plugins, report, traces, tracking, ui
 from dse import commands as commands_module
 from dse import study as studies
 from dse.errors import DseError
@@ -103,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     commands_module.add_parsers(commands)
     calibration.add_parser(commands)
     ui.add_parser(commands)
+    check.add_parser(commands)
 
     generate = commands.add_parser(
         "generate",
@@ -287,17 +289,30 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
         if traced is None:
             raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
         cost_model = traced.with_timeline()
-    evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
+    try:
+        evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
+    except DseError as exc:  # raised while generating or pricing: name the file as the loading errors do
+        if str(exc).startswith(str(args.point)):
+            raise
+        raise type(exc)(f"{args.point}: {exc}") from None
     if traced is not None:
         try:
             args.trace.write_text(json.dumps(traced.chrome_trace(evaluation.result)))
         except OSError as exc:
             raise DseError(f"--trace: cannot write {args.trace} ({exc.strerror}); choose another FILE") from None
     metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}
+    # The limits keep every figure finite; should one slip through, say so rather than print a number (or, in
+    # --json, an Infinity that is not JSON) that cannot be right.
+    if unbounded := [name for name, value in metrics.items() if not math.isfinite(value)]:
+        raise DseError(
+            f"{args.point}: the evaluation gave {unbounded[0]} = {metrics[unbounded[0]]}, not a finite number; the "
+            "point's figures are beyond what the cost model can price: bring them nearer the README's Limits"
+        )
     if args.json:
-        print(json.dumps(metrics))
+        print(json.dumps(metrics, allow_nan=False))
         return 0
-    console.print(f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}", soft_wrap=True)
+    header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
+    console.print(header, soft_wrap=True, markup=False, highlight=False)  # names and paths are not Rich markup
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -378,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands |= commands_module.handlers(partial(run_study, console=console))
         commands["calibrate"] = calibration.main
         commands["ui"] = ui.main
+        commands["check"] = check.main
         return commands[args.command](args, console)
     except DseError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)

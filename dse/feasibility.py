@@ -1,7 +1,12 @@
-"""Rules that make a well-formed design point runnable, checked before any generation is spent on it."""
+"""Rules that make a well-formed design point runnable, checked before any generation is spent on it.
+
+The tool's limits over several fields come first (dse/limits.py): they bound the work the other rules and the
+evaluation do.
+"""
 
 from dse.errors import InfeasibleError
-from dse.modelstats import layer_kinds, ssm_inner
+from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
+from dse.modelstats import layer_kinds, param_count, ssm_inner
 from dse.spec import DesignPoint
 
 
@@ -9,9 +14,41 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
+def exceeded_limit(point: DesignPoint) -> str | None:
+    """The first of the tool's limits over several fields that the point exceeds, or None."""
+    m, w, p = point.model, point.workload, point.parallel
+    if (params := param_count(m)) > MAX_PARAMETERS:
+        return (
+            f"model '{m.name}' has {params:.3g} parameters, over the limit of {MAX_PARAMETERS:.0e} (README: Limits); "
+            "lower model.layers or its widths (hidden, ffn, vocab, moe.experts)"
+        )
+    chunks = p.pp * (p.virtual_stages if p.pp_schedule == "interleaved" else 1)
+    if chunks > MAX_PIPELINE_CHUNKS:
+        return (
+            f"parallel.pp*virtual_stages = {chunks} pipeline chunks is over the limit of {MAX_PIPELINE_CHUNKS} "
+            "(README: Limits); lower parallel.pp or parallel.virtual_stages"
+        )
+    micro_batches = w.global_batch // (p.dp * w.micro_batch)
+    if micro_batches * m.layers > MAX_LAYER_PASSES:
+        return (
+            f"{micro_batches} micro-batches per step (workload.global_batch / (parallel.dp * workload.micro_batch)) "
+            f"x model.layers={m.layers} = {micro_batches * m.layers:,} layer passes is over the limit of "
+            f"{MAX_LAYER_PASSES:,} (README: Limits); raise workload.micro_batch or parallel.dp, or lower "
+            "workload.global_batch"
+        )
+    return None
+
+
 def infeasibility(point: DesignPoint) -> str | None:
     """The first reason the point cannot run, or None. Each reason names the fields and what would fit."""
+    if (limit := exceeded_limit(point)) is not None:
+        return limit
     m, w, p, s = point.model, point.workload, point.parallel, point.system
+    if m.dtype not in s.accelerator.peak_tflops:
+        return (
+            f"model.dtype={m.dtype} but accelerator '{s.accelerator.name}' has no peak_tflops.{m.dtype}; use a dtype "
+            f"in {{{', '.join(s.accelerator.peak_tflops)}}} or add its peak to system.accelerator.peak_tflops"
+        )
     if p.world != s.npus:
         return (
             f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
@@ -83,6 +120,18 @@ def infeasibility(point: DesignPoint) -> str | None:
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
     if w.mode != "train" and p.zero:
         return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
+    if w.mode != "train" and chunks > 1:
+        return (
+            f"parallel.pp_schedule=interleaved with virtual_stages={chunks} is a training schedule (interleaved "
+            f"1F1B); use pp_schedule 1f1b or gpipe with workload.mode={w.mode}"
+        )
+    if p.cp > 1 and p.cp_algorithm == "ring" and p.recompute in ("full", "selective_op") and w.mode == "train":
+        # Its recomputed attention's K/V sends and receives do not pair up: the simulated step deadlocks (a bug
+        # of the symbolic generator, found by tests/test_bad_input.py). Refused, with a way out, until fixed.
+        return (
+            f"parallel.cp_algorithm=ring with parallel.recompute={p.recompute} is not supported yet; use "
+            "cp_algorithm allgather, or recompute selective or none"
+        )
     return None
 
 

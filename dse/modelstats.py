@@ -110,6 +110,7 @@ def _outside(m: ModelSpec) -> int:
     return embedding_params(m) + _norm(m) + head
 
 
+@lru_cache(maxsize=64)  # the feasibility rules ask for every point (the parameter limit)
 def param_count(m: ModelSpec) -> int:
     return sum(kind_params(m, k) for k in layer_kinds(m)) + _outside(m)
 

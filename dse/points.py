@@ -2,7 +2,9 @@
 
 A point names catalog entries or overrides them: `model: llama3-8b`, or `model: {base: llama3-8b, layers: 16}`.
 The same holds for `system` and `system.accelerator`. A list is overridden element-wise by a mapping of indices,
-e.g. `system: {base: dgx-h100, network: {1: {npus: 16}}}` keeps the NVLink dimension and scales out to 16 nodes.
+e.g. `system: {base: dgx-h100, network: {1: {npus: 16}}}` keeps the NVLink dimension and scales out to 16 nodes,
+and a mapping key by key: `system: {base: dgx-h100, accelerator: {hbm_GiB: 141}}` is the preset's H100 with more
+HBM, while `accelerator: h200` or `accelerator: {base: h200, ...}` replaces it.
 """
 
 import copy
@@ -12,54 +14,69 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse import catalog
-from dse.errors import SpecError
-from dse.spec import DesignPoint
+from dse.errors import InfeasibleError, SpecError
+from dse.feasibility import infeasibility
+from dse.spec import DesignPoint, ignored_setting
 from dse.yamlio import describe_validation_error, load_mapping
 
 POINT_FIELDS = ("model", "workload", "parallel", "system")
 
 
-def merge(base: Any, override: Any) -> Any:
-    """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices."""
-    if isinstance(base, dict) and isinstance(override, dict):
+def merge(base: Any, override: Any, path: str = "") -> Any:
+    """Deep-merge override onto base: mappings key by key, lists replaced or patched by a mapping of indices.
+    A mapping with a `base` names its own starting point, so it replaces what it overrides."""
+    if isinstance(base, dict) and isinstance(override, dict) and "base" not in override:
         out = dict(base)
         for key, value in override.items():
-            out[key] = merge(base[key], value) if key in base else copy.deepcopy(value)
+            out[key] = merge(base[key], value, f"{path}.{key}".lstrip(".")) if key in base else copy.deepcopy(value)
         return out
     if isinstance(base, list) and isinstance(override, dict) and all(isinstance(k, int) for k in override):
         out = list(base)
         for index, value in override.items():
             if not 0 <= index < len(out):
-                raise SpecError(f"list index {index} is out of range (the list has {len(out)} entries)")
-            out[index] = merge(out[index], value)
+                raise SpecError(
+                    f"field '{path}.{index}': list index {index} is out of range (the list has {len(out)} "
+                    f"entries); use 0 to {len(out) - 1}"
+                )
+            out[index] = merge(out[index], value, f"{path}.{index}".lstrip("."))
         return out
     return copy.deepcopy(override)
 
 
 def _resolve(kind: catalog.Kind, ref: Any, field: str) -> Any:
     if isinstance(ref, str):
-        return catalog.entry(kind, ref)
+        return _entry(kind, ref, field)
     if isinstance(ref, dict) and "base" in ref:
         rest = {k: v for k, v in ref.items() if k != "base"}
         if not isinstance(ref["base"], str):
             raise SpecError(f"field '{field}.base': expected a catalog name, got {ref['base']!r}")
-        base = catalog.entry(kind, ref["base"])
+        base = _entry(kind, ref["base"], f"{field}.base")
         if kind == "models" and "name" not in rest:
             rest["name"] = f"{ref['base']}*" if rest else ref["base"]
-        return merge(base, rest)
+        if kind == "systems" and isinstance(base.get("accelerator"), str):
+            base["accelerator"] = catalog.entry("accelerators", base["accelerator"])  # overrides merge into it
+        return merge(base, rest, field)
     return ref
 
 
-def expand(raw: dict[str, Any]) -> dict[str, Any]:
-    """Replace catalog references with their entries; what is left is plain data for DesignPoint."""
+def _entry(kind: catalog.Kind, name: str, field: str) -> dict[str, Any]:
+    try:
+        return catalog.entry(kind, name)
+    except SpecError as exc:
+        raise SpecError(f"field '{field}': {exc}") from None
+
+
+def expand(raw: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Replace catalog references with their entries; what is left is plain data for DesignPoint. An error names
+    the field, after `where` (e.g. 'base.' in a study)."""
     out = dict(raw)
     if "model" in out:
-        out["model"] = _resolve("models", out["model"], "model")
+        out["model"] = _resolve("models", out["model"], f"{where}model")
     if "system" in out:
-        system = _resolve("systems", out["system"], "system")
+        system = _resolve("systems", out["system"], f"{where}system")
         if isinstance(system, dict) and "accelerator" in system:
             system = dict(system)
-            system["accelerator"] = _resolve("accelerators", system["accelerator"], "system.accelerator")
+            system["accelerator"] = _resolve("accelerators", system["accelerator"], f"{where}system.accelerator")
         out["system"] = system
     return out
 
@@ -110,9 +127,18 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
 
 
 def load_point(path: str | Path) -> DesignPoint:
+    """A point file as a runnable point: valid, setting nothing that would be ignored, and feasible; every error
+    names the file."""
     raw = load_mapping(path)
     try:
         expanded = expand(raw)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    return build_point(expanded, str(path))
+    point = build_point(expanded, str(path))
+    ignored = ignored_setting(point)
+    if ignored:
+        raise SpecError(f"{path}: {ignored}")
+    reason = infeasibility(point)
+    if reason:
+        raise InfeasibleError(f"{path}: {reason}")
+    return point

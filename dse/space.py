@@ -5,25 +5,28 @@ assign every sampled parameter, then every derived value, then validate. A point
 as its reason (a string) so the study can tell Optuna at once, without spending an evaluation on it.
 """
 
-import ast
-import operator
+import math
 import types
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import cached_property
+from math import prod
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import optuna
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, ValidationError, model_validator
+from annotated_types import Gt, Le
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from dse import plugins
 from dse.errors import SpecError
+from dse.expressions import Expression, is_number, parse_expression
 from dse.feasibility import infeasibility
+from dse.limits import MAX_CHOICES, MAX_NAME_CHARS, MAX_SEED, MAX_TRIALS, MAX_WORKERS
 from dse.objective import Constraint, Direction, Objective
 from dse.points import assign, build_point, expand
-from dse.spec import DesignPoint, SystemSpec
-from dse.yamlio import describe_validation_error, load_mapping
+from dse.spec import REFINEMENTS, Count, DesignPoint, SystemSpec, Whole, default_of
+from dse.yamlio import describe_validation_error, error_field, error_message, load_mapping
 
 Value = bool | int | float | str
 
@@ -45,12 +48,12 @@ class Param(BaseModel):
     """One searched field: `{choices: [...]}`, or `{low, high, step?, log?}` (an int range if low and high are
     ints, else a float range)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    choices: list[Value] | None = Field(None, min_length=1)
+    choices: list[Value] | None = Field(None, min_length=1, max_length=MAX_CHOICES)
     low: int | float | None = None
     high: int | float | None = None
-    step: int | float | None = None
+    step: Annotated[int | float, Gt(0)] | None = None
     log: bool = False
 
     @model_validator(mode="after")
@@ -75,6 +78,11 @@ class Param(BaseModel):
         return self.choices[0] if self.choices is not None else self.low  # type: ignore[return-value]
 
     @property
+    def values(self) -> list[Value]:
+        """The choices, or the ends of the range: what load_study checks against the field."""
+        return list(self.choices) if self.choices is not None else [self.low, self.high]  # type: ignore[list-item]
+
+    @property
     def is_int(self) -> bool:
         return all(isinstance(v, int) for v in (self.low, self.high, self.step) if v is not None)
 
@@ -83,7 +91,7 @@ class TrackingSpec(BaseModel):
     """How much of a study goes to MLflow. The Parquet table always has every trial; MLflow child runs cost
     ~50 ms each on sqlite and ~260 ms through a server, which a study of 100k trials cannot afford."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     child_runs: Literal["all", "pareto", "none"] = Field(
         "all", description="a child run per trial, only for the Pareto front (written at the end), or none"
@@ -98,10 +106,12 @@ class TrackingSpec(BaseModel):
 class StudySpec(BaseModel):
     """What a study file holds. Load it with `load_study`, which also checks the names and the space."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="also the output folder's name")
-    seed: int = 0
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=MAX_NAME_CHARS, description="also the output folder's name"
+    )
+    seed: Whole = Field(0, ge=0, le=MAX_SEED)
     generator: str = "symbolic"
     cost_model: str = "analytical"
     objectives: dict[str, Direction | None] = Field(
@@ -109,8 +119,10 @@ class StudySpec(BaseModel):
     )
     constraints: list[str] = Field(default_factory=lambda: ["fits_memory"])
     sampler: Literal["nsga2", "tpe", "random", "grid"] = "nsga2"
-    trials: PositiveInt
-    workers: PositiveInt | None = Field(None, description="evaluations in flight; default: the Ray cluster's CPUs")
+    trials: Annotated[Count, Le(MAX_TRIALS)]
+    workers: Annotated[Count, Le(MAX_WORKERS)] | None = Field(
+        None, description="evaluations in flight; default: the Ray cluster's CPUs"
+    )
     storage: str | None = Field(
         None, description="Optuna storage URL (postgresql://, redis://, sqlite:///) or journal file path"
     )
@@ -147,7 +159,7 @@ class StudySpec(BaseModel):
                 )
             for name in sorted(expr.names & set(self.space)):
                 param = self.space[name]
-                if param.choices is not None and not all(_is_number(c) for c in param.choices):
+                if param.choices is not None and not all(is_number(c) for c in param.choices):
                     raise SpecError(
                         f"{self.source}: field 'derived.{path}': parameter '{name}' has non-numeric choices "
                         f"{param.choices}; an expression can only use numeric parameters"
@@ -204,8 +216,9 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     """Read and check a study file; every error names the file and the dotted field.
 
     overrides (e.g. trials=, workers= from the command line) replace file values before validation. The base
-    is decoded once with the first value of every parameter so that unknown paths and names fail here, not
-    mid-study.
+    is decoded with the first value of every parameter, then with every other value of each parameter in turn
+    (`vary`), so that unknown paths and names, and values their fields reject, fail here rather than prune
+    every trial that draws them.
     """
     raw = load_mapping(path)
     raw.update({key: value for key, value in overrides.items() if value is not None})
@@ -223,11 +236,10 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
                 f"{', '.join(installed) or 'none'}"
             )
     _ = spec.objective_list, spec.constraint_list, spec.expressions  # resolved now so errors surface at load
-    for key, value in spec.base.items():
-        try:
-            expand({key: value})
-        except SpecError as exc:
-            raise SpecError(f"{path}: field 'base.{key}': {exc}") from None
+    try:
+        expand(spec.base, where="base.")
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     if spec.sampler == "grid":
         ranged = [name for name, param in spec.space.items() if param.choices is None]
         if ranged:
@@ -235,8 +247,118 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
                 f"{path}: field 'space.{ranged[0]}': the grid sampler needs 'choices' for every "
                 f"parameter; list the values or use sampler nsga2, tpe or random"
             )
+    for name, param in spec.space.items():
+        if param.choices is None and not param.is_int and _is_integer_field(name):
+            raise SpecError(
+                f"{path}: field 'space.{name}': {name} holds whole numbers, so a range of it needs whole low and "
+                f"high (and step), not {param.low!r} and {param.high!r}"
+            )
+    if (values := sum(len(param.values) for param in spec.space.values())) > MAX_CHOICES:
+        raise SpecError(
+            f"{path}: field 'space': {values:,} choices and range ends over all parameters is over the limit of "
+            f"{MAX_CHOICES:,} (README: Limits); use ranges for the long ones"
+        )
     decode(spec, {name: param.first for name, param in spec.space.items()})
+    vary(spec)
+    _check_refinements(spec)
     return spec
+
+
+def vary(spec: StudySpec) -> list[tuple[str, Value, DesignPoint | str]]:
+    """The points that vary one parameter at a time from the first point (every choice, both ends of every
+    range), each with the parameter and value it varies, as a point or the reason it cannot run.
+
+    A value that its field rejects on its own (`parallel.zero: 7`, an unknown catalog name, a degree of 0)
+    raises SpecError naming the file, the parameter and the value; a value that only fails beside the others
+    (a tp that does not divide these heads) is a reason, as it would be mid-study."""
+    firsts = {name: param.first for name, param in spec.space.items()}
+    out: list[tuple[str, Value, DesignPoint | str]] = []
+    for name, param in spec.space.items():
+        labels = ["choice"] * len(param.choices) if param.choices is not None else ["low", "high"]
+        for label, value in zip(labels, param.values, strict=True):
+            where = f"{spec.source}: field 'space.{name}': {label} {value!r}"
+            params = {**firsts, name: value}
+            try:  # the value alone first: a derived value it breaks (a division by 0) must not hide it
+                own = _own_errors(_assemble(spec, params, derive=False), name)
+                raw = _assemble(spec, params)
+            except SpecError as exc:
+                raise _located(exc, spec.source, where) from None
+            if own:
+                field = error_field(own[0])
+                raise SpecError(f"{where}{f' ({field})' if field != name else ''}: {error_message(own[0])}")
+            if isinstance(raw, str):
+                out.append((name, value, raw))
+                continue
+            try:
+                point = DesignPoint.model_validate(raw)
+            except ValidationError as exc:
+                out.append((name, value, describe_validation_error(exc, "with the first value of the others")))
+                continue
+            out.append((name, value, infeasibility(point) or point))
+    return out
+
+
+def _own_errors(raw: Any, path: str) -> list[ErrorDetails]:
+    """The validation errors of the point data's field at a dotted path, or of a field within it."""
+    try:
+        DesignPoint.model_validate(raw)
+    except ValidationError as exc:
+        return [e for e in exc.errors() if f"{error_field(e)}.".startswith(f"{path}.")]
+    return []
+
+
+def _located(exc: SpecError, source: str, where: str) -> SpecError:
+    """exc, its message led by `where` unless it already names the source file."""
+    message = str(exc)
+    return exc if message.startswith(source) else SpecError(f"{where}: {message}")
+
+
+def space_size(spec: StudySpec) -> int | None:
+    """Distinct parameter sets of the space, or None when a parameter is a float range."""
+    sizes = []
+    for param in spec.space.values():
+        if param.choices is not None:
+            sizes.append(len(param.choices))
+        elif not param.is_int:
+            return None
+        else:
+            sizes.append((int(param.high) - int(param.low)) // int(param.step or 1) + 1)  # type: ignore[arg-type]
+    return prod(sizes)
+
+
+def _check_refinements(spec: StudySpec) -> None:
+    """A field that only takes effect with some values of another (REFINEMENTS), set by the study to anything but
+    its default where no point can give it effect, is an error: every trial would silently ignore it."""
+    for rule in REFINEMENTS:
+        values, partners = _possible(spec, rule.field), _possible(spec, rule.partner)
+        if values is None or partners is None or all(value == rule.default for value in values):
+            continue
+        if not any(rule.applies(value) for value in partners):
+            where = f"space.{rule.field}" if rule.field in spec.space else f"base.{rule.field}"
+            shown = [value for value in values if value != rule.default]
+            raise SpecError(
+                f"{spec.source}: field '{where}': {shown[0]!r} only takes effect with {rule.condition}, which no point "
+                f"of the study has ({rule.partner}: {', '.join(map(repr, partners))}); remove it or search "
+                f"{rule.partner} over values that include it"
+            )
+
+
+def _possible(spec: StudySpec, path: str) -> list[Any] | None:
+    """The values a study's points can have at a dotted path, or None when a derived value or a searched catalog
+    entry decides it."""
+    parts = path.split(".")
+    if any(".".join(parts[:n]) in spec.derived for n in range(1, len(parts) + 1)):
+        return None
+    if path in spec.space:
+        return spec.space[path].values
+    if any(".".join(parts[:n]) in spec.space for n in range(1, len(parts))):
+        return None
+    node: Any = spec.expanded_base
+    for part in parts:
+        if not isinstance(node, dict) or part not in node:
+            return [default_of(path)]
+        node = node[part]
+    return [node]
 
 
 def optuna_distributions(spec: StudySpec) -> dict[str, optuna.distributions.BaseDistribution]:
@@ -267,6 +389,19 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     Params may name catalog entries (`model: {choices: [llama3-8b, llama3-70b]}`): the point is expanded again
     after assignment. A malformed combination raises SpecError naming the study file and the field.
     """
+    try:
+        raw = _assemble(spec, params)
+    except SpecError as exc:  # a catalog name among the params that the catalog lacks
+        raise _located(exc, spec.source, spec.source) from None
+    if isinstance(raw, str):
+        return raw
+    point = build_point(raw, f"{spec.source} (base with space and derived applied)")
+    return infeasibility(point) or point
+
+
+def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -> dict[str, Any] | str:
+    """The point data of a trial's params (base, params, and derived values unless derive is false), not yet
+    validated, or the reason a derived value has none."""
     raw = dict(spec.expanded_base)  # copied on write along each assigned path
     owned = {id(raw)}
     for name, value in params.items():
@@ -275,6 +410,8 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'space.{name}': {exc}") from None
     raw = expand(raw)
+    if not derive:
+        return raw
     env: dict[str, float] = dict(params)
     if any("world" in expr.names for expr in spec.expressions.values()):
         env["world"] = _world(raw, spec.source)
@@ -284,6 +421,8 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
             return f"derived {path} = {expr.text}: {value}"
         if isinstance(value, float) and value.is_integer():
             value = int(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"derived {path} = {expr.text} is {value}, not a finite number"
         if isinstance(value, float) and _is_integer_field(path):
             shown = ", ".join(f"{name}={env[name]}" for name in sorted(expr.names))
             return f"derived {path} = {expr.text} = {value:.3g} ({shown}) is not a whole number"
@@ -292,8 +431,7 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
             assign(raw, path, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'derived.{path}': {exc}") from None
-    point = build_point(raw, f"{spec.source} (base with space and derived applied)")
-    return infeasibility(point) or point
+    return raw
 
 
 def point_fields(point: DesignPoint, paths: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -309,10 +447,6 @@ def point_fields(point: DesignPoint, paths: tuple[str, ...] | list[str]) -> dict
         if node is not None:
             out[path] = node
     return out
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _world(raw: dict[str, Any], source: str) -> int:
@@ -356,76 +490,3 @@ def _is_integer_field(path: str) -> bool:
     if get_origin(node) is Literal:
         return all(isinstance(a, int) and not isinstance(a, bool) for a in get_args(node))
     return node is int
-
-
-_BINARY: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_ALLOWED = "numbers, parameter names, world, + - * / // % and parentheses"
-
-
-@dataclass(frozen=True)
-class Expression:
-    """Arithmetic over dotted names, checked node by node when parsed and then walked, never eval'd."""
-
-    text: str
-    tree: ast.expr
-    names: frozenset[str]
-
-    def evaluate(self, env: Mapping[str, float]) -> float | str:
-        """The value, or why there is none (division by zero) as a string."""
-        try:
-            return _walk(self.tree, env)
-        except ZeroDivisionError:
-            return "division by zero"
-
-
-def parse_expression(text: str) -> Expression:
-    """Parse `world / (parallel.tp * parallel.pp)`; anything beyond arithmetic raises ValueError saying so."""
-    try:
-        tree = ast.parse(text, mode="eval").body
-    except SyntaxError as exc:
-        raise ValueError(f"cannot parse {text!r} ({exc.msg}); use {_ALLOWED}") from None
-    names: set[str] = set()
-    _check(tree, names)
-    return Expression(text, tree, frozenset(names))
-
-
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr}"
-    return None
-
-
-def _check(node: ast.expr, names: set[str]) -> None:
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        _check(node.left, names)
-        _check(node.right, names)
-    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        _check(node.operand, names)
-    elif isinstance(node, ast.Constant):
-        if not _is_number(node.value):
-            raise ValueError(f"{node.value!r} is not a number; use {_ALLOWED}")
-    elif isinstance(node, ast.Name | ast.Attribute) and (name := _dotted(node)) is not None:
-        names.add(name)
-    else:
-        raise ValueError(f"'{ast.unparse(node)}' is not allowed; use {_ALLOWED}")
-
-
-def _walk(node: ast.expr, env: Mapping[str, float]) -> float:
-    if isinstance(node, ast.BinOp):
-        return _BINARY[type(node.op)](_walk(node.left, env), _walk(node.right, env))
-    if isinstance(node, ast.UnaryOp):
-        return _UNARY[type(node.op)](_walk(node.operand, env))
-    if isinstance(node, ast.Constant):
-        return node.value
-    return env[_dotted(node)]  # type: ignore[index]

@@ -2,15 +2,40 @@
 
 Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name; the properties below give SI
 units (bytes, bytes/s, FLOP/s, seconds), which is all the code inside ever uses.
+
+Everything read from a file is checked strictly, so that no typo is silently read as something else: a count
+is a whole number (`8`, or `8.0` / `8e0`, which JSON writers and YAML exponents give, but never `true`, `'8'` or
+`2.5`); a flag is true or false, not 1 or 'yes'; every float is finite and within the physical range of its
+field; and every size is within the tool's limits (dse/limits.py, README: Limits).
 """
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from math import prod
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from annotated_types import Ge, Gt, Le
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from dse.limits import (
+    MAX_CAPACITY_GIB,
+    MAX_GLOBAL_BATCH,
+    MAX_LATENCY_NS,
+    MAX_LAUNCH_US,
+    MAX_LAYERS,
+    MAX_NAME_CHARS,
+    MAX_NETWORK_DIMS,
+    MAX_RATE,
+    MAX_SEQ_LEN,
+    MAX_WIDTH,
+    MAX_WORLD,
+    MIN_RATE,
+    MIN_SHARE,
+)
 
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -18,40 +43,75 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 OpCategory = Literal["gemm", "attention", "elementwise", "norm", "embedding", "optimizer", "other"]
 
 
-class Spec(BaseModel):
-    """Frozen, strict about unknown fields (a misspelt field is an error, not a silent default)."""
+def _whole(value: Any) -> Any:
+    """A float with no fraction is the whole number it writes (8192.0, 8e3); a boolean is no number at all (YAML
+    reads true, yes and on as booleans, and Python counts True as 1). Anything else is left to the strict check."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_type", "expected a number, not a boolean")
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+        return int(value)
+    return value
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+def _as_tuple(value: Any) -> Any:
+    """A YAML or JSON list where a tuple is kept (strict validation takes tuples only)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+Whole = Annotated[int, BeforeValidator(_whole)]
+Count = Annotated[Whole, Gt(0)]
+Layers = Annotated[Count, Le(MAX_LAYERS)]
+Width = Annotated[Count, Le(MAX_WIDTH)]
+Degree = Annotated[Count, Le(MAX_WORLD)]
+Rate = Annotated[float, Ge(MIN_RATE), Le(MAX_RATE)]
+"""TFLOP/s or GB/s."""
+Share = Annotated[float, Ge(MIN_SHARE), Le(1)]
+"""A share of a peak rate."""
+Capacity = Annotated[float, Ge(0), Le(MAX_CAPACITY_GIB)]
+"""GiB."""
+Latency = Annotated[float, Ge(0), Le(MAX_LATENCY_NS)]
+"""Nanoseconds."""
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")]
+"""A model's, accelerator's or system's name: shown in tables, plots and MLflow, so one line of text."""
+
+
+class Spec(BaseModel):
+    """Frozen and strict: a misspelt field is an error, not a silent default, and no value is coerced from
+    another type (see the module docstring); floats must be finite."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class MoESpec(Spec):
     """Mixture-of-experts MLP (Mixtral: 8 experts top-2; DeepSeek: fine-grained routed plus shared experts)."""
 
-    experts: PositiveInt = Field(description="routed experts per MoE layer")
-    top_k: PositiveInt = Field(description="routed experts each token goes to")
-    expert_ffn: PositiveInt = Field(description="inner width of one expert (per gate branch for SwiGLU)")
-    shared_experts: int = Field(0, ge=0, description="experts every token goes to (DeepSeek)")
-    first_dense_layers: int = Field(0, ge=0, description="leading layers with a dense MLP of width model.ffn")
+    experts: Width = Field(description="routed experts per MoE layer")
+    top_k: Width = Field(description="routed experts each token goes to")
+    expert_ffn: Width = Field(description="inner width of one expert (per gate branch for SwiGLU)")
+    shared_experts: Whole = Field(0, ge=0, le=MAX_WIDTH, description="experts every token goes to (DeepSeek)")
+    first_dense_layers: Whole = Field(
+        0, ge=0, le=MAX_LAYERS, description="leading layers with a dense MLP of width model.ffn"
+    )
 
 
 class MLASpec(Spec):
     """DeepSeek multi-head latent attention: low-rank compressed K/V (and optionally Q), decoupled RoPE."""
 
-    kv_lora_rank: PositiveInt
-    q_lora_rank: PositiveInt | None = Field(None, description="None: a full-rank query projection")
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    kv_lora_rank: Width
+    q_lora_rank: Width | None = Field(None, description="None: a full-rank query projection")
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
 
 
 class SSMSpec(Spec):
     """Mamba selective state-space layers; with attention_every, a hybrid stack (Jamba style)."""
 
-    state: PositiveInt = Field(16, description="SSM state size N per channel")
-    conv: PositiveInt = Field(4, description="depthwise causal convolution width")
-    expand: PositiveInt = Field(2, description="inner width = expand * hidden")
-    dt_rank: PositiveInt | None = Field(None, description="default: ceil(hidden / 16)")
-    attention_every: PositiveInt | None = Field(
+    state: Width = Field(16, description="SSM state size N per channel")
+    conv: Width = Field(4, description="depthwise causal convolution width")
+    expand: Width = Field(2, description="inner width = expand * hidden")
+    dt_rank: Width | None = Field(None, description="default: ceil(hidden / 16)")
+    attention_every: Layers | None = Field(
         None, description="hybrid: every k-th layer (k-1, 2k-1, ...) is attention + MLP, the rest SSM"
     )
 
@@ -59,14 +119,14 @@ class SSMSpec(Spec):
 class ModelSpec(Spec):
     """A decoder-only model: dense transformer (gpt, llama), MoE (mixtral, deepseek), SSM (mamba) or hybrid."""
 
-    name: str
+    name: Name
     family: Literal["gpt", "llama", "mixtral", "deepseek", "mamba", "hybrid"]
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt = Field(1, description="attention heads (unused by pure SSM models)")
-    kv_heads: PositiveInt | None = Field(None, description="key/value heads (GQA); default: heads (MHA)")
-    head_dim: PositiveInt | None = Field(None, description="default: hidden // heads")
-    ffn: PositiveInt = Field(1, description="MLP inner width (per gate branch for SwiGLU); dense layers of MoE")
+    layers: Layers
+    hidden: Width
+    heads: Width = Field(1, description="attention heads (unused by pure SSM models)")
+    kv_heads: Width | None = Field(None, description="key/value heads (GQA); default: heads (MHA)")
+    head_dim: Width | None = Field(None, description="default: hidden // heads")
+    ffn: Width = Field(1, description="MLP inner width (per gate branch for SwiGLU); dense layers of MoE")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     ssm: SSMSpec | None = None
@@ -80,11 +140,11 @@ class ModelSpec(Spec):
         "(Meta's llama, torchtitan: x viewed as complex times a complex table) or real (IBM fms: a 2x2 rotation "
         "table gathered per position, broadcast against x, product summed, all in fp32)",
     )
-    vocab: PositiveInt
+    vocab: Width
     norm: Literal["layernorm", "rmsnorm"]
     activation: Literal["gelu", "swiglu"]
     position: Literal["rope", "learned"] = "rope"
-    max_seq: PositiveInt | None = Field(None, description="rows of a learned position table")
+    max_seq: Annotated[Count, Le(MAX_SEQ_LEN)] | None = Field(None, description="rows of a learned position table")
     tied_embeddings: bool = False
     bias: bool = False
     dtype: Dtype = "bf16"
@@ -106,8 +166,19 @@ class ModelSpec(Spec):
             raise ValueError(f"family '{self.family}' needs the '{needs}' section")
         if self.family == "hybrid" and (self.ssm is None or self.ssm.attention_every is None):
             raise ValueError("family 'hybrid' needs ssm.attention_every (every k-th layer is attention)")
+        if self.ssm is not None and self.family not in ("mamba", "hybrid"):
+            raise ValueError(
+                f"family '{self.family}' has no SSM layers, so the 'ssm' section would be ignored; remove it"
+            )
+        if self.family == "mamba" and self.ssm and self.ssm.attention_every is not None:
+            raise ValueError("family 'mamba' has no attention layers; remove ssm.attention_every or use family hybrid")
         if self.moe and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
+        if self.moe and self.moe.first_dense_layers >= self.layers:
+            raise ValueError(
+                f"moe.first_dense_layers={self.moe.first_dense_layers} leaves none of the {self.layers} layers "
+                "with experts; lower it below model.layers"
+            )
         return self
 
     @property
@@ -131,9 +202,11 @@ class WorkloadSpec(Spec):
         description="train: forward, backward, optimizer; prefill: forward of the prompt writing the KV "
         "cache; decode: one new token per sequence reading a KV cache of seq_len tokens",
     )
-    seq_len: PositiveInt
-    global_batch: PositiveInt = Field(description="sequences per optimizer step, over all DP ranks")
-    micro_batch: PositiveInt = Field(1, description="sequences per DP rank per micro-step")
+    seq_len: Annotated[Count, Le(MAX_SEQ_LEN)]
+    global_batch: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(
+        description="sequences per optimizer step, over all DP ranks"
+    )
+    micro_batch: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(1, description="sequences per DP rank per micro-step")
     kernels: Literal["fused", "eager"] = Field(
         "fused",
         description="fused: each norm, RoPE and activation is one kernel (Megatron/TransformerEngine, "
@@ -149,12 +222,12 @@ class WorkloadSpec(Spec):
 class ParallelSpec(Spec):
     """Degrees and strategies; ranks are laid out tp innermost, then cp, dp, pp (Megatron order)."""
 
-    dp: PositiveInt = 1
-    tp: PositiveInt = 1
-    pp: PositiveInt = 1
-    cp: PositiveInt = 1
+    dp: Degree = 1
+    tp: Degree = 1
+    pp: Degree = 1
+    cp: Degree = 1
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
-    zero: Literal[0, 1, 2, 3] = Field(0, description="ZeRO stage; 3 = FSDP")
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_whole)] = Field(0, description="ZeRO stage; 3 = FSDP")
     fsdp: Literal["fsdp1", "fsdp2"] = Field(
         "fsdp2",
         description="with zero 3, the PyTorch FSDP whose buffer copies are priced: fsdp2 (fully_shard, PyTorch's "
@@ -174,31 +247,32 @@ class ParallelSpec(Spec):
         "torchtitan's per-op policy (keeps matmul outputs but every second one, and attention's; recomputes the "
         "rest), full = whole layers",
     )
-    ep: PositiveInt = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
-    virtual_stages: PositiveInt = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    ep: Degree = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
+    virtual_stages: Layers = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
     cp_algorithm: Literal["allgather", "ring"] = Field(
         "allgather",
         description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "
         "the attention of the chunk held (zigzag causal balance: rank r holds chunks r and 2cp-1-r)",
     )
-    layer_strategies: tuple[Literal["tp", "dp"], ...] = Field(
+    layer_strategies: Annotated[tuple[Literal["tp", "dp"], ...], BeforeValidator(_as_tuple)] = Field(
         (),
+        max_length=MAX_LAYERS,
         description="per layer, cycled: tp uses the tp ranks for tensor parallelism, dp as more data-parallel "
         "ranks (batch split, weights replicated, gradients reduced over tp and dp); empty: every layer tp",
     )
-    recompute_every: PositiveInt = Field(
+    recompute_every: Layers = Field(
         1,
         description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
         "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
     )
     # Left out of the dump when unset, like NetworkDim.reduction_efficiency: stored studies keep their keys.
-    first_stage_layers: PositiveInt | None = Field(
+    first_stage_layers: Layers | None = Field(
         None,
         exclude_if=lambda value: value is None,
         description="layers on the first pipeline stage, which also holds the embedding (Megatron's "
         "decoder_first_pipeline_num_layers); unset: an even share",
     )
-    last_stage_layers: PositiveInt | None = Field(
+    last_stage_layers: Layers | None = Field(
         None,
         exclude_if=lambda value: value is None,
         description="layers on the last pipeline stage, which also holds the output layer and the loss (Megatron's "
@@ -229,35 +303,34 @@ class ParallelSpec(Spec):
 class AcceleratorSpec(Spec):
     """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
 
-    name: str
-    peak_tflops: dict[Dtype, PositiveFloat] = Field(description="dense peak TFLOP/s per dtype")
-    hbm_GiB: PositiveFloat
-    hbm_bandwidth_GBps: PositiveFloat
-    compute_efficiency: dict[OpCategory, float] = Field(description="share of peak FLOP/s per op category")
-    memory_efficiency: float = Field(0.85, gt=0, le=1, description="share of HBM bandwidth reached")
-    kernel_launch_us: float = Field(4.0, ge=0, description="fixed cost per kernel")
+    name: Name
+    peak_tflops: dict[Dtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
+    hbm_GiB: Annotated[Capacity, Gt(0)]
+    hbm_bandwidth_GBps: Rate
+    compute_efficiency: dict[OpCategory, Share] = Field(description="share of peak FLOP/s per op category")
+    memory_efficiency: Share = Field(0.85, description="share of HBM bandwidth reached")
+    kernel_launch_us: float = Field(4.0, ge=0, le=MAX_LAUNCH_US, description="fixed cost per kernel")
     gemm_half_efficiency_gflop: float = Field(
-        0.0, ge=0, description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none"
+        0.0,
+        ge=0,
+        le=MAX_RATE,
+        description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none",
     )
     overlap_slowdown: float = Field(
-        0.0, ge=0, description="extra share of time compute takes while communication runs beside it (Charon)"
+        0.0,
+        ge=0,
+        le=100,
+        description="extra share of time compute takes while communication runs beside it (Charon)",
     )
-    runtime_reserve_GiB: float = Field(0.0, ge=0, description="HBM taken before the step: CUDA context, NCCL")
+    runtime_reserve_GiB: Capacity = Field(0.0, description="HBM taken before the step: CUDA context, NCCL")
     fragmentation: float = Field(
         0.0, ge=0, lt=1, description="share of the step's allocations lost to allocator fragmentation"
     )
     measured_table: str | None = Field(
         None, description="CSV (category,dtype,flops,bytes,time_us) of measured kernel times; used before roofline"
     )
-    tdp_W: PositiveFloat | None = None
+    tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
-
-    @model_validator(mode="after")
-    def _check(self) -> "AcceleratorSpec":
-        for cat, eff in self.compute_efficiency.items():
-            if not 0 < eff <= 1:
-                raise ValueError(f"compute_efficiency.{cat}={eff} must be in (0, 1]")
-        return self
 
     @property
     def hbm_bytes(self) -> float:
@@ -281,28 +354,27 @@ class NetworkDim(Spec):
     """
 
     topology: Literal["ring", "switch", "fully_connected", "torus2d", "torus3d"]
-    npus: PositiveInt
-    bandwidth_GBps: PositiveFloat
-    latency_ns: float = Field(ge=0)
-    efficiency: float = Field(1.0, gt=0, le=1)
+    npus: Degree
+    bandwidth_GBps: Rate
+    latency_ns: Latency
+    efficiency: Share = 1.0
     algorithm: Literal["auto", "ring", "direct", "halving_doubling", "tree"] = Field(
         "auto", description="collective algorithm; auto: direct on fully_connected, ring elsewhere"
     )
-    shape: list[PositiveInt] | None = Field(
-        None, description="torus side lengths (product = npus); default: as square or cubic as npus allows"
-    )
-    reduction_efficiency: float | None = Field(
+    shape: list[Degree] | None = Field(
         None,
-        gt=0,
-        le=1,
+        max_length=3,
+        description="torus side lengths (product = npus); default: as square or cubic as npus allows",
+    )
+    reduction_efficiency: Share | None = Field(
+        None,
         # Left out of the dump when unset, so the keys of points on switches without it stay what they were.
         exclude_if=lambda value: value is None,
         description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
         "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
     )
-    reduction_latency_ns: float | None = Field(
+    reduction_latency_ns: Latency | None = Field(
         None,
-        ge=0,
         exclude_if=lambda value: value is None,
         description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
         "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
@@ -335,9 +407,21 @@ class NetworkDim(Spec):
 
 
 class SystemSpec(Spec):
-    name: str
+    name: Name
     accelerator: AcceleratorSpec
-    network: list[NetworkDim] = Field(min_length=1, description="dimensions, innermost first")
+    network: list[NetworkDim] = Field(
+        min_length=1, max_length=MAX_NETWORK_DIMS, description="dimensions, innermost first"
+    )
+
+    @model_validator(mode="after")
+    def _check_size(self) -> "SystemSpec":
+        if self.npus > MAX_WORLD:
+            sizes = " x ".join(str(dim.npus) for dim in self.network)
+            raise ValueError(
+                f"network.*.npus = {sizes} = {self.npus} NPUs exceeds the limit of {MAX_WORLD:,} (README: Limits); "
+                "lower the npus of a dimension"
+            )
+        return self
 
     @property
     def npus(self) -> int:
@@ -394,3 +478,60 @@ class DesignPoint(Spec):
     def micro_batches(self) -> int:
         """Micro-steps per optimizer step on each DP rank (gradient accumulation)."""
         return self.workload.global_batch // (self.parallel.dp * self.workload.micro_batch)
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """A field that only means something while another field has certain values (`fsdp` under ZeRO 3 alone).
+    Set to anything but its default while the other has none of them, it would be silently ignored: a point file
+    that does so is an error, and so is a study in which no point could give it effect."""
+
+    field: str
+    """Dotted path of the refining field."""
+    partner: str
+    """Dotted path of the field it refines."""
+    applies: Callable[[Any], bool]
+    """Whether a value of the partner gives the field effect."""
+    condition: str
+    """The partner values that do, as a person would set them."""
+
+    @property
+    def default(self) -> Any:
+        return default_of(self.field)
+
+
+def default_of(path: str) -> Any:
+    """The default of a field of a point's section, e.g. 'parallel.zero' -> 0."""
+    section, name = path.split(".")
+    return DesignPoint.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
+
+
+REFINEMENTS = (
+    Refinement("parallel.fsdp", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
+    Refinement("parallel.fsdp_reduce_dtype", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
+    Refinement("parallel.cp_algorithm", "parallel.cp", lambda cp: cp > 1, "parallel.cp above 1"),
+    Refinement(
+        "parallel.recompute_every",
+        "parallel.recompute",
+        lambda how: how != "none",
+        "parallel.recompute other than none",
+    ),
+    Refinement("model.rope_impl", "model.position", lambda position: position == "rope", "model.position: rope"),
+)
+
+
+def ignored_setting(point: DesignPoint) -> str | None:
+    """Why a field the point sets would be ignored (see Refinement), or None."""
+    for rule in REFINEMENTS:
+        value, partner = (_at(point, path) for path in (rule.field, rule.partner))
+        if value != rule.default and not rule.applies(partner):
+            return (
+                f"field '{rule.field}': {value!r} only takes effect with {rule.condition}, and {rule.partner} is "
+                f"{partner!r}; remove {rule.field} or set {rule.condition}"
+            )
+    return None
+
+
+def _at(point: DesignPoint, path: str) -> Any:
+    section, name = path.split(".")
+    return getattr(getattr(point, section), name)

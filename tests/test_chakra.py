@@ -198,7 +198,7 @@ def test_cli_generate_reports_an_infeasible_point_in_one_line(tmp_path, capsys):
     )
     assert main(["generate", str(point_file), "--summary"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: parallel.ep=2 needs a mixture-of-experts model") and "\n" not in err
+    assert err.startswith(f"error: {point_file}: parallel.ep=2 needs a mixture-of-experts model") and "\n" not in err
 
 
 def test_compute_nodes_carry_roofline_durations_when_the_accelerator_is_given(tmp_path):

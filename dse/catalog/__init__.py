@@ -11,17 +11,17 @@ CATALOG_DIR = Path(__file__).parent
 Kind = Literal["models", "accelerators", "systems"]
 
 
-def names(kind: Kind) -> list[str]:
-    return sorted(p.stem for p in (CATALOG_DIR / kind).glob("*.yaml"))
+@cache
+def names(kind: Kind) -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in (CATALOG_DIR / kind).glob("*.yaml")))
 
 
 @cache
 def _entry(kind: Kind, name: str) -> dict[str, Any]:
-    path = CATALOG_DIR / kind / f"{name}.yaml"
-    if not path.is_file():
-        singular = kind.rstrip("s")
-        raise SpecError(f"unknown {singular} '{name}'; known: {', '.join(names(kind))}")
-    data = load_mapping(path)
+    if name not in names(kind):  # a name, not a path: '../systems/x' or a 300-character name is unknown too
+        shown = name if len(name) <= 60 else f"{name[:40]}...({len(name)} characters)"
+        raise SpecError(f"unknown {kind.rstrip('s')} '{shown}'; known: {', '.join(names(kind))}")
+    data = load_mapping(CATALOG_DIR / kind / f"{name}.yaml")
     data.setdefault("name", name)
     return data
 

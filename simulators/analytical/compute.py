@@ -15,7 +15,7 @@ the roofline prices the op. `ComputeModel.source` says which one priced an op, a
 
 import csv
 from bisect import bisect_left
-from math import exp, log
+from math import exp, isfinite, log
 from pathlib import Path
 
 from dse.errors import SpecError
@@ -23,6 +23,8 @@ from dse.spec import AcceleratorSpec
 from dse.workload import Op
 
 ROOFLINE, TABLE, FREE = "roofline", "table", "free"
+MAX_TABLE_BYTES = 2**26
+"""A measured table's size limit (64 MiB; a thorough sweep is a few thousand rows)."""
 
 
 class MeasuredTable:
@@ -32,7 +34,13 @@ class MeasuredTable:
         self.path = path
         rows: dict[tuple[str, str, bool], list[tuple[float, float]]] = {}
         try:
-            with path.open(newline="") as handle:
+            if not path.is_file():  # a folder, or a device or pipe that could be read forever
+                raise SpecError(f"system.accelerator.measured_table: {path} is not a file; fix the path")
+            if path.stat().st_size > MAX_TABLE_BYTES:
+                raise SpecError(
+                    f"system.accelerator.measured_table: {path} is over {MAX_TABLE_BYTES:,} bytes; is it the CSV?"
+                )
+            with path.open(newline="", encoding="utf-8") as handle:
                 for number, row in enumerate(csv.DictReader(handle), start=2):
                     try:
                         flops, nbytes, micros = (
@@ -47,11 +55,17 @@ class MeasuredTable:
                         ) from None
                     by_flops = flops > 0
                     size = flops if by_flops else nbytes
-                    if size <= 0 or micros <= 0:
-                        raise SpecError(f"{path}: line {number} needs a positive size and time_us")
+                    if not (isfinite(size) and isfinite(micros)) or size <= 0 or micros <= 0:
+                        raise SpecError(f"{path}: line {number} needs a positive, finite size and time_us")
                     rows.setdefault((category, dtype, by_flops), []).append((size, micros * 1e-6))
         except OSError as exc:
-            raise SpecError(f"accelerator.measured_table: cannot read {path} ({exc.strerror}); fix the path") from None
+            raise SpecError(
+                f"system.accelerator.measured_table: cannot read {path} ({exc.strerror}); fix the path"
+            ) from None
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise SpecError(
+                f"system.accelerator.measured_table: {path} is not UTF-8 CSV text ({exc}); fix the file"
+            ) from None
         self._rows = {key: sorted(values) for key, values in rows.items()}
 
     def lookup(self, op: Op, dtype: str) -> float | None:
@@ -81,8 +95,8 @@ def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
         efficiency = accelerator.compute_efficiency.get(op.category)
         if efficiency is None:
             raise SpecError(
-                f"accelerator '{accelerator.name}' has no compute_efficiency.{op.category} (needed by op "
-                f"'{op.name}'); add it to the accelerator's catalog entry"
+                f"accelerator '{accelerator.name}' has no system.accelerator.compute_efficiency.{op.category} "
+                f"(needed by op '{op.name}'); add it to the point's accelerator or its catalog entry"
             )
         executed = op.flops * op.density
         peak = accelerator.peak_flops(dtype) * efficiency

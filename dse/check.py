@@ -1,0 +1,78 @@
+"""`dse check FILE`: validate a point or a study file without running it.
+
+For a point: everything `dse evaluate` checks before it generates anything (fields, limits, settings that
+would be ignored, feasibility). For a study: everything `dse run` checks when it loads the file (every choice
+and range end against its field), plus the size of the space and the points that vary one parameter at a time
+from the first, with the reason of each that cannot run. Nothing is generated, priced or written.
+"""
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from dse.errors import SpecError
+from dse.modelstats import param_count
+from dse.points import POINT_FIELDS, load_point
+from dse.space import load_study, space_size, vary
+from dse.yamlio import load_mapping
+
+STUDY_FIELDS = ("base", "space")
+SHOWN_REASONS = 10
+
+
+def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    check = commands.add_parser(
+        "check",
+        help="validate a point or study file without running it",
+        description="Validate a design point file (fields, limits, feasibility) or a study file (every choice "
+        "and range end, the points varying one parameter at a time from the first, the size of the space), "
+        "without generating or pricing anything. Exit code 0: valid; 2: the one-line error says what to fix.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE.yaml", help="a point file or a study file")
+
+
+def main(args: argparse.Namespace, console: Console) -> int:
+    data = load_mapping(args.file)
+    if any(field in data for field in STUDY_FIELDS):
+        _check_study(args.file, console)
+    elif any(field in data for field in POINT_FIELDS):
+        point = load_point(args.file)
+        console.print(
+            f"{args.file}: a valid point: {point.model.name} ({param_count(point.model):.3g} parameters) on "
+            f"{point.parallel.world} NPUs of {point.system.name}, key {point.key}",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+    else:
+        raise SpecError(
+            f"{args.file}: neither a point file (fields {', '.join(POINT_FIELDS)}) nor a study file (fields name, "
+            f"{', '.join(STUDY_FIELDS)}, ...); see the README's Point files and Study files"
+        )
+    return 0
+
+
+def _check_study(path: Path, console: Console) -> None:
+    spec = load_study(path)
+    size = space_size(spec)
+    shown = "a continuous space" if size is None else f"{size:,} points in the space"
+    console.print(
+        f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} trials "
+        f"({spec.sampler})",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
+    variants = vary(spec)
+    reasons = [(name, value, outcome) for name, value, outcome in variants if isinstance(outcome, str)]
+    console.print(
+        f"{len(variants)} points varying one parameter at a time from the first: "
+        f"{len(variants) - len(reasons)} can run, {len(reasons)} cannot",
+        soft_wrap=True,
+        highlight=False,
+    )
+    for name, value, reason in reasons[:SHOWN_REASONS]:
+        console.print(f"  {name}={value}: {reason}", markup=False, highlight=False, soft_wrap=True)
+    if len(reasons) > SHOWN_REASONS:
+        console.print(f"  ... and {len(reasons) - SHOWN_REASONS} more")

@@ -1,0 +1,101 @@
+"""Derived values of a study: arithmetic over parameter names and `world`, parsed once and walked, never eval'd.
+
+An expression is bounded before it is parsed (MAX_EXPRESSION_CHARS) and its tree before it is walked
+(MAX_EXPRESSION_DEPTH): Python's own parser and any recursive walk run out of memory or stack on 20,000 nested
+minus signs long before they would say so politely.
+"""
+
+import ast
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dse.limits import MAX_EXPRESSION_CHARS, MAX_EXPRESSION_DEPTH
+
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_ALLOWED = "numbers, parameter names, world, + - * / // % and parentheses"
+
+
+@dataclass(frozen=True)
+class Expression:
+    """Arithmetic over dotted names, checked node by node when parsed."""
+
+    text: str
+    tree: ast.expr
+    names: frozenset[str]
+
+    def evaluate(self, env: Mapping[str, float]) -> float | str:
+        """The value, or why there is none (division by zero, a result too large for a float) as a string."""
+        try:
+            return _walk(self.tree, env)
+        except ZeroDivisionError:
+            return "division by zero"
+        except OverflowError:
+            return "a result too large for a float"
+
+
+def parse_expression(text: str) -> Expression:
+    """Parse `world / (parallel.tp * parallel.pp)`; anything beyond arithmetic raises ValueError saying so."""
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"{len(text)} characters is over the limit of {MAX_EXPRESSION_CHARS}; shorten it")
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except SyntaxError as exc:
+        raise ValueError(f"cannot parse {text!r} ({exc.msg}); use {_ALLOWED}") from None
+    except (MemoryError, RecursionError):
+        raise ValueError(f"nested too deeply to parse; use at most {MAX_EXPRESSION_DEPTH} levels") from None
+    names: set[str] = set()
+    _check(tree, names, 0)
+    return Expression(text, tree, frozenset(names))
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return None if head is None else f"{head}.{node.attr}"
+    return None
+
+
+def _check(node: ast.expr, names: set[str], depth: int) -> None:
+    if depth > MAX_EXPRESSION_DEPTH:
+        raise ValueError(f"nested more than {MAX_EXPRESSION_DEPTH} levels deep, the limit; simplify it")
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        _check(node.left, names, depth + 1)
+        _check(node.right, names, depth + 1)
+    elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        _check(node.operand, names, depth + 1)
+    elif isinstance(node, ast.Constant):
+        if not is_number(node.value):
+            raise ValueError(f"{node.value!r} is not a number; use {_ALLOWED}")
+        if not math.isfinite(node.value):
+            raise ValueError("a number in it is too large for a float; use a smaller one")
+    elif isinstance(node, ast.Name | ast.Attribute) and (name := _dotted(node)) is not None:
+        names.add(name)
+    else:
+        raise ValueError(f"'{ast.unparse(node)}' is not allowed; use {_ALLOWED}")
+
+
+def _walk(node: ast.expr, env: Mapping[str, float]) -> float:
+    if isinstance(node, ast.BinOp):
+        return _BINARY[type(node.op)](_walk(node.left, env), _walk(node.right, env))
+    if isinstance(node, ast.UnaryOp):
+        return _UNARY[type(node.op)](_walk(node.operand, env))
+    if isinstance(node, ast.Constant):
+        return node.value
+    return env[_dotted(node)]  # type: ignore[index]

@@ -532,6 +532,19 @@ def ignored_setting(point: DesignPoint) -> str | None:
     return None
 
 
+def without_ignored_settings(point: DesignPoint) -> DesignPoint:
+    """The point with every field that would be ignored (see Refinement) back at its default: the same step, as a
+    point file that `ignored_setting` accepts. A study may set such a field for the points that use it (`fsdp:
+    fsdp1` while searching zero over 1 and 3); its other points are written out without it."""
+    sections: dict[str, dict[str, Any]] = {}
+    for rule in REFINEMENTS:
+        if _at(point, rule.field) != rule.default and not rule.applies(_at(point, rule.partner)):
+            section, name = rule.field.split(".")
+            sections.setdefault(section, {})[name] = rule.default
+    updates = {section: getattr(point, section).model_copy(update=fields) for section, fields in sections.items()}
+    return point.model_copy(update=updates) if updates else point
+
+
 def _at(point: DesignPoint, path: str) -> Any:
     section, name = path.split(".")
     return getattr(getattr(point, section), name)

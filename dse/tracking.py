@@ -33,6 +33,7 @@ from dse import browse, mlflow_runs, pareto, plots
 from dse.errors import DseError, SpecError
 from dse.executor import NODE
 from dse.space import StudySpec, decode, load_study
+from dse.spec import without_ignored_settings
 from dse.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
 
 PARQUET = "trials.parquet"
@@ -152,6 +153,7 @@ def write_tables(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results
         if trial.number in members:
             point = decode(spec, trial.params)
             if not isinstance(point, str):
+                point = without_ignored_settings(point)
                 header = f"# trial {trial.number} of study {spec.name}: `dse evaluate` this file\n"
                 body = yaml.safe_dump(point.model_dump(mode="json", exclude_none=True), sort_keys=False)
                 (points / f"trial-{trial.number}.yaml").write_text(header + body)

@@ -287,3 +287,27 @@ def test_run_with_out_naming_a_file(tmp_path):
     taken = write(tmp_path, "taken", "a file, not a folder")
     assert_user_error(dse("run", str(SMALL), "--out", str(taken)), f"--out {taken}: a file is in the way")
     assert taken.read_text() == "a file, not a folder"
+
+
+def test_best_points_leave_out_what_their_point_ignores(tmp_path):
+    """A study may set `fsdp: fsdp1` for its ZeRO-3 points while searching zero over 1 and 3; a ZeRO-1 point of
+    its front is written without the setting it ignores, so `dse evaluate` takes the file and prices the trial."""
+    study = write(
+        tmp_path,
+        "s.yaml",
+        STUDY.replace("parallel: {zero: 1}", "parallel: {fsdp: fsdp1}").replace(
+            "  parallel.pp: {choices: [1, 2, 4]}", "  parallel.pp: {choices: [1]}\n  parallel.zero: {choices: [1, 3]}"
+        ),
+    )
+    out = tmp_path / "out"
+    assert dse("run", str(study), "--trials", "12", "--inline", "--out", str(out)).returncode == 0
+    frame = pd.read_parquet(out / "trials.parquet").set_index("number")
+    points = sorted((out / "best").glob("trial-*.yaml"))
+    zeros = {int(frame.loc[int(p.stem.removeprefix("trial-")), "parallel.zero"]) for p in points}
+    assert 1 in zeros, "the front has a ZeRO-1 point (else the test proves nothing)"
+    for path in points:
+        evaluated = dse("evaluate", str(path), "--json")
+        assert evaluated.returncode == 0, evaluated.stderr
+        number = int(path.stem.removeprefix("trial-"))
+        assert json.loads(evaluated.stdout)["step_time_s"] == pytest.approx(frame.loc[number, "step_time_s"])
+        assert ("fsdp1" in path.read_text()) == (frame.loc[number, "parallel.zero"] == 3)

@@ -15,7 +15,7 @@ from typing import TypeVar
 import optuna
 from rich.console import Console
 
-from dse import nightly, pareto, report, traces, tracking
+from dse import nightly, pareto, report, timelines, tracking
 from dse import study as studies
 from dse.errors import DseError
 from dse.executor import connect
@@ -109,7 +109,7 @@ def timeline(args: argparse.Namespace, console: Console) -> int:
         )
     study = studies.open_study(spec, args.out)
     trials = study.get_trials(deepcopy=False)
-    paths = traces.write_timelines(spec, {n: trials[n].params for n in numbers}, args.out / traces.TIMELINES_DIR)
+    paths = timelines.write_timelines(spec, {n: trials[n].params for n in numbers}, args.out / timelines.TIMELINES_DIR)
     if numbers and not paths:
         raise DseError(f"cost model '{spec.cost_model}' keeps no timeline; rerun the study with cost_model: analytical")
     uri = (

@@ -266,11 +266,13 @@ class Writer:
             self.write_child(trial)
         self._mark_front(order.front)
         if order.timelines_spec is not None:
-            from dse import traces  # only here: it loads the study's plugins, which the writer needs for nothing else
+            from dse import (
+                timelines,  # only here: it loads the study's plugins, which the writer needs for nothing else
+            )
             from dse.space import StudySpec
 
             spec = StudySpec.model_validate(order.timelines_spec)
-            paths = traces.write_timelines(spec, order.front_params, self.out_dir / traces.TIMELINES_DIR)
+            paths = timelines.write_timelines(spec, order.front_params, self.out_dir / timelines.TIMELINES_DIR)
             attach_timelines(self.mlflow, self._children(), paths)
         for path in order.artifacts:
             if path.is_dir():

@@ -8,15 +8,10 @@ it. Traces are gzipped: a Llama-3-8B step on 64 GPUs is ~50k events, 8 MB of JSO
 import gzip
 import json
 from pathlib import Path
-from typing import Any
 
 from dse import plugins
 from dse.interfaces import TimelineCostModel
-from dse.space import StudySpec, decode
 from dse.spec import DesignPoint
-
-TIMELINES_DIR = "timelines"
-"""A study's traces: OUT_DIR/timelines/trial-N.json.gz."""
 
 
 def timeline_model(cost_model: str) -> TimelineCostModel | None:
@@ -38,18 +33,3 @@ def write_trace(point: DesignPoint, generator: str, cost_model: str, path: Path)
     trace = model.chrome_trace(model.with_timeline().simulate(workload, point.system))
     path.write_bytes(gzip.compress(json.dumps(trace, separators=(",", ":")).encode(), compresslevel=6))
     return True
-
-
-def write_timelines(spec: StudySpec, params: dict[int, dict[str, Any]], folder: Path) -> dict[int, Path]:
-    """folder/trial-N.json.gz, the simulated step of each trial N in `params` (its Optuna params; a file already
-    there is kept), for the trials whose point decodes; empty when the study's cost model keeps no timeline."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths: dict[int, Path] = {}
-    for number, values in sorted(params.items()):
-        path = folder / f"trial-{number}.json.gz"
-        if not path.is_file():
-            point = decode(spec, values)
-            if isinstance(point, str) or not write_trace(point, spec.generator, spec.cost_model, path):
-                continue
-        paths[number] = path
-    return paths

@@ -24,9 +24,9 @@ import sys
 import time
 
 from dse import plugins
-from dse.evaluate import evaluate
-from dse.executor import tune_gc
-from dse.points import assign, build_point, expand
+from dse.point.evaluate import evaluate
+from dse.point.points import assign, build_point, expand
+from dse.search.executor import tune_gc
 from simulators.analytical import cost_model as analytical_cost_model
 
 BASE = {

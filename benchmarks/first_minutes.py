@@ -25,8 +25,8 @@ from pathlib import Path
 
 import optuna
 
-from dse.space import load_study
-from dse.storage import JOURNAL
+from dse.search.space import load_study
+from dse.search.storage import JOURNAL
 
 ROOT = Path(__file__).resolve().parent.parent
 SUMMARY = re.compile(r"^\d+ trials: ")

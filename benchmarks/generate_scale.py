@@ -56,8 +56,8 @@ def point(case: str, dp: int = 512) -> dict:
 
 def child(case: str, out: str, dp: int) -> None:
     """Runs in the subprocess: time generation (and export), print one JSON line."""
-    from dse import chakra
-    from dse.points import build_point, expand
+    from dse.point import chakra
+    from dse.point.points import build_point, expand
     from generators.symbolic import SymbolicGenerator
 
     start = time.perf_counter()

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import optuna
 
-from dse.executor import Outcome, PluginEvaluation, RayExecutor
-from dse.space import load_study
+from dse.results.tracking import Tracker, write_results
+from dse.search.executor import Outcome, PluginEvaluation, RayExecutor
+from dse.search.space import load_study
+from dse.search.study import TIMINGS, open_study, run
 from dse.spec import DesignPoint
-from dse.study import TIMINGS, open_study, run
-from dse.tracking import Tracker, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "studies" / "quickstart.yaml"
@@ -100,7 +100,7 @@ def one(study_file: Path, workers: int, trials: int, out: Path) -> dict[str, flo
 
 
 def _warm_point(spec) -> DesignPoint:
-    from dse.space import decode
+    from dse.search.space import decode
 
     point = decode(spec, {name: param.first for name, param in spec.space.items()})
     assert isinstance(point, DesignPoint)
@@ -125,8 +125,8 @@ os.sched_setaffinity(0, {%d})
 sys.path.insert(0, %r)
 from evaluate_rate import study_sample
 from dse import plugins
-from dse.evaluate import evaluate
-from dse.executor import tune_gc
+from dse.point.evaluate import evaluate
+from dse.search.executor import tune_gc
 tune_gc()
 generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
 sample = study_sample()

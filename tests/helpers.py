@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from dse.points import assign, build_point, expand
+from dse.point.points import assign, build_point, expand
 from dse.spec import AcceleratorSpec, DesignPoint
 
 UNIT_ACCELERATOR = AcceleratorSpec(

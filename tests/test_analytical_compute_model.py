@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.errors import SpecError
 from dse.spec import AcceleratorSpec, GiB, NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Tensor, TensorKind, Workload

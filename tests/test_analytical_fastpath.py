@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dse.errors import DseError
-from dse.feasibility import check_feasible
+from dse.point.feasibility import check_feasible
 from dse.spec import DesignPoint
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel

@@ -1,4 +1,4 @@
-"""The core's two structural rules, read from the source so that they cannot quietly regress.
+"""The core's structural rules, read from the source so that they cannot quietly regress.
 
 1. Nothing under dse/ imports a plugin package (generators, simulators, objectives): the core finds plugins through
    entry points (dse.plugins) and talks to them through dse.interfaces. Every import counts: at module level, inside
@@ -6,6 +6,7 @@
    computed name can hide any of these, so each one must be listed here with what it imports.
 2. The modules of dse/ import one another without a circle, function-level imports included: a circle hidden in a
    function is still a layer that knows the one above it (cli -> commands -> nightly -> cli was one).
+3. The subpackages are layers (LAYERS), and a module imports only its own layer and those below it.
 
 The graph is built with ast, without importing anything, so a broken module cannot hide an edge.
 """
@@ -159,9 +160,31 @@ def test_the_core_imports_by_computed_name_only_where_listed():
 
 def test_the_core_has_no_import_circle():
     graph = import_graph()
-    assert {"dse.cli", "dse.commands", "dse.nightly", "dse.study", "dse.spec", "dse.catalog"} <= graph.keys()
-    assert "dse.nightly" in graph["dse.commands"], "`from dse import nightly` is an edge"
+    modules = {"dse.cli.main", "dse.cli.commands", "dse.results.nightly", "dse.search.study", "dse.spec", "dse.catalog"}
+    assert modules <= graph.keys()
+    assert "dse.results.nightly" in graph["dse.cli.commands"], "`from dse.results import nightly` is an edge"
     assert [" -> ".join(circle) for circle in cycles(graph)] == []
+
+
+LAYERS = ("dse", "dse.point", "dse.search", "dse.results", "dse.cli")
+"""The core's layers, lowest first: the domain model, IR and plugin contract (dse's own modules, what plugins
+import); one design point; the study loop and its storage; results and reports; the commands."""
+
+
+def layer(module: str) -> int:
+    return max(rank for rank, package in enumerate(LAYERS) if module == package or module.startswith(package + "."))
+
+
+def test_each_layer_imports_only_layers_below_it_or_itself():
+    graph = import_graph()
+    assert {layer(module) for module in graph} == set(range(len(LAYERS))), "every layer has modules"
+    upward = [
+        f"{module} -> {imported}"
+        for module, imports in graph.items()
+        for imported in imports
+        if imported in graph and layer(imported) > layer(module)
+    ]
+    assert upward == []
 
 
 def test_the_checks_see_what_they_must_refuse():
@@ -179,3 +202,5 @@ def test_the_checks_see_what_they_must_refuse():
     assert {name for name, _ in names_in(ast.parse("from ..spec import GiB"), "dse.results")} >= {"dse.spec"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+    ranks = {"dse.spec": 0, "dse.catalog": 0, "dse.point.points": 1, "dse.results.nightly": 3, "dse.cli": 4}
+    assert {module: layer(module) for module in ranks} == ranks

@@ -1,7 +1,7 @@
 """Nothing a user types hangs, crashes or lies: point and study files mutated by Hypothesis, run in-process.
 
 Every case writes one mutated file and runs `dse evaluate FILE --json` (a point file) or `dse check FILE` (a
-study file) through `dse.cli.main`, as a user would, and asserts what the README promises: exit code 0 or 2;
+study file) through `dse.cli.main.main`, as a user would, and asserts what the README promises: exit code 0 or 2;
 for 2, exactly one `error:` line on stderr naming the file and the field (or the line, for a file that is not
 YAML), and nothing on stdout; for 0 with --json, one line of strict JSON whose every number is finite; no
 traceback; and a bounded time and memory per case.
@@ -38,9 +38,9 @@ from hypothesis.configuration import set_hypothesis_home_dir
 from pydantic import BaseModel
 
 from dse import catalog
-from dse.cli import main
-from dse.points import POINT_FIELDS, expand, load_point
-from dse.space import StudySpec
+from dse.cli.main import main
+from dse.point.points import POINT_FIELDS, expand, load_point
+from dse.search.space import StudySpec
 from dse.spec import REFINEMENTS, DesignPoint, ModelSpec, NetworkDim, ParallelSpec, WorkloadSpec, default_of
 
 CASE_SECONDS = 20.0

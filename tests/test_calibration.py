@@ -16,9 +16,9 @@ import textwrap
 import pytest
 
 from dse import plugins
-from dse.calibration import CASES, COLLECTIVE_CASES, HELD_OUT, Case, errors, run, run_collectives
-from dse.cli import main
+from dse.cli.main import main
 from dse.interfaces import CollectiveCostModel
+from dse.point.calibration import CASES, COLLECTIVE_CASES, HELD_OUT, Case, errors, run, run_collectives
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage
 from helpers import make_point
 
-from dse import chakra
-from dse.cli import main
+from dse.cli.main import main
+from dse.point import chakra
 from dse.workload import OpKind, expand
 from generators.symbolic import SymbolicGenerator
 

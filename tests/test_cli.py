@@ -237,7 +237,7 @@ def test_sync_and_nightly_bad_input(tmp_path, args, fragments):
 def test_summary_counts_points_over_hbm_as_infeasible_and_a_rerun_says_nothing_is_left(tmp_path):
     """The quickstart's space has points that run but exceed HBM: the summary counts them as infeasible (it said
     "0 infeasible" while a quarter did not fit), the table marks the front, and a second run of a finished study
-    says that nothing was left to run. The MLflow sqlite store is written in WAL mode (see dse.sqlite_store)."""
+    says that nothing was left to run. The MLflow sqlite store is written in WAL mode (see dse.results.sqlite_store)."""
     out = tmp_path / "quick"
     args = ["run", str(ROOT / "studies" / "quickstart.yaml"), "--trials", "24", "--out", str(out)]
     first = dse(*args)

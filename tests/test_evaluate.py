@@ -4,7 +4,7 @@ import pytest
 from helpers import make_point
 
 from dse import plugins
-from dse.evaluate import evaluate
+from dse.point.evaluate import evaluate
 
 GEN = plugins.generator("symbolic")
 COST = plugins.cost_model("analytical")

@@ -12,9 +12,9 @@ import ray
 import yaml
 from conftest import ROOT
 
-from dse.cli import _parser
-from dse.space import load_study
-from dse.storage import RDB_SCHEMES
+from dse.cli.main import _parser
+from dse.search.space import load_study
+from dse.search.storage import RDB_SCHEMES
 
 INFRA = ROOT / "infra"
 NIGHTLY_CRON = "30 1 * * *"

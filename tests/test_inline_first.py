@@ -9,10 +9,10 @@ import time
 import pytest
 from conftest import ROOT
 
-from dse import inline_first
-from dse.executor import InlineExecutor
-from dse.inline_first import TIMED_OUTCOMES, InlineFirstExecutor
-from dse.space import decode, load_study
+from dse.search import inline_first
+from dse.search.executor import InlineExecutor
+from dse.search.inline_first import TIMED_OUTCOMES, InlineFirstExecutor
+from dse.search.space import decode, load_study
 
 
 def sleeper(seconds: float):

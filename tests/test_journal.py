@@ -10,7 +10,7 @@ import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from dse.errors import DseError
-from dse.journal import JournalFile, JournalMirror
+from dse.search.journal import JournalFile, JournalMirror
 
 DIST = {
     "x": optuna.distributions.IntDistribution(0, 100),

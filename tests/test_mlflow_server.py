@@ -13,7 +13,7 @@ import yaml
 from conftest import ROOT, wait_until
 from mlflow import MlflowClient
 
-from dse.storage import JOURNAL
+from dse.search.storage import JOURNAL
 
 TRIALS = 400
 """The outage study's: one worker runs them in a second or two (2.7-4 ms a trial here), and the server stops once a

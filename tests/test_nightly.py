@@ -9,9 +9,9 @@ import yaml
 from conftest import ROOT
 from mlflow import MlflowClient
 
-from dse.cli import main
-from dse.commands import EXIT_CHANGED
-from dse.nightly import EXPERIMENT, NIGHT_TAG
+from dse.cli.commands import EXIT_CHANGED
+from dse.cli.main import main
+from dse.results.nightly import EXPERIMENT, NIGHT_TAG
 
 SUITE = ROOT / "studies" / "nightly"
 

@@ -21,9 +21,10 @@ from conftest import ROOT
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
-from dse import study as studies
-from dse.cli import main
-from dse.executor import (
+from dse.cli.main import main
+from dse.results.tracking import PARENT_RUN_ATTR
+from dse.search import study as studies
+from dse.search.executor import (
     FIRST_BATCH,
     GC_THRESHOLDS,
     MAX_BATCH,
@@ -32,10 +33,9 @@ from dse.executor import (
     InlineExecutor,
     RayExecutor,
 )
-from dse.space import load_study, optuna_distributions
+from dse.search.space import load_study, optuna_distributions
+from dse.search.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, counted, open_study, run
 from dse.spec import DesignPoint
-from dse.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, counted, open_study, run
-from dse.tracking import PARENT_RUN_ATTR
 
 # The fakes below travel to Ray actors by value: actors cannot import this test module by name.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -425,7 +425,7 @@ def test_ray_pool_keeps_each_affinity_on_the_actor_that_ran_it_first(ray_address
 
 
 def spec_point(spec, tp: int) -> DesignPoint:
-    from dse.space import decode
+    from dse.search.space import decode
 
     point = decode(
         spec, {"parallel.tp": tp, "parallel.pp": 1, "workload.micro_batch": 1, "system.accelerator.hbm_GiB": 80}
@@ -502,8 +502,8 @@ def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_eval
     """The journal takes a trial's metrics and its tell as separate lines, and another thread's write can put the
     first in the file alone; a SIGKILL then leaves a RUNNING trial whose evaluation is done. The resume fails and
     retries it, and the retry reuses the metrics."""
-    from dse.space import decode
-    from dse.study import METRICS
+    from dse.search.space import decode
+    from dse.search.study import METRICS
 
     spec = load_study(SMALL, trials=1, workers=1)
     study = open_study(spec, tmp_path)

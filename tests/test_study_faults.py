@@ -19,12 +19,12 @@ from mlflow import MlflowClient
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
 
-from dse.executor import NODE, RayExecutor
-from dse.space import load_study
+from dse.results.tracking import PARENT_RUN_ATTR
+from dse.search.executor import NODE, RayExecutor
+from dse.search.space import load_study
+from dse.search.storage import JOURNAL
+from dse.search.study import POINT_KEY, REASON, TIMINGS, counted, open_study, run
 from dse.spec import DesignPoint
-from dse.storage import JOURNAL
-from dse.study import POINT_KEY, REASON, TIMINGS, counted, open_study, run
-from dse.tracking import PARENT_RUN_ATTR
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -98,7 +98,7 @@ all finished by the time the poll saw the 15th once the driver and evaluations g
 
 
 def mlflow_writers(parent: int) -> list[int]:
-    """The pids of the `python -m dse.mlflow_runs` children of a process."""
+    """The pids of the `python -m dse.results.mlflow_runs` children of a process."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
@@ -106,7 +106,7 @@ def mlflow_writers(parent: int) -> list[int]:
             command = (proc / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"dse.mlflow_runs" in command:
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"dse.results.mlflow_runs" in command:
             found.append(int(proc.name))
     return found
 

@@ -7,10 +7,10 @@ import pytest
 from conftest import ROOT
 from optuna.trial import TrialState
 
-from dse.cli import main
+from dse.cli.main import main
 from dse.errors import DseError
-from dse.storage import open_storage
-from dse.study import counted
+from dse.search.storage import open_storage
+from dse.search.study import counted
 
 SMALL = ROOT / "studies" / "small.yaml"
 

@@ -12,8 +12,8 @@ import pytest
 from helpers import make_point
 
 from dse import plugins
-from dse.evaluate import evaluate
-from dse.executor import PluginEvaluation
+from dse.point.evaluate import evaluate
+from dse.search.executor import PluginEvaluation
 from dse.spec import DesignPoint
 from generators.symbolic.generator import SymbolicGenerator
 

@@ -6,7 +6,7 @@ import pytest
 from helpers import make_point
 
 from dse.errors import DseError
-from dse.feasibility import infeasibility
+from dse.point.feasibility import infeasibility
 from dse.workload import OpKind, expand
 from generators.symbolic import SymbolicGenerator, count_parameters
 from simulators.analytical import AnalyticalCostModel

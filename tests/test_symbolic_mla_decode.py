@@ -4,7 +4,7 @@ import pytest
 from helpers import make_point
 
 from dse import plugins
-from dse.evaluate import evaluate
+from dse.point.evaluate import evaluate
 from dse.workload import TensorKind, expand
 from generators.symbolic import SymbolicGenerator
 

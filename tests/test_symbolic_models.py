@@ -7,8 +7,8 @@ import pytest
 from helpers import make_point
 
 from dse.errors import DseError, SpecError
-from dse.feasibility import infeasibility
 from dse.modelstats import active_param_count, matmul_params, model_flops, param_count
+from dse.point.feasibility import infeasibility
 from dse.workload import OpKind, expand
 from generators.symbolic import SymbolicGenerator, count_parameters
 

@@ -7,9 +7,9 @@ from helpers import make_point
 
 from dse import plugins
 from dse.errors import InfeasibleError
-from dse.evaluate import evaluate
-from dse.feasibility import check_feasible
 from dse.modelstats import matmul_params, model_flops
+from dse.point.evaluate import evaluate
+from dse.point.feasibility import check_feasible
 from dse.workload import OpKind, TensorKind, expand
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic.schedule import interleaved

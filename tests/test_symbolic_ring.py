@@ -4,8 +4,8 @@ import pytest
 from helpers import make_point
 from test_chakra import p2p_ends
 
-from dse import chakra
-from dse.feasibility import infeasibility
+from dse.point import chakra
+from dse.point.feasibility import infeasibility
 from dse.workload import OpKind
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel

@@ -4,7 +4,7 @@ import pytest
 from helpers import make_point
 from test_chakra import p2p_ends
 
-from dse import chakra
+from dse.point import chakra
 from dse.workload import OpKind
 from generators.symbolic import SymbolicGenerator
 

@@ -20,11 +20,12 @@ from conftest import ROOT, free_port, wait_until
 SERVE = textwrap.dedent(
     """
     import os, sys
-    from dse.procgroup import serve
+    from dse.cli.procgroup import serve
     sys.exit(serve(sys.argv[1:], dict(os.environ)))
     """
 )
-"""A `dse ui` without the server: dse.procgroup.serve() running the command given, in a process of its own to signal."""
+"""A `dse ui` without the server: dse.cli.procgroup.serve() running the command given, in a process of its own to
+signal."""
 
 
 def alive(processes: list[psutil.Process]) -> list[psutil.Process]:

@@ -1,6 +1,6 @@
 """Chrome / Perfetto trace JSON from a simulated timeline (open it at ui.perfetto.dev or chrome://tracing).
 
-dse.traces and `dse evaluate --trace` find it here by convention: a cost model package exports to_chrome_trace.
+dse.point.traces and `dse evaluate --trace` find it here by convention: a cost model package exports to_chrome_trace.
 """
 
 from typing import Any

@@ -18,11 +18,11 @@ from typing import Protocol
 
 import pandas as pd
 
-from dse import pareto, report
 from dse.errors import DseError
-from dse.space import StudySpec, load_study
-from dse.study import open_study
-from dse.tracking import PARENT_RUN_ATTR, PARQUET, load_saved_spec, read_parquet
+from dse.results import pareto, report
+from dse.results.tracking import PARENT_RUN_ATTR, PARQUET, load_saved_spec, read_parquet
+from dse.search.space import StudySpec, load_study
+from dse.search.study import open_study
 
 NIGHT_FILE = "nightly.json"
 REPORT = "report.md"
@@ -35,7 +35,7 @@ LOG = logging.getLogger(__name__)
 
 class StudyRunner(Protocol):
     """Runs a study file into an output folder as `dse run STUDY --out OUT --tracking-uri URI [--workers N]` does
-    and returns its exit code. The CLI hands its own to `dse nightly` (dse.cli.run_study), so a night's studies
+    and returns its exit code. The CLI hands its own to `dse nightly` (dse.cli.main.run_study), so a night's studies
     take the code path of `dse run` while this module, a layer below the CLI, does not import it."""
 
     def __call__(self, study: Path, out: Path, tracking_uri: str, workers: int | None) -> int: ...

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable
 
-from dse.executor import EvaluateFn, Executor, InlineExecutor, Outcome
+from dse.search.executor import EvaluateFn, Executor, InlineExecutor, Outcome
 from dse.spec import DesignPoint
 
 RAY_START_S = 25.0

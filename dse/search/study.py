@@ -20,11 +20,11 @@ from optuna.study._tell import _tell_with_warning
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import SpecError
-from dse.executor import NODE, Executor, Result
-from dse.journal import JournalMirror
-from dse.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
+from dse.search.executor import NODE, Executor, Result
+from dse.search.journal import JournalMirror
+from dse.search.space import SUMMARY_FIELDS, StudySpec, decode, grid, optuna_distributions, point_fields
+from dse.search.storage import describe, open_storage
 from dse.spec import DesignPoint
-from dse.storage import describe, open_storage
 
 # Trial user attributes. Each is one write to the storage (a journal line, a row), so they are few and whole.
 METRICS = "metrics"

@@ -4,9 +4,9 @@ import time
 from dataclasses import dataclass
 
 from dse import plugins
-from dse.feasibility import check_feasible
 from dse.interfaces import CostModel, SimResult, WorkloadGenerator
 from dse.objective import Constraint
+from dse.point.feasibility import check_feasible
 from dse.spec import DesignPoint
 from dse.workload import Workload
 

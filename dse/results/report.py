@@ -12,7 +12,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from dse import pareto, plots
+from dse.results import pareto, plots
 from dse.spec import GiB
 
 SHAPE = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero")

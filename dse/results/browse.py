@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dse.space import StudySpec
+    from dse.search.space import StudySpec
 
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 """The MLflow UI's experiment-tag prefix for saved views; the rest of the key is the view's id."""

@@ -3,7 +3,7 @@
 `mlflow ui` runs uvicorn's worker processes and a job runner with its own consumers, and forwards SIGTERM to
 uvicorn alone. Stopped the way `make` stops its recipe (SIGTERM to its child), it left 13 processes and ~2 GiB
 running a minute later, some of them spinning. So `dse ui` runs it as a process group that stops whole
-(dse.procgroup), with one worker and without the job runner.
+(dse.cli.procgroup), with one worker and without the job runner.
 """
 
 import argparse
@@ -19,8 +19,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dse import browse, procgroup, tracking
+from dse.cli import procgroup
 from dse.errors import DseError
+from dse.results import browse, tracking
 
 DEMO_OUT = Path("runs/quickstart")
 """The output folder `make ui` serves (the Makefile's DEMO_OUT)."""

@@ -1,4 +1,4 @@
-"""A study's MLflow runs, written by a process of their own: `python -m dse.mlflow_runs ORDERS_FD REPORTS_FD`.
+"""A study's MLflow runs, written by a process of their own: `python -m dse.results.mlflow_runs ORDERS_FD REPORTS_FD`.
 
 The driver (`tracking.Tracker`) sends orders down one pipe (connect, a finished trial, finish) and hears back on
 another (the parent run once it exists, what the finish did). A process rather than a thread, because MLflow's
@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from dse import browse, sqlite_store
+from dse.results import browse, sqlite_store
 
 STUDY_UID_TAG = "dse_study_uid"
 _BATCH = 100
@@ -183,14 +183,14 @@ class Writer:
         location = None
         if self.uri.startswith("sqlite:///"):
             location = (Path(self.uri.removeprefix("sqlite:///")).parent / "mlartifacts").resolve().as_uri()
-        # The kind is for MLflow clients that read it; 3.17's UI goes by its mode switch instead (see dse.browse).
+        # The kind is for MLflow clients that read it; 3.17's UI goes by its mode switch instead (results.browse).
         tags = {"mlflow.experimentKind": "custom_model_development", "dse.study": self.columns.name}
         return self.mlflow.create_experiment(self.columns.name, artifact_location=location, tags=tags)
 
     def _parent(self, hint: str | None, uid: str) -> str:
         """The study's parent run: the one the study names, else the one tagged with its uid (a resume), else a new
         one; and its saved view of the runs table (re)written, which follows the study file's objectives and space
-        (dse.browse)."""
+        (dse.results.browse)."""
         run = self._earlier_parent(hint, uid)
         if run is not None:
             self.mlflow.update_run(run.info.run_id, status="RUNNING")
@@ -269,7 +269,7 @@ class Writer:
             from dse import (
                 timelines,  # only here: it loads the study's plugins, which the writer needs for nothing else
             )
-            from dse.space import StudySpec
+            from dse.search.space import StudySpec
 
             spec = StudySpec.model_validate(order.timelines_spec)
             paths = timelines.write_timelines(spec, order.front_params, self.out_dir / timelines.TIMELINES_DIR)
@@ -329,8 +329,8 @@ def serve(orders: Connection, reports: Connection) -> None:
 
 
 if __name__ == "__main__":
-    # The orders were pickled as dse.mlflow_runs' classes, which this file run as __main__ would not match.
-    from dse.mlflow_runs import serve as serve_orders
+    # The orders were pickled as dse.results.mlflow_runs' classes, which this file run as __main__ would not match.
+    from dse.results.mlflow_runs import serve as serve_orders
 
     serve_orders(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
     # Every write is committed and reported; the interpreter's own teardown with MLflow loaded takes 0.7 s or more,

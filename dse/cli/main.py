@@ -22,17 +22,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dse import calibration, check, pareto, plugins, report, traces, tracking, ui
-from dse import commands as commands_module
-from dse import study as studies
+from dse import plugins
+from dse.cli import check, ui
+from dse.cli import commands as commands_module
 from dse.errors import DseError
-from dse.evaluate import evaluate
-from dse.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
-from dse.inline_first import InlineFirstExecutor
-from dse.points import load_point
-from dse.space import StudySpec, load_study
+from dse.point import calibration, traces
+from dse.point.evaluate import evaluate
+from dse.point.points import load_point
+from dse.results import pareto, report, tracking
+from dse.search import study as studies
+from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
+from dse.search.inline_first import InlineFirstExecutor
+from dse.search.space import StudySpec, load_study
+from dse.search.study import POINT_KEY
 from dse.spec import GiB
-from dse.study import POINT_KEY
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
@@ -335,10 +338,10 @@ def _human(name: str, value: float | bool) -> str:
 
 
 def _generate(args: argparse.Namespace, console: Console) -> int:
-    from dse import chakra
-    from dse.feasibility import check_feasible
     from dse.modelstats import active_param_count, param_count
-    from dse.summary import summarize
+    from dse.point import chakra
+    from dse.point.feasibility import check_feasible
+    from dse.point.summary import summarize
 
     point = load_point(args.point)
     check_feasible(point)

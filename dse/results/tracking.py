@@ -3,8 +3,8 @@ MLflow runs.
 
 Everything is rebuilt from the Optuna storage alone, so any of it can be lost and written again: that is what
 `dse sync` does after an MLflow outage. MLflow gets one parent run per study and child runs per trial
-(`tracking.child_runs`), written by a process of its own (`dse.mlflow_runs`), never on the trials' critical path:
-a child run costs 15-50 ms on local sqlite and ~260 ms through a server. When MLflow fails the study goes on
+(`tracking.child_runs`), written by a process of its own (`dse.results.mlflow_runs`), never on the trials' critical
+path: a child run costs 15-50 ms on local sqlite and ~260 ms through a server. When MLflow fails the study goes on
 without it and says how to catch up.
 
 Timelines (a Pareto member's simulated step as a Perfetto trace) are not written at the end of a study unless the
@@ -29,12 +29,12 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse import browse, mlflow_runs, pareto, plots
 from dse.errors import DseError, SpecError
-from dse.executor import NODE
-from dse.space import StudySpec, decode, load_study
+from dse.results import browse, mlflow_runs, pareto, plots
+from dse.search.executor import NODE
+from dse.search.space import StudySpec, decode, load_study
+from dse.search.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
 from dse.spec import without_ignored_settings
-from dse.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
 
 PARQUET = "trials.parquet"
 PARETO_CSV = "pareto.csv"
@@ -215,8 +215,8 @@ def parent_tags(spec: StudySpec) -> dict[str, str]:
 class Tracker:
     """MLflow writes for one study: start, record each finished trial, finish. Only `finish` waits for MLflow.
 
-    The writing is done by a process of its own (`dse.mlflow_runs`); this side hands it the trials through a pipe
-    fed by a thread, so that neither MLflow nor a full pipe ever holds up the trial loop. Any MLflow failure
+    The writing is done by a process of its own (`dse.results.mlflow_runs`); this side hands it the trials through a
+    pipe fed by a thread, so that neither MLflow nor a full pipe ever holds up the trial loop. Any MLflow failure
     takes the writer offline for the rest of the run: `error` says what happened, and `dse sync` writes the rest
     later.
     """
@@ -271,7 +271,7 @@ class Tracker:
         pipe), with the read end of the orders pipe and the write end of the reports pipe."""
         orders_read, orders_write = os.pipe()
         reports_read, reports_write = os.pipe()
-        command = [sys.executable, "-m", "dse.mlflow_runs", str(orders_read), str(reports_write)]
+        command = [sys.executable, "-m", "dse.results.mlflow_runs", str(orders_read), str(reports_write)]
         try:
             self._process = subprocess.Popen(
                 command,

@@ -15,10 +15,10 @@ from typing import TypeVar
 import optuna
 from rich.console import Console
 
-from dse import nightly, pareto, report, timelines, tracking
-from dse import study as studies
 from dse.errors import DseError
-from dse.executor import connect
+from dse.results import nightly, pareto, report, timelines, tracking
+from dse.search import study as studies
+from dse.search.executor import connect
 
 T = TypeVar("T")
 EXIT_CHANGED = 1

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from dse import catalog
 from dse.errors import InfeasibleError, SpecError
-from dse.feasibility import infeasibility
+from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
 from dse.yamlio import describe_validation_error, load_mapping
 

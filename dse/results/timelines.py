@@ -4,8 +4,8 @@
 from pathlib import Path
 from typing import Any
 
-from dse.space import StudySpec, decode
-from dse.traces import write_trace
+from dse.point.traces import write_trace
+from dse.search.space import StudySpec, decode
 
 TIMELINES_DIR = "timelines"
 

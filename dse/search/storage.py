@@ -1,7 +1,7 @@
 """The Optuna storage of a study, from a URL: where trials live while and after a study runs.
 
 A journal file in the output folder by default (Optuna's format, kept in memory and appended to by
-dse.journal.JournalMirror): the driver makes it durable and resumable, and `optuna-dashboard` reads it live. One
+dse.search.journal.JournalMirror): the driver makes it durable and resumable, and `optuna-dashboard` reads it live. One
 driver writes a journal file at a time. For a team or a cluster whose drivers run on different hosts: an RDB
 (`postgresql://`, `mysql://`, `sqlite:///`) or the Redis journal (`redis://`). A plain path is a journal file.
 """
@@ -15,7 +15,7 @@ from optuna.storages import BaseStorage, RDBStorage
 from optuna.storages.journal import JournalRedisBackend, JournalStorage
 
 from dse.errors import DseError
-from dse.journal import JournalMirror
+from dse.search.journal import JournalMirror
 
 JOURNAL = "optuna-journal.log"
 RDB_SCHEMES = ("postgresql", "mysql", "sqlite")

@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.table import Table
 
 from dse import plugins
-from dse.evaluate import evaluate
 from dse.interfaces import CollectiveCostModel, CostModel, WorkloadGenerator
-from dse.points import build_point, expand
+from dse.point.evaluate import evaluate
+from dse.point.points import build_point, expand
 from dse.spec import GiB, SystemSpec
 from dse.workload import Collective, bus_factor
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from dse import plugins
 from dse.errors import DseError
-from dse.evaluate import evaluate
+from dse.point.evaluate import evaluate
 from dse.spec import DesignPoint
 
 Result = dict[str, Any]

@@ -1,0 +1,1 @@
+"""The `dse` command (main.py) and the commands it dispatches to."""

@@ -1,7 +1,10 @@
-"""Building design points in tests without point files."""
+"""Building design points in tests without point files, and running the CLI in-process."""
 
+import contextlib
+import io
 from typing import Any
 
+from dse.cli.main import main
 from dse.point.points import assign, build_point, expand
 from dse.spec import AcceleratorSpec, DesignPoint
 
@@ -37,3 +40,11 @@ def make_point(
     for path, value in (overrides or {}).items():
         assign(raw, path, value)
     return build_point(raw, "test point")
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """`dse ARGV` in this process: its exit code, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()

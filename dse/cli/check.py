@@ -42,7 +42,6 @@ def main(args: argparse.Namespace, console: Console) -> int:
             f"{args.file}: a valid point: {point.model.name} ({param_count(point.model):.3g} parameters) on "
             f"{point.parallel.world} NPUs of {point.system.name}, key {point.key}",
             soft_wrap=True,
-            markup=False,
             highlight=False,
         )
     else:
@@ -61,7 +60,6 @@ def _check_study(path: Path, console: Console) -> None:
         f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} trials "
         f"({spec.sampler})",
         soft_wrap=True,
-        markup=False,
         highlight=False,
     )
     variants = vary(spec)
@@ -73,6 +71,6 @@ def _check_study(path: Path, console: Console) -> None:
         highlight=False,
     )
     for name, value, reason in reasons[:SHOWN_REASONS]:
-        console.print(f"  {name}={value}: {reason}", markup=False, highlight=False, soft_wrap=True)
+        console.print(f"  {name}={value}: {reason}", highlight=False, soft_wrap=True)
     if len(reasons) > SHOWN_REASONS:
         console.print(f"  ... and {len(reasons) - SHOWN_REASONS} more")

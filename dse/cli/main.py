@@ -279,7 +279,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     if not reasons.empty:
         console.print("most common infeasibility reasons:")
         for reason, count in reasons.items():
-            console.print(f"  {count:4d}  {reason}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  {count:4d}  {reason}", highlight=False, soft_wrap=True)
     console.print(f"plots         {'  '.join(str(path) for path in written)}", soft_wrap=True)
     return 0
 
@@ -315,7 +315,7 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(metrics, allow_nan=False))
         return 0
     header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
-    console.print(header, soft_wrap=True, markup=False, highlight=False)  # names and paths are not Rich markup
+    console.print(header, soft_wrap=True, highlight=False)
     table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -390,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stream = sys.stderr if to_stderr else sys.stdout
     # Piped into a file or a CI log, Rich would cut tables to 80 columns; lay them out whole instead.
     width = None if stream.isatty() or "COLUMNS" in os.environ else PIPED_WIDTH
-    console = Console(stderr=to_stderr, width=width)
+    # Nothing dse prints is Rich markup, and names and paths from files may look like it ('[/x]' raised MarkupError).
+    console = Console(stderr=to_stderr, width=width, markup=False)
     try:
         commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
         commands |= commands_module.handlers(partial(run_study, console=console))

@@ -95,7 +95,7 @@ def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[P
     if lines:
         console.print("which parallelism wins where (Pareto front, least memory first):")
         for line in lines:
-            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"  {line}", highlight=False, soft_wrap=True)
     title = f"study {frame.attrs.get('study', out_dir.name)}"
     return [
         plots.pareto_png(frame, best, out_dir / plots.PNG, title),

@@ -79,9 +79,7 @@ def sync(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tracking.load_saved_spec(args.out)
     study = studies.open_study(spec, args.out)
-    uri = (
-        args.tracking_uri or study.user_attrs.get(tracking.TRACKING_URI_ATTR) or tracking.default_tracking_uri(args.out)
-    )
+    uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
     tracker = tracking.Tracker(uri, spec, args.out)
     tracker.start(study)
     results = tracking.write_results(spec, study, args.out)
@@ -112,9 +110,7 @@ def timeline(args: argparse.Namespace, console: Console) -> int:
     paths = timelines.write_timelines(spec, {n: trials[n].params for n in numbers}, args.out / timelines.TIMELINES_DIR)
     if numbers and not paths:
         raise DseError(f"cost model '{spec.cost_model}' keeps no timeline; rerun the study with cost_model: analytical")
-    uri = (
-        args.tracking_uri or study.user_attrs.get(tracking.TRACKING_URI_ATTR) or tracking.default_tracking_uri(args.out)
-    )
+    uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
     try:
         attached = tracking.attach_saved_timelines(uri, study, paths)
     except Exception as exc:  # the files are what was asked for; MLflow is where they are also shown

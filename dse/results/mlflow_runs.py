@@ -19,7 +19,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -164,9 +166,13 @@ class Writer:
         self.write_seconds = 0.0
         self.error: str | None = None
 
-    def offline(self, exc: BaseException) -> None:
+    def attempt(self, step: Callable[[], None]) -> None:
+        """Carry out one step unless offline; any failure takes the writer offline, with its first line kept."""
         if self.error is None:
-            self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            try:
+                step()
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
 
     def connect(self, order: Connect) -> None:
         """The experiment, the parent run and the child runs already written."""
@@ -305,27 +311,22 @@ def serve(orders: Connection, reports: Connection) -> None:
             return
         if isinstance(order, Connect):
             writer = Writer(order)
-            try:
-                writer.connect(order)
-                reports.send(Connected(writer.experiment_id, writer.parent_id))
-                for trial in order.earlier:
-                    writer.write_child(trial)
-            except Exception as exc:
-                writer.offline(exc)
+            writer.attempt(partial(_open, writer, order, reports))
         elif writer is None:
             continue
         elif isinstance(order, Finish):
-            if writer.error is None:
-                try:
-                    writer.finish(order)
-                except Exception as exc:
-                    writer.offline(exc)
+            writer.attempt(partial(writer.finish, order))
             reports.send(writer.finished(order.wanted))
-        elif writer.error is None:
-            try:
-                writer.write_child(order)
-            except Exception as exc:
-                writer.offline(exc)
+        else:
+            writer.attempt(partial(writer.write_child, order))
+
+
+def _open(writer: Writer, order: Connect, reports: Connection) -> None:
+    """Connect, tell the driver the parent run (it stores the id in the study), write the earlier trials."""
+    writer.connect(order)
+    reports.send(Connected(writer.experiment_id, writer.parent_id))
+    for trial in order.earlier:
+        writer.write_child(trial)
 
 
 if __name__ == "__main__":

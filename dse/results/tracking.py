@@ -64,6 +64,17 @@ def load_saved_spec(out_dir: Path) -> StudySpec:
     return load_study(out_dir / SPEC_FILE)
 
 
+def saved_tracking_uri(study: optuna.Study, out_dir: Path, given: str | None) -> str:
+    """The tracking URI of a study run before: the one given, else the one the study ran with, else its local
+    store."""
+    return given or study.user_attrs.get(TRACKING_URI_ATTR) or default_tracking_uri(out_dir)
+
+
+def _feasible(trial: FrozenTrial) -> bool | None:
+    """Whether a completed trial meets every constraint (None for a trial that did not complete)."""
+    return all(v <= 0 for v in trial.constraints.values()) if trial.state == TrialState.COMPLETE else None
+
+
 def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
     """One trial flattened: identity, state and reason, params (searched, derived, summary), metrics, times."""
     attrs = trial.user_attrs
@@ -74,7 +85,7 @@ def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
         "number": trial.number,
         "state": trial.state.name,
         "reason": reason,
-        "feasible": all(v <= 0 for v in trial.constraints.values()) if trial.state == TrialState.COMPLETE else None,
+        "feasible": _feasible(trial),
         POINT_KEY: attrs.get(POINT_KEY),
         DUPLICATE_OF: attrs.get(DUPLICATE_OF),
         NODE: attrs.get(NODE),
@@ -185,11 +196,10 @@ def _ms(moment: datetime | None) -> int | None:
 def trial_record(trial: FrozenTrial) -> mlflow_runs.TrialRecord:
     """A finished trial as its child run shows it."""
     attrs = trial.user_attrs
-    complete = trial.state == TrialState.COMPLETE
     return mlflow_runs.TrialRecord(
         number=trial.number,
         state=trial.state.name,
-        feasible=all(v <= 0 for v in trial.constraints.values()) if complete else None,
+        feasible=_feasible(trial),
         tags={name: str(attrs[name])[:5000] for name in (REASON, POINT_KEY, NODE) if attrs.get(name)},
         params={k: str(v) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()},
         metrics={k: float(v) for k, v in (attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})).items()},

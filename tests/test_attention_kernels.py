@@ -7,6 +7,7 @@ import pytest
 from helpers import make_point, run_cli
 
 from dse.kernels import attention_table, kernel_tflops
+from dse.point import chakra
 from dse.search.space import decode, load_study
 from dse.workload import AttentionShape, Op, OpKind
 from generators.symbolic import SymbolicGenerator
@@ -171,3 +172,10 @@ def test_the_kernel_moves_the_step_and_a_study_can_search_it(tmp_path):
         steps[kernel] = cost.simulate(GEN.generate(point), point.system).step_time_s
     assert steps["auto"] == steps["fa2"]
     assert steps["fa3"] < steps["cudnn"] < steps["fa2"]
+
+
+def test_chakra_durations_price_attention_as_the_cost_model_does():
+    op = attention_op(AttentionShape(8192, 8192, 128, True, False))
+    accelerator = h100(clock_share=0.87)
+    expected = round(0.5e12 / (602e12 * 0.87) * 1e6 + accelerator.kernel_launch_us)
+    assert chakra.roofline_micros(op, accelerator, "bf16", "fa3") == expected

@@ -21,7 +21,7 @@ from bisect import bisect_left
 from math import log, sqrt
 
 from dse.spec import AcceleratorSpec, AttentionKernelSpec, KernelRow
-from dse.workload import AttentionShape
+from dse.workload import AttentionShape, Op
 
 AUTO_KERNEL = "fa2"
 """What `attention_kernel: auto` runs where the accelerator has its table: PyTorch's SDPA dispatches to
@@ -36,6 +36,19 @@ def attention_table(accelerator: AcceleratorSpec, kernel: str, dtype: str) -> At
     if dtype not in TABLE_DTYPES:
         return None
     return accelerator.attention_kernels.get(AUTO_KERNEL if kernel == "auto" else kernel)
+
+
+def covers(table: AttentionKernelSpec | None, op: Op) -> bool:
+    """Whether the table prices the op: a fused attention op whose generator gave its shape."""
+    return table is not None and op.category == "attention" and op.attention is not None
+
+
+def kernel_rate(table: AttentionKernelSpec | None, op: Op) -> float | None:
+    """FLOP/s the table gives the op's executed FLOPs; None where it does not cover the op."""
+    if not covers(table, op):
+        return None
+    assert table is not None and op.attention is not None
+    return kernel_tflops(table, op.attention) * 1e12
 
 
 def kernel_tflops(table: AttentionKernelSpec, shape: AttentionShape) -> float:

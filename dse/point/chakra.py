@@ -26,7 +26,7 @@ from chakra.src.third_party.utils.protolib import decodeMessage as decode_messag
 from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
 
 from dse.errors import DseError
-from dse.kernels import attention_table, kernel_tflops
+from dse.kernels import attention_table, kernel_rate
 from dse.spec import AcceleratorSpec
 from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload, expand
 
@@ -124,10 +124,8 @@ def roofline_micros(op: Op, accelerator: AcceleratorSpec | None, dtype: str, att
     roofline; 0 without an accelerator."""
     if accelerator is None:
         return 0
-    table = attention_table(accelerator, attention_kernel, dtype)
-    if table is not None and op.category == "attention" and op.attention is not None:
-        rate = kernel_tflops(table, op.attention) * 1e12
-    else:
+    rate = kernel_rate(attention_table(accelerator, attention_kernel, dtype), op)
+    if rate is None:
         efficiency = accelerator.compute_efficiency.get(op.category, 1.0)  # type: ignore[call-overload]
         rate = accelerator.peak_flops(dtype) * efficiency
     compute = op.flops * op.density / (rate * accelerator.clock_share)

@@ -80,7 +80,7 @@ class Recording:
                 name,
                 tuple(
                     [
-                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], a and _shape_values(a, v))
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v))
                         for n, k, c, f, b, d, m, ax, pe, de, o, a in ops
                     ]
                 ),
@@ -94,7 +94,9 @@ class Recording:
         return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
 
 
-def _shape_values(slots: AttentionShape, values: list) -> AttentionShape:
+def _shape_values(slots: AttentionShape | None, values: list) -> AttentionShape | None:
+    if slots is None:
+        return None
     return slots._replace(queries=values[slots.queries], keys=values[slots.keys], head_dim=values[slots.head_dim])
 
 

@@ -26,7 +26,7 @@ from math import exp, isfinite, log
 from pathlib import Path
 
 from dse.errors import SpecError
-from dse.kernels import attention_table, kernel_tflops
+from dse.kernels import attention_table, covers, kernel_rate
 from dse.spec import AcceleratorSpec, AttentionKernelSpec
 from dse.workload import Op
 
@@ -104,9 +104,8 @@ def compute_time(
     math = 0.0
     if op.flops:
         executed = op.flops * op.density
-        if attention is not None and op.category == "attention" and op.attention is not None:
-            peak = kernel_tflops(attention, op.attention) * 1e12
-        else:
+        peak = kernel_rate(attention, op)
+        if peak is None:
             efficiency = accelerator.compute_efficiency.get(op.category)
             if efficiency is None:
                 raise SpecError(
@@ -149,5 +148,4 @@ class ComputeModel:
             if measured is not None:
                 return measured, TABLE
         seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
-        by_kernel = self.attention is not None and op.category == "attention" and op.attention is not None
-        return seconds, KERNEL_TABLE if by_kernel else ROOFLINE
+        return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

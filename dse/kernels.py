@@ -33,9 +33,9 @@ TABLE_DTYPES = ("bf16", "fp16")
 def attention_table(accelerator: AcceleratorSpec, kernel: str, dtype: str) -> AttentionKernelSpec | None:
     """The measured table that prices the workload's fused attention, or None for the flat
     compute_efficiency.attention: the named kernel's, or for auto FlashAttention-2's where the accelerator has one."""
-    if dtype not in TABLE_DTYPES:
+    if dtype not in TABLE_DTYPES or accelerator.attention_kernels is None:
         return None
-    return accelerator.attention_kernels.get(AUTO_KERNEL if kernel == "auto" else kernel)
+    return accelerator.attention_kernels.table(AUTO_KERNEL if kernel == "auto" else kernel)
 
 
 def covers(table: AttentionKernelSpec | None, op: Op) -> bool:

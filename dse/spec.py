@@ -310,7 +310,6 @@ class ParallelSpec(Spec):
         return self.dp * self.tp * self.pp * self.cp
 
 
-AttentionKernel = Literal["fa2", "fa3", "cudnn"]
 KernelRow = Annotated[tuple[Width, Width, Rate], BeforeValidator(_as_tuple)]
 """[head_dim, seq_len, TFLOP/s]: one bar of a kernel benchmark's figure."""
 
@@ -349,6 +348,22 @@ class AttentionKernelSpec(Spec):
         return self
 
 
+class AttentionKernels(Spec):
+    """Measured tables of the fused attention kernels a point can name (workload.attention_kernel), each optional."""
+
+    fa2: AttentionKernelSpec | None = Field(None, description="FlashAttention-2")
+    fa3: AttentionKernelSpec | None = Field(None, description="FlashAttention-3 (Hopper GPUs)")
+    cudnn: AttentionKernelSpec | None = Field(None, description="cuDNN fused attention (TransformerEngine's)")
+
+    def table(self, kernel: str) -> AttentionKernelSpec | None:
+        return getattr(self, kernel)
+
+    @property
+    def measured(self) -> list[str]:
+        """The kernels with a table."""
+        return [name for name in type(self).model_fields if getattr(self, name) is not None]
+
+
 class AcceleratorSpec(Spec):
     """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
 
@@ -380,9 +395,9 @@ class AcceleratorSpec(Spec):
     )
     tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
     # Both left out of the dump when unset, so the keys of points on accelerators without them stay what they were.
-    attention_kernels: dict[AttentionKernel, AttentionKernelSpec] = Field(
-        default_factory=dict,
-        exclude_if=lambda value: not value,
+    attention_kernels: AttentionKernels | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
         description="measured TFLOP/s of fused attention kernels by head dim, sequence length and mask, which price "
         "attention (workload.attention_kernel) instead of compute_efficiency.attention",
     )

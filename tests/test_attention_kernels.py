@@ -29,7 +29,7 @@ def attention_op(shape: AttentionShape, flops: float = 1e12, density: float = 0.
 
 @pytest.mark.parametrize("kernel", ["fa2", "fa3", "cudnn"])
 def test_the_interpolation_returns_the_tables_own_figures_at_its_points(kernel):
-    table = h100().attention_kernels[kernel]
+    table = h100().attention_kernels.table(kernel)
     checked = 0
     for causal, curves in ((True, table.causal), (False, table.noncausal)):
         for backward, rows in ((False, curves.fwd), (True, curves.bwd)):
@@ -42,7 +42,7 @@ def test_the_interpolation_returns_the_tables_own_figures_at_its_points(kernel):
 def test_between_and_beyond_the_measured_sizes():
     """Log-linear in seq_len, linear in head dim, clamped outside; a call of another shape at sqrt(queries * keys);
     the causal backward the paper does not show is the unmasked one times the forwards' ratio."""
-    table = h100().attention_kernels["fa2"]
+    table = h100().attention_kernels.fa2
     fwd = {(h, s): t for h, s, t in table.causal.fwd}
 
     def at(queries, keys, head_dim=128, causal=True, backward=False):
@@ -61,7 +61,7 @@ def test_between_and_beyond_the_measured_sizes():
 
 
 def test_longer_sequences_and_wider_heads_reach_more_of_peak():
-    table = h100().attention_kernels["fa2"]
+    table = h100().attention_kernels.fa2
     for backward in (False, True):
         rates = [kernel_tflops(table, AttentionShape(s, s, 128, True, backward)) for s in (512, 1024, 4096, 16384)]
         assert rates == sorted(rates) and rates[-1] > 1.5 * rates[0]

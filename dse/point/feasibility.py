@@ -5,7 +5,7 @@ evaluation do.
 """
 
 from dse.errors import InfeasibleError
-from dse.kernels import TABLE_DTYPES
+from dse.kernels import TABLE_DTYPES, attention_table
 from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
 from dse.modelstats import layer_kinds, param_count, ssm_inner
 from dse.spec import DesignPoint
@@ -149,9 +149,10 @@ def _missing_attention_kernel(point: DesignPoint) -> str | None:
             f"workload.attention_kernel={kernel} is priced from its BF16/FP16 benchmark, not model.dtype={dtype}; "
             "use attention_kernel auto (the flat compute_efficiency.attention) or a bf16 model"
         )
-    if kernel not in accelerator.attention_kernels:
+    if attention_table(accelerator, kernel, dtype) is None:
         hopper = ": FlashAttention-3 runs on Hopper GPUs only (H100, H200)" if kernel == "fa3" else ""
-        known = ", ".join(accelerator.attention_kernels) or "none"
+        tables = accelerator.attention_kernels
+        known = ", ".join(tables.measured if tables else []) or "none"
         return (
             f"workload.attention_kernel={kernel} but accelerator '{accelerator.name}' has no measured table for it"
             f"{hopper} (system.accelerator.attention_kernels: {known}); use auto or a kernel it has"

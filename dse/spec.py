@@ -214,6 +214,16 @@ class WorkloadSpec(Spec):
         "intermediates (RMSNorm, RoPE), SiLU and gate product apart, GQA keys/values copied to every head",
     )
 
+    attention_kernel: Literal["auto", "fa2", "fa3", "cudnn"] = Field(
+        "auto",
+        # Left out of the dump at its default, like ParallelSpec.first_stage_layers: stored points keep their keys.
+        exclude_if=lambda value: value == "auto",
+        description="the fused attention kernel, priced from the accelerator's measured table for it "
+        "(system.accelerator.attention_kernels): fa2 (FlashAttention-2, what PyTorch SDPA runs), fa3 "
+        "(FlashAttention-3, Hopper GPUs only), cudnn (cuDNN fused attention, TransformerEngine's); auto: fa2 where "
+        "the accelerator has its table, else the flat compute_efficiency.attention. Needs model.flash_attention",
+    )
+
     @property
     def tokens(self) -> int:
         return self.global_batch * self.seq_len
@@ -300,6 +310,60 @@ class ParallelSpec(Spec):
         return self.dp * self.tp * self.pp * self.cp
 
 
+KernelRow = Annotated[tuple[Width, Width, Rate], BeforeValidator(_as_tuple)]
+"""[head_dim, seq_len, TFLOP/s]: one bar of a kernel benchmark's figure."""
+
+
+class KernelCurves(Spec):
+    """A fused attention kernel's measured TFLOP/s under one mask, as its benchmark counts FLOPs (forward 4 s^2 d per
+    head and sequence, halved by the causal mask; backward 2.5 times the forward), by head dim and sequence length
+    (queries = keys = seq_len, batch x seq_len fixed)."""
+
+    fwd: list[KernelRow] = Field(min_length=1, description="forward pass")
+    bwd: list[KernelRow] = Field(
+        default_factory=list, description="backward pass; empty: not published (see AttentionKernelSpec)"
+    )
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> "KernelCurves":
+        for name, rows in (("fwd", self.fwd), ("bwd", self.bwd)):
+            sizes = [(head_dim, seq) for head_dim, seq, _ in rows]
+            if len(set(sizes)) != len(sizes):
+                raise ValueError(f"{name} gives a [head_dim, seq_len] more than once; keep one row per size")
+        return self
+
+
+class AttentionKernelSpec(Spec):
+    """One attention kernel's microbenchmark on one accelerator, with and without the causal mask. A backward left
+    out under one mask is the other mask's, scaled by the ratio of the two forwards at the same size (the masked
+    tiles and the shorter average loop cost both passes alike: they share the tiling)."""
+
+    causal: KernelCurves
+    noncausal: KernelCurves
+
+    @model_validator(mode="after")
+    def _check_backward(self) -> "AttentionKernelSpec":
+        if not (self.causal.bwd or self.noncausal.bwd):
+            raise ValueError("needs a backward (bwd) under at least one mask, causal or noncausal")
+        return self
+
+
+class AttentionKernels(Spec):
+    """Measured tables of the fused attention kernels a point can name (workload.attention_kernel), each optional."""
+
+    fa2: AttentionKernelSpec | None = Field(None, description="FlashAttention-2")
+    fa3: AttentionKernelSpec | None = Field(None, description="FlashAttention-3 (Hopper GPUs)")
+    cudnn: AttentionKernelSpec | None = Field(None, description="cuDNN fused attention (TransformerEngine's)")
+
+    def table(self, kernel: str) -> AttentionKernelSpec | None:
+        return getattr(self, kernel)
+
+    @property
+    def measured(self) -> list[str]:
+        """The kernels with a table."""
+        return [name for name in type(self).model_fields if getattr(self, name) is not None]
+
+
 class AcceleratorSpec(Spec):
     """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
 
@@ -330,6 +394,19 @@ class AcceleratorSpec(Spec):
         None, description="CSV (category,dtype,flops,bytes,time_us) of measured kernel times; used before roofline"
     )
     tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
+    # Both left out of the dump when unset, so the keys of points on accelerators without them stay what they were.
+    attention_kernels: AttentionKernels | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="measured TFLOP/s of fused attention kernels by head dim, sequence length and mask, which price "
+        "attention (workload.attention_kernel) instead of compute_efficiency.attention",
+    )
+    clock_share: Share = Field(
+        1.0,
+        exclude_if=lambda value: value == 1.0,
+        description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
+        "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
+    )
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
 
     @property
@@ -517,6 +594,9 @@ REFINEMENTS = (
         "parallel.recompute other than none",
     ),
     Refinement("model.rope_impl", "model.position", lambda position: position == "rope", "model.position: rope"),
+    Refinement(
+        "workload.attention_kernel", "model.flash_attention", lambda fused: fused, "model.flash_attention: true"
+    ),
 )
 
 

@@ -55,6 +55,21 @@ class TensorKind(StrEnum):
     TEMPORARY = "temporary"
 
 
+class AttentionShape(NamedTuple):
+    """A fused attention kernel's problem as it runs, per sequence and head: `queries` rows attending over `keys`
+    rows. Kernels reach a higher share of peak on longer sequences and wider heads, and less under the causal mask
+    and in the backward pass, so a cost model that prices attention by its kernel's measured throughput needs this,
+    not only the FLOPs."""
+
+    queries: float
+    keys: float
+    """Before the causal mask."""
+    head_dim: float
+    """(query/key width + value width) / 2: the width of a standard kernel doing the same FLOPs."""
+    causal: bool
+    backward: bool
+
+
 @dataclass(slots=True, frozen=True)
 class Op:
     """One kernel or one communication call.
@@ -78,6 +93,8 @@ class Op:
     deps: tuple[int, ...] = ()
     out_bytes: float = 0.0
     """Bytes of the tensors a compute op writes (for exporters' tensor lists; 0 when unknown)."""
+    attention: AttentionShape | None = None
+    """A fused attention kernel's problem (None for any other op, and where the generator does not say)."""
 
     @property
     def is_comm(self) -> bool:
@@ -404,6 +421,9 @@ class Workload:
     """The dtype the compute ops run their math in (its peak is what a roofline divides by)."""
     steady: SteadyForm | None = None
     """The step with fewer micro-batches, when the generator knows its pipeline settles (see SteadyForm)."""
+    attention_kernel: str = "auto"
+    """The fused attention kernel the step runs (WorkloadSpec.attention_kernel): with the ops' AttentionShape, what
+    a cost model prices attention by."""
 
     def ranks_of(self, rank_class: int) -> np.ndarray:
         return np.flatnonzero(self.class_of == rank_class)

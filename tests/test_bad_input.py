@@ -86,12 +86,25 @@ def tiny_points() -> list[dict[str, Any]]:
     return out
 
 
+def hopper_point() -> dict[str, Any]:
+    """A point on H100s written out whole: the accelerator's attention kernel tables and clock share and the
+    workload's attention kernel are in the file."""
+    raw = {
+        "model": "tiny-llama",
+        "workload": {"seq_len": 256, "global_batch": 16, "attention_kernel": "fa3"},
+        "parallel": {"dp": 8},
+        "system": {"base": "dgx-h100", "accelerator": {"clock_share": 0.9}, "network": {1: {"npus": 1}}},
+    }
+    return DesignPoint.model_validate(expand(raw)).model_dump(mode="json", exclude_none=True)
+
+
 def shipped(pattern: str) -> list[dict[str, Any]]:
     return [yaml.safe_load(path.read_text()) for path in sorted(ROOT.glob(pattern))]
 
 
 POINT_SEEDS = [
     *tiny_points(),
+    hopper_point(),
     *shipped("studies/points/*.yaml"),
     {"model": "tiny-llama", "workload": {"seq_len": 256, "global_batch": 16}, "parallel": {"dp": 8}},
 ]

@@ -26,6 +26,7 @@ from chakra.src.third_party.utils.protolib import decodeMessage as decode_messag
 from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
 
 from dse.errors import DseError
+from dse.kernels import attention_table, kernel_rate
 from dse.spec import AcceleratorSpec
 from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload, expand
 
@@ -116,13 +117,18 @@ def _io(ids: Sequence[int], sizes: Sequence[int], itemsize: int) -> pb.IOInfo:
     )
 
 
-def roofline_micros(op: Op, accelerator: AcceleratorSpec | None, dtype: str) -> int:
-    """A compute op's duration on the accelerator by the roofline (per-category efficiency) plus its launch cost,
-    in whole microseconds, for ASTRA-sim runs without its own roofline; 0 without an accelerator."""
+def roofline_micros(op: Op, accelerator: AcceleratorSpec | None, dtype: str, attention_kernel: str = "auto") -> int:
+    """A compute op's duration on the accelerator by the roofline (per-category efficiency, or for a fused attention
+    op of known shape the measured table of the workload's kernel, as the analytical model prices it) at the
+    accelerator's clock share, plus its launch cost, in whole microseconds, for ASTRA-sim runs without its own
+    roofline; 0 without an accelerator."""
     if accelerator is None:
         return 0
-    efficiency = accelerator.compute_efficiency.get(op.category, 1.0)  # type: ignore[call-overload]
-    compute = op.flops * op.density / (accelerator.peak_flops(dtype) * efficiency)
+    rate = kernel_rate(attention_table(accelerator, attention_kernel, dtype), op)
+    if rate is None:
+        efficiency = accelerator.compute_efficiency.get(op.category, 1.0)  # type: ignore[call-overload]
+        rate = accelerator.peak_flops(dtype) * efficiency
+    compute = op.flops * op.density / (rate * accelerator.clock_share)
     memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
     return round(max(compute, memory) * 1e6 + accelerator.kernel_launch_us)
 
@@ -165,7 +171,7 @@ class _Exporter:
             deps = sorted(set(f.deps))
             node = pb.Node(id=f.index, name=op.name, ctrl_deps=ctrl, data_deps=deps)
             if op.kind is OpKind.COMPUTE:
-                node.duration_micros = roofline_micros(op, self.accelerator, self.w.dtype)
+                node.duration_micros = roofline_micros(op, self.accelerator, self.w.dtype, self.w.attention_kernel)
             node.inputs.CopyFrom(_io(deps, [out_size[d] for d in deps], self.itemsize))
             node.outputs.CopyFrom(_io([f.index], [out_size[f.index]], self.itemsize))
             attrs = [_attr("is_cpu_op", bool_val=False)]

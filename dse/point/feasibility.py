@@ -5,6 +5,7 @@ evaluation do.
 """
 
 from dse.errors import InfeasibleError
+from dse.kernels import TABLE_DTYPES, attention_table
 from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
 from dse.modelstats import layer_kinds, param_count, ssm_inner
 from dse.spec import DesignPoint
@@ -56,6 +57,8 @@ def infeasibility(point: DesignPoint) -> str | None:
         )
     mixers = {mixer for mixer, _ in layer_kinds(m)}
     attention = bool(mixers & {"attn", "mla"})
+    if attention and (missing := _missing_attention_kernel(point)) is not None:
+        return missing
     if attention and m.heads % p.tp:
         return f"parallel.tp={p.tp} does not divide model.heads={m.heads}; use tp in {{{_divisors(m.heads)}}}"
     if "attn" in mixers and m.n_kv_heads % p.tp and p.tp % m.n_kv_heads:
@@ -131,6 +134,28 @@ def infeasibility(point: DesignPoint) -> str | None:
         return (
             f"parallel.cp_algorithm=ring with parallel.recompute={p.recompute} is not supported yet; use "
             "cp_algorithm allgather, or recompute selective or none"
+        )
+    return None
+
+
+def _missing_attention_kernel(point: DesignPoint) -> str | None:
+    """Why the point's workload.attention_kernel cannot be priced on its accelerator, or None (auto falls back to
+    the flat compute_efficiency.attention; unfused attention runs no fused kernel)."""
+    kernel, accelerator, dtype = point.workload.attention_kernel, point.system.accelerator, point.model.dtype
+    if kernel == "auto" or not point.model.flash_attention:
+        return None
+    if dtype not in TABLE_DTYPES:
+        return (
+            f"workload.attention_kernel={kernel} is priced from its BF16/FP16 benchmark, not model.dtype={dtype}; "
+            "use attention_kernel auto (the flat compute_efficiency.attention) or a bf16 model"
+        )
+    if attention_table(accelerator, kernel, dtype) is None:
+        hopper = ": FlashAttention-3 runs on Hopper GPUs only (H100, H200)" if kernel == "fa3" else ""
+        tables = accelerator.attention_kernels
+        known = ", ".join(tables.measured if tables else []) or "none"
+        return (
+            f"workload.attention_kernel={kernel} but accelerator '{accelerator.name}' has no measured table for it"
+            f"{hopper} (system.accelerator.attention_kernels: {known}); use auto or a kernel it has"
         )
     return None
 

@@ -4,6 +4,7 @@ fused step is one kernel (`autodiff`); an unfused step's is its own kernels (`un
 
 from collections.abc import Sequence
 
+from dse.workload import AttentionShape
 from generators.symbolic.dist import Dist, Partition
 from generators.symbolic.graph import Tracer
 from generators.symbolic.tape import larger
@@ -80,7 +81,7 @@ def _ring_attention(
     out: STensor | None = None
     for j in range(tr.degrees[axis]):
         received = (tr.shift(k, axis, 1), tr.shift(v, axis, 1)) if j + 1 < tr.degrees[axis] else None
-        partial, node = _attention_step(tr, f"{name}.step{j}", q, k, v, causal, fused, dropout)
+        partial, node = _attention_step(tr, f"{name}.step{j}", q, k, v, causal, fused, dropout, off_diagonal=j > 0)
         steps.append(node)
         out = partial if out is None else tr.pointwise(f"{name}.merge{j}", (out, partial), MERGE_FLOPS, linear=True)
         if received is not None:
@@ -101,8 +102,11 @@ def _attention_step(
     fused: bool,
     dropout: bool,
     value_dim: str | None = None,
+    off_diagonal: bool = False,
 ) -> tuple[STensor, Node]:
-    """One attention kernel of q over the keys and values as laid out here."""
+    """One attention kernel of q over the keys and values as laid out here. off_diagonal: a causal zigzag ring step
+    with another rank's chunks, which runs its half of the query x key block as an unmasked kernel (both query
+    chunks against one key chunk, or one query chunk against both; the shape says the first)."""
     out_dims = (*q.dims[:3], value_dim or v.dims[3])
     out = STensor(name, out_dims, q.layout, q.itemsize)
     b, sq, n, dq = (tr.local_size(q, dim) for dim in q.dims)
@@ -110,8 +114,15 @@ def _attention_step(
     reads = (q, k) if value_dim else (q, k, v)
     mark = tr.mark
     if fused:
-        density = 0.5 if causal and sq > 1 else 1.0
-        tr.compute(name, "attention", 2 * b * sq * skv * n * (dq + dv), reads, (out,), density=density)
+        masked = causal and sq > 1
+        density = 0.5 if masked else 1.0
+        width = (dq + dv) / 2
+        if masked and off_diagonal:
+            shape = AttentionShape(sq, skv / 2, width, False, False)
+        else:
+            shape = AttentionShape(sq, skv, width, masked, False)
+        flops = 2 * b * sq * skv * n * (dq + dv)
+        tr.compute(name, "attention", flops, reads, (out,), density=density, attention=shape)
         node = Node("attention", name, (q, k, v), out, "attention", density)
     else:
         probs = b * sq * skv * n

@@ -81,6 +81,7 @@ class _Builder:
             model_flops(m, point.workload),
             m.dtype,
             steady,
+            point.workload.attention_kernel,
         )
 
 

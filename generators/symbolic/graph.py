@@ -16,7 +16,7 @@ from dataclasses import replace
 from math import prod
 
 from dse.spec import DTYPE_BYTES
-from dse.workload import Collective, Op, OpKind
+from dse.workload import AttentionShape, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition, collective_for
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.tape import larger
@@ -183,11 +183,13 @@ class Tracer:
         inputs: Sequence[STensor],
         outputs: Sequence[STensor],
         density: float = 1.0,
+        attention: AttentionShape | None = None,
     ) -> None:
         """A compute op reading `inputs` and writing `outputs`, tensors of the tape, which it is the producer of."""
         written = sum(self.nbytes(t) for t in outputs)
         read = sum(self.nbytes(t) for t in inputs)
-        self.kernel(name, category, flops, read + written, written, self.emitter.deps(inputs), outputs, density)
+        deps = self.emitter.deps(inputs)
+        self.kernel(name, category, flops, read + written, written, deps, outputs, density, attention)
         for t in outputs:
             self._temp(t)
 
@@ -201,10 +203,19 @@ class Tracer:
         deps: tuple[int, ...],
         outputs: Sequence[STensor] = (),
         density: float = 1.0,
+        attention: AttentionShape | None = None,
     ) -> int:
         """A compute op whose traffic is given (it reads or writes values that are not tensors of the tape)."""
         op = Op(
-            name, OpKind.COMPUTE, category, flops=flops, bytes=nbytes, density=density, deps=deps, out_bytes=written
+            name,
+            OpKind.COMPUTE,
+            category,
+            flops=flops,
+            bytes=nbytes,
+            density=density,
+            deps=deps,
+            out_bytes=written,
+            attention=attention,
         )
         return self.emitter.emit(op, outputs)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, Spec, SSMSpec
-from dse.workload import Block, Op
+from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import LayerKey, Modules, Traced
 from generators.symbolic.tape import Sym, Tape
 
@@ -46,12 +46,18 @@ class Recording:
                         op.peer,
                         op.deps,
                         slot(op.out_bytes),
+                        None if op.attention is None else self._shape_slots(op.attention),
                     )
                     for op in b.ops
                 ),
             )
             for b in self.modules.blocks
         ]
+
+    def _shape_slots(self, shape: AttentionShape) -> AttentionShape:
+        """An attention shape with its sizes as slots (its flags are structure, kept as they are)."""
+        slot = self.tape.slot
+        return shape._replace(queries=slot(shape.queries), keys=slot(shape.keys), head_dim=slot(shape.head_dim))
 
     def numeric(self, values: list) -> Modules:
         """The modules with every recorded number read from `values` (a replay of the tape)."""
@@ -74,8 +80,8 @@ class Recording:
                 name,
                 tuple(
                     [
-                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o])
-                        for n, k, c, f, b, d, m, ax, pe, de, o in ops
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v))
+                        for n, k, c, f, b, d, m, ax, pe, de, o, a in ops
                     ]
                 ),
                 output,
@@ -86,6 +92,12 @@ class Recording:
         m = self.modules
         layers = {key: traced(t) for key, t in m.layers.items()}
         return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
+
+
+def _shape_values(slots: AttentionShape | None, values: list) -> AttentionShape | None:
+    if slots is None:
+        return None
+    return slots._replace(queries=values[slots.queries], keys=values[slots.keys], head_dim=values[slots.head_dim])
 
 
 RECORDED_DEGREES = ("tp", "ep", "dp")

@@ -8,9 +8,16 @@ efficiency(f) = efficiency * f / (f + f_half), f the GEMM's FLOPs and f_half the
 wave and the prologue/epilogue). In time that is a fixed fill-and-drain cost per GEMM,
 t = (f + f_half) / (peak * efficiency): negligible for large GEMMs, dominant for small ones.
 
+A fused attention kernel's share of peak is not one figure: it grows with the sequence length and the head dim,
+and differs by pass, mask and kernel. Where the accelerator has the measured table of the workload's kernel
+(`dse.kernels`), an attention op that says its shape runs at that table's TFLOP/s for it instead of
+compute_efficiency.attention. Every FLOP rate runs at the accelerator's `clock_share` (a power cap's lower SM clock);
+HBM bandwidth does not.
+
 A measured table (CSV: category, dtype, flops, bytes, time_us) is interpolated log-log along FLOPs (along bytes
 for ops without FLOPs) between the two nearest rows of the op's category and dtype; outside the measured range
-the roofline prices the op. `ComputeModel.source` says which one priced an op, and the timeline carries it.
+the kernel table or the roofline prices the op. `ComputeModel.source` says which one priced an op, and the timeline
+carries it.
 """
 
 import csv
@@ -19,10 +26,11 @@ from math import exp, isfinite, log
 from pathlib import Path
 
 from dse.errors import SpecError
-from dse.spec import AcceleratorSpec
+from dse.kernels import attention_table, covers, kernel_rate
+from dse.spec import AcceleratorSpec, AttentionKernelSpec
 from dse.workload import Op
 
-ROOFLINE, TABLE, FREE = "roofline", "table", "free"
+ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free"
 MAX_TABLE_BYTES = 2**26
 """A measured table's size limit (64 MiB; a thorough sweep is a few thousand rows)."""
 
@@ -86,20 +94,26 @@ class MeasuredTable:
         return exp(log(t0) + w * (log(t1) - log(t0)))
 
 
-def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
-    """Seconds one compute op takes by the roofline; an op that neither computes nor moves bytes is free."""
+def compute_time(
+    op: Op, accelerator: AcceleratorSpec, dtype: str, attention: AttentionKernelSpec | None = None
+) -> float:
+    """Seconds one compute op takes by the roofline, its math at the rate `attention` (the workload's kernel table)
+    gives a fused attention op of known shape; an op that neither computes nor moves bytes is free."""
     if op.flops == 0 and op.bytes == 0:
         return 0.0
     math = 0.0
     if op.flops:
-        efficiency = accelerator.compute_efficiency.get(op.category)
-        if efficiency is None:
-            raise SpecError(
-                f"accelerator '{accelerator.name}' has no system.accelerator.compute_efficiency.{op.category} "
-                f"(needed by op '{op.name}'); add it to the point's accelerator or its catalog entry"
-            )
         executed = op.flops * op.density
-        peak = accelerator.peak_flops(dtype) * efficiency
+        peak = kernel_rate(attention, op)
+        if peak is None:
+            efficiency = accelerator.compute_efficiency.get(op.category)
+            if efficiency is None:
+                raise SpecError(
+                    f"accelerator '{accelerator.name}' has no system.accelerator.compute_efficiency.{op.category} "
+                    f"(needed by op '{op.name}'); add it to the point's accelerator or its catalog entry"
+                )
+            peak = accelerator.peak_flops(dtype) * efficiency
+        peak *= accelerator.clock_share
         math = executed / peak
         if op.category == "gemm" and accelerator.gemm_half_efficiency_gflop:
             math += accelerator.gemm_half_efficiency_gflop * 1e9 / peak
@@ -110,9 +124,13 @@ def compute_time(op: Op, accelerator: AcceleratorSpec, dtype: str) -> float:
 class ComputeModel:
     """Prices compute ops for one accelerator and dtype, from its measured table first when it has one."""
 
-    def __init__(self, accelerator: AcceleratorSpec, dtype: str, base_dir: Path | None = None) -> None:
+    def __init__(
+        self, accelerator: AcceleratorSpec, dtype: str, base_dir: Path | None = None, attention_kernel: str = "auto"
+    ) -> None:
         self.accelerator = accelerator
         self.dtype = dtype
+        self.attention = attention_table(accelerator, attention_kernel, dtype)
+        """The measured table of the workload's attention kernel; None: compute_efficiency.attention prices it."""
         self.table: MeasuredTable | None = None
         if accelerator.measured_table:
             path = Path(accelerator.measured_table)
@@ -121,11 +139,13 @@ class ComputeModel:
             self.table = MeasuredTable(path)
 
     def price(self, op: Op) -> tuple[float, str]:
-        """(seconds, source): source is 'table', 'roofline' or 'free' (an op with no work runs no kernel)."""
+        """(seconds, source): source is 'table' (the measured CSV), 'kernel_table' (the attention kernel's table),
+        'roofline' or 'free' (an op with no work runs no kernel)."""
         if op.flops == 0 and op.bytes == 0:
             return 0.0, FREE
         if self.table is not None:
             measured = self.table.lookup(op, self.dtype)
             if measured is not None:
                 return measured, TABLE
-        return compute_time(op, self.accelerator, self.dtype), ROOFLINE
+        seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
+        return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

@@ -170,7 +170,7 @@ class Planner:
         )
 
     def source(self, block_index: int, op_index: int) -> str:
-        """What priced a compute op ('table', 'roofline', 'free'); '' for communication."""
+        """What priced a compute op ('table', 'kernel_table', 'roofline', 'free'); '' for communication."""
         return self._pricer.sources[block_index][op_index]
 
     def _shares(self, op: Op, rank_class: int) -> tuple[int, ...]:

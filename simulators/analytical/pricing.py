@@ -17,10 +17,10 @@ class BlockPricer:
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        self._model = ComputeModel(system.accelerator, workload.dtype)
+        self._model = ComputeModel(system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
         self._compute: dict[int, list[float]] = {}
         self.sources: dict[int, list[str]] = {}
-        """Per block, what priced each op: 'table', 'roofline', 'free', or '' for communication."""
+        """Per block, what priced each op: 'table', 'kernel_table', 'roofline', 'free', or '' for communication."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
         self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}

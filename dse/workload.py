@@ -78,6 +78,9 @@ class Op:
     deps: tuple[int, ...] = ()
     out_bytes: float = 0.0
     """Bytes of the tensors a compute op writes (for exporters' tensor lists; 0 when unknown)."""
+    gemm: tuple[float, float, float, float] | None = None
+    """A matrix product's (batch, m, n, k) on one rank, when the generator knows it: a GEMM's speed depends on
+    its shape (how its output tiles fill the SMs), not only on its FLOPs; None for any other op."""
 
     @property
     def is_comm(self) -> bool:

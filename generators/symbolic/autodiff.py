@@ -7,7 +7,7 @@ parallel ranks (once per step, per micro-batch, all-reduce or reduce-scatter) is
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 
 from dse.workload import Collective, Op
@@ -377,16 +377,4 @@ def _grad_like(t: STensor) -> STensor:
 
 
 def _with_deps(op: Op, deps: tuple[int, ...], suffix: str) -> Op:
-    return Op(
-        f"{op.name}.{suffix}",
-        op.kind,
-        op.category,
-        op.flops,
-        op.bytes,
-        op.density,
-        op.comm_bytes,
-        op.axis,
-        op.peer,
-        deps,
-        op.out_bytes,
-    )
+    return replace(op, name=f"{op.name}.{suffix}", deps=deps)

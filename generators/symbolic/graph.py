@@ -183,11 +183,13 @@ class Tracer:
         inputs: Sequence[STensor],
         outputs: Sequence[STensor],
         density: float = 1.0,
+        gemm: tuple | None = None,
     ) -> None:
-        """A compute op reading `inputs` and writing `outputs`, tensors of the tape, which it is the producer of."""
+        """A compute op reading `inputs` and writing `outputs`, tensors of the tape, which it is the producer of;
+        gemm: a matrix product's (batch, m, n, k)."""
         written = sum(self.nbytes(t) for t in outputs)
         read = sum(self.nbytes(t) for t in inputs)
-        self.kernel(name, category, flops, read + written, written, self.emitter.deps(inputs), outputs, density)
+        self.kernel(name, category, flops, read + written, written, self.emitter.deps(inputs), outputs, density, gemm)
         for t in outputs:
             self._temp(t)
 
@@ -201,10 +203,19 @@ class Tracer:
         deps: tuple[int, ...],
         outputs: Sequence[STensor] = (),
         density: float = 1.0,
+        gemm: tuple | None = None,
     ) -> int:
         """A compute op whose traffic is given (it reads or writes values that are not tensors of the tape)."""
         op = Op(
-            name, OpKind.COMPUTE, category, flops=flops, bytes=nbytes, density=density, deps=deps, out_bytes=written
+            name,
+            OpKind.COMPUTE,
+            category,
+            flops=flops,
+            bytes=nbytes,
+            density=density,
+            deps=deps,
+            out_bytes=written,
+            gemm=gemm,
         )
         return self.emitter.emit(op, outputs)
 
@@ -237,7 +248,12 @@ class Tracer:
         result = STensor(name, out_dims, make_layout(**out), a.itemsize)
         indices = dict.fromkeys((*a2.dims, *b2.dims))
         local = {i: self.local_size(a2 if i in a2.dims else b2, i) for i in indices}
-        self.compute(name, category, 2 * prod(local.values()), (a2, b2), (result,))
+        free_a = [i for i in a2.dims if i not in b2.dims]
+        free_b = [i for i in b2.dims if i not in a2.dims]
+        batch = [i for i in a2.dims if i in b2.dims and i in out_dims]
+        summed = [i for i in a2.dims if i in b2.dims and i not in out_dims]
+        shape = tuple(prod(local[i] for i in group) for group in (batch, free_a, free_b, summed))
+        self.compute(name, category, 2 * prod(local.values()), (a2, b2), (result,), gemm=shape)
         if record:
             self.record(Node("einsum", name, (a2, b2), result, category=category), mark)
         return result

@@ -46,6 +46,7 @@ class Recording:
                         op.peer,
                         op.deps,
                         slot(op.out_bytes),
+                        None if op.gemm is None else tuple(slot(x) for x in op.gemm),
                     )
                     for op in b.ops
                 ),
@@ -74,8 +75,8 @@ class Recording:
                 name,
                 tuple(
                     [
-                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o])
-                        for n, k, c, f, b, d, m, ax, pe, de, o in ops
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], g and tuple(v[x] for x in g))
+                        for n, k, c, f, b, d, m, ax, pe, de, o, g in ops
                     ]
                 ),
                 output,

@@ -2,6 +2,7 @@
 generator gives it."""
 
 import pytest
+from helpers import make_point
 
 from dse.point.points import build_point, expand
 from dse.spec import AcceleratorSpec
@@ -77,3 +78,35 @@ def test_generator_gives_each_gemm_its_local_shape():
         if op.gemm is not None:
             batch, rows, cols, depth = op.gemm
             assert 2 * batch * rows * cols * depth == pytest.approx(op.flops, rel=1e-12), op.name
+
+
+def _forward_ops(kernels: str, **parallel):
+    point = make_point(
+        "tiny-gpt",
+        seq_len=256,
+        global_batch=8,
+        micro_batch=2,
+        overrides={"model.dropout": True, "workload.kernels": kernels},
+        **parallel,
+    )
+    workload = SymbolicGenerator().generate(point)
+    block = next(b for b in workload.blocks if b.name == "layer.forward")
+    return {op.name: op for op in block.ops}
+
+
+def test_fused_kernels_run_bias_dropout_add_as_one_kernel():
+    """Megatron's bias_dropout_add (and torch.compile's fusion of it): one kernel reads the branch and the
+    residual and writes the sum and the 1-byte mask; the bias and the add move nothing of their own. Eager runs
+    three kernels. A column-parallel bias is the GEMM's epilogue when fused."""
+    tokens, h, item = 2 * 256, 256, 2
+    x = tokens * h * item
+    fused = _forward_ops("fused", dp=4)
+    assert fused["residual2.dropout"].bytes == pytest.approx(3 * x + tokens * h, rel=1e-12)
+    assert fused["residual2"].bytes == 0 and fused["w2.bias"].bytes == 0 and fused["w1.bias"].bytes == 0
+    eager = _forward_ops("eager", dp=4)
+    assert eager["residual2.dropout"].bytes == pytest.approx(2 * x + tokens * h, rel=1e-12)
+    assert eager["residual2"].bytes == pytest.approx(3 * x, rel=1e-12)
+    assert eager["w2.bias"].bytes > 0 and eager["w1.bias"].bytes > 0
+    # Under SP the fused kernel runs on the sequence shard, after the reduce-scatter.
+    sp = _forward_ops("fused", tp=2, dp=2, sp=True)
+    assert sp["residual2.dropout"].bytes == pytest.approx((3 * x + tokens * h) / 2, rel=1e-12)

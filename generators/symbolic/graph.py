@@ -268,10 +268,13 @@ class Tracer:
         itemsize: int | None = None,
         partials: tuple[Partial | None, ...] = (),
         dims: tuple[str, ...] | None = None,
+        fused: bool = False,
     ) -> STensor:
         """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller).
         itemsize: the output's (a dtype cast), default the first input's; partials: an eager op's gradients;
-        dims: the output's when a broadcast makes it wider than the first input (those extra dims unsplit)."""
+        dims: the output's when a broadcast makes it wider than the first input (those extra dims unsplit);
+        fused: done inside the kernel that writes its first input or reads its output (a GEMM's bias epilogue, a
+        fused bias-dropout-add), so it moves no bytes of its own; its gradient is what it would be apart."""
         main = inputs[0]
         moved = [main]
         for other in inputs[1:]:
@@ -285,7 +288,11 @@ class Tracer:
             moved.append(self.redistribute(other, target))
         result = STensor(name, dims or main.dims, main.layout, itemsize or main.itemsize)
         mark = self.mark
-        self.compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
+        if fused:
+            self.kernel(name, category, 0.0, 0.0, 0.0, self.emitter.deps(moved), (result,))
+            self._temp(result)
+        else:
+            self.compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
         node = Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear, partials=partials)
         self.record(node, mark)
         return result
@@ -323,12 +330,13 @@ class Tracer:
         self.record(Node("norm", name, (x, *ws), result, "norm", flops_per_elem), mark)
         return result
 
-    def dropout(self, name: str, x: STensor) -> STensor:
-        """Dropout: keeps a 1-byte mask for backward (the output is not needed)."""
+    def dropout(self, name: str, x: STensor, fused_reads: Sequence[STensor] = ()) -> STensor:
+        """Dropout: keeps a 1-byte mask for backward (the output is not needed). fused_reads: tensors the same
+        kernel also reads for ops fused into it (the residual of a fused bias-dropout-add)."""
         mask = STensor(f"{name}.mask", x.dims, x.layout, 1)
         out = STensor(name, x.dims, x.layout, x.itemsize)
         mark = self.mark
-        self.compute(name, "elementwise", 2 * self.elems(x), (x,), (out, mask))
+        self.compute(name, "elementwise", 2 * self.elems(x), (x, *fused_reads), (out, mask))
         self.record(Node("dropout", name, (x, mask), out, "elementwise", 2.0), mark)
         return out
 

@@ -380,6 +380,19 @@ class AcceleratorSpec(Spec):
         le=MAX_RATE,
         description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none",
     )
+    # Left out of the dump when unset or default, like NetworkDim.reduction_efficiency: the keys of points on
+    # accelerators without them stay what they were.
+    sm_count: Annotated[Count, Le(4096)] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="streaming multiprocessors: with it, a GEMM whose shape the workload gives is priced by how its "
+        "output tiles fill the SMs over its waves (tile and wave quantization) instead of gemm_half_efficiency_gflop",
+    )
+    gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(_as_tuple)] = Field(
+        (256, 128),
+        exclude_if=lambda value: value == (256, 128),
+        description="output tile (rows, columns) cuBLAS computes per SM for a large GEMM; either way round",
+    )
     overlap_slowdown: float = Field(
         0.0,
         ge=0,

@@ -95,6 +95,9 @@ class Op:
     """Bytes of the tensors a compute op writes (for exporters' tensor lists; 0 when unknown)."""
     attention: AttentionShape | None = None
     """A fused attention kernel's problem (None for any other op, and where the generator does not say)."""
+    gemm: tuple[float, float, float, float] | None = None
+    """A matrix product's (batch, m, n, k) on one rank, when the generator knows it: a GEMM's speed depends on
+    its shape (how its output tiles fill the SMs), not only on its FLOPs; None for any other op."""
 
     @property
     def is_comm(self) -> bool:

@@ -495,6 +495,7 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
         "model.ssm.dt_rank",
         "model.ssm.attention_every",
         "system.accelerator.measured_table",
+        "system.accelerator.gemm_tile",
         "system.accelerator.tdp_W",
         "system.network.shape",
         "system.network.reduction_efficiency",

@@ -160,7 +160,9 @@ class DenseModule:
     ) -> STensor:
         y = self.tracer.einsum(name, x, self.use(w), out_dims)
         if bias is not None:
-            y = self.tracer.pointwise(f"{name}.bias", (y, self.use(bias)), 1.0, linear=True)
+            # fused kernels add a column-parallel bias in the GEMM's epilogue (or, for Megatron's fc1, in its fused
+            # bias-GeLU); eager PyTorch in a kernel of its own
+            y = self.tracer.pointwise(f"{name}.bias", (y, self.use(bias)), 1.0, linear=True, fused=not self.eager)
         return y
 
     def norm(self, name: str, x: STensor) -> STensor:
@@ -239,13 +241,21 @@ class DenseModule:
     def add(self, name: str, x: STensor, y: STensor) -> STensor:
         return self.tracer.pointwise(name, (x, y), 1.0, linear=True)
 
-    def residual(self, name: str, x: STensor, y: STensor) -> STensor:
-        """x + dropout(y): y is reduced to the residual layout first, so the dropout mask is sequence-sharded
-        under SP (Korthikanti et al.'s sbh/t)."""
-        if self.point.model.dropout and self.mode == "train":
-            y = self.tracer.redistribute(y, {a: x.dist(a) for a in self.tracer.degrees})
-            y = self.tracer.dropout(f"{name}.dropout", y)
-        return self.add(name, x, y)
+    def residual(self, name: str, x: STensor, y: STensor, bias: STensor | None = None, bias_name: str = "") -> STensor:
+        """x + dropout(y + bias), bias that of the row-parallel linear that made y: y is reduced to the residual
+        layout first, so the bias, the dropout mask and the add are sequence-sharded under SP (Korthikanti et
+        al.'s sbh/t). Fused kernels run the three as one kernel, Megatron's bias_dropout_add (jit-fused,
+        --bias-dropout-fusion on by default) and what torch.compile makes of it: it reads y and x and writes the
+        sum and the mask. Eager PyTorch runs each as a kernel of its own."""
+        tr, fused = self.tracer, not self.eager
+        dropout = self.point.model.dropout and self.mode == "train"
+        if dropout or bias is not None:
+            y = tr.redistribute(y, {a: x.dist(a) for a in tr.degrees})
+        if bias is not None:
+            y = tr.pointwise(bias_name, (y, self.use(bias)), 1.0, linear=True, fused=fused)
+        if dropout:
+            y = tr.dropout(f"{name}.dropout", y, fused_reads=(x,) if fused else ())
+        return tr.pointwise(name, (x, y), 1.0, linear=True, fused=fused and dropout)
 
     # -- layers ------------------------------------------------------------------------------------------------
     def layer(self, x: STensor, kind: LayerKind = ("attn", "dense"), strategy: str = "tp") -> STensor:
@@ -258,7 +268,7 @@ class DenseModule:
             self.strategy = "tp"
 
     def _layer(self, x: STensor, kind: LayerKind) -> STensor:
-        m, tr = self.point.model, self.tracer
+        m = self.point.model
         mixer, mlp = kind
         h1 = self.norm("ln1", x)
         if mixer == "attn":
@@ -267,17 +277,14 @@ class DenseModule:
             a = self.latent_attention(h1)
         else:
             a = self.selective_scan(h1)
-        x = self.residual("residual1", x, a)
-        if m.bias and mixer == "attn":
-            x = tr.pointwise("wo.bias", (x, self.use(self.param("bo", ("h",)))), 1.0, linear=True)
+        bo = self.param("bo", ("h",)) if m.bias and mixer == "attn" else None
+        x = self.residual("residual1", x, a, bo, "wo.bias")
         if mlp == "none":
             return x
         h2 = self.norm("ln2", x)
         down = self.dense_mlp(h2) if mlp == "dense" else self.moe(h2)
-        y = self.residual("residual2", x, down)
-        if m.bias and mlp == "dense":
-            y = tr.pointwise("w2.bias", (y, self.use(self.param("b2", ("h",)))), 1.0, linear=True)
-        return y
+        b2 = self.param("b2", ("h",)) if m.bias and mlp == "dense" else None
+        return self.residual("residual2", x, down, b2, "w2.bias")
 
     def _kv(self, name: str, new: STensor) -> STensor:
         """Training and prefill attend to the new keys/values (prefill writes them to the cache); decode reads the

@@ -184,12 +184,14 @@ class Tracer:
         outputs: Sequence[STensor],
         density: float = 1.0,
         attention: AttentionShape | None = None,
+        gemm: tuple | None = None,
     ) -> None:
-        """A compute op reading `inputs` and writing `outputs`, tensors of the tape, which it is the producer of."""
+        """A compute op reading `inputs` and writing `outputs`, tensors of the tape, which it is the producer of;
+        gemm: a matrix product's (batch, m, n, k)."""
         written = sum(self.nbytes(t) for t in outputs)
         read = sum(self.nbytes(t) for t in inputs)
         deps = self.emitter.deps(inputs)
-        self.kernel(name, category, flops, read + written, written, deps, outputs, density, attention)
+        self.kernel(name, category, flops, read + written, written, deps, outputs, density, attention, gemm)
         for t in outputs:
             self._temp(t)
 
@@ -204,6 +206,7 @@ class Tracer:
         outputs: Sequence[STensor] = (),
         density: float = 1.0,
         attention: AttentionShape | None = None,
+        gemm: tuple | None = None,
     ) -> int:
         """A compute op whose traffic is given (it reads or writes values that are not tensors of the tape)."""
         op = Op(
@@ -216,6 +219,7 @@ class Tracer:
             deps=deps,
             out_bytes=written,
             attention=attention,
+            gemm=gemm,
         )
         return self.emitter.emit(op, outputs)
 
@@ -248,7 +252,12 @@ class Tracer:
         result = STensor(name, out_dims, make_layout(**out), a.itemsize)
         indices = dict.fromkeys((*a2.dims, *b2.dims))
         local = {i: self.local_size(a2 if i in a2.dims else b2, i) for i in indices}
-        self.compute(name, category, 2 * prod(local.values()), (a2, b2), (result,))
+        free_a = [i for i in a2.dims if i not in b2.dims]
+        free_b = [i for i in b2.dims if i not in a2.dims]
+        batch = [i for i in a2.dims if i in b2.dims and i in out_dims]
+        summed = [i for i in a2.dims if i in b2.dims and i not in out_dims]
+        shape = tuple(prod(local[i] for i in group) for group in (batch, free_a, free_b, summed))
+        self.compute(name, category, 2 * prod(local.values()), (a2, b2), (result,), gemm=shape)
         if record:
             self.record(Node("einsum", name, (a2, b2), result, category=category), mark)
         return result
@@ -263,10 +272,13 @@ class Tracer:
         itemsize: int | None = None,
         partials: tuple[Partial | None, ...] = (),
         dims: tuple[str, ...] | None = None,
+        fused: bool = False,
     ) -> STensor:
         """An elementwise op laid out like its first input; other inputs follow it (broadcast where smaller).
         itemsize: the output's (a dtype cast), default the first input's; partials: an eager op's gradients;
-        dims: the output's when a broadcast makes it wider than the first input (those extra dims unsplit)."""
+        dims: the output's when a broadcast makes it wider than the first input (those extra dims unsplit);
+        fused: done inside the kernel that writes its first input or reads its output (a GEMM's bias epilogue, a
+        fused bias-dropout-add), so it moves no bytes of its own; its gradient is what it would be apart."""
         main = inputs[0]
         moved = [main]
         for other in inputs[1:]:
@@ -280,7 +292,11 @@ class Tracer:
             moved.append(self.redistribute(other, target))
         result = STensor(name, dims or main.dims, main.layout, itemsize or main.itemsize)
         mark = self.mark
-        self.compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
+        if fused:
+            self.kernel(name, category, 0.0, 0.0, 0.0, self.emitter.deps(moved), (result,))
+            self._temp(result)
+        else:
+            self.compute(name, category, flops_per_elem * self.elems(result), moved, (result,))
         node = Node("pointwise", name, tuple(moved), result, category, flops_per_elem, linear, partials=partials)
         self.record(node, mark)
         return result
@@ -318,12 +334,13 @@ class Tracer:
         self.record(Node("norm", name, (x, *ws), result, "norm", flops_per_elem), mark)
         return result
 
-    def dropout(self, name: str, x: STensor) -> STensor:
-        """Dropout: keeps a 1-byte mask for backward (the output is not needed)."""
+    def dropout(self, name: str, x: STensor, fused_reads: Sequence[STensor] = ()) -> STensor:
+        """Dropout: keeps a 1-byte mask for backward (the output is not needed). fused_reads: tensors the same
+        kernel also reads for ops fused into it (the residual of a fused bias-dropout-add)."""
         mask = STensor(f"{name}.mask", x.dims, x.layout, 1)
         out = STensor(name, x.dims, x.layout, x.itemsize)
         mark = self.mark
-        self.compute(name, "elementwise", 2 * self.elems(x), (x,), (out, mask))
+        self.compute(name, "elementwise", 2 * self.elems(x), (x, *fused_reads), (out, mask))
         self.record(Node("dropout", name, (x, mask), out, "elementwise", 2.0), mark)
         return out
 

@@ -47,6 +47,7 @@ class Recording:
                         op.deps,
                         slot(op.out_bytes),
                         None if op.attention is None else self._shape_slots(op.attention),
+                        None if op.gemm is None else tuple(slot(x) for x in op.gemm),
                     )
                     for op in b.ops
                 ),
@@ -80,8 +81,8 @@ class Recording:
                 name,
                 tuple(
                     [
-                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v))
-                        for n, k, c, f, b, d, m, ax, pe, de, o, a in ops
+                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v), _values(g, v))
+                        for n, k, c, f, b, d, m, ax, pe, de, o, a, g in ops
                     ]
                 ),
                 output,
@@ -98,6 +99,11 @@ def _shape_values(slots: AttentionShape | None, values: list) -> AttentionShape 
     if slots is None:
         return None
     return slots._replace(queries=values[slots.queries], keys=values[slots.keys], head_dim=values[slots.head_dim])
+
+
+def _values(slots: tuple[int, ...] | None, values: list) -> tuple | None:
+    """A recorded tuple of numbers (a GEMM's shape) read from a replay's values."""
+    return None if slots is None else tuple(values[slot] for slot in slots)
 
 
 RECORDED_DEGREES = ("tp", "ep", "dp")

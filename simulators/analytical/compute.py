@@ -14,6 +14,13 @@ and differs by pass, mask and kernel. Where the accelerator has the measured tab
 compute_efficiency.attention. Every FLOP rate runs at the accelerator's `clock_share` (a power cap's lower SM clock);
 HBM bandwidth does not.
 
+Where the op says its shape (`Op.gemm`: batch, m, n, k) and the accelerator its SM count, the size model is the
+GEMM's own tiling instead (NVIDIA's 'Matrix Multiplication Background' guide, tile and wave quantization): cuBLAS
+splits the m x n output into tiles (`gemm_tile`, either way round, whichever wastes less), one SM computes a tile
+at a time, so the kernel runs ceil(tiles / SMs) waves and reaches the category's efficiency times the share of
+those waves' tile slots the output fills. A GEMM with fewer tiles than SMs has its k split over the idle SMs
+(split-K) while each split keeps at least SPLIT_K_MIN_DEPTH of k.
+
 A measured table (CSV: category, dtype, flops, bytes, time_us) is interpolated log-log along FLOPs (along bytes
 for ops without FLOPs) between the two nearest rows of the op's category and dtype; outside the measured range
 the kernel table or the roofline prices the op. `ComputeModel.source` says which one priced an op, and the timeline
@@ -22,7 +29,7 @@ carries it.
 
 import csv
 from bisect import bisect_left
-from math import exp, isfinite, log
+from math import ceil, exp, isfinite, log
 from pathlib import Path
 
 from dse.errors import SpecError
@@ -31,6 +38,9 @@ from dse.spec import AcceleratorSpec, AttentionKernelSpec
 from dse.workload import Op
 
 ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free"
+SPLIT_K_MIN_DEPTH = 256
+"""The least k a split-K slice keeps: a few iterations of a 32-64 deep k tile, so a slice's fixed prologue and
+epilogue stay short beside its main loop."""
 MAX_TABLE_BYTES = 2**26
 """A measured table's size limit (64 MiB; a thorough sweep is a few thousand rows)."""
 
@@ -114,11 +124,33 @@ def compute_time(
                 )
             peak = accelerator.peak_flops(dtype) * efficiency
         peak *= accelerator.clock_share
-        math = executed / peak
-        if op.category == "gemm" and accelerator.gemm_half_efficiency_gflop:
-            math += accelerator.gemm_half_efficiency_gflop * 1e9 / peak
+        if op.gemm is not None and accelerator.sm_count:
+            math = executed / (peak * tile_share(op.gemm, accelerator.sm_count, accelerator.gemm_tile))
+        else:
+            math = executed / peak
+            if op.category == "gemm" and accelerator.gemm_half_efficiency_gflop:
+                math += accelerator.gemm_half_efficiency_gflop * 1e9 / peak
     memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
     return max(math, memory) + accelerator.kernel_launch_us * 1e-6
+
+
+def tile_share(shape: tuple[float, float, float, float], sms: int, tile: tuple[int, int]) -> float:
+    """The share of its waves' tile slots a GEMM of this (batch, m, n, k) fills, with the tile either way round
+    (the better of the two), k split over idle SMs when the tiles do not fill one wave."""
+    batch, m, n, k = (max(1.0, x) for x in shape)
+    return max(_oriented_share(batch, m, n, k, sms, tm, tn) for tm, tn in (tile, tile[::-1]))
+
+
+def _oriented_share(batch: float, m: float, n: float, k: float, sms: int, tm: int, tn: int) -> float:
+    tiles = batch * _ceil(m / tm) * _ceil(n / tn)
+    splits = max(1, min(int(sms // tiles), int(k // SPLIT_K_MIN_DEPTH))) if tiles < sms else 1
+    waves = _ceil(tiles * splits / sms)
+    return batch * m * n * splits / (waves * sms * tm * tn)
+
+
+def _ceil(x: float) -> int:
+    """ceil, forgiving the rounding of sizes divided by parallel degrees (8192 / 3 * 3)."""
+    return ceil(x - 1e-9 * max(1.0, x))
 
 
 class ComputeModel:

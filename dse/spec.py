@@ -249,6 +249,14 @@ class ParallelSpec(Spec):
     )
     ep: Degree = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: Layers = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    # Left out of the dump when unset, like first_stage_layers: stored studies keep their keys.
+    microbatch_group: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="interleaved 1F1B: micro-batches a stage runs through one model chunk before the next "
+        "(Megatron's microbatch_group_size_per_vp_stage); between pp and the micro-batches per step, leaving a last "
+        "group of 0 or at least pp micro-batches; unset: pp, Megatron's default",
+    )
     cp_algorithm: Literal["allgather", "ring"] = Field(
         "allgather",
         description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "

@@ -15,7 +15,14 @@ from generators.symbolic.blocks import LayerKey, Traced, add_block
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.optimizer import TIED_SYNC_TAG
-from generators.symbolic.schedule import SCHEDULES, interleaved, steady_microbatches, steady_period
+from generators.symbolic.schedule import (
+    SCHEDULES,
+    chunk_order,
+    interleaved,
+    microbatch_group,
+    steady_microbatches,
+    steady_period,
+)
 from generators.symbolic.skeleton import Skeleton, Source, Unit, keep_skeleton, schedule_shape, skeleton_for
 
 
@@ -105,7 +112,7 @@ class Pipeline:
         if not self.train:
             return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
         if p.pp_schedule == "interleaved":
-            return list(interleaved(p.pp, stage, microbatches, chunks))
+            return list(interleaved(p.pp, stage, microbatches, chunks, microbatch_group(self.point)))
         return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
 
     def tag(self, mb: int, vstage: int, backward: bool) -> int:
@@ -264,6 +271,7 @@ class Pipeline:
 
         tag = self.tag
         posted: dict[int, int] = {}
+        consumed: set[int] = set()
         cursor: dict[int, int] = defaultdict(int)
 
         def peer(vstage: int, step: int) -> int:
@@ -275,10 +283,11 @@ class Pipeline:
         sends = self.sends
 
         def post(source_vstage: int, wanted: int) -> None:
-            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted`."""
+            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted` (unless
+            that one is posted already)."""
             source = source_vstage % p.pp
             order = sends[(source, stage)]
-            while wanted not in posted:
+            while wanted not in posted and wanted not in consumed:
                 t = order[cursor[source]]
                 cursor[source] += 1
                 base, backward = divmod(t - 1, 2)
@@ -290,9 +299,36 @@ class Pipeline:
 
         def receive(source_vstage: int, wanted: int) -> int:
             post(source_vstage, wanted)
+            consumed.add(wanted)
             return posted.pop(wanted)
 
         steps = self.steps(stage)
+        done = {"F": 0, "B": 0}
+        """Forwards and backwards the stage has run."""
+        lockstep = {"F": 0, "B": 0}
+        """Forwards and backwards of the ending stage whose wrapped-around tensors this stage has posted for."""
+        group = microbatch_group(self.point)
+        order = chunk_order(microbatches, chunks, group) if chunks > 1 else []
+
+        def post_lockstep(kind: str) -> None:
+            """Before a forward (backward) of the leading stage (the first in forward, the last in backward), post
+            what the ending stage has sent it by then: Megatron's leading stage receives from the ending one p - 1
+            iterations behind, whatever chunk the tensor is for (`recv_tensor_from_previous_stage`, buffering up to
+            microbatch_group - p + 1 tensors). With groups of p that is the tensor the step reads; with larger
+            groups it arrives before the step that reads it, and the ending stage's sends do not wait for that."""
+            if stage != (0 if kind == "F" else p.pp - 1):
+                return
+            while lockstep[kind] <= done[kind] - p.pp:
+                mb, chunk = order[lockstep[kind]]
+                lockstep[kind] += 1
+                if chunk == chunks - 1:  # the last chunk's forward (the first chunk's backward) ends the pipeline
+                    continue
+                if kind == "F":
+                    source = (chunk + 1) * p.pp - 1
+                    post(source, tag(mb, source, False))
+                else:
+                    source = (chunks - 1 - chunk) * p.pp
+                    post(source, tag(mb, source - 1, True))
 
         def prefetch(i: int) -> None:
             """Before a step's send, post the receive the next step reads (Megatron's send_forward_recv_forward
@@ -305,6 +341,7 @@ class Pipeline:
                 post(vstage - 1, tag(mb, vstage - 1, False))
             elif step == "B" and vstage < vstages - 1:
                 post(vstage + 1, tag(mb, vstage, True))
+            post_lockstep(step)
 
         in_order: dict[int, list[tuple[int, Unit]]] = {}
         """Per chunk, the modules a forward runs (a backward runs them reversed)."""
@@ -323,6 +360,9 @@ class Pipeline:
         calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
+            if chunks > 1:
+                post_lockstep(step)
+            done[step] += 1
             first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
                 units = in_order[chunk]

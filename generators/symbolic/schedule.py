@@ -3,7 +3,7 @@ micro-batches show a schedule's steady state (`steady_microbatches`).
 
 `gpipe` and `one_f_one_b` give (step, micro-batch) pairs for a stage holding one model chunk; `interleaved`
 gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's interleaved
-1F1B, as Megatron-LM orders it).
+1F1B, in Megatron-core's order: `forward_backward_pipelining_with_interleaving`).
 """
 
 from typing import Literal
@@ -30,27 +30,48 @@ def one_f_one_b(stages: int, stage: int, microbatches: int) -> list[Step]:
     return steps
 
 
-def interleaved(stages: int, stage: int, microbatches: int, chunks: int) -> list[ChunkStep]:
-    """Interleaved 1F1B: micro-batches go through the stage's chunks in groups of `stages`; the stage runs
-    (p - s - 1) * 2 + (v - 1) * p warm-up forwards, then alternates, then drains. Needs microbatches % stages
-    == 0."""
-    total = microbatches * chunks
-    group = stages * chunks
+def chunk_order(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
+    """(micro-batch, chunk) in the order a stage runs its forwards: `group` micro-batches through chunk 0, the same
+    through chunk 1, ..., then the next group; the last group takes every micro-batch left (Megatron-core's
+    `get_schedule_table` with microbatch_group_size_per_vp_stage = group)."""
+    order = []
+    for low in range(0, microbatches, group):
+        high = microbatches if low + group >= microbatches else low + group
+        order += [(mb, chunk) for chunk in range(chunks) for mb in range(low, high)]
+    return order
 
-    def forward(k: int) -> ChunkStep:
-        return ("F", (k // group) * stages + k % stages, (k % group) // stages)
 
-    def backward(k: int) -> ChunkStep:
-        return ("B", (k // group) * stages + k % stages, chunks - 1 - (k % group) // stages)
-
+def interleaved(stages: int, stage: int, microbatches: int, chunks: int, group: int | None = None) -> list[ChunkStep]:
+    """Interleaved 1F1B as Megatron-core runs it: forwards in `chunk_order`, backwards in the same order with the
+    chunks reversed; stage s runs (p - s - 1) * 2 + (v - 1) * group warm-up forwards (all of them if fewer),
+    then one forward and one backward at a time, then drains. `group` defaults to p, Megatron's; it must lie in
+    [p, microbatches] and leave a last group of 0 or at least p micro-batches (`feasibility`), else the
+    pipeline waits on its own dependencies. Each stage is then busy for (m v + p - 1) chunk forwards and
+    backwards, the bubble (p - 1) / (v m) of Narayanan et al."""
+    group = group or stages
     if chunks == 1:
         return [(step, mb, 0) for step, mb in one_f_one_b(stages, stage, microbatches)]
-    warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
-    steps = [forward(k) for k in range(warmup)]
+    order = chunk_order(microbatches, chunks, group)
+    forwards: list[ChunkStep] = [("F", mb, chunk) for mb, chunk in order]
+    backwards: list[ChunkStep] = [("B", mb, chunks - 1 - chunk) for mb, chunk in order]
+    total = len(order)
+    warmup = interleaved_warmup(stages, stage, microbatches, chunks, group)
+    steps = forwards[:warmup]
     for j in range(total - warmup):
-        steps += [forward(warmup + j), backward(j)]
-    steps += [backward(k) for k in range(total - warmup, total)]
-    return steps
+        steps += [forwards[warmup + j], backwards[j]]
+    return steps + backwards[total - warmup :]
+
+
+def interleaved_warmup(stages: int, stage: int, microbatches: int, chunks: int, group: int) -> int:
+    """Forwards an interleaved stage runs before its first backward (Megatron-core's get_pp_rank_microbatches)."""
+    return min((stages - stage - 1) * 2 + (chunks - 1) * group, microbatches * chunks)
+
+
+def microbatch_group(point: DesignPoint) -> int:
+    """Micro-batches an interleaved stage runs through one chunk before the next: parallel.microbatch_group, by
+    default pp (Megatron's microbatch_group_size_per_vp_stage and its default)."""
+    p = point.parallel
+    return p.microbatch_group or p.pp
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
@@ -69,21 +90,22 @@ def steady_microbatches(point: DesignPoint) -> int | None:
 
     A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
     about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
-    interleaved stages repeat every p micro-batches and warm up and drain for up to about two of those groups
-    each, so they take 6p. To those, as many periods as make the difference to the step a multiple of LINK_CYCLE.
-    Only training with those schedules has one: GPipe holds every micro-batch's activations, so its memory grows
-    with them, and inference holds a KV cache per micro-batch."""
+    interleaved stages repeat every group of micro-batches (`steady_period`) and warm up and drain for up to about
+    two of those groups each, so they take 6 groups. To those, as many periods as make the difference to the step
+    a multiple of LINK_CYCLE (which keeps an interleaved step's last, shorter group too). Only training with those
+    schedules has one: GPipe holds every micro-batch's activations, so its memory grows with them, and inference
+    holds a KV cache per micro-batch."""
     p = point.parallel
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
         return None
     period = steady_period(point)
-    base = 6 * p.pp if period > 1 else 2 * p.pp + 2
+    base = 6 * period if period > 1 else 2 * p.pp + 2
     short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
     return short if point.micro_batches > short else None
 
 
 def steady_period(point: DesignPoint) -> int:
-    """Micro-batches after which a steady pipeline stage repeats its calls: one for 1F1B, a group of p for
-    interleaved 1F1B (each chunk's micro-batches go through the stages in groups of p)."""
+    """Micro-batches after which a steady pipeline stage repeats its calls: one for 1F1B, a group
+    (`microbatch_group`) for interleaved 1F1B."""
     p = point.parallel
-    return p.pp if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 1
+    return microbatch_group(point) if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 1

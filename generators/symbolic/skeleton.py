@@ -80,6 +80,7 @@ def schedule_shape(point: DesignPoint) -> tuple:
         p.pp,
         p.virtual_stages if p.pp_schedule == "interleaved" else 1,
         p.pp_schedule,
+        p.microbatch_group,
         point.workload.mode,
         p.zero >= 2,
         p.recompute_every,

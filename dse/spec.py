@@ -240,7 +240,12 @@ class ParallelSpec(Spec):
         "bf16",
         description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
     )
-    pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1"] = Field(
+        "1f1b",
+        description="pipeline schedule: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, with "
+        "virtual_stages), zb_h1 (Qi et al. 2023's zero-bubble H1: 1F1B with each backward split into its input- and "
+        "weight-gradient halves, weight gradients deferred into the bubbles, 1F1B's peak memory)",
+    )
     recompute: Literal["none", "selective", "full", "selective_op"] = Field(
         "none",
         description="activation recomputation: selective = Megatron's (core attention), selective_op = "

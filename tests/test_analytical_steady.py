@@ -20,6 +20,7 @@ from tests.helpers import make_point
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 4}}}
 CASES = {
     "1f1b-zero1": dict(tp=2, pp=4, dp=2, zero=1, sp=True, global_batch=128),
+    "zb-h1-zero2": dict(tp=2, pp=4, dp=2, zero=2, sp=True, pp_schedule="zb_h1", global_batch=128),
     "1f1b-zero2-selective": dict(tp=2, pp=2, dp=2, zero=2, recompute="selective", global_batch=64),
     "1f1b-zero3-full": dict(tp=2, pp=2, dp=2, zero=3, recompute="full", global_batch=128),
     "pp1-accumulation": dict(tp=2, dp=4, global_batch=64),

@@ -15,7 +15,7 @@ from helpers import UNIT_ACCELERATOR, make_point
 from dse.errors import InfeasibleError
 from dse.point.feasibility import check_feasible
 from dse.spec import DesignPoint, NetworkDim, SystemSpec
-from dse.workload import Block
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic.schedule import chunk_order, interleaved
 from simulators.analytical import AnalyticalCostModel
@@ -105,4 +105,61 @@ def test_megatrons_refusals_of_micro_batch_groups_name_the_field(kwargs, message
         **kwargs,
     )
     with pytest.raises(InfeasibleError, match=message):
+        check_feasible(point)
+
+
+def timed_step(point: DesignPoint, seconds: dict[str, float]) -> float:
+    """Step time of the point when the layer blocks named in `seconds` take that long and every other block
+    nothing."""
+    workload = SymbolicGenerator().generate(point)
+    blocks = [
+        Block(b.name, (Op(b.name, OpKind.COMPUTE, "gemm", flops=seconds[b.name] * 1e12, deps=(BLOCK_INPUT,)),))
+        if b.name in seconds
+        else Block(b.name, tuple(replace(op, flops=0.0, bytes=0.0, comm_bytes=0.0) for op in b.ops))
+        for b in workload.blocks
+    ]
+    workload = replace(workload, blocks=blocks, point_key=f"timed {sorted(seconds.items())} {point.micro_batches}")
+    network = [NetworkDim(topology="ring", npus=point.parallel.pp, bandwidth_GBps=100, latency_ns=0)]
+    system = SystemSpec(name="ideal", accelerator=ACCELERATOR, network=network)
+    return AnalyticalCostModel().simulate(workload, system).step_time_s
+
+
+@pytest.mark.parametrize(("pp", "microbatches"), [(2, 2), (4, 4), (4, 9), (4, 32), (8, 8), (8, 24)])
+@pytest.mark.parametrize(("tf", "tb", "tw"), [(1e-3, 1e-3, 1e-3), (1.2e-3, 1.5e-3, 0.9e-3)])
+def test_zero_bubble_h1_leaves_the_papers_bubble(pp, microbatches, tf, tb, tw):
+    """Qi et al. 2023 sec. 3.1: ZB-H1's bubble is (p-1)(T_F + T_B - T_W), against 1F1B's (p-1)(T_F + T_B + T_W)
+    with the same backward unsplit."""
+    common = dict(global_batch=microbatches, pp=pp, overrides={"model.layers": pp})
+    system = {"base": "tiny-ring", "network": {0: {"npus": pp}, 1: {"npus": 1}}}
+    zb = make_point("tiny-llama", system, pp_schedule="zb_h1", **common)
+    plain = make_point("tiny-llama", system, **common)
+    check_feasible(zb)
+    seconds = {"layer.forward": tf, "layer.backward": tb, "layer.backward.weight": tw}
+    assert timed_step(zb, seconds) == pytest.approx(
+        microbatches * (tf + tb + tw) + (pp - 1) * (tf + tb - tw), rel=1e-12
+    )
+    unsplit = {"layer.forward": tf, "layer.backward": tb + tw}
+    assert timed_step(plain, unsplit) == pytest.approx((microbatches + pp - 1) * (tf + tb + tw), rel=1e-12)
+
+
+def test_zero_bubble_splits_each_backward_into_input_and_weight_gradients():
+    """The weight half is the weight-gradient GEMMs and the sequence-parallel regathers only they read; nothing
+    is lost or counted twice."""
+    kwargs = dict(tp=2, pp=2, dp=2, sp=True, global_batch=8)
+    split = {b.name: b for b in SymbolicGenerator().generate(make_point(pp_schedule="zb_h1", **kwargs)).blocks}
+    whole = {b.name: b for b in SymbolicGenerator().generate(make_point(**kwargs)).blocks}
+    for name in ("layer.backward", "head.backward"):
+        b, w = split[name], split[f"{name}.weight"]
+        assert {op.name for op in w.ops} == {op.name for op in whole[name].ops if op.name.endswith(".wgrad")} | {
+            op.name for op in w.ops if op.name.endswith(".regather") and op.kind is OpKind.COLLECTIVE
+        }
+        assert all(not op.name.endswith(".wgrad") for op in b.ops)
+        assert sorted(op.name for op in (*b.ops, *w.ops)) == sorted(op.name for op in whole[name].ops)
+        assert sum(op.flops for op in (*b.ops, *w.ops)) == pytest.approx(sum(op.flops for op in whole[name].ops))
+    assert "embed.backward.weight" not in split  # no input gradient: its backward stays whole
+
+
+def test_zero_bubble_h1_is_refused_for_inference():
+    point = make_point(pp=2, dp=4, pp_schedule="zb_h1", overrides={"workload.mode": "prefill"})
+    with pytest.raises(InfeasibleError, match="pp_schedule=zb_h1 is a training schedule"):
         check_feasible(point)

@@ -122,6 +122,11 @@ def infeasibility(point: DesignPoint) -> str | None:
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
     if w.mode != "train" and p.zero:
         return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
+    if w.mode != "train" and p.pp_schedule == "zb_h1":
+        return (
+            "parallel.pp_schedule=zb_h1 is a training schedule (it defers weight gradients); use pp_schedule 1f1b "
+            f"or gpipe with workload.mode={w.mode}"
+        )
     if w.mode != "train" and chunks > 1:
         return (
             f"parallel.pp_schedule=interleaved with virtual_stages={chunks} is a training schedule (interleaved "

@@ -181,7 +181,7 @@ class Pipeline:
             optimizer,
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
+            tuple((t.forward, t.backward, t.backward_weight, t.sync, t.gathers) for t in traces),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
@@ -223,6 +223,8 @@ class Pipeline:
         vstages = p.pp * chunks
         sync_every = p.zero >= 2
         fwd_call: dict[tuple[int, int], int] = {}
+        input_grad: dict[tuple[int, int], int] = {}
+        """Per (module, micro-batch), the call of a backward's input-gradient half whose weight half is to run."""
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
         synced: set[int] = set()
@@ -303,8 +305,8 @@ class Pipeline:
             return posted.pop(wanted)
 
         steps = self.steps(stage)
-        done = {"F": 0, "B": 0}
-        """Forwards and backwards the stage has run."""
+        done = {"F": 0, "B": 0, "W": 0}
+        """Forwards, backwards and (zero-bubble) weight-gradient steps the stage has run."""
         lockstep = {"F": 0, "B": 0}
         """Forwards and backwards of the ending stage whose wrapped-around tensors this stage has posted for."""
         group = microbatch_group(self.point)
@@ -385,6 +387,18 @@ class Pipeline:
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
+            if step == "W":
+                # a zero-bubble schedule's deferred weight gradients: they free the activations and sync
+                for index, unit in reversed_order[chunk]:
+                    traced = trace_of[unit]
+                    if traced.backward_weight is None:
+                        continue
+                    append(Call(traced.backward_weight, (input_grad.pop((index, mb)),), index, mb))
+                    weight = last_backward[index] = len(calls) - 1
+                    keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], weight)
+                    if traced.sync is not None and (sync_every or mb == last_mb):
+                        sync(traced, weight, mb, index)
+                continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
             received = () if prev is None else (prev,)
             units = reversed_order[chunk]
@@ -400,8 +414,11 @@ class Pipeline:
                 prev = last_backward[index] = len(calls) - 1
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
-                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
+                if traced.backward_weight is not None:
+                    input_grad[(index, mb)] = prev  # its weight gradient, activations and sync wait for the W step
+                    continue
+                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
             if not first:

@@ -10,8 +10,8 @@ from typing import Literal
 
 from dse.spec import DesignPoint
 
-Step = tuple[Literal["F", "B"], int]
-ChunkStep = tuple[Literal["F", "B"], int, int]
+Step = tuple[Literal["F", "B", "W"], int]
+ChunkStep = tuple[Literal["F", "B", "W"], int, int]
 
 
 def gpipe(stages: int, stage: int, microbatches: int) -> list[Step]:
@@ -28,6 +28,25 @@ def one_f_one_b(stages: int, stage: int, microbatches: int) -> list[Step]:
         steps += [("F", warmup + j), ("B", j)]
     steps += [("B", i) for i in range(microbatches - warmup, microbatches)]
     return steps
+
+
+def zb_h1(stages: int, stage: int, microbatches: int) -> list[Step]:
+    """Zero-bubble H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", sec. 3.1): 1F1B with each backward split
+    into B (the input gradient, which the previous stage waits for) and W (the weight gradient, which nothing
+    waits for). Stage s runs 1F1B's p-s-1 warm-up forwards, then s forwards each followed by a B alone, then F B W
+    while forwards remain, then B W, then the s W it held back (the order of the authors' DeepSpeed
+    ZeroBubbleH1Pipeline with exact semantics). The deferred W fill the warm-up and drain bubbles, which shrink
+    from (p-1)(T_F + T_B + T_W) to (p-1)(T_F + T_B - T_W) while T_W <= T_F and T_W <= T_B (a transformer layer's
+    weight-gradient GEMMs are its forward's GEMMs, less than its forward with attention), and no stage holds more
+    than p micro-batches' activations, 1F1B's peak."""
+    warmup = min(stages - stage - 1, microbatches)
+    steps: list[Step] = [("F", i) for i in range(warmup)]
+    held = min(stage, microbatches - warmup)
+    for j in range(microbatches - warmup):
+        steps += [("F", warmup + j), ("B", j)] + ([("W", j - held)] if j >= held else [])
+    for j in range(microbatches - warmup, microbatches):
+        steps += [("B", j), ("W", j - held)]
+    return steps + [("W", j) for j in range(microbatches - held, microbatches)]
 
 
 def chunk_order(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
@@ -74,7 +93,7 @@ def microbatch_group(point: DesignPoint) -> int:
     return p.microbatch_group or p.pp
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}
+SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb_h1": zb_h1}
 
 
 LINK_CYCLE = 6
@@ -88,7 +107,7 @@ same place."""
 def steady_microbatches(point: DesignPoint) -> int | None:
     """Micro-batches of the step's SteadyForm, or None when it has none (see `Pipeline.steady_form`).
 
-    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
+    A 1F1B (or ZB-H1) stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
     about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
     interleaved stages repeat every group of micro-batches (`steady_period`) and warm up and drain for up to about
     two of those groups each, so they take 6 groups. To those, as many periods as make the difference to the step
@@ -96,7 +115,7 @@ def steady_microbatches(point: DesignPoint) -> int | None:
     schedules has one: GPipe holds every micro-batch's activations, so its memory grows with them, and inference
     holds a KV cache per micro-batch."""
     p = point.parallel
-    if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved"):
+    if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved", "zb_h1"):
         return None
     period = steady_period(point)
     base = 6 * period if period > 1 else 2 * p.pp + 2
@@ -105,7 +124,10 @@ def steady_microbatches(point: DesignPoint) -> int | None:
 
 
 def steady_period(point: DesignPoint) -> int:
-    """Micro-batches after which a steady pipeline stage repeats its calls: one for 1F1B, a group
-    (`microbatch_group`) for interleaved 1F1B."""
+    """Micro-batches after which a steady pipeline stage repeats its calls and their timing: one for 1F1B, a group
+    (`microbatch_group`) for interleaved 1F1B, p for ZB-H1 (its calls repeat every micro-batch, but with stage s
+    holding back s weight gradients, the stages' transfers settle into a pattern that repeats every p)."""
     p = point.parallel
+    if p.pp_schedule == "zb_h1":
+        return p.pp
     return microbatch_group(point) if p.pp_schedule == "interleaved" and p.virtual_stages > 1 else 1

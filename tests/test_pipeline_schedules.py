@@ -163,3 +163,29 @@ def test_zero_bubble_h1_is_refused_for_inference():
     point = make_point(pp=2, dp=4, pp_schedule="zb_h1", overrides={"workload.mode": "prefill"})
     with pytest.raises(InfeasibleError, match="pp_schedule=zb_h1 is a training schedule"):
         check_feasible(point)
+
+
+def test_zero_bubble_h1_holds_what_the_weight_gradients_read_until_they_run():
+    """A tiny-llama layer's weight-gradient GEMMs read the inputs of its seven projections (the two norms' outputs,
+    the attention output, the SwiGLU output: s b (3h + f)) and their output gradients (q, k, v, o, gate, up,
+    down: s b (h + 2 kv + h + 2 f + h)), bf16: those stay from the input-gradient half to the weight-gradient
+    half; the rest of the saved activations goes with the input-gradient half, as under 1F1B."""
+    s, h, kv, f = 256, 256, 128, 688
+
+    def layer0(schedule: str) -> dict[tuple[str, str], float]:
+        """Micro-batch 0's layer-0 tensors on the first stage: bytes by name and the block that frees them."""
+        workload = SymbolicGenerator().generate(make_point(pp=2, dp=4, pp_schedule=schedule))
+        program = workload.programs[0]
+        return {
+            (t.name, workload.blocks[program.calls[t.consumer].block].name): t.bytes
+            for t in program.tensors
+            if t.name.startswith("layer0") and program.calls[t.producer].microbatch == 0
+        }
+
+    whole = layer0("1f1b")[("layer0", "layer.backward")]
+    for_weight = 2 * s * (3 * h + f)
+    assert layer0("zb_h1") == {
+        ("layer0", "layer.backward"): whole - for_weight,
+        ("layer0", "layer.backward.weight"): for_weight,
+        ("layer0.wgrad_inputs", "layer.backward.weight"): 2 * s * (3 * h + 2 * kv + 2 * f),
+    }

@@ -72,6 +72,9 @@ class Traced:
     backward_weight: int | None = None
     """With a zero-bubble schedule, the block of the backward's weight-gradient half (`split_weight_gradients`),
     run later; `backward` is then its input-gradient half."""
+    held_for_weight: tuple[float, float] = (0.0, 0.0)
+    """Bytes the weight-gradient half keeps alive until it runs: of the saved activations (the rest is freed by the
+    input-gradient half), and of what the input-gradient half makes for it (`ModuleTracer.held_for_weight`)."""
 
 
 def block_name(kind: LayerKind) -> str:

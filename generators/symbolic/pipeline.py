@@ -23,7 +23,18 @@ from generators.symbolic.schedule import (
     steady_microbatches,
     steady_period,
 )
-from generators.symbolic.skeleton import Skeleton, Source, Unit, keep_skeleton, schedule_shape, skeleton_for
+from generators.symbolic.skeleton import (
+    MADE_FOR_WEIGHT_GRAD,
+    SAVED,
+    SAVED_FOR_INPUT_GRAD,
+    SAVED_FOR_WEIGHT_GRAD,
+    Skeleton,
+    Source,
+    Unit,
+    keep_skeleton,
+    schedule_shape,
+    skeleton_for,
+)
 
 
 class Stage(NamedTuple):
@@ -197,7 +208,15 @@ class Pipeline:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
         key, unrecomputed, what = source
         traced = self.unit_trace((key, unrecomputed))
-        return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
+        if what >= 0:
+            return traced.gathered_bytes[what]
+        saved, (for_weight, made) = traced.saved_bytes, traced.held_for_weight
+        return {
+            SAVED: saved,
+            SAVED_FOR_INPUT_GRAD: saved - for_weight,
+            SAVED_FOR_WEIGHT_GRAD: for_weight,
+            MADE_FOR_WEIGHT_GRAD: made,
+        }[what]
 
     def unit_trace(self, unit: Unit) -> Traced:
         """The traced module a unit of the schedule runs."""
@@ -354,7 +373,7 @@ class Pipeline:
             in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
         reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
         trace_of = {unit: self.unit_trace(unit) for units in in_order.values() for _, unit in units}
-        saved_source = {unit: (*unit, -1) for unit in trace_of}
+        saved_source = {unit: (*unit, SAVED) for unit in trace_of}
         last_mb = microbatches - 1
         # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
         gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
@@ -393,9 +412,12 @@ class Pipeline:
                     traced = trace_of[unit]
                     if traced.backward_weight is None:
                         continue
-                    append(Call(traced.backward_weight, (input_grad.pop((index, mb)),), index, mb))
+                    made_by = input_grad.pop((index, mb))
+                    append(Call(traced.backward_weight, (made_by,), index, mb))
                     weight = last_backward[index] = len(calls) - 1
-                    keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], weight)
+                    for_weight, made = traced.held_for_weight
+                    keep(names[index], (*unit, SAVED_FOR_WEIGHT_GRAD), for_weight, fwd_call[(index, mb)], weight)
+                    keep(f"{names[index]}.wgrad_inputs", (*unit, MADE_FOR_WEIGHT_GRAD), made, made_by, weight)
                     if traced.sync is not None and (sync_every or mb == last_mb):
                         sync(traced, weight, mb, index)
                 continue
@@ -416,7 +438,11 @@ class Pipeline:
                     hold(unit, 1, index, gathered, prev)
                 gathered = ahead
                 if traced.backward_weight is not None:
-                    input_grad[(index, mb)] = prev  # its weight gradient, activations and sync wait for the W step
+                    # its weight gradient, what that reads and the gradient sync wait for the W step
+                    input_grad[(index, mb)] = prev
+                    for_weight = traced.held_for_weight[0]
+                    source = (*unit, SAVED_FOR_INPUT_GRAD)
+                    keep(names[index], source, traced.saved_bytes - for_weight, fwd_call[(index, mb)], prev)
                     continue
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):

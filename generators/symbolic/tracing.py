@@ -12,7 +12,13 @@ from dataclasses import replace
 
 from dse.spec import DTYPE_BYTES, DesignPoint
 from dse.workload import Block, Collective
-from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
+from generators.symbolic.autodiff import (
+    Differentiator,
+    Gradients,
+    read_by_backward,
+    saved_activations,
+    saved_bytes,
+)
 from generators.symbolic.blocks import (
     LayerKey,
     Modules,
@@ -105,14 +111,17 @@ class ModuleTracer:
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
-        traced.backward_weight = weight_block
+        if weight_block is not None:
+            traced.backward_weight = weight_block
+            traced.held_for_weight = self.held_for_weight(tape, replayed, kept, grads)
         if replayed and self.point.parallel.recompute_every > 1:
-            plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            plain, plain_grads, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
             plain_block, plain_weight = self.backward_blocks(f"{name}.backward.unrecomputed", plain, plain_output)
             traced.unrecomputed = replace(
                 traced,
                 backward=plain_block,
                 backward_weight=plain_weight,
+                held_for_weight=self.held_for_weight(tape, [], [], plain_grads) if plain_weight else (0.0, 0.0),
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
@@ -131,6 +140,19 @@ class ModuleTracer:
             return len(self.blocks) - 1, None
         self.blocks.append(weight)
         return len(self.blocks) - 2, len(self.blocks) - 1
+
+    def held_for_weight(
+        self, tape: list[Node], replayed: list[Node], kept: list[Node], grads: Gradients
+    ) -> tuple[float, float]:
+        """Bytes a deferred weight-gradient half keeps alive: of the saved activations (held from the forward),
+        and of what the input-gradient half makes for it (output gradients, recomputed inputs)."""
+        saved = {id(t) for t in saved_activations(tape, replayed, kept)}
+        reads = grads.weight_reads
+        nbytes = self.tracer.nbytes
+        return (
+            sum(nbytes(t) for key, t in reads.items() if key in saved),
+            sum(nbytes(t) for key, t in reads.items() if key not in saved),
+        )
 
     def _derive(
         self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool

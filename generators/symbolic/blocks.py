@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from dse.modelstats import LayerKind
 from dse.spec import ParallelSpec
-from dse.workload import BLOCK_INPUT, Block, Op
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.tensors import STensor
 
@@ -29,10 +29,12 @@ def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
     weight-gradient half (W: the rest, the weight-gradient GEMMs and what only they read, such as the
     sequence-parallel regather of their input), for zero-bubble schedules that defer W (Qi et al. 2023). W's ops
     that read B's results read the call's input instead: its call follows B's. None for W when nothing is left
-    (a module without an input gradient, the embedding, keeps its backward whole)."""
+    (a module without an input gradient, the embedding, keeps its backward whole). Sends and receives, and what
+    they read, stay in B: their partners on other ranks pair with them in issue order."""
     ops = block.ops
     needed: set[int] = set()
-    stack = [block.output % len(ops)] if ops else []
+    stack = [i for i, op in enumerate(ops) if op.kind in (OpKind.SEND, OpKind.RECV)]
+    stack += [block.output % len(ops)] if ops else []
     while stack:
         i = stack.pop()
         if i not in needed:

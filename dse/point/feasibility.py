@@ -192,9 +192,10 @@ def _microbatch_groups(point: DesignPoint) -> str | None:
     last = m % group
     if 0 < last < p.pp:
         fits = next(g for g in range(p.pp, m + 1) if m % g == 0 or m % g >= p.pp)
+        setting = f"parallel.microbatch_group={group}" if p.microbatch_group else f"micro-batch groups of pp={group}"
         return (
-            f"interleaved 1F1B with {m} micro-batches per step and parallel.microbatch_group={group} (unset: pp) "
-            f"leaves a last group of {last} < parallel.pp={p.pp} micro-batches, which Megatron refuses; set "
-            f"parallel.microbatch_group: {fits}, or make the micro-batches a multiple of {group}"
+            f"interleaved 1F1B with {m} micro-batches per step in {setting} leaves a last group of {last} < "
+            f"parallel.pp={p.pp} micro-batches, which Megatron refuses; set parallel.microbatch_group: {fits}, or "
+            f"make the micro-batches a multiple of {group}"
         )
     return None

@@ -1,9 +1,10 @@
-"""Pipeline schedules: the order in which one stage runs forward (F) and backward (B) micro-batches, and how many
-micro-batches show a schedule's steady state (`steady_microbatches`).
+"""Pipeline schedules: the order in which one stage runs forward (F) and backward (B) micro-batches, and, for
+zero-bubble schedules, the deferred weight-gradient halves of backwards (W); and how many micro-batches show a
+schedule's steady state (`steady_microbatches`).
 
-`gpipe` and `one_f_one_b` give (step, micro-batch) pairs for a stage holding one model chunk; `interleaved`
-gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's interleaved
-1F1B, in Megatron-core's order: `forward_backward_pipelining_with_interleaving`).
+`gpipe`, `one_f_one_b` and `zb_h1` give (step, micro-batch) pairs for a stage holding one model chunk;
+`interleaved` gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's
+interleaved 1F1B, in Megatron-core's order: `forward_backward_pipelining_with_interleaving`).
 """
 
 from typing import Literal
@@ -107,13 +108,13 @@ same place."""
 def steady_microbatches(point: DesignPoint) -> int | None:
     """Micro-batches of the step's SteadyForm, or None when it has none (see `Pipeline.steady_form`).
 
-    A 1F1B (or ZB-H1) stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
+    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
     about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
-    interleaved stages repeat every group of micro-batches (`steady_period`) and warm up and drain for up to about
-    two of those groups each, so they take 6 groups. To those, as many periods as make the difference to the step
-    a multiple of LINK_CYCLE (which keeps an interleaved step's last, shorter group too). Only training with those
-    schedules has one: GPipe holds every micro-batch's activations, so its memory grows with them, and inference
-    holds a KV cache per micro-batch."""
+    interleaved and ZB-H1 stages repeat every several micro-batches (`steady_period`) and warm up and drain for up
+    to about two of those periods each, so they take 6 periods. To those, as many periods as make the difference to
+    the step a multiple of LINK_CYCLE (which keeps an interleaved step's last, shorter group too). Only training
+    with those schedules has one: GPipe holds every micro-batch's activations, so its memory grows with them, and
+    inference holds a KV cache per micro-batch."""
     p = point.parallel
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved", "zb_h1"):
         return None

@@ -250,7 +250,12 @@ class ParallelSpec(Spec):
         "bf16",
         description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
     )
-    pp_schedule: Literal["1f1b", "gpipe", "interleaved"] = "1f1b"
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1"] = Field(
+        "1f1b",
+        description="pipeline schedule: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, with "
+        "virtual_stages), zb_h1 (Qi et al. 2023's zero-bubble H1: 1F1B with each backward split into its input- and "
+        "weight-gradient halves, weight gradients deferred into the bubbles, 1F1B's peak memory)",
+    )
     recompute: Literal["none", "selective", "full", "selective_op"] = Field(
         "none",
         description="activation recomputation: selective = Megatron's (core attention), selective_op = "
@@ -259,6 +264,14 @@ class ParallelSpec(Spec):
     )
     ep: Degree = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: Layers = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
+    # Left out of the dump when unset, like first_stage_layers: stored studies keep their keys.
+    microbatch_group: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="interleaved 1F1B: micro-batches a stage runs through one model chunk before the next "
+        "(Megatron's microbatch_group_size_per_vp_stage); between pp and the micro-batches per step, leaving a last "
+        "group of 0 or at least pp micro-batches; unset: pp, Megatron's default",
+    )
     cp_algorithm: Literal["allgather", "ring"] = Field(
         "allgather",
         description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "

@@ -20,10 +20,15 @@ from tests.helpers import make_point
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 4}}}
 CASES = {
     "1f1b-zero1": dict(tp=2, pp=4, dp=2, zero=1, sp=True, global_batch=128),
+    "zb-h1-zero2": dict(tp=2, pp=4, dp=2, zero=2, sp=True, pp_schedule="zb_h1", global_batch=128),
     "1f1b-zero2-selective": dict(tp=2, pp=2, dp=2, zero=2, recompute="selective", global_batch=64),
     "1f1b-zero3-full": dict(tp=2, pp=2, dp=2, zero=3, recompute="full", global_batch=128),
     "pp1-accumulation": dict(tp=2, dp=4, global_batch=64),
     "interleaved-zero3": dict(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, zero=3, global_batch=128),
+    # groups of 5 micro-batches per chunk (Megatron's microbatch_group_size_per_vp_stage), the last of 4
+    "interleaved-groups": dict(
+        tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, microbatch_group=5, zero=1, global_batch=128
+    ),
     "ring-cp": dict(tp=2, cp=2, pp=4, cp_algorithm="ring", global_batch=128),
     "moe-ep4": dict(model="tiny-moe", ep=4, dp=4, pp=2, zero=1, global_batch=128),
     "mla": dict(model="tiny-deepseek", tp=2, pp=2, dp=4, global_batch=128),

@@ -487,6 +487,7 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
     missing = present - written
     assert missing <= {
         "parallel.first_stage_layers",
+        "parallel.microbatch_group",
         "parallel.last_stage_layers",
         "model.head_dim",
         "model.kv_heads",

@@ -100,11 +100,13 @@ def infeasibility(point: DesignPoint) -> str | None:
             f"workload.global_batch={w.global_batch} is not a multiple of parallel.dp*workload.micro_batch = "
             f"{p.dp}*{w.micro_batch}"
         )
-    if p.pp_schedule == "interleaved" and w.mode == "train" and point.micro_batches % p.pp:
+    if p.microbatch_group is not None and (chunks == 1 or w.mode != "train"):
         return (
-            f"interleaved 1F1B needs micro-batches per step ({point.micro_batches}) to be a multiple of "
-            f"parallel.pp={p.pp}; raise workload.global_batch"
+            f"parallel.microbatch_group={p.microbatch_group} applies to interleaved 1F1B (pp_schedule interleaved, "
+            "virtual_stages >= 2, training); remove it"
         )
+    if chunks > 1 and w.mode == "train" and (problem := _microbatch_groups(point)) is not None:
+        return problem
     if p.sp and w.mode != "decode" and w.seq_len % p.tp:
         return f"workload.seq_len={w.seq_len} is not a multiple of parallel.tp={p.tp} (sequence parallelism)"
     if w.seq_len % p.cp:
@@ -123,6 +125,11 @@ def infeasibility(point: DesignPoint) -> str | None:
         return "workload.mode=decode generates one token per sequence: use parallel.cp 1 and sp false"
     if w.mode != "train" and p.zero:
         return f"parallel.zero={p.zero} applies to training only; use zero 0 with workload.mode={w.mode}"
+    if w.mode != "train" and p.pp_schedule == "zb_h1":
+        return (
+            "parallel.pp_schedule=zb_h1 is a training schedule (it defers weight gradients); use pp_schedule 1f1b "
+            f"or gpipe with workload.mode={w.mode}"
+        )
     if w.mode != "train" and chunks > 1:
         return (
             f"parallel.pp_schedule=interleaved with virtual_stages={chunks} is a training schedule (interleaved "
@@ -188,5 +195,32 @@ def _uneven_stages(point: DesignPoint, chunks: int) -> str | None:
         return (
             f"parallel.virtual_stages={chunks} needs as many layers on every stage, not {per_stage}; "
             "lower virtual_stages or give the first and last stages more layers"
+        )
+    return None
+
+
+def _microbatch_groups(point: DesignPoint) -> str | None:
+    """What Megatron-core refuses in interleaved 1F1B's micro-batch groups, if anything
+    (`forward_backward_pipelining_with_interleaving`): a group outside [pp, micro-batches], or a last group of
+    fewer than pp micro-batches, which leaves the pipeline waiting on its own dependencies."""
+    p, m = point.parallel, point.micro_batches
+    group = p.microbatch_group or p.pp
+    if m < p.pp:
+        return (
+            f"interleaved 1F1B needs at least parallel.pp={p.pp} micro-batches per step, not {m} "
+            "(workload.global_batch / (parallel.dp * workload.micro_batch)); raise workload.global_batch"
+        )
+    if group > m:
+        return f"parallel.microbatch_group={group} is over the {m} micro-batches per step; lower it to at most {m}"
+    if group < p.pp:
+        return f"parallel.microbatch_group={group} is under parallel.pp={p.pp}; raise it to at least {p.pp}"
+    last = m % group
+    if 0 < last < p.pp:
+        fits = next(g for g in range(p.pp, m + 1) if m % g == 0 or m % g >= p.pp)
+        setting = f"parallel.microbatch_group={group}" if p.microbatch_group else f"micro-batch groups of pp={group}"
+        return (
+            f"interleaved 1F1B with {m} micro-batches per step in {setting} leaves a last group of {last} < "
+            f"parallel.pp={p.pp} micro-batches, which Megatron refuses; set parallel.microbatch_group: {fits}, or "
+            f"make the micro-batches a multiple of {group}"
         )
     return None

@@ -32,6 +32,10 @@ class Gradients:
     """Gradient of each block input, by id of the input tensor."""
     params: list[tuple[STensor, STensor]] = field(default_factory=list)
     """(parameter, its local gradient) for every parameter the tape used."""
+    weight_reads: dict[int, STensor] = field(default_factory=dict)
+    """By id, what the weight-gradient GEMMs read, as held until they run: each GEMM's input (as saved, or as
+    recomputed) and the gradient of its output. A zero-bubble schedule keeps these from the input-gradient half
+    of the backward to its deferred weight-gradient half."""
 
 
 def needed(node: Node) -> tuple[STensor, ...]:
@@ -147,6 +151,13 @@ class Differentiator:
             return again
         return t
 
+    def _as_held(self, t: STensor) -> STensor:
+        """A forward value as backward holds it before reading it: recomputed, or as kept from forward (a
+        gathered value is kept as the shard it is gathered from again)."""
+        while id(t) not in self.alias and id(t) in self.gathered_from:
+            t = self.gathered_from[id(t)].inputs[0]
+        return self.alias.get(id(t), t)
+
     def _around_the_ring(self, t: STensor) -> STensor:
         """A chunk passed around a ring in forward, received again in backward: from the neighbour holding the
         chunk one step further on when that one is at hand (backward visits the ring's steps last to first, so
@@ -232,6 +243,9 @@ class Differentiator:
                 a, b = node.inputs
                 da = tr.einsum(f"{name}.dgrad", g, self.value(b), a.dims, node.category, record=False)
                 db = tr.einsum(f"{name}.wgrad", self.value(a), g, b.dims, node.category, record=False)
+                if id(b) in self.leaf_params:
+                    for held in (self._as_held(a), g):
+                        self.result.weight_reads[id(held)] = held
                 self._contribute(a, da)
                 self._contribute(b, db)
             case "pointwise" if node.partials:

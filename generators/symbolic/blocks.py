@@ -2,11 +2,11 @@
 (`Traced`: its forward, backward, gradient-sync and weight-gather blocks) and all modules of a point (`Modules`),
 and the names of layer blocks."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dse.modelstats import LayerKind
 from dse.spec import ParallelSpec
-from dse.workload import Block
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.tensors import STensor
 
@@ -22,6 +22,36 @@ def add_block(blocks: list[Block], name: str, emitter: Emitter, output: int = -1
     """Add the block of an emitter's ops to the workload's blocks; its index."""
     blocks.append(block_of(name, emitter, output))
     return len(blocks) - 1
+
+
+def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
+    """A backward block as its input-gradient half (B: the ops its output, the input gradient, depends on) and its
+    weight-gradient half (W: the rest, the weight-gradient GEMMs and what only they read, such as the
+    sequence-parallel regather of their input), for zero-bubble schedules that defer W (Qi et al. 2023). W's ops
+    that read B's results read the call's input instead: its call follows B's. None for W when nothing is left
+    (a module without an input gradient, the embedding, keeps its backward whole). Sends and receives, and what
+    they read, stay in B: their partners on other ranks pair with them in issue order."""
+    ops = block.ops
+    needed: set[int] = set()
+    stack = [i for i, op in enumerate(ops) if op.kind in (OpKind.SEND, OpKind.RECV)]
+    stack += [block.output % len(ops)] if ops else []
+    while stack:
+        i = stack.pop()
+        if i not in needed:
+            needed.add(i)
+            stack.extend(d for d in ops[i].deps if d != BLOCK_INPUT)
+    if len(needed) == len(ops):
+        return block, None
+    first = sorted(needed)
+    rest = [i for i in range(len(ops)) if i not in needed]
+    at = {i: n for n, i in enumerate(first)} | {i: n for n, i in enumerate(rest)}
+
+    def remap(i: int) -> Op:
+        deps = {BLOCK_INPUT if d == BLOCK_INPUT or (d in needed and i not in needed) else at[d] for d in ops[i].deps}
+        return replace(ops[i], deps=tuple(sorted(deps)))
+
+    weight = Block(f"{block.name}.weight", tuple(remap(i) for i in rest), -1, block.temp_bytes)
+    return Block(block.name, tuple(remap(i) for i in first), at[block.output % len(ops)], block.temp_bytes), weight
 
 
 @dataclass
@@ -41,6 +71,12 @@ class Traced:
     """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
     unrecomputed: "Traced | None" = None
     """The same layer with a backward that recomputes nothing, for the layers `recompute_every` skips."""
+    backward_weight: int | None = None
+    """With a zero-bubble schedule, the block of the backward's weight-gradient half (`split_weight_gradients`),
+    run later; `backward` is then its input-gradient half."""
+    held_for_weight: tuple[float, float] = (0.0, 0.0)
+    """Bytes the weight-gradient half keeps alive until it runs: of the saved activations (the rest is freed by the
+    input-gradient half), and of what the input-gradient half makes for it (`ModuleTracer.held_for_weight`)."""
 
 
 def block_name(kind: LayerKind) -> str:

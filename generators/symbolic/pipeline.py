@@ -15,8 +15,26 @@ from generators.symbolic.blocks import LayerKey, Traced, add_block
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.optimizer import TIED_SYNC_TAG
-from generators.symbolic.schedule import SCHEDULES, interleaved, steady_microbatches, steady_period
-from generators.symbolic.skeleton import Skeleton, Source, Unit, keep_skeleton, schedule_shape, skeleton_for
+from generators.symbolic.schedule import (
+    SCHEDULES,
+    chunk_order,
+    interleaved,
+    microbatch_group,
+    steady_microbatches,
+    steady_period,
+)
+from generators.symbolic.skeleton import (
+    MADE_FOR_WEIGHT_GRAD,
+    SAVED,
+    SAVED_FOR_INPUT_GRAD,
+    SAVED_FOR_WEIGHT_GRAD,
+    Skeleton,
+    Source,
+    Unit,
+    keep_skeleton,
+    schedule_shape,
+    skeleton_for,
+)
 
 
 class Stage(NamedTuple):
@@ -105,7 +123,7 @@ class Pipeline:
         if not self.train:
             return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
         if p.pp_schedule == "interleaved":
-            return list(interleaved(p.pp, stage, microbatches, chunks))
+            return list(interleaved(p.pp, stage, microbatches, chunks, microbatch_group(self.point)))
         return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
 
     def tag(self, mb: int, vstage: int, backward: bool) -> int:
@@ -174,7 +192,7 @@ class Pipeline:
             optimizer,
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
+            tuple((t.forward, t.backward, t.backward_weight, t.sync, t.gathers) for t in traces),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
@@ -190,7 +208,15 @@ class Pipeline:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
         key, unrecomputed, what = source
         traced = self.unit_trace((key, unrecomputed))
-        return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
+        if what >= 0:
+            return traced.gathered_bytes[what]
+        saved, (for_weight, made) = traced.saved_bytes, traced.held_for_weight
+        return {
+            SAVED: saved,
+            SAVED_FOR_INPUT_GRAD: saved - for_weight,
+            SAVED_FOR_WEIGHT_GRAD: for_weight,
+            MADE_FOR_WEIGHT_GRAD: made,
+        }[what]
 
     def unit_trace(self, unit: Unit) -> Traced:
         """The traced module a unit of the schedule runs."""
@@ -216,6 +242,8 @@ class Pipeline:
         vstages = p.pp * chunks
         sync_every = p.zero >= 2
         fwd_call: dict[tuple[int, int], int] = {}
+        input_grad: dict[tuple[int, int], int] = {}
+        """Per (module, micro-batch), the call of a backward's input-gradient half whose weight half is to run."""
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
         synced: set[int] = set()
@@ -264,6 +292,7 @@ class Pipeline:
 
         tag = self.tag
         posted: dict[int, int] = {}
+        consumed: set[int] = set()
         cursor: dict[int, int] = defaultdict(int)
 
         def peer(vstage: int, step: int) -> int:
@@ -275,10 +304,11 @@ class Pipeline:
         sends = self.sends
 
         def post(source_vstage: int, wanted: int) -> None:
-            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted`."""
+            """Post the receives from the stage holding source_vstage, in its send order, up to `wanted` (unless
+            that one is posted already)."""
             source = source_vstage % p.pp
             order = sends[(source, stage)]
-            while wanted not in posted:
+            while wanted not in posted and wanted not in consumed:
                 t = order[cursor[source]]
                 cursor[source] += 1
                 base, backward = divmod(t - 1, 2)
@@ -290,9 +320,36 @@ class Pipeline:
 
         def receive(source_vstage: int, wanted: int) -> int:
             post(source_vstage, wanted)
+            consumed.add(wanted)
             return posted.pop(wanted)
 
         steps = self.steps(stage)
+        done = {"F": 0, "B": 0, "W": 0}
+        """Forwards, backwards and (zero-bubble) weight-gradient steps the stage has run."""
+        lockstep = {"F": 0, "B": 0}
+        """Forwards and backwards of the ending stage whose wrapped-around tensors this stage has posted for."""
+        group = microbatch_group(self.point)
+        order = chunk_order(microbatches, chunks, group) if chunks > 1 else []
+
+        def post_lockstep(kind: str) -> None:
+            """Before a forward (backward) of the leading stage (the first in forward, the last in backward), post
+            what the ending stage has sent it by then: Megatron's leading stage receives from the ending one p - 1
+            iterations behind, whatever chunk the tensor is for (`recv_tensor_from_previous_stage`, buffering up to
+            microbatch_group - p + 1 tensors). With groups of p that is the tensor the step reads; with larger
+            groups it arrives before the step that reads it, and the ending stage's sends do not wait for that."""
+            if stage != (0 if kind == "F" else p.pp - 1):
+                return
+            while lockstep[kind] <= done[kind] - p.pp:
+                mb, chunk = order[lockstep[kind]]
+                lockstep[kind] += 1
+                if chunk == chunks - 1:  # the last chunk's forward (the first chunk's backward) ends the pipeline
+                    continue
+                if kind == "F":
+                    source = (chunk + 1) * p.pp - 1
+                    post(source, tag(mb, source, False))
+                else:
+                    source = (chunks - 1 - chunk) * p.pp
+                    post(source, tag(mb, source - 1, True))
 
         def prefetch(i: int) -> None:
             """Before a step's send, post the receive the next step reads (Megatron's send_forward_recv_forward
@@ -305,6 +362,7 @@ class Pipeline:
                 post(vstage - 1, tag(mb, vstage - 1, False))
             elif step == "B" and vstage < vstages - 1:
                 post(vstage + 1, tag(mb, vstage, True))
+            post_lockstep(step)
 
         in_order: dict[int, list[tuple[int, Unit]]] = {}
         """Per chunk, the modules a forward runs (a backward runs them reversed)."""
@@ -315,7 +373,7 @@ class Pipeline:
             in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
         reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
         trace_of = {unit: self.unit_trace(unit) for units in in_order.values() for _, unit in units}
-        saved_source = {unit: (*unit, -1) for unit in trace_of}
+        saved_source = {unit: (*unit, SAVED) for unit in trace_of}
         last_mb = microbatches - 1
         # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
         gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
@@ -323,6 +381,9 @@ class Pipeline:
         calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
+            if chunks > 1:
+                post_lockstep(step)
+            done[step] += 1
             first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
                 units = in_order[chunk]
@@ -345,6 +406,21 @@ class Pipeline:
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
+            if step == "W":
+                # a zero-bubble schedule's deferred weight gradients: they free the activations and sync
+                for index, unit in reversed_order[chunk]:
+                    traced = trace_of[unit]
+                    if traced.backward_weight is None:
+                        continue
+                    made_by = input_grad.pop((index, mb))
+                    append(Call(traced.backward_weight, (made_by,), index, mb))
+                    weight = last_backward[index] = len(calls) - 1
+                    for_weight, made = traced.held_for_weight
+                    keep(names[index], (*unit, SAVED_FOR_WEIGHT_GRAD), for_weight, fwd_call[(index, mb)], weight)
+                    keep(f"{names[index]}.wgrad_inputs", (*unit, MADE_FOR_WEIGHT_GRAD), made, made_by, weight)
+                    if traced.sync is not None and (sync_every or mb == last_mb):
+                        sync(traced, weight, mb, index)
+                continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
             received = () if prev is None else (prev,)
             units = reversed_order[chunk]
@@ -360,8 +436,15 @@ class Pipeline:
                 prev = last_backward[index] = len(calls) - 1
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
-                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
+                if traced.backward_weight is not None:
+                    # its weight gradient, what that reads and the gradient sync wait for the W step
+                    input_grad[(index, mb)] = prev
+                    for_weight = traced.held_for_weight[0]
+                    source = (*unit, SAVED_FOR_INPUT_GRAD)
+                    keep(names[index], source, traced.saved_bytes - for_weight, fwd_call[(index, mb)], prev)
+                    continue
+                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
             if not first:

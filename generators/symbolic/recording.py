@@ -73,6 +73,7 @@ class Recording:
                 saved_bytes=num(t.saved_bytes),
                 cache_bytes=num(t.cache_bytes),
                 gathered_bytes=(num(t.gathered_bytes[0]), num(t.gathered_bytes[1])),
+                held_for_weight=(num(t.held_for_weight[0]), num(t.held_for_weight[1])),
                 unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
             )
 

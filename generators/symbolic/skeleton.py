@@ -15,8 +15,12 @@ Unit = tuple[str | LayerKey, bool]
 """A traced module a call runs: "embed", "head" or a traced layer, and whether it is the layer's variant whose
 backward recomputes nothing (see `Pipeline.unrecomputed`)."""
 Source = tuple[str | LayerKey, bool, int]
-"""What sizes a scheduled tensor: a unit and what of it: -1 its saved activations, 0 and 1 the weights its
-forward and its backward gather."""
+"""What sizes a scheduled tensor: a unit and what of it: 0 and 1 the weights its forward and its backward gather,
+or one of the negative codes below."""
+SAVED, SAVED_FOR_INPUT_GRAD, SAVED_FOR_WEIGHT_GRAD, MADE_FOR_WEIGHT_GRAD = -1, -2, -3, -4
+"""A unit's saved activations; with a deferred weight-gradient half, the part of them only the input-gradient half
+reads, the part the weight-gradient half reads, and what the input-gradient half makes for it
+(`Traced.held_for_weight`)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -80,6 +84,7 @@ def schedule_shape(point: DesignPoint) -> tuple:
         p.pp,
         p.virtual_stages if p.pp_schedule == "interleaved" else 1,
         p.pp_schedule,
+        p.microbatch_group,
         point.workload.mode,
         p.zero >= 2,
         p.recompute_every,

@@ -12,8 +12,22 @@ from dataclasses import replace
 
 from dse.spec import DTYPE_BYTES, DesignPoint
 from dse.workload import Block, Collective
-from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
-from generators.symbolic.blocks import LayerKey, Modules, Traced, add_block, layer_block_name
+from generators.symbolic.autodiff import (
+    Differentiator,
+    Gradients,
+    read_by_backward,
+    saved_activations,
+    saved_bytes,
+)
+from generators.symbolic.blocks import (
+    LayerKey,
+    Modules,
+    Traced,
+    add_block,
+    block_of,
+    layer_block_name,
+    split_weight_gradients,
+)
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, gradient_layout
 from generators.symbolic.emitter import Emitter
@@ -91,22 +105,54 @@ class ModuleTracer:
         bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = add_block(self.blocks, f"{name}.forward", fwd)
-        backward_block = add_block(self.blocks, f"{name}.backward", bwd, output)
+        backward_block, weight_block = self.backward_blocks(f"{name}.backward", bwd, output)
         sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
+        if weight_block is not None:
+            traced.backward_weight = weight_block
+            traced.held_for_weight = self.held_for_weight(tape, replayed, kept, grads)
         if replayed and self.point.parallel.recompute_every > 1:
-            plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            plain, plain_grads, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            plain_block, plain_weight = self.backward_blocks(f"{name}.backward.unrecomputed", plain, plain_output)
             traced.unrecomputed = replace(
                 traced,
-                backward=add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output),
+                backward=plain_block,
+                backward_weight=plain_weight,
+                held_for_weight=self.held_for_weight(tape, [], [], plain_grads) if plain_weight else (0.0, 0.0),
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
             )
         return traced
+
+    def backward_blocks(self, name: str, emitter: Emitter, output: int) -> tuple[int, int | None]:
+        """The backward block, added to the workload's; with a zero-bubble schedule its input-gradient half, and
+        its weight-gradient half as a block of its own (`split_weight_gradients`)."""
+        block = block_of(name, emitter, output)
+        weight = None
+        if self.point.parallel.pp_schedule == "zb_h1":
+            block, weight = split_weight_gradients(block)
+        self.blocks.append(block)
+        if weight is None:
+            return len(self.blocks) - 1, None
+        self.blocks.append(weight)
+        return len(self.blocks) - 2, len(self.blocks) - 1
+
+    def held_for_weight(
+        self, tape: list[Node], replayed: list[Node], kept: list[Node], grads: Gradients
+    ) -> tuple[float, float]:
+        """Bytes a deferred weight-gradient half keeps alive: of the saved activations (held from the forward),
+        and of what the input-gradient half makes for it (output gradients, recomputed inputs)."""
+        saved = {id(t) for t in saved_activations(tape, replayed, kept)}
+        reads = grads.weight_reads
+        nbytes = self.tracer.nbytes
+        return (
+            sum(nbytes(t) for key, t in reads.items() if key in saved),
+            sum(nbytes(t) for key, t in reads.items() if key not in saved),
+        )
 
     def _derive(
         self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool

@@ -43,6 +43,7 @@ class Pipeline:
         head: Traced,
         keys: list[LayerKey],
         tied_sync: dict[int, int],
+        param_gathers: dict[int, int] | None = None,
     ) -> None:
         self.point = point
         self.train = point.workload.mode == "train"
@@ -55,6 +56,9 @@ class Pipeline:
         """Per layer, the traced layer it runs."""
         self.tied_sync = tied_sync
         """By stage, the block exchanging a tied weight's gradient (`ModelStates.tied_sync_blocks`)."""
+        self.param_gathers = param_gathers or {}
+        """By forward block, the block gathering its module's updated weights ahead of the step's first forward
+        of the module (`ModelStates.param_gather_blocks`, Megatron's overlap_param_gather)."""
         self.microbatches = point.micro_batches
         """How many micro-batches the programs being scheduled run (see `programs`)."""
         self.sends: dict[tuple[int, int], list[int]] | None = None
@@ -172,6 +176,7 @@ class Pipeline:
             len(self.blocks),
             tuple(self.p2p.items()),
             optimizer,
+            tuple(self.param_gathers.items()),
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
             tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
@@ -219,6 +224,8 @@ class Pipeline:
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
         synced: set[int] = set()
+        updated: set[int] = set()
+        """Modules whose updated weights the step has gathered (see `param_gathers`)."""
 
         sources: list[Source] = []
 
@@ -256,11 +263,28 @@ class Pipeline:
                 nbytes = trace_of[unit].gathered_bytes[way]
                 keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
+        def update_weights(unit: Unit, index: int, mb: int) -> tuple[int, ...]:
+            """The call gathering a module's updated weights (`param_gathers`) before its first forward of the step,
+            with no input: it queues on the data-parallel stream from the step's start, in the order the modules
+            first run."""
+            block = self.param_gathers.get(trace_of[unit].forward)
+            if block is None or index in updated:
+                return ()
+            updated.add(index)
+            return (program.add(Call(block, (), index, mb)),)
+
+        deferred: list[tuple[int, int, int]] = []
+        """Without `overlap_grad_reduce`: (sync block, micro-batch, module) of the syncs issued after the backward."""
+
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
             """The module's gradient sync after its backward, once per micro-batch that syncs (see its caller)."""
             if (index, mb) not in synced:
                 synced.add((index, mb))
-                syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
+                assert traced.sync is not None
+                if p.overlap_grad_reduce:
+                    syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
+                else:
+                    deferred.append((traced.sync, mb, index))
 
         tag = self.tag
         posted: dict[int, int] = {}
@@ -333,7 +357,8 @@ class Pipeline:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
-                    append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
+                    update = update_weights(unit, index, mb)
+                    append(Call(trace_of[unit].forward, (*inputs, *gathered, *update), index, mb))
                     prev = len(calls) - 1
                     if gathered:
                         hold(unit, 0, index, gathered, prev)
@@ -370,6 +395,10 @@ class Pipeline:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+        if deferred:
+            # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended
+            end = max(last_backward.values())
+            syncs += [program.add(Call(block, (end,), index, mb)) for block, mb, index in deferred]
         tied = self.tied_sync.get(stage)
         if tied is not None:
             # after the last backward of the embedding (first stage) or the head (last stage)

@@ -22,6 +22,7 @@ from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
+from generators.symbolic.tp_overlap import overlap_tp_comm
 
 
 class ModuleTracer:
@@ -90,8 +91,8 @@ class ModuleTracer:
         replayed, kept = self._replayed(name, tape)
         bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
-        forward_block = add_block(self.blocks, f"{name}.forward", fwd)
-        backward_block = add_block(self.blocks, f"{name}.backward", bwd, output)
+        forward_block = self._add_layer_block(f"{name}.forward", fwd)
+        backward_block = self._add_layer_block(f"{name}.backward", bwd, output)
         sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
@@ -101,12 +102,21 @@ class ModuleTracer:
             plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
             traced.unrecomputed = replace(
                 traced,
-                backward=add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output),
+                backward=self._add_layer_block(f"{name}.backward.unrecomputed", plain, plain_output),
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
             )
         return traced
+
+    def _add_layer_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
+        """Add a traced block; with `tp_comm_overlap`, a layer's TP collectives overlapped as TransformerEngine's
+        userbuffers run them (`tp_overlap`; the embedding and the head are not TE layers)."""
+        index = add_block(self.blocks, name, emitter, output)
+        p = self.point.parallel
+        if p.tp_comm_overlap and name.startswith("layer"):
+            self.blocks[index] = overlap_tp_comm(self.blocks[index], p.tp)
+        return index
 
     def _derive(
         self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool

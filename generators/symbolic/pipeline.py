@@ -145,7 +145,9 @@ class Pipeline:
             name += "" if strategy == "tp" else f".{strategy}"
             size = self.tracer.nbytes(self.module.activation("x", ("b", "s", "h"), strategy))
             emitter = Emitter()
-            deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
+            # a blocking receive (without overlap_p2p_comm) is posted once the compute before it has ended
+            blocking = not self.point.parallel.overlap_p2p_comm
+            deps = (BLOCK_INPUT,) if kind is OpKind.SEND or blocking else ()
             emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
             self.p2p[key] = add_block(self.blocks, name, emitter)
         return self.p2p[key]
@@ -310,7 +312,25 @@ class Pipeline:
                 crossed = base % vstages if chunks > 1 else source - backward
                 recv = self.p2p_block(OpKind.RECV, source - stage, self.boundary(crossed))
                 mb_of = base // (1 if chunks == 1 else vstages)
-                posted[t] = program.add(Call(recv, (), -1, mb_of, t))
+                posted[t] = program.add(Call(recv, blocked_after(), -1, mb_of, t))
+
+        p2p_calls: list[int] = []
+        """Without `overlap_p2p_comm`: the p2p calls issued since the last compute, which the next compute waits for
+        (Megatron's batched isend/irecv, waited on before the next micro-batch)."""
+        last_compute: list[int] = []
+
+        def blocked_after() -> tuple[int, ...]:
+            """A blocking p2p call's input, the compute before it; it is one the next compute waits for."""
+            if p.overlap_p2p_comm:
+                return ()
+            p2p_calls.append(len(program.calls))
+            return tuple(last_compute[-1:])
+
+        def waits() -> tuple[int, ...]:
+            """The blocking p2p calls the next compute call waits for."""
+            done = tuple(p2p_calls)
+            p2p_calls.clear()
+            return done
 
         def receive(source_vstage: int, wanted: int) -> int:
             post(source_vstage, wanted)
@@ -354,20 +374,23 @@ class Pipeline:
                 # the first module's gather starts with the step, once its input has arrived (Megatron waits for
                 # the receive before it runs the micro-batch)
                 gathered = gather(units, 0, 0, () if prev is None else (prev,), mb)
+                blocked = waits()
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
                     update = update_weights(unit, index, mb)
-                    append(Call(trace_of[unit].forward, (*inputs, *gathered, *update), index, mb))
-                    prev = len(calls) - 1
+                    append(Call(trace_of[unit].forward, (*inputs, *gathered, *update, *blocked), index, mb))
+                    prev, blocked = len(calls) - 1, ()
                     if gathered:
                         hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
+                last_compute[:] = [prev]
                 if not last:
                     if chunks > 1:
                         prefetch(i + 1)
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
+                    blocked_after()
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
             prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
@@ -376,24 +399,28 @@ class Pipeline:
             # a module is gathered again for its backward once its forward has freed its weights
             # (and, like the forward's, once the gradient it starts from has arrived)
             gathered = gather(units, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb) if units else ()
+            blocked = waits()
             for pos, (index, unit) in enumerate(units):
                 traced = trace_of[unit]
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
-                append(Call(traced.backward, (*inputs, *gathered), index, mb))
+                append(Call(traced.backward, (*inputs, *gathered, *blocked), index, mb))
                 prev = last_backward[index] = len(calls) - 1
+                blocked = ()
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
+            last_compute[:] = [] if prev is None else [prev]
             if not first:
                 assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
+                blocked_after()
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
         if deferred:
             # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended

@@ -227,6 +227,8 @@ class Pipeline:
         syncs: list[int] = []
         synced: set[int] = set()
         updated: set[int] = set()
+        first_forwards: list[int] = []
+        """The forward calls that read weights `update_weights` gathered, in order."""
         """Modules whose updated weights the step has gathered (see `param_gathers`)."""
 
         sources: list[Source] = []
@@ -266,14 +268,15 @@ class Pipeline:
                 keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
         def update_weights(unit: Unit, index: int, mb: int) -> tuple[int, ...]:
-            """The call gathering a module's updated weights (`param_gathers`) before its first forward of the step,
-            with no input: it queues on the data-parallel stream from the step's start, in the order the modules
-            first run."""
+            """The call gathering a module's updated weights (`param_gathers`) before its first forward of the step.
+            Megatron gathers the first module's at the step's start and each next one's as the forward of the one
+            before it starts (its pre-forward hook), once that one's gather and the forward before it are done: on
+            the data-parallel stream, after the forward two modules back."""
             block = self.param_gathers.get(trace_of[unit].forward)
             if block is None or index in updated:
                 return ()
             updated.add(index)
-            return (program.add(Call(block, (), index, mb)),)
+            return (program.add(Call(block, tuple(first_forwards[-2:-1]), index, mb)),)
 
         deferred: list[tuple[int, int, int]] = []
         """Without `overlap_grad_reduce`: (sync block, micro-batch, module) of the syncs issued after the backward."""
@@ -370,6 +373,8 @@ class Pipeline:
             first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
                 units = in_order[chunk]
+                # the first module's updated weights are gathered from the step's start, not after the receive
+                early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers else ()
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 # the first module's gather starts with the step, once its input has arrived (Megatron waits for
                 # the receive before it runs the micro-batch)
@@ -378,9 +383,11 @@ class Pipeline:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
-                    update = update_weights(unit, index, mb)
+                    update = early if pos == 0 else update_weights(unit, index, mb)
                     append(Call(trace_of[unit].forward, (*inputs, *gathered, *update, *blocked), index, mb))
                     prev, blocked = len(calls) - 1, ()
+                    if update:
+                        first_forwards.append(prev)
                     if gathered:
                         hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
@@ -432,5 +439,5 @@ class Pipeline:
             owner = -1 if stage == 0 else -2
             syncs.append(program.add(Call(tied, (last_backward[owner],), owner, microbatches - 1, TIED_SYNC_TAG)))
         if optimizer is not None:
-            program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
+            program.add(Call(optimizer, (*syncs, *waits()) or (len(program.calls) - 1,)))
         return sources

@@ -159,7 +159,9 @@ class ModuleTracer:
             traced[key] = self.trace(
                 layer_block_name(key), [x_in], lambda key=key, x_in=x_in: module.layer(x_in, key[0], key[1])
             )
-        embedding = self.trace("embed", [], embed)
+        # the tokens are the embedding's input, so that its lookup waits for what its call waits for (the step's
+        # gather of the updated table, a blocking pipeline transfer before it)
+        embedding = self.trace("embed", [tokens], embed)
         tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
         head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))

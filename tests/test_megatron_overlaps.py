@@ -204,15 +204,20 @@ def test_blocking_p2p_lengthens_the_step_by_at_most_the_transfers():
 # ---- the step as priced before, studies, bad input --------------------------------------------------------------
 
 
+KNOBS = {
+    "param-gather": dict(overlap_param_gather=True, zero=1),
+    "grad-reduce": dict(overlap_grad_reduce=False, zero=1),
+    "tp-comm": dict(tp_comm_overlap=True, tp=2, sp=True, dp=2),
+    "p2p": dict(overlap_p2p_comm=False),
+}
+VPP4 = dict(pp_schedule="interleaved", virtual_stages=4)
+"""Interleaved over 4 chunks of tiny-llama's 4 layers on 2 stages: chunks without a layer."""
+
+
 @pytest.mark.parametrize(
     "fields",
-    [
-        dict(overlap_param_gather=True, zero=1),
-        dict(overlap_grad_reduce=False, zero=1),
-        dict(tp_comm_overlap=True, tp=2, sp=True, dp=2),
-        dict(overlap_p2p_comm=False),
-    ],
-    ids=["param-gather", "grad-reduce", "tp-comm", "p2p"],
+    [*KNOBS.values(), *(knob | VPP4 for name, knob in KNOBS.items() if name != "p2p")],
+    ids=[*KNOBS, *(f"{name}-vpp4" for name in KNOBS if name != "p2p")],
 )
 def test_the_fast_path_prices_each_knob_as_the_reference_schedule(fields):
     p = make_point("tiny-llama", RING, seq_len=512, global_batch=64, **({"pp": 2, "dp": 4} | fields))
@@ -253,8 +258,19 @@ def test_a_study_can_search_the_overlaps(tmp_path):
         ("dp: 8, zero: 3, overlap_grad_reduce: false", ["field 'parallel.overlap_grad_reduce'", "0, 1 or 2"]),
         ("dp: 8, overlap_p2p_comm: false", ["field 'parallel.overlap_p2p_comm'", "parallel.pp above 1"]),
         ("dp: 8, tp_comm_overlap: 1", ["field 'parallel.tp_comm_overlap'"]),
+        (
+            "dp: 4, pp: 2, pp_schedule: interleaved, virtual_stages: 2, overlap_p2p_comm: false",
+            ["overlap_p2p_comm=false with parallel.pp_schedule=interleaved is not supported yet", "1f1b or gpipe"],
+        ),
     ],
-    ids=["tp-comm-without-sp", "param-gather-without-zero", "grad-reduce-under-fsdp", "p2p-without-pp", "not-a-flag"],
+    ids=[
+        "tp-comm-without-sp",
+        "param-gather-without-zero",
+        "grad-reduce-under-fsdp",
+        "p2p-without-pp",
+        "not-a-flag",
+        "blocking-p2p-interleaved",
+    ],
 )
 def test_an_overlap_that_cannot_take_effect_is_one_line_and_exit_2(tmp_path, fields, fragments):
     path = tmp_path / "p.yaml"

@@ -374,7 +374,7 @@ class Pipeline:
             if step == "F":
                 units = in_order[chunk]
                 # the first module's updated weights are gathered from the step's start, not after the receive
-                early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers else ()
+                early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers and units else ()
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 # the first module's gather starts with the step, once its input has arrived (Megatron waits for
                 # the receive before it runs the micro-batch)

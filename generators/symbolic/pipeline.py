@@ -431,8 +431,9 @@ class Pipeline:
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
         if deferred:
             # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended
-            end = max(last_backward.values())
-            syncs += [program.add(Call(block, (end,), index, mb)) for block, mb, index in deferred]
+            # (and, with blocking p2p, once the last send has gone)
+            after = (max(last_backward.values()), *waits())
+            syncs += [program.add(Call(block, after, index, mb)) for block, mb, index in deferred]
         tied = self.tied_sync.get(stage)
         if tied is not None:
             # after the last backward of the embedding (first stage) or the head (last stage)

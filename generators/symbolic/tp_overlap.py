@@ -44,15 +44,17 @@ def _is_gemm(op: Op) -> bool:
 
 
 def _bulk_reduce_scatters(ops: list[Op]) -> list[Op]:
-    """Each TP reduce-scatter that no GEMM produces (backward: the sum of the dgrads) moved ahead of the compute
-    it does not wait for, since the previous TP collective: TE's bulk overlap runs it beside the wgrad GEMMs."""
+    """Each TP reduce-scatter that no GEMM produces (backward: the sum of the dgrads) moved ahead of the kernels it
+    does not wait for: TE's bulk overlap runs it beside the wgrad GEMMs."""
     for index in range(len(ops)):
         op = ops[index]
         if not _is_tp(op, Collective.REDUCE_SCATTER) or _pipelined(ops, index):
             continue
         ancestors = _ancestors(ops, index)
-        start = max((i for i in range(index) if ops[i].axis == TP and ops[i].is_comm), default=-1) + 1
-        movable = [i for i in range(start, index) if i not in ancestors and ops[i].kind is OpKind.COMPUTE]
+        # the kernels since the last communication (whose order on its streams, and a p2p's pairing, stays) that it
+        # does not wait for: a kernel reading one of those does not either, so the order stays causal
+        start = max((i for i in range(index) if ops[i].is_comm), default=-1) + 1
+        movable = [i for i in range(start, index) if i not in ancestors]
         if movable:
             ops = _move_after(ops, movable, index)
     return ops

@@ -29,9 +29,7 @@ def overlap_tp_comm(block: Block, chunks: int) -> Block:
     """The block with its TP all-gathers and reduce-scatters overlapped as TE runs them, over `chunks` = tp."""
     if chunks < 2:
         return block
-    ops = list(block.ops)
-    ops = _bulk_reduce_scatters(ops)
-    rewrite = _Rewrite(ops, chunks)
+    rewrite = _Rewrite(_bulk_reduce_scatters(list(block.ops)), chunks)
     return replace(block, ops=tuple(rewrite.new_ops), output=rewrite.new_index[block.output_index])
 
 
@@ -96,8 +94,6 @@ class _Rewrite:
         self.ops, self.chunks = ops, chunks
         self.new_ops: list[Op] = []
         self.new_index: dict[int, int] = {}
-        self.chunk_deps: dict[int, list[int]] = {}
-        """Per old op split into chunks, the new op each of its chunks reads after (a ring step), or nothing."""
         consumers: dict[int, list[int]] = {}
         for i, op in enumerate(ops):
             for d in op.deps:
@@ -179,6 +175,8 @@ class _Rewrite:
 
 
 def _chunk(op: Op, n: int, k: int, deps: tuple[int, ...]) -> Op:
+    """Chunk k of n of a GEMM split along its tokens (each chunk reads the whole weight; priced at 1/n of the bytes,
+    which a compute-bound GEMM does not notice)."""
     return replace(
         op,
         name=f"{op.name}.chunk{k}",

@@ -288,6 +288,40 @@ class ParallelSpec(Spec):
         description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
         "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
     )
+    # Megatron-LM's communication overlaps (megatron/core/distributed, TransformerEngine userbuffers); left out of
+    # the dump at their defaults, which are the step as priced before they existed: stored studies keep their keys.
+    overlap_grad_reduce: bool = Field(
+        True,
+        exclude_if=lambda value: value is True,
+        description="data-parallel gradients reduced module by module as the last micro-batch's backward fills "
+        "them, beside the rest of that backward (Megatron's --overlap-grad-reduce, whose own default is false; "
+        "PyTorch DDP and FSDP always do, hence true here); false: every reduction (the all-reduce, or the "
+        "distributed optimizer's reduce-scatter under zero 1 and 2) starts once the whole backward has ended, a "
+        "blocking phase before the optimizer",
+    )
+    overlap_param_gather: bool = Field(
+        False,
+        exclude_if=lambda value: value is False,
+        description="with zero 1 or 2 (Megatron's distributed optimizer), the updated parameters are all-gathered "
+        "during the next step's forward, each module's just ahead of its first forward (Megatron's "
+        "--overlap-param-gather, default false); false: one all-gather after the optimizer step, ending the step",
+    )
+    tp_comm_overlap: bool = Field(
+        False,
+        exclude_if=lambda value: value is False,
+        description="with sp, TransformerEngine userbuffers (Megatron's --tp-comm-overlap, default false): the TP "
+        "all-gathers feeding a GEMM run as a ring exchange of tp chunks beside the GEMM's chunks, and the "
+        "reduce-scatters after a GEMM as tp chunks each following its GEMM chunk; the GEMMs run slower beside them "
+        "by the accelerator's overlap_slowdown",
+    )
+    overlap_p2p_comm: bool = Field(
+        True,
+        exclude_if=lambda value: value is True,
+        description="pipeline sends and receives run on their own streams beside the compute; false: each stage "
+        "waits for its batched sends and receives before its next compute (Megatron's --no-overlap-p2p-"
+        "communication; its flag defaults to overlapping, but Megatron turns it off for non-interleaved "
+        "schedules, whose 1F1B runs batched, blocking p2p)",
+    )
     # Left out of the dump when unset, like NetworkDim.reduction_efficiency: stored studies keep their keys.
     first_stage_layers: Layers | None = Field(
         None,
@@ -619,6 +653,10 @@ REFINEMENTS = (
         lambda how: how != "none",
         "parallel.recompute other than none",
     ),
+    Refinement("parallel.overlap_grad_reduce", "parallel.zero", lambda zero: zero < 3, "parallel.zero 0, 1 or 2"),
+    Refinement("parallel.overlap_param_gather", "parallel.zero", lambda zero: zero in (1, 2), "parallel.zero 1 or 2"),
+    Refinement("parallel.tp_comm_overlap", "parallel.sp", lambda sp: sp, "parallel.sp: true"),
+    Refinement("parallel.overlap_p2p_comm", "parallel.pp", lambda pp: pp > 1, "parallel.pp above 1"),
     Refinement("model.rope_impl", "model.position", lambda position: position == "rope", "model.position: rope"),
     Refinement(
         "workload.attention_kernel", "model.flash_attention", lambda fused: fused, "model.flash_attention: true"

@@ -142,6 +142,13 @@ def infeasibility(point: DesignPoint) -> str | None:
             f"parallel.cp_algorithm=ring with parallel.recompute={p.recompute} is not supported yet; use "
             "cp_algorithm allgather, or recompute selective or none"
         )
+    if not p.overlap_p2p_comm and p.pp_schedule == "interleaved":
+        # Blocking p2p needs Megatron's batched exchange of both directions at once, which the interleaved
+        # schedule's steps do not post (the step deadlocks); Megatron itself overlaps p2p for it by default.
+        return (
+            "parallel.overlap_p2p_comm=false with parallel.pp_schedule=interleaved is not supported yet; use "
+            "overlap_p2p_comm true (Megatron's default for interleaved schedules), or pp_schedule 1f1b or gpipe"
+        )
     return None
 
 

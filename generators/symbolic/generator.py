@@ -43,7 +43,8 @@ class _Builder:
         self.outside = [embedding, head]
         states = ModelStates(point, self.tracing.tracer, self.tracing.module.itemsize, self.blocks)
         tied_sync = states.tied_sync_blocks(modules.table) if not modules.tied and m.tied_embeddings else {}
-        pipeline = Pipeline(point, self.tracing.module, self.blocks, traced, embedding, head, kinds, tied_sync)
+        gathers = states.param_gather_blocks([embedding, *traced.values(), head])
+        pipeline = Pipeline(point, self.tracing.module, self.blocks, traced, embedding, head, kinds, tied_sync, gathers)
 
         stages: list[Stage] = []
         for stage in range(p.pp):

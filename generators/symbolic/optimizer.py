@@ -85,6 +85,48 @@ class ModelStates:
         """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
         optimizer step of pipeline stages that hold alike layers)."""
 
+    def _by_group(self, weights: list[tuple[STensor, int]]) -> dict[str, float]:
+        """Elements of the weights (each with the layers that hold it) by the data-parallel group that replicates
+        them: dense weights over every data-parallel rank (ep x dp), expert weights over dp / ep ranks."""
+        p = self.point.parallel
+        data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
+        by_group: dict[str, float] = defaultdict(float)
+        for w, count in weights:
+            by_group["dp" if is_expert(w) else data] += self._replica_elems(w) * count
+        return by_group
+
+    def _emit_param_gathers(
+        self, emitter: Emitter, name: str, by_group: dict[str, float], deps: tuple[int, ...]
+    ) -> None:
+        """ZeRO-1/2's all-gather of the updated weights, one per replica group that has more than one rank."""
+        p = self.point.parallel
+        for axis, elems in sorted(by_group.items()):
+            if axis and (axis != "dp" or p.dp // p.ep > 1):
+                emitter.emit(
+                    Op(name, OpKind.COLLECTIVE, "all_gather", comm_bytes=elems * self.itemsize, axis=axis, deps=deps)
+                )
+
+    def param_gather_blocks(self, modules: list[Traced]) -> dict[int, int]:
+        """With `overlap_param_gather` under ZeRO 1 or 2 (Megatron's distributed optimizer), the all-gather of each
+        module's updated weights, which Megatron issues bucket by bucket during the next step's forward, just
+        ahead of the module that reads them. Priced in one step as its steady state: by the module's forward
+        block, a block gathering its weights that the schedule issues ahead of its first forward
+        (`Pipeline.schedule`); a tied table is gathered once, before its first module (the embedding)."""
+        p = self.point.parallel
+        if not (self.train and p.overlap_param_gather and p.zero in (1, 2)):
+            return {}
+        blocks: dict[int, int] = {}
+        gathered: set[int] = set()
+        for traced in modules:
+            weights = [(w, 1) for w in traced.params if id(w) not in gathered]
+            gathered |= {id(w) for w, _ in weights}
+            emitter = Emitter()
+            self._emit_param_gathers(emitter, "params.all_gather", self._by_group(weights), (BLOCK_INPUT,))
+            if emitter.ops and traced.forward not in blocks:
+                name = self.blocks[traced.forward].name.removesuffix(".forward")
+                blocks[traced.forward] = add_block(self.blocks, f"{name}.params_gather", emitter)
+        return blocks
+
     def tied_sync_blocks(self, table: STensor) -> dict[int, int]:
         """With pipeline stages, the first stage's token table and the last stage's LM head are two copies of one
         tied weight: after backward the two stages add up each other's gradient (Megatron's embedding-group
@@ -121,8 +163,6 @@ class ModelStates:
         item = self.itemsize
         local = opt_elems = 0.0
         zero_share = 0.0
-        by_group: dict[str, float] = defaultdict(float)
-        data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
         uses: dict[int, list] = {}  # a tied table is one weight of two modules: count each weight once
         for traced, layers in modules:
             for w in traced.params:
@@ -133,10 +173,9 @@ class ModelStates:
                     use[1] += layers
         for w, count in uses.values():
             elems = self._replica_elems(w) * count
-            expert = is_expert(w)
             local += elems
-            zero_share += elems / (p.dp // p.ep if expert else p.dp)
-            by_group["dp" if expert else data] += elems
+            zero_share += elems / (p.dp // p.ep if is_expert(w) else p.dp)
+        by_group = self._by_group([(w, count) for w, count in uses.values()])
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
         if not self.train:
@@ -154,19 +193,10 @@ class ModelStates:
                 deps=(BLOCK_INPUT,),
             )
         )
-        # ZeRO-1/2: every replica group gathers the updated weights it sharded (experts over dp / ep ranks)
-        for axis, elems in sorted(by_group.items()) if p.zero in (1, 2) else ():
-            if axis and (axis != "dp" or p.dp // p.ep > 1):
-                emitter.emit(
-                    Op(
-                        "params.all_gather",
-                        OpKind.COLLECTIVE,
-                        "all_gather",
-                        comm_bytes=elems * item,
-                        axis=axis,
-                        deps=(adam,),
-                    )
-                )
+        # ZeRO-1/2: every replica group gathers the updated weights it sharded (experts over dp / ep ranks), here
+        # or, overlapped, before each module's first forward of the next step (`param_gather_blocks`)
+        if p.zero in (1, 2) and not p.overlap_param_gather:
+            self._emit_param_gathers(emitter, "params.all_gather", by_group, (adam,))
         block = block_of("optimizer", emitter)
         index = self._shared.get(block)
         if index is None:

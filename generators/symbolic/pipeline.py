@@ -61,6 +61,7 @@ class Pipeline:
         head: Traced,
         keys: list[LayerKey],
         tied_sync: dict[int, int],
+        param_gathers: dict[int, int] | None = None,
     ) -> None:
         self.point = point
         self.train = point.workload.mode == "train"
@@ -73,6 +74,9 @@ class Pipeline:
         """Per layer, the traced layer it runs."""
         self.tied_sync = tied_sync
         """By stage, the block exchanging a tied weight's gradient (`ModelStates.tied_sync_blocks`)."""
+        self.param_gathers = param_gathers or {}
+        """By forward block, the block gathering its module's updated weights ahead of the step's first forward
+        of the module (`ModelStates.param_gather_blocks`, Megatron's overlap_param_gather)."""
         self.microbatches = point.micro_batches
         """How many micro-batches the programs being scheduled run (see `programs`)."""
         self.sends: dict[tuple[int, int], list[int]] | None = None
@@ -159,7 +163,9 @@ class Pipeline:
             name += "" if strategy == "tp" else f".{strategy}"
             size = self.tracer.nbytes(self.module.activation("x", ("b", "s", "h"), strategy))
             emitter = Emitter()
-            deps = (BLOCK_INPUT,) if kind is OpKind.SEND else ()
+            # a blocking receive (without overlap_p2p_comm) is posted once the compute before it has ended
+            blocking = not self.point.parallel.overlap_p2p_comm
+            deps = (BLOCK_INPUT,) if kind is OpKind.SEND or blocking else ()
             emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
             self.p2p[key] = add_block(self.blocks, name, emitter)
         return self.p2p[key]
@@ -190,6 +196,7 @@ class Pipeline:
             len(self.blocks),
             tuple(self.p2p.items()),
             optimizer,
+            tuple(self.param_gathers.items()),
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
             tuple((t.forward, t.backward, t.backward_weight, t.sync, t.gathers) for t in traces),
@@ -247,6 +254,10 @@ class Pipeline:
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
         synced: set[int] = set()
+        updated: set[int] = set()
+        first_forwards: list[int] = []
+        """The forward calls that read weights `update_weights` gathered, in order."""
+        """Modules whose updated weights the step has gathered (see `param_gathers`)."""
 
         sources: list[Source] = []
 
@@ -284,11 +295,29 @@ class Pipeline:
                 nbytes = trace_of[unit].gathered_bytes[way]
                 keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
 
+        def update_weights(unit: Unit, index: int, mb: int) -> tuple[int, ...]:
+            """The call gathering a module's updated weights (`param_gathers`) before its first forward of the step.
+            Megatron gathers the first module's at the step's start and each next one's as the forward of the one
+            before it starts (its pre-forward hook), once that one's gather and the forward before it are done: on
+            the data-parallel stream, after the forward two modules back."""
+            block = self.param_gathers.get(trace_of[unit].forward)
+            if block is None or index in updated:
+                return ()
+            updated.add(index)
+            return (program.add(Call(block, tuple(first_forwards[-2:-1]), index, mb)),)
+
+        deferred: list[tuple[int, int, int]] = []
+        """Without `overlap_grad_reduce`: (sync block, micro-batch, module) of the syncs issued after the backward."""
+
         def sync(traced: Traced, after: int, mb: int, index: int) -> None:
             """The module's gradient sync after its backward, once per micro-batch that syncs (see its caller)."""
             if (index, mb) not in synced:
                 synced.add((index, mb))
-                syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
+                assert traced.sync is not None
+                if p.overlap_grad_reduce:
+                    syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
+                else:
+                    deferred.append((traced.sync, mb, index))
 
         tag = self.tag
         posted: dict[int, int] = {}
@@ -316,7 +345,25 @@ class Pipeline:
                 crossed = base % vstages if chunks > 1 else source - backward
                 recv = self.p2p_block(OpKind.RECV, source - stage, self.boundary(crossed))
                 mb_of = base // (1 if chunks == 1 else vstages)
-                posted[t] = program.add(Call(recv, (), -1, mb_of, t))
+                posted[t] = program.add(Call(recv, blocked_after(), -1, mb_of, t))
+
+        p2p_calls: list[int] = []
+        """Without `overlap_p2p_comm`: the p2p calls issued since the last compute, which the next compute waits for
+        (Megatron's batched isend/irecv, waited on before the next micro-batch)."""
+        last_compute: list[int] = []
+
+        def blocked_after() -> tuple[int, ...]:
+            """A blocking p2p call's input, the compute before it; it is one the next compute waits for."""
+            if p.overlap_p2p_comm:
+                return ()
+            p2p_calls.append(len(program.calls))
+            return tuple(last_compute[-1:])
+
+        def waits() -> tuple[int, ...]:
+            """The blocking p2p calls the next compute call waits for."""
+            done = tuple(p2p_calls)
+            p2p_calls.clear()
+            return done
 
         def receive(source_vstage: int, wanted: int) -> int:
             post(source_vstage, wanted)
@@ -387,23 +434,31 @@ class Pipeline:
             first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
                 units = in_order[chunk]
+                # the first module's updated weights are gathered from the step's start, not after the receive
+                early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers and units else ()
                 prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 # the first module's gather starts with the step, once its input has arrived (Megatron waits for
                 # the receive before it runs the micro-batch)
                 gathered = gather(units, 0, 0, () if prev is None else (prev,), mb)
+                blocked = waits()
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
-                    append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
-                    prev = len(calls) - 1
+                    update = early if pos == 0 else update_weights(unit, index, mb)
+                    append(Call(trace_of[unit].forward, (*inputs, *gathered, *update, *blocked), index, mb))
+                    prev, blocked = len(calls) - 1, ()
+                    if update:
+                        first_forwards.append(prev)
                     if gathered:
                         hold(unit, 0, index, gathered, prev)
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
+                last_compute[:] = [prev]
                 if not last:
                     if chunks > 1:
                         prefetch(i + 1)
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
+                    blocked_after()
                     program.add(Call(send, (prev,), -1, mb, tag(mb, vstage, False)))
                 continue
             if step == "W":
@@ -427,13 +482,15 @@ class Pipeline:
             # a module is gathered again for its backward once its forward has freed its weights
             # (and, like the forward's, once the gradient it starts from has arrived)
             gathered = gather(units, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb) if units else ()
+            blocked = waits()
             for pos, (index, unit) in enumerate(units):
                 traced = trace_of[unit]
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
-                append(Call(traced.backward, (*inputs, *gathered), index, mb))
+                append(Call(traced.backward, (*inputs, *gathered, *blocked), index, mb))
                 prev = last_backward[index] = len(calls) - 1
+                blocked = ()
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
                 gathered = ahead
@@ -447,17 +504,24 @@ class Pipeline:
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
+            last_compute[:] = [] if prev is None else [prev]
             if not first:
                 assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
+                blocked_after()
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+        if deferred:
+            # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended
+            # (and, with blocking p2p, once the last send has gone)
+            after = (max(last_backward.values()), *waits())
+            syncs += [program.add(Call(block, after, index, mb)) for block, mb, index in deferred]
         tied = self.tied_sync.get(stage)
         if tied is not None:
             # after the last backward of the embedding (first stage) or the head (last stage)
             owner = -1 if stage == 0 else -2
             syncs.append(program.add(Call(tied, (last_backward[owner],), owner, microbatches - 1, TIED_SYNC_TAG)))
         if optimizer is not None:
-            program.add(Call(optimizer, tuple(syncs) or (len(program.calls) - 1,)))
+            program.add(Call(optimizer, (*syncs, *waits()) or (len(program.calls) - 1,)))
         return sources

@@ -142,6 +142,7 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         m.moe is not None and m.moe.shared_experts > 0,
         m.mla is not None and m.mla.q_lora_rank is None,
         p.layer_strategy(m.layers - 1),
+        p.tp if p.tp_comm_overlap else None,  # TE's overlap splits the layer's TP collectives into tp chunks
     )
     # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
     # schedule's and the optimizer's business, not the trace's)

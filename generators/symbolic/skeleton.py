@@ -87,6 +87,8 @@ def schedule_shape(point: DesignPoint) -> tuple:
         p.microbatch_group,
         point.workload.mode,
         p.zero >= 2,
+        p.overlap_grad_reduce,
+        p.overlap_p2p_comm,
         p.recompute_every,
         p.first_stage_layers,
         p.last_stage_layers,

@@ -36,6 +36,7 @@ from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
+from generators.symbolic.tp_overlap import overlap_tp_comm
 
 
 class ModuleTracer:
@@ -104,7 +105,7 @@ class ModuleTracer:
         replayed, kept = self._replayed(name, tape)
         bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
-        forward_block = add_block(self.blocks, f"{name}.forward", fwd)
+        forward_block = self._add_layer_block(f"{name}.forward", fwd)
         backward_block, weight_block = self.backward_blocks(f"{name}.backward", bwd, output)
         sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
@@ -131,7 +132,7 @@ class ModuleTracer:
     def backward_blocks(self, name: str, emitter: Emitter, output: int) -> tuple[int, int | None]:
         """The backward block, added to the workload's; with a zero-bubble schedule its input-gradient half, and
         its weight-gradient half as a block of its own (`split_weight_gradients`)."""
-        block = block_of(name, emitter, output)
+        block = self._tp_overlapped(name, block_of(name, emitter, output))
         weight = None
         if self.point.parallel.pp_schedule == "zb_h1":
             block, weight = split_weight_gradients(block)
@@ -153,6 +154,17 @@ class ModuleTracer:
             sum(nbytes(t) for key, t in reads.items() if key in saved),
             sum(nbytes(t) for key, t in reads.items() if key not in saved),
         )
+
+    def _add_layer_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
+        """Add a traced block, its TP collectives overlapped where `_tp_overlapped` says."""
+        self.blocks.append(self._tp_overlapped(name, block_of(name, emitter, output)))
+        return len(self.blocks) - 1
+
+    def _tp_overlapped(self, name: str, block: Block) -> Block:
+        """With `tp_comm_overlap`, a layer's TP collectives overlapped as TransformerEngine's userbuffers run them
+        (`tp_overlap`; the embedding and the head are not TE layers)."""
+        p = self.point.parallel
+        return overlap_tp_comm(block, p.tp) if p.tp_comm_overlap and name.startswith("layer") else block
 
     def _derive(
         self, tape: list[Node], out: STensor, inputs: Sequence[STensor], replayed: list[Node], prefetch: bool
@@ -195,7 +207,9 @@ class ModuleTracer:
             traced[key] = self.trace(
                 layer_block_name(key), [x_in], lambda key=key, x_in=x_in: module.layer(x_in, key[0], key[1])
             )
-        embedding = self.trace("embed", [], embed)
+        # the tokens are the embedding's input, so that its lookup waits for what its call waits for (the step's
+        # gather of the updated table, a blocking pipeline transfer before it)
+        embedding = self.trace("embed", [tokens], embed)
         tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
         head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))

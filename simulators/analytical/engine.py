@@ -170,9 +170,10 @@ class _Scheduler:
             for d in deps:
                 if local[d] > start:
                     start = local[d]
-            for r in shares:
-                if stream_end[r] > start:
-                    start = stream_end[r]
+            if link is None:  # a transfer shares its link instead of queueing for it (`_rendezvous`)
+                for r in shares:
+                    if stream_end[r] > start:
+                        start = stream_end[r]
             if start == inf:
                 run.op = j
                 run.call_start[c], run.call_end[c] = min(run.call_start[c], first), max(run.call_end[c], last)
@@ -212,7 +213,14 @@ class _Scheduler:
         return True
 
     def _rendezvous(self, side: _Parked, key: tuple[Link, int]) -> tuple[float, float]:
-        """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked."""
+        """Pair a p2p op with its partner and settle both, or park it; (inf, inf) when parked.
+
+        A transfer starts once both ends are ready, even while a collective holds a network dimension it crosses:
+        NCCL runs the two communicators' kernels at once and they share the link, so the transfer goes at half
+        rate while the collective lasts (stretched by up to its own length). Queueing it behind the collective
+        instead held the last backward sends of a pipeline behind the data-parallel reductions issued before
+        them (hundreds of ms per stage on a 405B point), where on the wire they are a small share of the link.
+        Collectives still queue behind what holds a dimension (`plans.PlanOp`)."""
         queue = self._mailbox.get(key)
         if not queue or queue[0].kind == side.kind:
             if queue is None:
@@ -225,12 +233,14 @@ class _Scheduler:
         if not queue:  # tags are mostly unique: keep the mailbox to the transfers still waiting
             del self._mailbox[key]
         start = side.ready if side.ready > other.ready else other.ready
+        busy = start
         for end_of in (side, other):
             stream_end = end_of.run.stream_end
             for r in end_of.shares:
-                if stream_end[r] > start:
-                    start = stream_end[r]
-        end = start + (side.seconds if side.kind == SEND else other.seconds)
+                if stream_end[r] > busy:
+                    busy = stream_end[r]
+        seconds = side.seconds if side.kind == SEND else other.seconds
+        end = start + seconds + min(seconds, busy - start)
         self._settle(side, start, end)
         self._settle(other, start, end)
         run = other.run

@@ -359,9 +359,6 @@ class _FastScheduler(_Scheduler):
             for i in call.inputs:
                 if out_end[i] > start:
                     start = out_end[i]
-        for r in shares:
-            if stream_end[r] > start:
-                start = stream_end[r]
         if start == inf:
             return False
         local = [0.0] * len(plan.block.ops)

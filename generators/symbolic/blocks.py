@@ -41,6 +41,9 @@ class Traced:
     """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
     unrecomputed: "Traced | None" = None
     """The same layer with a backward that recomputes nothing, for the layers `recompute_every` skips."""
+    unsynced: int | None = None
+    """Its backward without the gradient reduce-scatters, for the micro-batches before the last when gradients
+    are reduced once per step (`ModuleTracer.unsynced_block`)."""
 
 
 def block_name(kind: LayerKind) -> str:

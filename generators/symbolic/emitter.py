@@ -29,6 +29,9 @@ class Emitter:
     gathers: list[Op] = field(default_factory=list)
     fsdp: FsdpCopies | None = None
     """The copies FSDP runs around each weight all-gather (ZeRO-3), if any."""
+    grad_reduces: list[int] = field(default_factory=list)
+    """The ops of ZeRO-3's gradient reduce-scatters with their copies, which a backward that accumulates its
+    gradients unsharded leaves out (`parallel.grad_reduce` per_step)."""
     alive: list[STensor] = field(default_factory=list)
     """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""
 
@@ -87,6 +90,12 @@ class Emitter:
         """A weight gradient's reduce-scatter over the data axes (ZeRO-3), sent in FSDP's reduce dtype, with the
         copies FSDP runs before it and after it (those with no dependency: they run on the reduce-scatter
         stream, beside the compute that follows); the index of the reduce-scatter."""
+        first = len(self.ops)
+        index = self._emit_grad_reduce(op, outputs)
+        self.grad_reduces.extend(range(first, len(self.ops)))
+        return index
+
+    def _emit_grad_reduce(self, op: Op, outputs: Sequence[STensor]) -> int:
         if self.fsdp is None:
             return self.emit(op, outputs)
         before, after = self.fsdp.reduce_scatter(op.name, op.comm_bytes, op.axis)

@@ -16,7 +16,11 @@ from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.optimizer import TIED_SYNC_TAG
 from generators.symbolic.schedule import SCHEDULES, interleaved, steady_microbatches, steady_period
+from generators.symbolic.sharding import Sharding
 from generators.symbolic.skeleton import Skeleton, Source, Unit, keep_skeleton, schedule_shape, skeleton_for
+
+RESHARDED = 2
+"""A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
 
 
 class Stage(NamedTuple):
@@ -61,6 +65,7 @@ class Pipeline:
         """Send orders of the micro-batches being scheduled, found when a stage is walked (`schedule`): a
         skeleton reused from an earlier point needs none."""
         self.p2p: dict[tuple[OpKind, int, str], int] = {}
+        self.sharding = Sharding.of(point.parallel)
         p, m = point.parallel, point.model
         chunks = self.chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]); a stage's layers
@@ -174,7 +179,7 @@ class Pipeline:
             optimizer,
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync, t.gathers) for t in traces),
+            tuple((t.forward, t.backward, t.sync, t.gathers, t.unsynced) for t in traces),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
@@ -190,6 +195,9 @@ class Pipeline:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
         key, unrecomputed, what = source
         traced = self.unit_trace((key, unrecomputed))
+        if what == RESHARDED:
+            assert self.sharding.post_forward is not None
+            return traced.gathered_bytes[0] / self.sharding.post_forward
         return traced.saved_bytes if what < 0 else traced.gathered_bytes[what]
 
     def unit_trace(self, unit: Unit) -> Traced:
@@ -214,7 +222,13 @@ class Pipeline:
         microbatches = self.microbatches
         chunks = self.chunks
         vstages = p.pp * chunks
-        sync_every = p.zero >= 2
+        sharding = self.sharding
+        held = sharding.hold
+        sync_every = p.zero >= 2 and not sharding.grad_per_step
+        held_to_backward: dict[tuple[int, int], tuple[Unit, tuple[int, ...]]] = {}
+        """Per (module, micro-batch of the backward that frees them), forward-gathered weights kept to then."""
+        resharded: set[tuple[int, int]] = set()
+        """(module, micro-batch) whose weights are kept as a 1/n shard from the forward to the backward."""
         fwd_call: dict[tuple[int, int], int] = {}
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
@@ -243,13 +257,21 @@ class Pipeline:
             issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
             at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
             when their module ends)."""
-            if not gathering or pos >= len(units):
+            if not gathering or pos >= len(units) or not gathers_for(way, mb):
                 return ()
             index, unit = units[pos]
             block = trace_of[unit].gathers[way]
             if block is None:
                 return ()
             return (program.add(Call(block, after, index, mb)),)
+
+        def gathers_for(way: int, mb: int) -> bool:
+            """Whether a module's forward (way 0) or backward (1) of micro-batch mb gathers its weights: a
+            forward unless the weights are kept over the step and gathered already (by micro-batch 0's), a
+            backward unless the weights are kept whole since the forward (see `Sharding.hold`)."""
+            if way == 0:
+                return held != "step" or mb == 0
+            return held in ("forward", "shard")
 
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
@@ -335,8 +357,12 @@ class Pipeline:
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
                     append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
                     prev = len(calls) - 1
-                    if gathered:
+                    if gathered and held in ("microbatch", "step"):
+                        held_to_backward[(index, mb if held == "microbatch" else last_mb)] = (unit, gathered)
+                    elif gathered:
                         hold(unit, 0, index, gathered, prev)
+                    if held == "shard" and trace_of[unit].gathers[0] is not None:
+                        resharded.add((index, mb))
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 if not last:
@@ -356,10 +382,19 @@ class Pipeline:
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
-                append(Call(traced.backward, (*inputs, *gathered), index, mb))
+                block = traced.backward if traced.unsynced is None or mb == last_mb else traced.unsynced
+                append(Call(block, (*inputs, *gathered), index, mb))
                 prev = last_backward[index] = len(calls) - 1
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
+                if (index, mb) in held_to_backward:
+                    held_unit, held_gather = held_to_backward.pop((index, mb))
+                    hold(held_unit, 0, index, held_gather, prev)
+                if (index, mb) in resharded:
+                    nbytes = traced.gathered_bytes[0] / (sharding.post_forward or 1)
+                    source = (*unit, RESHARDED)
+                    name = f"{names[index]}.weights.resharded"
+                    keep(name, source, nbytes, fwd_call[(index, mb)], prev, TensorKind.TEMPORARY)
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):

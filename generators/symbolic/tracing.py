@@ -20,6 +20,7 @@ from generators.symbolic.emitter import Emitter
 from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
+from generators.symbolic.sharding import Sharding, without_ops
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
 
@@ -36,8 +37,10 @@ class ModuleTracer:
         self.synced: set[int] = set()
         """Ids of the parameters whose gradients a module traced before syncs (a tied weight syncs once)."""
         p = point.parallel
+        self.sharding = Sharding.of(p)
+        shard = self.sharding.shard if self.sharding.shard < p.dp else None
         self.fsdp = (
-            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype])
+            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype], shard)
             if p.zero == 3
             else None
         )
@@ -47,6 +50,16 @@ class ModuleTracer:
         if not emitter.gathers:
             return None
         self.blocks.append(Block(f"{name}.gather", tuple(emitter.gathers)))
+        return len(self.blocks) - 1
+
+    def unsynced_block(self, backward: int, emitter: Emitter) -> int | None:
+        """With gradients reduced once per step (`Sharding.grad_per_step`), the backward of the micro-batches
+        before the last: the block at `backward` without its ZeRO-3 gradient reduce-scatters and their copies
+        (FSDP2 with requires_gradient_sync False accumulates the unsharded gradients); None if it has none."""
+        if not self.sharding.grad_per_step or not emitter.grad_reduces:
+            return None
+        block = self.blocks[backward]
+        self.blocks.append(without_ops(block, set(emitter.grad_reduces), f"{block.name}.unsynced"))
         return len(self.blocks) - 1
 
     def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
@@ -97,11 +110,14 @@ class ModuleTracer:
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
+        traced.unsynced = self.unsynced_block(backward_block, bwd)
         if replayed and self.point.parallel.recompute_every > 1:
             plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
+            plain_block = add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output)
             traced.unrecomputed = replace(
                 traced,
-                backward=add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output),
+                backward=plain_block,
+                unsynced=self.unsynced_block(plain_block, plain),
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),

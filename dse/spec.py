@@ -58,6 +58,19 @@ def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _reshard_value(value: Any) -> Any:
+    """parallel.reshard_after_forward: auto, a flag, or a number of ranks, with one message for anything else
+    (the union's own errors would list each member's)."""
+    if value == "auto" or isinstance(value, bool):
+        return value
+    number = _whole(value) if isinstance(value, int | float) else None
+    if isinstance(number, int) and 1 <= number <= MAX_WORLD:
+        return number
+    raise PydanticCustomError(
+        "reshard_after_forward", "expected auto, true, false or a whole number of ranks to reshard to after forward"
+    )
+
+
 Whole = Annotated[int, BeforeValidator(_whole)]
 Count = Annotated[Whole, Gt(0)]
 Layers = Annotated[Count, Le(MAX_LAYERS)]
@@ -241,7 +254,7 @@ class ParallelSpec(Spec):
         description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
     )
     # Left out of the dump at their defaults, like first_stage_layers: stored studies keep their keys.
-    reshard_after_forward: Literal["auto"] | bool | Degree = Field(
+    reshard_after_forward: Annotated[Literal["auto"] | bool | Degree, BeforeValidator(_reshard_value)] = Field(
         "auto",
         exclude_if=lambda value: value == "auto",
         description="with zero 3, FSDP2's fully_shard(reshard_after_forward): true frees each module's gathered "

@@ -43,7 +43,12 @@ class Traced:
     """The same layer with a backward that recomputes nothing, for the layers `recompute_every` skips."""
     unsynced: int | None = None
     """Its backward without the gradient reduce-scatters, for the micro-batches before the last when gradients
-    are reduced once per step (`ModuleTracer.unsynced_block`)."""
+    are reduced once per step (`ModuleTracer.unsynced_blocks`)."""
+    held_forward: int | None = None
+    """Its forward without FSDP's copies around the weight gathers, for the micro-batches that find the weights
+    still gathered (`ModuleTracer.held_forward`)."""
+    post_backward: int | None = None
+    """Those gradient reduce-scatters alone, issued after the stage's last backward under pipelining."""
 
 
 def block_name(kind: LayerKind) -> str:

@@ -179,7 +179,9 @@ class Pipeline:
             optimizer,
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.sync, t.gathers, t.unsynced) for t in traces),
+            tuple(
+                (t.forward, t.backward, t.sync, t.gathers, t.unsynced, t.post_backward, t.held_forward) for t in traces
+            ),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
@@ -355,7 +357,9 @@ class Pipeline:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
-                    append(Call(trace_of[unit].forward, (*inputs, *gathered), index, mb))
+                    traced = trace_of[unit]
+                    block = traced.forward if mb == 0 or traced.held_forward is None else traced.held_forward
+                    append(Call(block, (*inputs, *gathered), index, mb))
                     prev = len(calls) - 1
                     if gathered and held in ("microbatch", "step"):
                         held_to_backward[(index, mb if held == "microbatch" else last_mb)] = (unit, gathered)
@@ -382,7 +386,8 @@ class Pipeline:
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
-                block = traced.backward if traced.unsynced is None or mb == last_mb else traced.unsynced
+                reducing = mb == last_mb and not sharding.reduce_after_stage
+                block = traced.backward if traced.unsynced is None or reducing else traced.unsynced
                 append(Call(block, (*inputs, *gathered), index, mb))
                 prev = last_backward[index] = len(calls) - 1
                 if gathered:
@@ -399,6 +404,12 @@ class Pipeline:
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
+            if mb == last_mb and sharding.reduce_after_stage:
+                # FSDP's post-backward of the stage module: every module's reduce-scatter once its backward is done
+                for index, unit in units:
+                    reduce = trace_of[unit].post_backward
+                    if reduce is not None:
+                        syncs.append(program.add(Call(reduce, (prev,), index, mb)))
             if not first:
                 assert prev is not None
                 if chunks > 1:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from dse.spec import ParallelSpec
-from dse.workload import Block, Collective, Op, OpKind
+from dse.workload import BLOCK_INPUT, Block, Collective, Op, OpKind
 
 Hold = Literal["forward", "shard", "microbatch", "step"]
 """How long a module's weights gathered for its forward stay gathered: to the end of the forward (reshard after
@@ -41,6 +41,10 @@ class Sharding:
     hold: Hold
     grad_per_step: bool
     """Gradients are reduced once per step after the last micro-batch, accumulated unsharded until then."""
+    reduce_after_stage: bool
+    """ZeRO-3 gradients reduced once per step under pipelining: torch.distributed.pipelining runs every backward
+    of a stage without gradient sync and then FSDP's post-backward of the whole stage module, so the reduce-
+    scatters follow the stage's last backward instead of each module's."""
 
     @staticmethod
     def of(p: ParallelSpec) -> "Sharding":
@@ -57,7 +61,9 @@ class Sharding:
         per_step = p.grad_reduce == "per_step" or (p.grad_reduce == "auto" and p.pp > 1)
         shard = p.dp_shard if p.dp_shard is not None and p.zero >= 1 else p.dp
         post = reshard if hold == "shard" and p.zero == 3 else None
-        return Sharding(p.dp, shard, post, hold if p.zero == 3 else "forward", per_step and p.zero >= 2)
+        per_step = per_step and p.zero >= 2
+        after_stage = per_step and p.zero == 3 and p.pp > 1
+        return Sharding(p.dp, shard, post, hold if p.zero == 3 else "forward", per_step, after_stage)
 
     @property
     def split(self) -> bool:
@@ -109,6 +115,15 @@ class Sharding:
                     )
             out.append(replace(block, ops=tuple(ops), output=block.output_index) if ops != list(block.ops) else block)
         return out
+
+
+def only_ops(block: Block, kept: list[int], name: str) -> Block:
+    """A block of the ops at `kept` (in order); what they waited for outside them is the block's input."""
+    index = {old: new for new, old in enumerate(kept)}
+    ops = [
+        replace(block.ops[i], deps=tuple(sorted({index.get(d, BLOCK_INPUT) for d in block.ops[i].deps}))) for i in kept
+    ]
+    return Block(name, tuple(ops))
 
 
 def without_ops(block: Block, removed: set[int], name: str) -> Block:

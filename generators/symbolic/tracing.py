@@ -13,14 +13,14 @@ from dataclasses import replace
 from dse.spec import DTYPE_BYTES, DesignPoint
 from dse.workload import Block, Collective
 from generators.symbolic.autodiff import Differentiator, Gradients, read_by_backward, saved_bytes
-from generators.symbolic.blocks import LayerKey, Modules, Traced, add_block, layer_block_name
+from generators.symbolic.blocks import LayerKey, Modules, Traced, add_block, block_of, layer_block_name
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, gradient_layout
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
-from generators.symbolic.sharding import Sharding, without_ops
+from generators.symbolic.sharding import Sharding, only_ops, without_ops
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
 
@@ -52,15 +52,33 @@ class ModuleTracer:
         self.blocks.append(Block(f"{name}.gather", tuple(emitter.gathers)))
         return len(self.blocks) - 1
 
-    def unsynced_block(self, backward: int, emitter: Emitter) -> int | None:
-        """With gradients reduced once per step (`Sharding.grad_per_step`), the backward of the micro-batches
-        before the last: the block at `backward` without its ZeRO-3 gradient reduce-scatters and their copies
-        (FSDP2 with requires_gradient_sync False accumulates the unsharded gradients); None if it has none."""
-        if not self.sharding.grad_per_step or not emitter.grad_reduces:
-            return None
-        block = self.blocks[backward]
-        self.blocks.append(without_ops(block, set(emitter.grad_reduces), f"{block.name}.unsynced"))
+    def _add(self, block: Block) -> int:
+        self.blocks.append(block)
         return len(self.blocks) - 1
+
+    def held_forward(self, name: str, forward: int, emitter: Emitter) -> int | None:
+        """With weights kept gathered over the step (`Sharding.hold` step), the forward of the micro-batches after
+        the first: without FSDP's copies around the gathers, which it does not run."""
+        if self.sharding.hold != "step" or not emitter.gather_copies:
+            return None
+        return self._add(without_ops(self.blocks[forward], set(emitter.gather_copies), f"{name}.held"))
+
+    def backward_blocks(self, name: str, emitter: Emitter, output: int) -> tuple[int, int | None, int | None]:
+        """A module's backward block; with gradients reduced once per step (`Sharding.grad_per_step`), the
+        backward of the micro-batches before the last: without its ZeRO-3 gradient reduce-scatters and their
+        copies (FSDP2 with requires_gradient_sync False accumulates the unsharded gradients); and under
+        pipelining those reduce-scatters as a block of their own (`Sharding.reduce_after_stage`), or None.
+        With weights kept gathered from the forward (`Sharding.hold`) a backward runs no copies around gathers."""
+        block = block_of(name, emitter, output)
+        held = set(emitter.gather_copies) if self.sharding.hold in ("microbatch", "step") else set()
+        backward = self._add(without_ops(block, held, name) if held else block)
+        reduces = emitter.grad_reduces if self.sharding.grad_per_step else []
+        if not reduces:
+            return backward, None, None
+        unsynced = self._add(without_ops(block, held | set(reduces), f"{name}.unsynced"))
+        if not self.sharding.reduce_after_stage:
+            return backward, unsynced, None
+        return backward, unsynced, self._add(only_ops(block, reduces, f"{name}.post_backward"))
 
     def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
         """Nodes recomputed in backward, and those of them whose output is stored all the same."""
@@ -104,20 +122,24 @@ class ModuleTracer:
         bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = add_block(self.blocks, f"{name}.forward", fwd)
-        backward_block = add_block(self.blocks, f"{name}.backward", bwd, output)
+        backward_block, unsynced, post_backward = self.backward_blocks(f"{name}.backward", bwd, output)
         sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
-        traced.unsynced = self.unsynced_block(backward_block, bwd)
+        traced.unsynced, traced.post_backward = unsynced, post_backward
+        traced.held_forward = self.held_forward(f"{name}.forward", forward_block, fwd)
         if replayed and self.point.parallel.recompute_every > 1:
             plain, _, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
-            plain_block = add_block(self.blocks, f"{name}.backward.unrecomputed", plain, plain_output)
+            plain_block, unsynced, post_backward = self.backward_blocks(
+                f"{name}.backward.unrecomputed", plain, plain_output
+            )
             traced.unrecomputed = replace(
                 traced,
                 backward=plain_block,
-                unsynced=self.unsynced_block(plain_block, plain),
+                unsynced=unsynced,
+                post_backward=post_backward,
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),

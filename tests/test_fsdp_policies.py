@@ -125,16 +125,19 @@ def test_gradients_reduced_per_step_move_a_micro_batch_count_fewer_bytes_and_hol
     assert _fixed(once, TensorKind.GRADIENT) == W0
 
 
-def test_under_pipelining_the_per_step_reduce_scatters_follow_the_stages_last_backward():
-    """torch.distributed.pipelining runs FSDP's post-backward after the stage's last backward: every backward
-    call comes before the first reduce-scatter, and the optimizer waits for all of them."""
+def test_under_pipelining_the_per_step_reduce_scatters_follow_the_stages_last_backward_and_its_send():
+    """torch.distributed.pipelining runs FSDP's post-backward (its REDUCE_GRAD action) after the stage's last
+    backward and the send of its input gradient: every backward and send call comes before the first
+    reduce-scatter, and the optimizer waits for all of them (stage 0: embedding and two layers; stage 1: two
+    layers and the head)."""
     workload = SymbolicGenerator().generate(_point(grad_reduce="per_step"))
-    program = workload.programs[0]
-    names = [workload.blocks[call.block].name for call in program.calls]
-    reducing = [i for i, call in enumerate(program.calls) if _reduces(workload.blocks[call.block])]
-    backwards = [i for i, name in enumerate(names) if ".backward" in name and "post_backward" not in name]
-    assert len(reducing) == 3 and min(reducing) > max(backwards)
-    assert set(reducing) <= set(program.calls[-1].inputs)
+    for program in workload.programs:
+        names = [workload.blocks[call.block].name for call in program.calls]
+        reducing = [i for i, call in enumerate(program.calls) if _reduces(workload.blocks[call.block])]
+        runs = [i for i in range(len(names)) if i not in reducing]
+        earlier = [i for i in runs if names[i].startswith("send") or ".backward" in names[i]]
+        assert len(reducing) == 3 and min(reducing) > max(earlier)
+        assert set(reducing) <= set(program.calls[-1].inputs)
 
 
 def _reduces(block) -> bool:

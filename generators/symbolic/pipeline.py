@@ -404,18 +404,19 @@ class Pipeline:
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
-            if mb == last_mb and sharding.reduce_after_stage:
-                # FSDP's post-backward of the stage module: every module's reduce-scatter once its backward is done
-                for index, unit in units:
-                    reduce = trace_of[unit].post_backward
-                    if reduce is not None:
-                        syncs.append(program.add(Call(reduce, (prev,), index, mb)))
             if not first:
                 assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
                 program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+            if mb == last_mb and sharding.reduce_after_stage:
+                # FSDP's post-backward of the stage module (torch.distributed.pipelining's REDUCE_GRAD action, after
+                # the stage's last backward and its send): every module's reduce-scatter
+                for index, unit in units:
+                    reduce = trace_of[unit].post_backward
+                    if reduce is not None:
+                        syncs.append(program.add(Call(reduce, (prev,), index, mb)))
         tied = self.tied_sync.get(stage)
         if tied is not None:
             # after the last backward of the embedding (first stage) or the head (last stage)

@@ -8,7 +8,9 @@ after forward (the "post-forward mesh", a non-trivial divisor of the shard group
 and gathers the backward over those n ranks. torch.distributed.pipelining (torch/distributed/pipelining/stage.py,
 `backward_maybe_with_nosync`) sets reshard_after_backward and requires_gradient_sync False for every backward but
 the last micro-batch's, so under pipelining a module kept gathered after forward stays gathered for the whole
-step and its gradients are reduce-scattered once, after the last micro-batch, the accumulation kept unsharded.
+step and its gradients are reduce-scattered once, the accumulation kept unsharded: by FSDP's post-backward of the
+whole stage module, which the schedule runs as its REDUCE_GRAD action after the stage's last backward and send
+(`_PipelineStageBase.perform_reduce_grad`).
 torchtitan (torchtitan/models/llama3/infra/parallelize.py, `apply_fsdp`) passes reshard_after_forward = not
 pp_enabled by default ("reshard_after_forward_policy: default"), which is the `auto` here.
 
@@ -44,7 +46,7 @@ class Sharding:
     reduce_after_stage: bool
     """ZeRO-3 gradients reduced once per step under pipelining: torch.distributed.pipelining runs every backward
     of a stage without gradient sync and then FSDP's post-backward of the whole stage module, so the reduce-
-    scatters follow the stage's last backward instead of each module's."""
+    scatters follow the stage's last backward (and its send) instead of each module's."""
 
     @staticmethod
     def of(p: ParallelSpec) -> "Sharding":

@@ -113,6 +113,17 @@ def test_resharding_to_n_ranks_gathers_the_backward_over_them_and_holds_a_1_over
     assert sum(t.bytes for t in shards) == 2 * (2 * (EMBED + layers_and_head)) / 2  # two micro-batches, 1/2 each
 
 
+def test_under_pipelining_a_module_keeps_one_post_forward_shard_for_the_step():
+    """FSDP2 keeps one post-forward shard per module, whatever the micro-batches in flight: on two stages with
+    reshard_after_forward 2, the first stage holds W0 / 2 from micro-batch 0's forward to the last backward."""
+    workload = SymbolicGenerator().generate(_point(reshard_after_forward=2))
+    program = workload.programs[0]
+    shards = [t for t in program.tensors if t.name.endswith(".weights.resharded")]
+    assert len(shards) == 3 and sum(t.bytes for t in shards) == W0 / 2
+    for t in shards:
+        assert (program.calls[t.producer].microbatch, program.calls[t.consumer].microbatch) == (0, M - 1)
+
+
 def test_gradients_reduced_per_step_move_a_micro_batch_count_fewer_bytes_and_hold_them_unsharded():
     """per_microbatch reduce-scatters the stage's gradients after every micro-batch, per_step once (auto under
     pipelining); per_step holds the unsharded gradients (W0) where per_microbatch holds their dp-th."""

@@ -229,8 +229,10 @@ class Pipeline:
         sync_every = p.zero >= 2 and not sharding.grad_per_step
         held_to_backward: dict[tuple[int, int], tuple[Unit, tuple[int, ...]]] = {}
         """Per (module, micro-batch of the backward that frees them), forward-gathered weights kept to then."""
-        resharded: set[tuple[int, int]] = set()
-        """(module, micro-batch) whose weights are kept as a 1/n shard from the forward to the backward."""
+        resharded: dict[tuple[int, int], int] = {}
+        """Per (module, micro-batch of the backward that frees it), the forward call after which the module keeps a
+        1/n shard of its weights: FSDP2 keeps one post-forward shard per module, so under pipelining, with several
+        micro-batches in flight, one from the first forward to the last backward of the step."""
         fwd_call: dict[tuple[int, int], int] = {}
         last_backward: dict[int, int] = {}
         syncs: list[int] = []
@@ -365,8 +367,8 @@ class Pipeline:
                         held_to_backward[(index, mb if held == "microbatch" else last_mb)] = (unit, gathered)
                     elif gathered:
                         hold(unit, 0, index, gathered, prev)
-                    if held == "shard" and trace_of[unit].gathers[0] is not None:
-                        resharded.add((index, mb))
+                    if held == "shard" and traced.gathers[0] is not None and (p.pp == 1 or mb == 0):
+                        resharded[(index, mb if p.pp == 1 else last_mb)] = prev
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 if not last:
@@ -397,9 +399,8 @@ class Pipeline:
                     hold(held_unit, 0, index, held_gather, prev)
                 if (index, mb) in resharded:
                     nbytes = traced.gathered_bytes[0] / (sharding.post_forward or 1)
-                    source = (*unit, RESHARDED)
                     name = f"{names[index]}.weights.resharded"
-                    keep(name, source, nbytes, fwd_call[(index, mb)], prev, TensorKind.TEMPORARY)
+                    keep(name, (*unit, RESHARDED), nbytes, resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
                 keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
                 gathered = ahead
                 if traced.sync is not None and (sync_every or mb == last_mb):

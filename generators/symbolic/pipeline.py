@@ -410,10 +410,11 @@ class Pipeline:
                 if chunks > 1:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
-                program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+                prev = program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
             if mb == last_mb and sharding.reduce_after_stage:
                 # FSDP's post-backward of the stage module (torch.distributed.pipelining's REDUCE_GRAD action, after
-                # the stage's last backward and its send): every module's reduce-scatter
+                # the stage's last backward and its send): every module's reduce-scatter. It waits for the send as
+                # well, which takes the link first (an activation gradient, short beside the stage's gradients).
                 for index, unit in units:
                     reduce = trace_of[unit].post_backward
                     if reduce is not None:

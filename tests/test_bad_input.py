@@ -475,6 +475,9 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
     assert missing <= {
         "parallel.first_stage_layers",
         "parallel.last_stage_layers",
+        "parallel.reshard_after_forward",
+        "parallel.grad_reduce",
+        "parallel.dp_shard",
         "model.head_dim",
         "model.kv_heads",
         "model.max_seq",

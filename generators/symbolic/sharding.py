@@ -14,6 +14,11 @@ whole stage module, which the schedule runs as its REDUCE_GRAD action after the 
 torchtitan (torchtitan/models/llama3/infra/parallelize.py, `apply_fsdp`) passes reshard_after_forward = not
 pp_enabled by default ("reshard_after_forward_policy: default"), which is the `auto` here.
 
+Left out: under pipelining torch also leaves a module that reshards after forward unsharded after each backward
+(reshard_after_backward False), so a forward right after a backward of the same stage would find its weights
+gathered; here true and n gather for every forward and backward as they do without pipelining, and a forward
+after the first gathers over the whole shard group rather than from the post-forward shard.
+
 HSDP (FSDP2 on a 2-D device mesh, torchtitan's data_parallel_shard_degree below the dp degree) shards over groups
 of dp_shard consecutive data-parallel ranks and replicates across them: weights are all-gathered and gradients
 reduce-scattered in the shard group, and each reduced shard is then all-reduced over the replicate group.
@@ -27,8 +32,9 @@ from dse.workload import BLOCK_INPUT, Block, Collective, Op, OpKind
 
 Hold = Literal["forward", "shard", "microbatch", "step"]
 """How long a module's weights gathered for its forward stay gathered: to the end of the forward (reshard after
-forward), as a 1/n shard to its backward (reshard to n ranks), whole to its backward (no reshard, without
-pipelining), or whole to its last backward of the step (no reshard, under pipelining)."""
+forward), as a 1/n shard to its backward (reshard to n ranks; one shard per module, so under pipelining to its
+last backward of the step), whole to its backward (no reshard, without pipelining), or whole to its last
+backward of the step (no reshard, under pipelining)."""
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,19 @@ def _as_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _reshard_value(value: Any) -> Any:
+    """parallel.reshard_after_forward: auto, a flag, or a number of ranks, with one message for anything else
+    (the union's own errors would list each member's)."""
+    if value == "auto" or isinstance(value, bool):
+        return value
+    number = _whole(value) if isinstance(value, int | float) else None
+    if isinstance(number, int) and 1 <= number <= MAX_WORLD:
+        return number
+    raise PydanticCustomError(
+        "reshard_after_forward", "expected auto, true, false or a whole number of ranks to reshard to after forward"
+    )
+
+
 Whole = Annotated[int, BeforeValidator(_whole)]
 Count = Annotated[Whole, Gt(0)]
 Layers = Annotated[Count, Le(MAX_LAYERS)]
@@ -249,6 +262,31 @@ class ParallelSpec(Spec):
     fsdp_reduce_dtype: Literal["bf16", "fp32"] = Field(
         "bf16",
         description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
+    )
+    # Left out of the dump at their defaults, like first_stage_layers: stored studies keep their keys.
+    reshard_after_forward: Annotated[Literal["auto"] | bool | Degree, BeforeValidator(_reshard_value)] = Field(
+        "auto",
+        exclude_if=lambda value: value == "auto",
+        description="with zero 3, FSDP2's fully_shard(reshard_after_forward): true frees each module's gathered "
+        "weights after its forward and gathers them again for its backward; false keeps them from the forward to "
+        "the backward (under pp > 1 for the whole step, as torch.distributed.pipelining keeps them unsharded "
+        "after backward too); an int n keeps a 1/n shard after forward and gathers the backward over n ranks; "
+        "auto: false when pp > 1, else true (torchtitan)",
+    )
+    grad_reduce: Literal["auto", "per_microbatch", "per_step"] = Field(
+        "auto",
+        exclude_if=lambda value: value == "auto",
+        description="with zero >= 2, when gradients are reduce-scattered: after every micro-batch's backward, or "
+        "once after the last one with the accumulation kept unsharded in between (FSDP2's "
+        "set_requires_gradient_sync(False)); auto: per_step when pp > 1 (torch.distributed.pipelining), else "
+        "per_microbatch (torchtitan, DeepSpeed ZeRO-2)",
+    )
+    dp_shard: Degree | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="HSDP: ZeRO shards over groups of dp_shard consecutive data-parallel ranks and replicates "
+        "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
+        "unset: over all dp ranks",
     )
     pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1"] = Field(
         "1f1b",
@@ -646,6 +684,9 @@ def default_of(path: str) -> Any:
 REFINEMENTS = (
     Refinement("parallel.fsdp", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
     Refinement("parallel.fsdp_reduce_dtype", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
+    Refinement("parallel.reshard_after_forward", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
+    Refinement("parallel.grad_reduce", "parallel.zero", lambda zero: zero >= 2, "parallel.zero 2 or 3"),
+    Refinement("parallel.dp_shard", "parallel.zero", lambda zero: zero >= 1, "parallel.zero 1, 2 or 3"),
     Refinement("parallel.cp_algorithm", "parallel.cp", lambda cp: cp > 1, "parallel.cp above 1"),
     Refinement(
         "parallel.recompute_every",

@@ -36,8 +36,8 @@ CASES = {
     "interleaved-groups": dict(
         tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, microbatch_group=5, global_batch=36, system=DGX
     ),
-    "zb-h1-zero3-ring-cp": dict(
-        tp=2, cp=2, pp=2, zero=3, cp_algorithm="ring", pp_schedule="zb_h1", global_batch=16, system=ONE_NODE
+    "zb-h1-zero2-ring-cp": dict(
+        tp=2, cp=2, pp=2, zero=2, cp_algorithm="ring", pp_schedule="zb_h1", global_batch=16, system=ONE_NODE
     ),
     "cp2": dict(tp=2, cp=2, pp=2, dp=2, global_batch=16, system=DGX),
     # ZeRO-3 gathers for the next micro-batch's first modules share a link with context parallelism's K/V

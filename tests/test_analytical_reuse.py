@@ -11,7 +11,7 @@ from simulators.analytical.fastpath import _layout, program_layout
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
-SHAPE = dict(tp=2, pp=4, dp=2, sp=True, zero=2, global_batch=32, system=DGX)
+SHAPE = dict(tp=2, pp=4, dp=2, sp=True, zero=2, grad_reduce="per_microbatch", global_batch=32, system=DGX)
 
 
 def _p2p(workload) -> frozenset[int]:

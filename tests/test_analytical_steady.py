@@ -97,8 +97,9 @@ def test_the_steady_form_holds_a_few_periods_and_stands_for_the_rest():
 
 
 def test_a_timeline_that_does_not_repeat_is_priced_whole():
-    """Llama-3-70B with ZeRO-3 prefetches over interleaved stages: within 24 micro-batches the stages' times per
-    period still differ, so the steady form is refused and the step is simulated whole."""
+    """Llama-3-70B with ZeRO-3 prefetches over interleaved stages, regathered and reduce-scattered every
+    micro-batch: within 24 micro-batches the stages' times per period still differ, so the steady form is refused
+    and the step is simulated whole."""
     point = make_point(
         "llama3-70b",
         {"base": "dgx-h100", "network": {1: {"npus": 16}}},
@@ -110,6 +111,8 @@ def test_a_timeline_that_does_not_repeat_is_priced_whole():
         pp_schedule="interleaved",
         virtual_stages=2,
         zero=3,
+        reshard_after_forward=True,
+        grad_reduce="per_microbatch",
     )
     workload = SymbolicGenerator().generate(point)
     assert workload.steady is not None and schedule_steady(workload, point.system) is None

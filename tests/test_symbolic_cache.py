@@ -48,7 +48,9 @@ def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     tp2 = make_point("llama3-8b", DGX, tp=2, recompute="full", **shape)
     # 28 micro-batches instead of 16: the same steady form, 10 micro-batches (a link cycle of 6 fewer)
     more_micro_batches = make_point("llama3-8b", DGX, tp=4, **{**shape, "global_batch": 56})
-    synced_each_micro_batch = make_point("llama3-8b", DGX, tp=4, **{**shape, "zero": 2})
+    synced_each_micro_batch = make_point(
+        "llama3-8b", DGX, tp=4, **{**shape, "zero": 2, "grad_reduce": "per_microbatch"}
+    )
     evaluation = PluginEvaluation("symbolic", "analytical")
     assert evaluation.affinity(tp4) == evaluation.affinity(tp2) == evaluation.affinity(more_micro_batches)
     assert evaluation.affinity(tp4) != evaluation.affinity(synced_each_micro_batch)

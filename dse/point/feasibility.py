@@ -130,11 +130,19 @@ def infeasibility(point: DesignPoint) -> str | None:
             "parallel.pp_schedule=zb_h1 is a training schedule (it defers weight gradients); use pp_schedule 1f1b "
             f"or gpipe with workload.mode={w.mode}"
         )
+    if p.pp_schedule == "zb_h1" and p.zero == 3:
+        return (
+            "parallel.pp_schedule=zb_h1 with parallel.zero=3 is not modelled: FSDP's held weights and per-step "
+            "reduce-scatters do not yet compose with deferred weight gradients; use pp_schedule 1f1b or interleaved, "
+            "or zero 1 or 2"
+        )
     if w.mode != "train" and chunks > 1:
         return (
             f"parallel.pp_schedule=interleaved with virtual_stages={chunks} is a training schedule (interleaved "
             f"1F1B); use pp_schedule 1f1b or gpipe with workload.mode={w.mode}"
         )
+    if (problem := _sharding_groups(point)) is not None:
+        return problem
     if p.cp > 1 and p.cp_algorithm == "ring" and p.recompute in ("full", "selective_op") and w.mode == "train":
         # Its recomputed attention's K/V sends and receives do not pair up: the simulated step deadlocks (a bug
         # of the symbolic generator, found by tests/test_bad_input.py). Refused, with a way out, until fixed.
@@ -229,5 +237,32 @@ def _microbatch_groups(point: DesignPoint) -> str | None:
             f"interleaved 1F1B with {m} micro-batches per step in {setting} leaves a last group of {last} < "
             f"parallel.pp={p.pp} micro-batches, which Megatron refuses; set parallel.microbatch_group: {fits}, or "
             f"make the micro-batches a multiple of {group}"
+        )
+    return None
+
+
+def _sharding_groups(point: DesignPoint) -> str | None:
+    """What is wrong with the ZeRO groups parallel.dp_shard (HSDP) and an int parallel.reshard_after_forward set,
+    if anything: each must divide the group it splits."""
+    p = point.parallel
+    reshard = p.reshard_after_forward
+    to_ranks = None if isinstance(reshard, bool) or reshard == "auto" else reshard
+    if p.dp_shard is None and to_ranks is None:
+        return None
+    if p.ep > 1:
+        fields = "parallel.dp_shard" if p.dp_shard is not None else "parallel.reshard_after_forward"
+        return f"{fields} with parallel.ep={p.ep} (expert parallelism) is not supported; use ep 1 or unset {fields}"
+    if p.dp_shard is not None and (p.dp % p.dp_shard or p.dp_shard == 1):
+        return (
+            f"parallel.dp_shard={p.dp_shard} must divide parallel.dp={p.dp} and be at least 2 (1 shards nothing: "
+            f"use parallel.zero 0); use dp_shard in {{{', '.join(_divisors(p.dp).split(', ')[1:])}}}"
+        )
+    shard = p.dp_shard or p.dp
+    if to_ranks is not None and (shard % to_ranks or to_ranks in (1, shard)):
+        inner = [d for d in range(2, shard) if shard % d == 0]
+        return (
+            f"parallel.reshard_after_forward={to_ranks} must divide the {shard} ranks of a ZeRO shard group "
+            f"(parallel.dp_shard or dp) and lie strictly between 1 and {shard} (FSDP2's post-forward group); use "
+            + (f"one of {{{', '.join(map(str, inner))}}}" if inner else "true or false")
         )
     return None

@@ -77,6 +77,14 @@ class Traced:
     held_for_weight: tuple[float, float] = (0.0, 0.0)
     """Bytes the weight-gradient half keeps alive until it runs: of the saved activations (the rest is freed by the
     input-gradient half), and of what the input-gradient half makes for it (`ModuleTracer.held_for_weight`)."""
+    unsynced: int | None = None
+    """Its backward without the gradient reduce-scatters, for the micro-batches before the last when gradients
+    are reduced once per step (`ModuleTracer.unsynced_blocks`)."""
+    held_forward: int | None = None
+    """Its forward without FSDP's copies around the weight gathers, for the micro-batches that find the weights
+    still gathered (`ModuleTracer.held_forward`)."""
+    post_backward: int | None = None
+    """Those gradient reduce-scatters alone, issued after the stage's last backward under pipelining."""
 
 
 def block_name(kind: LayerKind) -> str:

@@ -5,7 +5,7 @@ all-gathers and gradient reduce-scatters go with the copies FSDP runs around the
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from dse.workload import BLOCK_INPUT, Op
+from dse.workload import BLOCK_INPUT, Op, OpKind
 from generators.symbolic.dist import Dist
 from generators.symbolic.fsdp import FsdpCopies, chained
 from generators.symbolic.tensors import STensor
@@ -29,6 +29,12 @@ class Emitter:
     gathers: list[Op] = field(default_factory=list)
     fsdp: FsdpCopies | None = None
     """The copies FSDP runs around each weight all-gather (ZeRO-3), if any."""
+    gather_copies: list[int] = field(default_factory=list)
+    """The copies FSDP runs around ZeRO-3's weight all-gathers in this block, which a call that finds the weights
+    still gathered does not run (`parallel.reshard_after_forward` false)."""
+    grad_reduces: list[int] = field(default_factory=list)
+    """The ops of ZeRO-3's gradient reduce-scatters with their copies, which a backward that accumulates its
+    gradients unsharded leaves out (`parallel.grad_reduce` per_step)."""
     alive: list[STensor] = field(default_factory=list)
     """Every tensor keyed above by id(), kept alive so that no id is reused by a newer tensor."""
 
@@ -63,6 +69,11 @@ class Emitter:
         priced in this block all the same (it takes the same SMs and HBM), and the all-gather does not wait for
         it (a shard's copy, short beside the gather)."""
         self.gathered_params += op.comm_bytes
+        first = len(self.ops)
+        self._emit_param_gather(op, outputs)
+        self.gather_copies.extend(i for i in range(first, len(self.ops)) if self.ops[i].kind is OpKind.COMPUTE)
+
+    def _emit_param_gather(self, op: Op, outputs: Sequence[STensor]) -> None:
         copy_in = self.fsdp.gather_in(op) if self.fsdp else []
         copy_out = self.fsdp.gather_out(op) if self.fsdp else None
         if self.prefetch:
@@ -87,6 +98,12 @@ class Emitter:
         """A weight gradient's reduce-scatter over the data axes (ZeRO-3), sent in FSDP's reduce dtype, with the
         copies FSDP runs before it and after it (those with no dependency: they run on the reduce-scatter
         stream, beside the compute that follows); the index of the reduce-scatter."""
+        first = len(self.ops)
+        index = self._emit_grad_reduce(op, outputs)
+        self.grad_reduces.extend(range(first, len(self.ops)))
+        return index
+
+    def _emit_grad_reduce(self, op: Op, outputs: Sequence[STensor]) -> int:
         if self.fsdp is None:
             return self.emit(op, outputs)
         before, after = self.fsdp.reduce_scatter(op.name, op.comm_bytes, op.axis)

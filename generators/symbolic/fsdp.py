@@ -62,9 +62,11 @@ class FsdpCopies:
     """The model's (parameter and gradient) dtype."""
     reduce_itemsize: int
     """The dtype gradients are reduce-scattered in."""
+    shard: int | None = None
+    """Under HSDP, the ranks of a shard group, which the traced 'dp' axis stands for here (`Sharding`)."""
 
     def group(self, axis: str) -> int:
-        return prod(self.degrees.get(a, 1) for a in axis.split("+"))
+        return prod(self.shard if a == "dp" and self.shard else self.degrees.get(a, 1) for a in axis.split("+"))
 
     def _shard_elems(self, unsharded_bytes: float, axis: str, itemsize: int) -> float:
         return unsharded_bytes / itemsize / self.group(axis)

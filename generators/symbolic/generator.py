@@ -69,8 +69,9 @@ class _Builder:
             programs = DeferredPrograms(p.pp, lambda: pipeline.programs(stages, point.micro_batches))
 
         axes = [("tp", p.tp), ("cp", p.cp)]
-        axes += [("ep", p.ep), ("dp", p.dp // p.ep)] if p.ep > 1 else [("dp", p.dp)]
+        axes += [("ep", p.ep), ("dp", p.dp // p.ep)] if p.ep > 1 else self.tracing.sharding.axes()
         layout = RankLayout((*axes, ("pp", p.pp)))
+        self.blocks[:] = self.tracing.sharding.regrouped(self.blocks, self._backward_gathers())
         class_of = np.arange(layout.world) // (p.tp * p.cp * p.dp)
         return Workload(
             point.key,
@@ -84,6 +85,12 @@ class _Builder:
             steady,
             point.workload.attention_kernel,
         )
+
+    def _backward_gathers(self) -> set[int]:
+        """The blocks of the weight all-gathers that backwards read (`Sharding.regrouped`)."""
+        traces = [*self.layer_traces.values(), *self.outside]
+        traces += [t.unrecomputed for t in traces if t.unrecomputed is not None]
+        return {t.gathers[1] for t in traces if t.gathers[1] is not None}
 
 
 WORKLOAD_CACHE_SIZE = 16

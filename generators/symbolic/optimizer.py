@@ -11,6 +11,7 @@ from generators.symbolic.blocks import Traced, add_block, block_of
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.graph import Tracer
+from generators.symbolic.sharding import Sharding
 from generators.symbolic.tensors import STensor
 
 OPTIMIZER_STATE_BYTES = 12
@@ -158,8 +159,11 @@ class ModelStates:
         """The Adam step over this stage's share of the parameters, and the static memory of model states; the
         stage's modules come with how many layers run each (layers of a kind share their weights' STensors).
 
-        A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas."""
+        A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas, or under
+        HSDP over the dp_shard replicas of a shard group. Gradients reduced once per step are accumulated
+        unsharded until then (`Sharding.grad_per_step`): the stage holds all of them."""
         p = self.point.parallel
+        sharding = Sharding.of(p)
         item = self.itemsize
         local = opt_elems = 0.0
         zero_share = 0.0
@@ -174,13 +178,13 @@ class ModelStates:
         for w, count in uses.values():
             elems = self._replica_elems(w) * count
             local += elems
-            zero_share += elems / (p.dp // p.ep if is_expert(w) else p.dp)
+            zero_share += elems / (p.dp // p.ep if is_expert(w) else sharding.shard)
         by_group = self._by_group([(w, count) for w, count in uses.values()])
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
         if not self.train:
             return None, memory
-        memory[TensorKind.GRADIENT] = (zero_share if p.zero >= 2 else local) * item
+        memory[TensorKind.GRADIENT] = (zero_share if p.zero >= 2 and not sharding.grad_per_step else local) * item
         memory[TensorKind.OPTIMIZER_STATE] = opt_elems * OPTIMIZER_STATE_BYTES
         emitter = Emitter()
         adam = emitter.emit(

@@ -23,6 +23,7 @@ from generators.symbolic.schedule import (
     steady_microbatches,
     steady_period,
 )
+from generators.symbolic.sharding import Sharding
 from generators.symbolic.skeleton import (
     MADE_FOR_WEIGHT_GRAD,
     SAVED,
@@ -35,6 +36,9 @@ from generators.symbolic.skeleton import (
     schedule_shape,
     skeleton_for,
 )
+
+RESHARDED = 2
+"""A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
 
 
 class Stage(NamedTuple):
@@ -83,6 +87,7 @@ class Pipeline:
         """Send orders of the micro-batches being scheduled, found when a stage is walked (`schedule`): a
         skeleton reused from an earlier point needs none."""
         self.p2p: dict[tuple[OpKind, int, str], int] = {}
+        self.sharding = Sharding.of(point.parallel)
         p, m = point.parallel, point.model
         chunks = self.chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
         # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]); a stage's layers
@@ -199,7 +204,19 @@ class Pipeline:
             tuple(self.param_gathers.items()),
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
-            tuple((t.forward, t.backward, t.backward_weight, t.sync, t.gathers) for t in traces),
+            tuple(
+                (
+                    t.forward,
+                    t.backward,
+                    t.backward_weight,
+                    t.sync,
+                    t.gathers,
+                    t.unsynced,
+                    t.post_backward,
+                    t.held_forward,
+                )
+                for t in traces
+            ),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
@@ -215,6 +232,9 @@ class Pipeline:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
         key, unrecomputed, what = source
         traced = self.unit_trace((key, unrecomputed))
+        if what == RESHARDED:
+            assert self.sharding.post_forward is not None
+            return traced.gathered_bytes[0] / self.sharding.post_forward
         if what >= 0:
             return traced.gathered_bytes[what]
         saved, (for_weight, made) = traced.saved_bytes, traced.held_for_weight
@@ -247,7 +267,15 @@ class Pipeline:
         microbatches = self.microbatches
         chunks = self.chunks
         vstages = p.pp * chunks
-        sync_every = p.zero >= 2
+        sharding = self.sharding
+        held = sharding.hold
+        sync_every = p.zero >= 2 and not sharding.grad_per_step
+        held_to_backward: dict[tuple[int, int], tuple[Unit, tuple[int, ...]]] = {}
+        """Per (module, micro-batch of the backward that frees them), forward-gathered weights kept to then."""
+        resharded: dict[tuple[int, int], int] = {}
+        """Per (module, micro-batch of the backward that frees it), the forward call after which the module keeps a
+        1/n shard of its weights: FSDP2 keeps one post-forward shard per module, so under pipelining, with several
+        micro-batches in flight, one from the first forward to the last backward of the step."""
         fwd_call: dict[tuple[int, int], int] = {}
         input_grad: dict[tuple[int, int], int] = {}
         """Per (module, micro-batch), the call of a backward's input-gradient half whose weight half is to run."""
@@ -282,13 +310,21 @@ class Pipeline:
             issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
             at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
             when their module ends)."""
-            if not gathering or pos >= len(units):
+            if not gathering or pos >= len(units) or not gathers_for(way, mb):
                 return ()
             index, unit = units[pos]
             block = trace_of[unit].gathers[way]
             if block is None:
                 return ()
             return (program.add(Call(block, after, index, mb)),)
+
+        def gathers_for(way: int, mb: int) -> bool:
+            """Whether a module's forward (way 0) or backward (1) of micro-batch mb gathers its weights: a
+            forward unless the weights are kept over the step and gathered already (by micro-batch 0's), a
+            backward unless the weights are kept whole since the forward (see `Sharding.hold`)."""
+            if way == 0:
+                return held != "step" or mb == 0
+            return held in ("forward", "shard")
 
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
@@ -444,13 +480,19 @@ class Pipeline:
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
                     ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
+                    traced = trace_of[unit]
+                    block = traced.forward if mb == 0 or traced.held_forward is None else traced.held_forward
                     update = early if pos == 0 else update_weights(unit, index, mb)
-                    append(Call(trace_of[unit].forward, (*inputs, *gathered, *update, *blocked), index, mb))
+                    append(Call(block, (*inputs, *gathered, *update, *blocked), index, mb))
                     prev, blocked = len(calls) - 1, ()
                     if update:
                         first_forwards.append(prev)
-                    if gathered:
+                    if gathered and held in ("microbatch", "step"):
+                        held_to_backward[(index, mb if held == "microbatch" else last_mb)] = (unit, gathered)
+                    elif gathered:
                         hold(unit, 0, index, gathered, prev)
+                    if held == "shard" and traced.gathers[0] is not None and (p.pp == 1 or mb == 0):
+                        resharded[(index, mb if p.pp == 1 else last_mb)] = prev
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 last_compute[:] = [prev]
@@ -488,11 +530,20 @@ class Pipeline:
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
-                append(Call(traced.backward, (*inputs, *gathered, *blocked), index, mb))
+                reducing = mb == last_mb and not sharding.reduce_after_stage
+                block = traced.backward if traced.unsynced is None or reducing else traced.unsynced
+                append(Call(block, (*inputs, *gathered, *blocked), index, mb))
                 prev = last_backward[index] = len(calls) - 1
                 blocked = ()
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
+                if (index, mb) in held_to_backward:
+                    held_unit, held_gather = held_to_backward.pop((index, mb))
+                    hold(held_unit, 0, index, held_gather, prev)
+                if (index, mb) in resharded:
+                    nbytes = traced.gathered_bytes[0] / (sharding.post_forward or 1)
+                    name = f"{names[index]}.weights.resharded"
+                    keep(name, (*unit, RESHARDED), nbytes, resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
                 gathered = ahead
                 if traced.backward_weight is not None:
                     # its weight gradient, what that reads and the gradient sync wait for the W step
@@ -511,7 +562,15 @@ class Pipeline:
                     prefetch(i + 1)
                 send = self.p2p_block(OpKind.SEND, peer(vstage, -1), self.boundary(vstage - 1))
                 blocked_after()
-                program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+                prev = program.add(Call(send, (prev,), -1, mb, tag(mb, vstage - 1, True)))
+            if mb == last_mb and sharding.reduce_after_stage:
+                # FSDP's post-backward of the stage module (torch.distributed.pipelining's REDUCE_GRAD action, after
+                # the stage's last backward and its send): every module's reduce-scatter. It waits for the send as
+                # well, which takes the link first (an activation gradient, short beside the stage's gradients).
+                for index, unit in units:
+                    reduce = trace_of[unit].post_backward
+                    if reduce is not None:
+                        syncs.append(program.add(Call(reduce, (prev,), index, mb)))
         if deferred:
             # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended
             # (and, with blocking p2p, once the last send has gone)

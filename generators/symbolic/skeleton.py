@@ -10,6 +10,7 @@ from dse.spec import DesignPoint
 from dse.workload import CallShape, OpKind, Program, TableTensors, TensorTable, tensor_columns
 from generators.symbolic.blocks import LayerKey
 from generators.symbolic.schedule import steady_microbatches
+from generators.symbolic.sharding import Sharding
 
 Unit = tuple[str | LayerKey, bool]
 """A traced module a call runs: "embed", "head" or a traced layer, and whether it is the layer's variant whose
@@ -79,6 +80,7 @@ def schedule_shape(point: DesignPoint) -> tuple:
     """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure and
     the number of micro-batches scheduled."""
     p = point.parallel
+    sharding = Sharding.of(p)
     return (
         point.model.name,
         p.pp,
@@ -86,7 +88,8 @@ def schedule_shape(point: DesignPoint) -> tuple:
         p.pp_schedule,
         p.microbatch_group,
         point.workload.mode,
-        p.zero >= 2,
+        p.zero >= 2 and not sharding.grad_per_step,
+        sharding.hold,
         p.overlap_grad_reduce,
         p.overlap_p2p_comm,
         p.recompute_every,

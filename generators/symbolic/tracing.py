@@ -34,6 +34,7 @@ from generators.symbolic.emitter import Emitter
 from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
+from generators.symbolic.sharding import Sharding, only_ops, without_ops
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
 from generators.symbolic.tp_overlap import overlap_tp_comm
@@ -51,8 +52,10 @@ class ModuleTracer:
         self.synced: set[int] = set()
         """Ids of the parameters whose gradients a module traced before syncs (a tied weight syncs once)."""
         p = point.parallel
+        self.sharding = Sharding.of(p)
+        shard = self.sharding.shard if self.sharding.shard < p.dp else None
         self.fsdp = (
-            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype])
+            FsdpCopies(p.fsdp, self.tracer.degrees, self.module.itemsize, DTYPE_BYTES[p.fsdp_reduce_dtype], shard)
             if p.zero == 3
             else None
         )
@@ -62,6 +65,10 @@ class ModuleTracer:
         if not emitter.gathers:
             return None
         self.blocks.append(Block(f"{name}.gather", tuple(emitter.gathers)))
+        return len(self.blocks) - 1
+
+    def _add(self, block: Block) -> int:
+        self.blocks.append(block)
         return len(self.blocks) - 1
 
     def _replayed(self, name: str, tape: Sequence[Node]) -> tuple[list[Node], list[Node]]:
@@ -106,41 +113,69 @@ class ModuleTracer:
         bwd, grads, output = self._derive(tape, out, inputs, replayed, fwd.prefetch)
         saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = self._add_layer_block(f"{name}.forward", fwd)
-        backward_block, weight_block = self.backward_blocks(f"{name}.backward", bwd, output)
+        backward_block, weight_block, unsynced, post_backward = self.backward_blocks(f"{name}.backward", bwd, output)
         sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
+        traced.unsynced, traced.post_backward = unsynced, post_backward
+        traced.held_forward = self.held_forward(f"{name}.forward", fwd)
         if weight_block is not None:
             traced.backward_weight = weight_block
             traced.held_for_weight = self.held_for_weight(tape, replayed, kept, grads)
         if replayed and self.point.parallel.recompute_every > 1:
             plain, plain_grads, plain_output = self._derive(tape, out, inputs, [], fwd.prefetch)
-            plain_block, plain_weight = self.backward_blocks(f"{name}.backward.unrecomputed", plain, plain_output)
+            plain_block, plain_weight, unsynced, post_backward = self.backward_blocks(
+                f"{name}.backward.unrecomputed", plain, plain_output
+            )
             traced.unrecomputed = replace(
                 traced,
                 backward=plain_block,
                 backward_weight=plain_weight,
                 held_for_weight=self.held_for_weight(tape, [], [], plain_grads) if plain_weight else (0.0, 0.0),
+                unsynced=unsynced,
+                post_backward=post_backward,
                 saved_bytes=saved_bytes(tr, tape, [], []),
                 gathers=(gathers[0], self.gather_block(f"{name}.backward.unrecomputed", plain)),
                 gathered_bytes=(gathered[0], plain.gathered_params if fwd.prefetch else 0.0),
             )
         return traced
 
-    def backward_blocks(self, name: str, emitter: Emitter, output: int) -> tuple[int, int | None]:
-        """The backward block, added to the workload's; with a zero-bubble schedule its input-gradient half, and
-        its weight-gradient half as a block of its own (`split_weight_gradients`)."""
-        block = self._tp_overlapped(name, block_of(name, emitter, output))
-        weight = None
+    def held_forward(self, name: str, emitter: Emitter) -> int | None:
+        """With weights kept gathered over the step (`Sharding.hold` step), the forward of the micro-batches after
+        the first: without FSDP's copies around the gathers, which it does not run."""
+        if self.sharding.hold != "step" or not emitter.gather_copies:
+            return None
+        held = without_ops(block_of(name, emitter), set(emitter.gather_copies), f"{name}.held")
+        return self._add(self._tp_overlapped(f"{name}.held", held))
+
+    def backward_blocks(
+        self, name: str, emitter: Emitter, output: int
+    ) -> tuple[int, int | None, int | None, int | None]:
+        """A module's backward block, and the blocks some schedules run instead of it or beside it, else None:
+        - with a zero-bubble schedule, the backward is its input-gradient half and its weight-gradient half is a
+          block of its own (`split_weight_gradients`; feasibility keeps ZeRO 3 away from it);
+        - with gradients reduced once per step (`Sharding.grad_per_step`), the backward of the micro-batches before
+          the last: without its ZeRO-3 gradient reduce-scatters and their copies (FSDP2 with requires_gradient_sync
+          False accumulates the unsharded gradients); and under pipelining those reduce-scatters as a block of
+          their own (`Sharding.reduce_after_stage`).
+        With weights kept gathered from the forward (`Sharding.hold`) a backward runs no copies around gathers.
+        (backward, weight half, unsynced backward, post-backward reduce-scatters)."""
+        block = block_of(name, emitter, output)
         if self.point.parallel.pp_schedule == "zb_h1":
-            block, weight = split_weight_gradients(block)
-        self.blocks.append(block)
-        if weight is None:
-            return len(self.blocks) - 1, None
-        self.blocks.append(weight)
-        return len(self.blocks) - 2, len(self.blocks) - 1
+            backward, weight = split_weight_gradients(self._tp_overlapped(name, block))
+            return self._add(backward), None if weight is None else self._add(weight), None, None
+        held = set(emitter.gather_copies) if self.sharding.hold in ("microbatch", "step") else set()
+        backward = self._add(self._tp_overlapped(name, without_ops(block, held, name) if held else block))
+        reduces = emitter.grad_reduces if self.sharding.grad_per_step else []
+        if not reduces:
+            return backward, None, None, None
+        unsynced_name = f"{name}.unsynced"
+        unsynced = self._add(self._tp_overlapped(unsynced_name, without_ops(block, held | set(reduces), unsynced_name)))
+        if not self.sharding.reduce_after_stage:
+            return backward, None, unsynced, None
+        return backward, None, unsynced, self._add(only_ops(block, reduces, f"{name}.post_backward"))
 
     def held_for_weight(
         self, tape: list[Node], replayed: list[Node], kept: list[Node], grads: Gradients
@@ -157,8 +192,7 @@ class ModuleTracer:
 
     def _add_layer_block(self, name: str, emitter: Emitter, output: int = -1) -> int:
         """Add a traced block, its TP collectives overlapped where `_tp_overlapped` says."""
-        self.blocks.append(self._tp_overlapped(name, block_of(name, emitter, output)))
-        return len(self.blocks) - 1
+        return self._add(self._tp_overlapped(name, block_of(name, emitter, output)))
 
     def _tp_overlapped(self, name: str, block: Block) -> Block:
         """With `tp_comm_overlap`, a layer's TP collectives overlapped as TransformerEngine's userbuffers run them

@@ -4,7 +4,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from dse.spec import DesignPoint, SystemSpec
+from dse.spec import DesignPoint
+from dse.system import SystemSpec
 from dse.workload import Collective, Workload
 
 

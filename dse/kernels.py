@@ -20,7 +20,7 @@ an upper bound on a shorter call's rate).
 from bisect import bisect_left
 from math import log, sqrt
 
-from dse.spec import AcceleratorSpec, AttentionKernelSpec, KernelRow
+from dse.system import AcceleratorSpec, AttentionKernelSpec, KernelRow
 from dse.workload import AttentionShape, Op
 
 AUTO_KERNEL = "fa2"

@@ -1,12 +1,8 @@
-"""The domain model: what a design point is.
+"""The domain model: what a design point is (a model, a workload, its parallelism, and the system of
+`dse.system`), its stable key, and the fields that only mean something beside others (`REFINEMENTS`).
 
-Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name; the properties below give SI
-units (bytes, bytes/s, FLOP/s, seconds), which is all the code inside ever uses.
-
-Everything read from a file is checked strictly, so that no typo is silently read as something else: a count
-is a whole number (`8`, or `8.0` / `8e0`, which JSON writers and YAML exponents give, but never `true`, `'8'` or
-`2.5`); a flag is true or false, not 1 or 'yes'; every float is finite and within the physical range of its
-field; and every size is within the tool's limits (dse/limits.py, README: Limits).
+Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name; properties give SI units
+(bytes, bytes/s, FLOP/s, seconds), which is all the code inside ever uses. Files are read strictly (`dse.fields`).
 """
 
 import hashlib
@@ -14,48 +10,27 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from math import prod
 from typing import Annotated, Any, Literal
 
-from annotated_types import Ge, Gt, Le
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, model_validator
+from annotated_types import Le
+from pydantic import BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from dse.limits import (
-    MAX_CAPACITY_GIB,
-    MAX_GLOBAL_BATCH,
-    MAX_LATENCY_NS,
-    MAX_LAUNCH_US,
-    MAX_LAYERS,
-    MAX_NAME_CHARS,
-    MAX_NETWORK_DIMS,
-    MAX_RATE,
-    MAX_SEQ_LEN,
-    MAX_WIDTH,
-    MAX_WORLD,
-    MIN_RATE,
-    MIN_SHARE,
+from dse.fields import (
+    DTYPE_BYTES,
+    Count,
+    Degree,
+    Dtype,
+    Layers,
+    Name,
+    Spec,
+    Whole,
+    Width,
+    as_tuple,
+    as_whole,
 )
-
-GiB = 1024**3
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
-OpCategory = Literal["gemm", "attention", "elementwise", "norm", "embedding", "optimizer", "other"]
-
-
-def _whole(value: Any) -> Any:
-    """A float with no fraction is the whole number it writes (8192.0, 8e3); a boolean is no number at all (YAML
-    reads true, yes and on as booleans, and Python counts True as 1). Anything else is left to the strict check."""
-    if isinstance(value, bool):
-        raise PydanticCustomError("bool_type", "expected a number, not a boolean")
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
-        return int(value)
-    return value
-
-
-def _as_tuple(value: Any) -> Any:
-    """A YAML or JSON list where a tuple is kept (strict validation takes tuples only)."""
-    return tuple(value) if isinstance(value, list) else value
+from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH, MAX_WORLD
+from dse.system import SystemSpec
 
 
 def _reshard_value(value: Any) -> Any:
@@ -63,36 +38,12 @@ def _reshard_value(value: Any) -> Any:
     (the union's own errors would list each member's)."""
     if value == "auto" or isinstance(value, bool):
         return value
-    number = _whole(value) if isinstance(value, int | float) else None
+    number = as_whole(value) if isinstance(value, int | float) else None
     if isinstance(number, int) and 1 <= number <= MAX_WORLD:
         return number
     raise PydanticCustomError(
         "reshard_after_forward", "expected auto, true, false or a whole number of ranks to reshard to after forward"
     )
-
-
-Whole = Annotated[int, BeforeValidator(_whole)]
-Count = Annotated[Whole, Gt(0)]
-Layers = Annotated[Count, Le(MAX_LAYERS)]
-Width = Annotated[Count, Le(MAX_WIDTH)]
-Degree = Annotated[Count, Le(MAX_WORLD)]
-Rate = Annotated[float, Ge(MIN_RATE), Le(MAX_RATE)]
-"""TFLOP/s or GB/s."""
-Share = Annotated[float, Ge(MIN_SHARE), Le(1)]
-"""A share of a peak rate."""
-Capacity = Annotated[float, Ge(0), Le(MAX_CAPACITY_GIB)]
-"""GiB."""
-Latency = Annotated[float, Ge(0), Le(MAX_LATENCY_NS)]
-"""Nanoseconds."""
-Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[^\x00-\x1f\x7f]+$")]
-"""A model's, accelerator's or system's name: shown in tables, plots and MLflow, so one line of text."""
-
-
-class Spec(BaseModel):
-    """Frozen and strict: a misspelt field is an error, not a silent default, and no value is coerced from
-    another type (see the module docstring); floats must be finite."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class MoESpec(Spec):
@@ -250,7 +201,7 @@ class ParallelSpec(Spec):
     pp: Degree = 1
     cp: Degree = 1
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
-    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(_whole)] = Field(0, description="ZeRO stage; 3 = FSDP")
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(as_whole)] = Field(0, description="ZeRO stage; 3 = FSDP")
     fsdp: Literal["fsdp1", "fsdp2"] = Field(
         "fsdp2",
         description="with zero 3, the PyTorch FSDP whose buffer copies are priced: fsdp2 (fully_shard, PyTorch's "
@@ -315,7 +266,7 @@ class ParallelSpec(Spec):
         description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "
         "the attention of the chunk held (zigzag causal balance: rank r holds chunks r and 2cp-1-r)",
     )
-    layer_strategies: Annotated[tuple[Literal["tp", "dp"], ...], BeforeValidator(_as_tuple)] = Field(
+    layer_strategies: Annotated[tuple[Literal["tp", "dp"], ...], BeforeValidator(as_tuple)] = Field(
         (),
         max_length=MAX_LAYERS,
         description="per layer, cycled: tp uses the tp ranks for tensor parallelism, dp as more data-parallel "
@@ -393,214 +344,6 @@ class ParallelSpec(Spec):
     @property
     def world(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
-
-
-KernelRow = Annotated[tuple[Width, Width, Rate], BeforeValidator(_as_tuple)]
-"""[head_dim, seq_len, TFLOP/s]: one bar of a kernel benchmark's figure."""
-
-
-class KernelCurves(Spec):
-    """A fused attention kernel's measured TFLOP/s under one mask, as its benchmark counts FLOPs (forward 4 s^2 d per
-    head and sequence, halved by the causal mask; backward 2.5 times the forward), by head dim and sequence length
-    (queries = keys = seq_len, batch x seq_len fixed)."""
-
-    fwd: list[KernelRow] = Field(min_length=1, description="forward pass")
-    bwd: list[KernelRow] = Field(
-        default_factory=list, description="backward pass; empty: not published (see AttentionKernelSpec)"
-    )
-
-    @model_validator(mode="after")
-    def _check_rows(self) -> "KernelCurves":
-        for name, rows in (("fwd", self.fwd), ("bwd", self.bwd)):
-            sizes = [(head_dim, seq) for head_dim, seq, _ in rows]
-            if len(set(sizes)) != len(sizes):
-                raise ValueError(f"{name} gives a [head_dim, seq_len] more than once; keep one row per size")
-        return self
-
-
-class AttentionKernelSpec(Spec):
-    """One attention kernel's microbenchmark on one accelerator, with and without the causal mask. A backward left
-    out under one mask is the other mask's, scaled by the ratio of the two forwards at the same size (the masked
-    tiles and the shorter average loop cost both passes alike: they share the tiling)."""
-
-    causal: KernelCurves
-    noncausal: KernelCurves
-
-    @model_validator(mode="after")
-    def _check_backward(self) -> "AttentionKernelSpec":
-        if not (self.causal.bwd or self.noncausal.bwd):
-            raise ValueError("needs a backward (bwd) under at least one mask, causal or noncausal")
-        return self
-
-
-class AttentionKernels(Spec):
-    """Measured tables of the fused attention kernels a point can name (workload.attention_kernel), each optional."""
-
-    fa2: AttentionKernelSpec | None = Field(None, description="FlashAttention-2")
-    fa3: AttentionKernelSpec | None = Field(None, description="FlashAttention-3 (Hopper GPUs)")
-    cudnn: AttentionKernelSpec | None = Field(None, description="cuDNN fused attention (TransformerEngine's)")
-
-    def table(self, kernel: str) -> AttentionKernelSpec | None:
-        return getattr(self, kernel)
-
-    @property
-    def measured(self) -> list[str]:
-        """The kernels with a table."""
-        return [name for name in type(self).model_fields if getattr(self, name) is not None]
-
-
-class AcceleratorSpec(Spec):
-    """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
-
-    name: Name
-    peak_tflops: dict[Dtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
-    hbm_GiB: Annotated[Capacity, Gt(0)]
-    hbm_bandwidth_GBps: Rate
-    compute_efficiency: dict[OpCategory, Share] = Field(description="share of peak FLOP/s per op category")
-    memory_efficiency: Share = Field(0.85, description="share of HBM bandwidth reached")
-    kernel_launch_us: float = Field(4.0, ge=0, le=MAX_LAUNCH_US, description="fixed cost per kernel")
-    gemm_half_efficiency_gflop: float = Field(
-        0.0,
-        ge=0,
-        le=MAX_RATE,
-        description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none",
-    )
-    # Left out of the dump when unset or default, like NetworkDim.reduction_efficiency: the keys of points on
-    # accelerators without them stay what they were.
-    sm_count: Annotated[Count, Le(4096)] | None = Field(
-        None,
-        exclude_if=lambda value: value is None,
-        description="streaming multiprocessors: with it, a GEMM whose shape the workload gives is priced by how its "
-        "output tiles fill the SMs over its waves (tile and wave quantization) instead of gemm_half_efficiency_gflop",
-    )
-    gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(_as_tuple)] = Field(
-        (256, 128),
-        exclude_if=lambda value: value == (256, 128),
-        description="output tile (rows, columns) cuBLAS computes per SM for a large GEMM; either way round",
-    )
-    overlap_slowdown: float = Field(
-        0.0,
-        ge=0,
-        le=100,
-        description="extra share of time compute takes while communication runs beside it (Charon)",
-    )
-    runtime_reserve_GiB: Capacity = Field(0.0, description="HBM taken before the step: CUDA context, NCCL")
-    fragmentation: float = Field(
-        0.0, ge=0, lt=1, description="share of the step's allocations lost to allocator fragmentation"
-    )
-    measured_table: str | None = Field(
-        None, description="CSV (category,dtype,flops,bytes,time_us) of measured kernel times; used before roofline"
-    )
-    tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
-    # Both left out of the dump when unset, so the keys of points on accelerators without them stay what they were.
-    attention_kernels: AttentionKernels | None = Field(
-        None,
-        exclude_if=lambda value: value is None,
-        description="measured TFLOP/s of fused attention kernels by head dim, sequence length and mask, which price "
-        "attention (workload.attention_kernel) instead of compute_efficiency.attention",
-    )
-    clock_share: Share = Field(
-        1.0,
-        exclude_if=lambda value: value == 1.0,
-        description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
-        "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
-    )
-    sources: list[str] = Field(default_factory=list, description="where the figures come from")
-
-    @property
-    def hbm_bytes(self) -> float:
-        return self.hbm_GiB * GiB
-
-    @property
-    def hbm_bandwidth(self) -> float:
-        return self.hbm_bandwidth_GBps * 1e9
-
-    def peak_flops(self, dtype: str) -> float:
-        if dtype not in self.peak_tflops:
-            raise ValueError(f"accelerator {self.name} has no peak_tflops for dtype {dtype}")
-        return self.peak_tflops[dtype] * 1e12
-
-
-class NetworkDim(Spec):
-    """One level of the hierarchical network, the same shape as an ASTRA-sim network dimension.
-
-    bandwidth_GBps is what one NPU can send into this dimension in one direction; efficiency scales it to what a
-    collective achieves (the nccl-tests bus bandwidth over the line rate).
-    """
-
-    topology: Literal["ring", "switch", "fully_connected", "torus2d", "torus3d"]
-    npus: Degree
-    bandwidth_GBps: Rate
-    latency_ns: Latency
-    efficiency: Share = 1.0
-    algorithm: Literal["auto", "ring", "direct", "halving_doubling", "tree"] = Field(
-        "auto", description="collective algorithm; auto: direct on fully_connected, ring elsewhere"
-    )
-    shape: list[Degree] | None = Field(
-        None,
-        max_length=3,
-        description="torus side lengths (product = npus); default: as square or cubic as npus allows",
-    )
-    reduction_efficiency: Share | None = Field(
-        None,
-        # Left out of the dump when unset, so the keys of points on switches without it stay what they were.
-        exclude_if=lambda value: value is None,
-        description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
-        "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
-    )
-    reduction_latency_ns: Latency | None = Field(
-        None,
-        exclude_if=lambda value: value is None,
-        description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
-        "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
-    )
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> "NetworkDim":
-        if self.shape is not None:
-            if not self.topology.startswith("torus"):
-                raise ValueError(f"shape is only for torus topologies, not '{self.topology}'; remove it")
-            if len(self.shape) != int(self.topology[-2]) or prod(self.shape) != self.npus:
-                raise ValueError(f"shape {self.shape} must have {self.topology[-2]} sides whose product is npus")
-        if self.reduction_efficiency is not None and self.topology != "switch":
-            raise ValueError(
-                f"reduction_efficiency is only for a switch, which can reduce in the network, not '{self.topology}';"
-                " remove it"
-            )
-        if self.reduction_latency_ns is not None and self.reduction_efficiency is None:
-            raise ValueError("reduction_latency_ns needs reduction_efficiency (the switch's reduction); set it")
-        return self
-
-    @property
-    def bandwidth(self) -> float:
-        """Achievable bytes/s per NPU."""
-        return self.bandwidth_GBps * 1e9 * self.efficiency
-
-    @property
-    def latency(self) -> float:
-        return self.latency_ns * 1e-9
-
-
-class SystemSpec(Spec):
-    name: Name
-    accelerator: AcceleratorSpec
-    network: list[NetworkDim] = Field(
-        min_length=1, max_length=MAX_NETWORK_DIMS, description="dimensions, innermost first"
-    )
-
-    @model_validator(mode="after")
-    def _check_size(self) -> "SystemSpec":
-        if self.npus > MAX_WORLD:
-            sizes = " x ".join(str(dim.npus) for dim in self.network)
-            raise ValueError(
-                f"network.*.npus = {sizes} = {self.npus} NPUs exceeds the limit of {MAX_WORLD:,} (README: Limits); "
-                "lower the npus of a dimension"
-            )
-        return self
-
-    @property
-    def npus(self) -> int:
-        return prod(dim.npus for dim in self.network)
 
 
 def _digest(spec: "DesignPoint", fields: tuple[str, ...]) -> str:

@@ -6,7 +6,8 @@ from typing import Any
 
 from dse.cli.main import main
 from dse.point.points import assign, build_point, expand
-from dse.spec import AcceleratorSpec, DesignPoint
+from dse.spec import DesignPoint
+from dse.system import AcceleratorSpec
 
 UNIT_ACCELERATOR = AcceleratorSpec(
     name="unit",

@@ -3,7 +3,7 @@
 import pytest
 
 from dse.errors import SpecError
-from dse.spec import AcceleratorSpec
+from dse.system import AcceleratorSpec
 from dse.workload import Op, OpKind
 from simulators.analytical.compute import compute_time
 

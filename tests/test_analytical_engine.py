@@ -13,7 +13,7 @@ from helpers import UNIT_ACCELERATOR
 
 from dse.errors import InfeasibleError
 from dse.interfaces import CostModel
-from dse.spec import NetworkDim, SystemSpec
+from dse.system import NetworkDim, SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Call, Op, OpKind, Program, RankLayout, Workload, expand
 from simulators.analytical import AnalyticalCostModel, to_chrome_trace
 from simulators.analytical.compute import compute_time

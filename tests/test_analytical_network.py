@@ -2,7 +2,7 @@
 
 import pytest
 
-from dse.spec import NetworkDim
+from dse.system import NetworkDim
 from dse.workload import RankLayout
 from simulators.analytical.network import collective_time, group_span, p2p_time
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import UNIT_ACCELERATOR
 
-from dse.spec import NetworkDim, SystemSpec
+from dse.system import NetworkDim, SystemSpec
 from dse.workload import (
     BLOCK_INPUT,
     Block,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import UNIT_ACCELERATOR, make_point
 
-from dse.spec import NetworkDim, SystemSpec
+from dse.system import NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Workload
 from simulators.analytical import AnalyticalCostModel
 from simulators.analytical.network import collective_time, torus_shape

@@ -39,7 +39,8 @@ from pydantic import BaseModel
 from dse import catalog
 from dse.point.points import POINT_FIELDS, expand, load_point
 from dse.search.space import StudySpec
-from dse.spec import REFINEMENTS, DesignPoint, ModelSpec, NetworkDim, ParallelSpec, WorkloadSpec, default_of
+from dse.spec import REFINEMENTS, DesignPoint, ModelSpec, ParallelSpec, WorkloadSpec, default_of
+from dse.system import NetworkDim
 
 CASE_SECONDS = 20.0
 """Wall time one case may take. Cases take 2-100 ms; the slowest evaluation the limits admit is ~15 s."""

@@ -5,7 +5,7 @@ import pytest
 from helpers import make_point
 
 from dse.point.points import build_point, expand
-from dse.spec import AcceleratorSpec
+from dse.system import AcceleratorSpec
 from dse.workload import Op, OpKind
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical.compute import compute_time, tile_share

@@ -14,7 +14,8 @@ from helpers import UNIT_ACCELERATOR, make_point
 
 from dse.errors import InfeasibleError
 from dse.point.feasibility import check_feasible
-from dse.spec import DesignPoint, NetworkDim, SystemSpec
+from dse.spec import DesignPoint
+from dse.system import NetworkDim, SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic.schedule import chunk_order, interleaved

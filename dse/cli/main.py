@@ -26,6 +26,7 @@ from dse import plugins
 from dse.cli import check, ui
 from dse.cli import commands as commands_module
 from dse.errors import DseError
+from dse.fields import GiB
 from dse.point import calibration, traces
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
@@ -35,7 +36,6 @@ from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayE
 from dse.search.inline_first import InlineFirstExecutor
 from dse.search.space import StudySpec, load_study
 from dse.search.study import POINT_KEY
-from dse.spec import GiB
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""

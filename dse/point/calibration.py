@@ -28,10 +28,11 @@ from rich.console import Console
 from rich.table import Table
 
 from dse import plugins
+from dse.fields import GiB
 from dse.interfaces import CollectiveCostModel, CostModel, WorkloadGenerator
 from dse.point.evaluate import evaluate
 from dse.point.points import build_point, expand
-from dse.spec import GiB, SystemSpec
+from dse.system import SystemSpec
 from dse.workload import Collective, bus_factor
 
 FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"

@@ -27,7 +27,7 @@ from chakra.src.third_party.utils.protolib import encodeMessage as encode_messag
 
 from dse.errors import DseError
 from dse.kernels import attention_table, kernel_rate
-from dse.spec import AcceleratorSpec
+from dse.system import AcceleratorSpec
 from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload, expand
 
 SCHEMA_VERSION = "0.0.4"

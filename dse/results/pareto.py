@@ -12,7 +12,7 @@ import pandas as pd
 from rich import box
 from rich.table import Table
 
-from dse.spec import GiB
+from dse.fields import GiB
 
 
 def non_dominated(costs: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dse.spec import GiB
+from dse.fields import GiB
 
 PNG = "pareto.png"
 HTML = "pareto.html"

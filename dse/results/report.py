@@ -12,8 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dse.fields import GiB
 from dse.results import pareto, plots
-from dse.spec import GiB
 
 SHAPE = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero")
 

@@ -20,12 +20,14 @@ from pydantic_core import ErrorDetails
 
 from dse import plugins
 from dse.errors import SpecError
+from dse.fields import Count, Whole
 from dse.limits import MAX_CHOICES, MAX_NAME_CHARS, MAX_SEED, MAX_TRIALS, MAX_WORKERS
 from dse.objective import Constraint, Direction, Objective
 from dse.point.feasibility import infeasibility
 from dse.point.points import assign, build_point, expand
 from dse.search.expressions import Expression, is_number, parse_expression
-from dse.spec import REFINEMENTS, Count, DesignPoint, SystemSpec, Whole, default_of
+from dse.spec import REFINEMENTS, DesignPoint, default_of
+from dse.system import SystemSpec
 from dse.yamlio import describe_validation_error, error_field, error_message, load_mapping
 
 Value = bool | int | float | str

@@ -26,7 +26,7 @@ gather's copy-in is priced in the block that reads the weights (see `Emitter.emi
 from dataclasses import dataclass, replace
 from math import prod
 
-from dse.spec import DTYPE_BYTES
+from dse.fields import DTYPE_BYTES
 from dse.workload import Op, OpKind
 
 MASTER_ITEMSIZE = DTYPE_BYTES["fp32"]

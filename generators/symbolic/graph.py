@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from math import prod
 
-from dse.spec import DTYPE_BYTES
+from dse.fields import DTYPE_BYTES
 from dse.workload import AttentionShape, Collective, Op, OpKind
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition, collective_for
 from generators.symbolic.emitter import Emitter

@@ -10,7 +10,8 @@ for which one comes out otherwise is traced anew, and its recording kept beside 
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, Spec, SSMSpec
+from dse.fields import Spec
+from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec
 from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import LayerKey, Modules, Traced
 from generators.symbolic.tape import Sym, Tape

@@ -10,7 +10,8 @@ trace the forward only and hold KV caches (or SSM states) instead of gradients.
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from dse.spec import DTYPE_BYTES, DesignPoint
+from dse.fields import DTYPE_BYTES
+from dse.spec import DesignPoint
 from dse.workload import Block, Collective
 from generators.symbolic.autodiff import (
     Differentiator,

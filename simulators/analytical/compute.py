@@ -34,7 +34,7 @@ from pathlib import Path
 
 from dse.errors import SpecError
 from dse.kernels import attention_table, covers, kernel_rate
-from dse.spec import AcceleratorSpec, AttentionKernelSpec
+from dse.system import AcceleratorSpec, AttentionKernelSpec
 from dse.workload import Op
 
 ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free"

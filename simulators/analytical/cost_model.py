@@ -8,7 +8,7 @@ import numpy as np
 
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
-from dse.spec import SystemSpec
+from dse.system import SystemSpec
 from dse.workload import Collective, DeferredPrograms, Program, TableTensors, Tensor, Workload
 from simulators.analytical import network
 from simulators.analytical.engine import schedule

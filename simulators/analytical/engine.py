@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from math import inf
 
 from dse.interfaces import TimelineEvent
-from dse.spec import SystemSpec
+from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical.intervals import Busy, split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of

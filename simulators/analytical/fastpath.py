@@ -32,7 +32,7 @@ from math import inf
 
 import numpy as np
 
-from dse.spec import SystemSpec
+from dse.system import SystemSpec
 from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
 from simulators.analytical.intervals import Busy, merge

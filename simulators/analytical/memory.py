@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dse.spec import AcceleratorSpec, GiB
+from dse.fields import GiB
+from dse.system import AcceleratorSpec
 from dse.workload import TENSOR_KIND_CODE, TENSOR_KINDS, Block, Program, TensorKind, columns_of
 from simulators.analytical.calls import call_array
 

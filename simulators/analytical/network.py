@@ -46,7 +46,7 @@ at 200-300 GB/s, well under the ~376 GB/s their eight 400G NICs carry, which bou
 from collections.abc import Sequence
 from math import ceil, log2, prod
 
-from dse.spec import NetworkDim
+from dse.system import NetworkDim
 from dse.workload import Collective, bus_factor
 
 Span = list[tuple[NetworkDim, int]]

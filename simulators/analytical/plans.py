@@ -9,7 +9,7 @@ their end times through `marks`, offsets from the run's start.
 
 from dataclasses import dataclass, field
 
-from dse.spec import SystemSpec
+from dse.system import SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
 from simulators.analytical.pricing import BlockPricer
 

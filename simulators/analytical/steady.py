@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dse.spec import SystemSpec
+from dse.system import SystemSpec
 from dse.workload import Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, call_reach, memoised
 from simulators.analytical.engine import ClassSchedule

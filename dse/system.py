@@ -1,0 +1,235 @@
+"""The system a point runs on: its accelerator (peaks, HBM, kernel efficiencies and tables) and its hierarchical
+network, in the same shape as ASTRA-sim's network dimensions, so one spec drives every cost model.
+
+Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name; the properties give SI units.
+"""
+
+from math import prod
+from typing import Annotated, Literal
+
+from annotated_types import Gt, Le
+from pydantic import BeforeValidator, Field, model_validator
+
+from dse.fields import (
+    Capacity,
+    Count,
+    Degree,
+    Dtype,
+    GiB,
+    Latency,
+    Name,
+    OpCategory,
+    Rate,
+    Share,
+    Spec,
+    Width,
+    as_tuple,
+)
+from dse.limits import MAX_LAUNCH_US, MAX_NETWORK_DIMS, MAX_RATE, MAX_WORLD
+
+KernelRow = Annotated[tuple[Width, Width, Rate], BeforeValidator(as_tuple)]
+"""[head_dim, seq_len, TFLOP/s]: one bar of a kernel benchmark's figure."""
+
+
+class KernelCurves(Spec):
+    """A fused attention kernel's measured TFLOP/s under one mask, as its benchmark counts FLOPs (forward 4 s^2 d per
+    head and sequence, halved by the causal mask; backward 2.5 times the forward), by head dim and sequence length
+    (queries = keys = seq_len, batch x seq_len fixed)."""
+
+    fwd: list[KernelRow] = Field(min_length=1, description="forward pass")
+    bwd: list[KernelRow] = Field(
+        default_factory=list, description="backward pass; empty: not published (see AttentionKernelSpec)"
+    )
+
+    @model_validator(mode="after")
+    def _check_rows(self) -> "KernelCurves":
+        for name, rows in (("fwd", self.fwd), ("bwd", self.bwd)):
+            sizes = [(head_dim, seq) for head_dim, seq, _ in rows]
+            if len(set(sizes)) != len(sizes):
+                raise ValueError(f"{name} gives a [head_dim, seq_len] more than once; keep one row per size")
+        return self
+
+
+class AttentionKernelSpec(Spec):
+    """One attention kernel's microbenchmark on one accelerator, with and without the causal mask. A backward left
+    out under one mask is the other mask's, scaled by the ratio of the two forwards at the same size (the masked
+    tiles and the shorter average loop cost both passes alike: they share the tiling)."""
+
+    causal: KernelCurves
+    noncausal: KernelCurves
+
+    @model_validator(mode="after")
+    def _check_backward(self) -> "AttentionKernelSpec":
+        if not (self.causal.bwd or self.noncausal.bwd):
+            raise ValueError("needs a backward (bwd) under at least one mask, causal or noncausal")
+        return self
+
+
+class AttentionKernels(Spec):
+    """Measured tables of the fused attention kernels a point can name (workload.attention_kernel), each optional."""
+
+    fa2: AttentionKernelSpec | None = Field(None, description="FlashAttention-2")
+    fa3: AttentionKernelSpec | None = Field(None, description="FlashAttention-3 (Hopper GPUs)")
+    cudnn: AttentionKernelSpec | None = Field(None, description="cuDNN fused attention (TransformerEngine's)")
+
+    def table(self, kernel: str) -> AttentionKernelSpec | None:
+        return getattr(self, kernel)
+
+    @property
+    def measured(self) -> list[str]:
+        """The kernels with a table."""
+        return [name for name in type(self).model_fields if getattr(self, name) is not None]
+
+
+class AcceleratorSpec(Spec):
+    """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
+
+    name: Name
+    peak_tflops: dict[Dtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
+    hbm_GiB: Annotated[Capacity, Gt(0)]
+    hbm_bandwidth_GBps: Rate
+    compute_efficiency: dict[OpCategory, Share] = Field(description="share of peak FLOP/s per op category")
+    memory_efficiency: Share = Field(0.85, description="share of HBM bandwidth reached")
+    kernel_launch_us: float = Field(4.0, ge=0, le=MAX_LAUNCH_US, description="fixed cost per kernel")
+    gemm_half_efficiency_gflop: float = Field(
+        0.0,
+        ge=0,
+        le=MAX_RATE,
+        description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none",
+    )
+    # Left out of the dump when unset or default, like NetworkDim.reduction_efficiency: the keys of points on
+    # accelerators without them stay what they were.
+    sm_count: Annotated[Count, Le(4096)] | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="streaming multiprocessors: with it, a GEMM whose shape the workload gives is priced by how its "
+        "output tiles fill the SMs over its waves (tile and wave quantization) instead of gemm_half_efficiency_gflop",
+    )
+    gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(as_tuple)] = Field(
+        (256, 128),
+        exclude_if=lambda value: value == (256, 128),
+        description="output tile (rows, columns) cuBLAS computes per SM for a large GEMM; either way round",
+    )
+    overlap_slowdown: float = Field(
+        0.0,
+        ge=0,
+        le=100,
+        description="extra share of time compute takes while communication runs beside it (Charon)",
+    )
+    runtime_reserve_GiB: Capacity = Field(0.0, description="HBM taken before the step: CUDA context, NCCL")
+    fragmentation: float = Field(
+        0.0, ge=0, lt=1, description="share of the step's allocations lost to allocator fragmentation"
+    )
+    measured_table: str | None = Field(
+        None, description="CSV (category,dtype,flops,bytes,time_us) of measured kernel times; used before roofline"
+    )
+    tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
+    # Both left out of the dump when unset, so the keys of points on accelerators without them stay what they were.
+    attention_kernels: AttentionKernels | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="measured TFLOP/s of fused attention kernels by head dim, sequence length and mask, which price "
+        "attention (workload.attention_kernel) instead of compute_efficiency.attention",
+    )
+    clock_share: Share = Field(
+        1.0,
+        exclude_if=lambda value: value == 1.0,
+        description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
+        "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
+    )
+    sources: list[str] = Field(default_factory=list, description="where the figures come from")
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_GiB * GiB
+
+    @property
+    def hbm_bandwidth(self) -> float:
+        return self.hbm_bandwidth_GBps * 1e9
+
+    def peak_flops(self, dtype: str) -> float:
+        if dtype not in self.peak_tflops:
+            raise ValueError(f"accelerator {self.name} has no peak_tflops for dtype {dtype}")
+        return self.peak_tflops[dtype] * 1e12
+
+
+class NetworkDim(Spec):
+    """One level of the hierarchical network, the same shape as an ASTRA-sim network dimension.
+
+    bandwidth_GBps is what one NPU can send into this dimension in one direction; efficiency scales it to what a
+    collective achieves (the nccl-tests bus bandwidth over the line rate).
+    """
+
+    topology: Literal["ring", "switch", "fully_connected", "torus2d", "torus3d"]
+    npus: Degree
+    bandwidth_GBps: Rate
+    latency_ns: Latency
+    efficiency: Share = 1.0
+    algorithm: Literal["auto", "ring", "direct", "halving_doubling", "tree"] = Field(
+        "auto", description="collective algorithm; auto: direct on fully_connected, ring elsewhere"
+    )
+    shape: list[Degree] | None = Field(
+        None,
+        max_length=3,
+        description="torus side lengths (product = npus); default: as square or cubic as npus allows",
+    )
+    reduction_efficiency: Share | None = Field(
+        None,
+        # Left out of the dump when unset, so the keys of points on switches without it stay what they were.
+        exclude_if=lambda value: value is None,
+        description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
+        "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
+    )
+    reduction_latency_ns: Latency | None = Field(
+        None,
+        exclude_if=lambda value: value is None,
+        description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
+        "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
+    )
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> "NetworkDim":
+        if self.shape is not None:
+            if not self.topology.startswith("torus"):
+                raise ValueError(f"shape is only for torus topologies, not '{self.topology}'; remove it")
+            if len(self.shape) != int(self.topology[-2]) or prod(self.shape) != self.npus:
+                raise ValueError(f"shape {self.shape} must have {self.topology[-2]} sides whose product is npus")
+        if self.reduction_efficiency is not None and self.topology != "switch":
+            raise ValueError(
+                f"reduction_efficiency is only for a switch, which can reduce in the network, not '{self.topology}';"
+                " remove it"
+            )
+        if self.reduction_latency_ns is not None and self.reduction_efficiency is None:
+            raise ValueError("reduction_latency_ns needs reduction_efficiency (the switch's reduction); set it")
+        return self
+
+    @property
+    def bandwidth(self) -> float:
+        """Achievable bytes/s per NPU."""
+        return self.bandwidth_GBps * 1e9 * self.efficiency
+
+    @property
+    def latency(self) -> float:
+        return self.latency_ns * 1e-9
+
+
+class SystemSpec(Spec):
+    name: Name
+    accelerator: AcceleratorSpec
+    network: list[NetworkDim] = Field(
+        min_length=1, max_length=MAX_NETWORK_DIMS, description="dimensions, innermost first"
+    )
+
+    @model_validator(mode="after")
+    def _check_size(self) -> "SystemSpec":
+        if self.npus > MAX_WORLD:
+            sizes = " x ".join(str(dim.npus) for dim in self.network)
+            raise ValueError(
+                f"network.*.npus = {sizes} = {self.npus} NPUs exceeds the limit of {MAX_WORLD:,} (README: Limits); "
+                "lower the npus of a dimension"
+            )
+        return self
+
+    @property
+    def npus(self) -> int:
+        return prod(dim.npus for dim in self.network)

@@ -278,3 +278,27 @@ def test_the_steady_form_prices_a_policy_as_the_whole_step(fields):
     whole = AnalyticalCostModel().simulate(replace(workload, steady=None, point_key="whole"), point.system)
     assert steady.step_time_s == pytest.approx(whole.step_time_s, rel=1e-9)
     assert steady.peak_memory_bytes == pytest.approx(whole.peak_memory_bytes, rel=1e-12)
+
+
+def test_weights_kept_over_the_step_are_gathered_from_its_start_before_any_transfer():
+    """Under pipelining with the weights kept for the whole step, a stage gathers every module of every model chunk
+    at the step's start (torch.distributed.pipelining's UNSHARD ahead of the first forward), before any pipeline
+    transfer can hold the link ahead of them; the first forward waits only for its own gathers. With weights
+    resharded after forward, a module is gathered as the one before it runs, after the micro-batch's receive."""
+    for reshard, gathered_first in ((False, True), (True, False)):
+        point = _point(pp=2, reshard_after_forward=reshard, pp_schedule="interleaved", virtual_stages=2)
+        workload = SymbolicGenerator().generate(point)
+        program = workload.programs[1]
+        kinds = []
+        for call in program.calls:
+            ops = workload.blocks[call.block].ops
+            if any(op.category == Collective.ALL_GATHER and op.axis == "dp" for op in ops):
+                kinds.append("gather")
+            elif any(op.kind.value == "recv" for op in ops):
+                kinds.append("recv")
+        first_recv = kinds.index("recv")
+        gathers = kinds.count("gather")
+        assert (kinds[:first_recv].count("gather") == gathers) is gathered_first, (reshard, kinds[:8])
+        # the second stage holds layer 1 (chunk 0), layer 3 and the head (chunk 1): three modules, gathered once
+        # per step when kept, for each of the M micro-batches' forward and backward when resharded
+        assert gathers == (3 if gathered_first else M * 2 * 3), (reshard, gathers)

@@ -461,6 +461,14 @@ class Pipeline:
         # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
         gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
 
+        # Weights gathered once per step (`Sharding.hold` step) are all gathered from the step's start, chunk by
+        # chunk, before any transfer: torch.distributed.pipelining issues a stage's UNSHARD well ahead of its first
+        # forward, so neither its compute nor a pipeline transfer holding the link waits for them.
+        step_gathers = {
+            chunk: [gather(units, pos, 0, (), 0) for pos in range(len(units))]
+            for chunk, units in in_order.items()
+            if held == "step" and gathering
+        }
         calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
             vstage = chunk * p.pp + stage
@@ -472,14 +480,19 @@ class Pipeline:
                 units = in_order[chunk]
                 # the first module's updated weights are gathered from the step's start, not after the receive
                 early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers and units else ()
-                prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
                 # the first module's gather starts with the step, once its input has arrived (Megatron waits for
-                # the receive before it runs the micro-batch)
-                gathered = gather(units, 0, 0, () if prev is None else (prev,), mb)
+                # the receive before it runs the micro-batch), each next one's as the module before it runs;
+                # weights gathered once per step were issued at the step's start (`step_gathers`)
+                prefetched = step_gathers.pop(chunk, []) if mb == 0 else []
+                prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
+                gathered = prefetched[0] if prefetched else gather(units, 0, 0, () if prev is None else (prev,), mb)
                 blocked = waits()
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
-                    ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
+                    if prefetched:
+                        ahead = prefetched[pos + 1] if pos + 1 < len(units) else ()
+                    else:
+                        ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
                     traced = trace_of[unit]
                     block = traced.forward if mb == 0 or traced.held_forward is None else traced.held_forward
                     update = early if pos == 0 else update_weights(unit, index, mb)

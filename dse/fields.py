@@ -9,7 +9,7 @@ field; and every size is within the tool's limits (dse/limits.py, README: Limits
 from typing import Annotated, Any, Literal
 
 from annotated_types import Ge, Gt, Le
-from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import PydanticCustomError
 
 from dse.limits import (
@@ -67,3 +67,10 @@ class Spec(BaseModel):
     another type (see the module docstring); floats must be finite."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def left_out_at_default(default: Any, description: str) -> Any:
+    """A field added after points were stored: left out of a point's dump while it holds its default, so that the
+    key of a point that does not set it (`DesignPoint.key`, by which a resumed study finds its evaluated points and
+    `dse compare` matches fronts) stays what it was."""
+    return Field(default, exclude_if=lambda value: value == default, description=description)

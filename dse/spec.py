@@ -28,6 +28,7 @@ from dse.fields import (
     Width,
     as_tuple,
     as_whole,
+    left_out_at_default,
 )
 from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH, MAX_WORLD
 from dse.system import SystemSpec
@@ -178,10 +179,8 @@ class WorkloadSpec(Spec):
         "intermediates (RMSNorm, RoPE), SiLU and gate product apart, GQA keys/values copied to every head",
     )
 
-    attention_kernel: Literal["auto", "fa2", "fa3", "cudnn"] = Field(
+    attention_kernel: Literal["auto", "fa2", "fa3", "cudnn"] = left_out_at_default(
         "auto",
-        # Left out of the dump at its default, like ParallelSpec.first_stage_layers: stored points keep their keys.
-        exclude_if=lambda value: value == "auto",
         description="the fused attention kernel, priced from the accelerator's measured table for it "
         "(system.accelerator.attention_kernels): fa2 (FlashAttention-2, what PyTorch SDPA runs), fa3 "
         "(FlashAttention-3, Hopper GPUs only), cudnn (cuDNN fused attention, TransformerEngine's); auto: fa2 where "
@@ -214,27 +213,25 @@ class ParallelSpec(Spec):
         "bf16",
         description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
     )
-    # Left out of the dump at their defaults, like first_stage_layers: stored studies keep their keys.
-    reshard_after_forward: Annotated[Literal["auto"] | bool | Degree, BeforeValidator(_reshard_value)] = Field(
-        "auto",
-        exclude_if=lambda value: value == "auto",
-        description="with zero 3, FSDP2's fully_shard(reshard_after_forward): true frees each module's gathered "
-        "weights after its forward and gathers them again for its backward; false keeps them from the forward to "
-        "the backward (under pp > 1 for the whole step, as torch.distributed.pipelining keeps them unsharded "
-        "after backward too); an int n keeps a 1/n shard after forward and gathers the backward over n ranks; "
-        "auto: false when pp > 1, else true (torchtitan)",
+    reshard_after_forward: Annotated[Literal["auto"] | bool | Degree, BeforeValidator(_reshard_value)] = (
+        left_out_at_default(
+            "auto",
+            description="with zero 3, FSDP2's fully_shard(reshard_after_forward): true frees each module's gathered "
+            "weights after its forward and gathers them again for its backward; false keeps them from the forward to "
+            "the backward (under pp > 1 for the whole step, as torch.distributed.pipelining keeps them unsharded "
+            "after backward too); an int n keeps a 1/n shard after forward and gathers the backward over n ranks; "
+            "auto: false when pp > 1, else true (torchtitan)",
+        )
     )
-    grad_reduce: Literal["auto", "per_microbatch", "per_step"] = Field(
+    grad_reduce: Literal["auto", "per_microbatch", "per_step"] = left_out_at_default(
         "auto",
-        exclude_if=lambda value: value == "auto",
         description="with zero >= 2, when gradients are reduce-scattered: after every micro-batch's backward, or "
         "once after the last one with the accumulation kept unsharded in between (FSDP2's "
         "set_requires_gradient_sync(False)); auto: per_step when pp > 1 (torch.distributed.pipelining), else "
         "per_microbatch (torchtitan, DeepSpeed ZeRO-2)",
     )
-    dp_shard: Degree | None = Field(
+    dp_shard: Degree | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="HSDP: ZeRO shards over groups of dp_shard consecutive data-parallel ranks and replicates "
         "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
         "unset: over all dp ranks",
@@ -253,10 +250,8 @@ class ParallelSpec(Spec):
     )
     ep: Degree = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
     virtual_stages: Layers = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
-    # Left out of the dump when unset, like first_stage_layers: stored studies keep their keys.
-    microbatch_group: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = Field(
+    microbatch_group: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="interleaved 1F1B: micro-batches a stage runs through one model chunk before the next "
         "(Megatron's microbatch_group_size_per_vp_stage); between pp and the micro-batches per step, leaving a last "
         "group of 0 or at least pp micro-batches; unset: pp, Megatron's default",
@@ -277,50 +272,43 @@ class ParallelSpec(Spec):
         description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
         "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
     )
-    # Megatron-LM's communication overlaps (megatron/core/distributed, TransformerEngine userbuffers); left out of
-    # the dump at their defaults, which are the step as priced before they existed: stored studies keep their keys.
-    overlap_grad_reduce: bool = Field(
+    # Megatron-LM's communication overlaps (megatron/core/distributed, TransformerEngine userbuffers): their defaults
+    # are the step as priced before they existed.
+    overlap_grad_reduce: bool = left_out_at_default(
         True,
-        exclude_if=lambda value: value is True,
         description="data-parallel gradients reduced module by module as the last micro-batch's backward fills "
         "them, beside the rest of that backward (Megatron's --overlap-grad-reduce, whose own default is false; "
         "PyTorch DDP and FSDP always do, hence true here); false: every reduction (the all-reduce, or the "
         "distributed optimizer's reduce-scatter under zero 1 and 2) starts once the whole backward has ended, a "
         "blocking phase before the optimizer",
     )
-    overlap_param_gather: bool = Field(
+    overlap_param_gather: bool = left_out_at_default(
         False,
-        exclude_if=lambda value: value is False,
         description="with zero 1 or 2 (Megatron's distributed optimizer), the updated parameters are all-gathered "
         "during the next step's forward, each module's just ahead of its first forward (Megatron's "
         "--overlap-param-gather, default false); false: one all-gather after the optimizer step, ending the step",
     )
-    tp_comm_overlap: bool = Field(
+    tp_comm_overlap: bool = left_out_at_default(
         False,
-        exclude_if=lambda value: value is False,
         description="with sp, TransformerEngine userbuffers (Megatron's --tp-comm-overlap, default false): the TP "
         "all-gathers feeding a GEMM run as a ring exchange of tp chunks beside the GEMM's chunks, and the "
         "reduce-scatters after a GEMM as tp chunks each following its GEMM chunk; the GEMMs run slower beside them "
         "by the accelerator's overlap_slowdown",
     )
-    overlap_p2p_comm: bool = Field(
+    overlap_p2p_comm: bool = left_out_at_default(
         True,
-        exclude_if=lambda value: value is True,
         description="pipeline sends and receives run on their own streams beside the compute; false: each stage "
         "waits for its batched sends and receives before its next compute (Megatron's --no-overlap-p2p-"
         "communication; its flag defaults to overlapping, but Megatron turns it off for non-interleaved "
         "schedules, whose 1F1B runs batched, blocking p2p)",
     )
-    # Left out of the dump when unset, like NetworkDim.reduction_efficiency: stored studies keep their keys.
-    first_stage_layers: Layers | None = Field(
+    first_stage_layers: Layers | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="layers on the first pipeline stage, which also holds the embedding (Megatron's "
         "decoder_first_pipeline_num_layers); unset: an even share",
     )
-    last_stage_layers: Layers | None = Field(
+    last_stage_layers: Layers | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="layers on the last pipeline stage, which also holds the output layer and the loss (Megatron's "
         "decoder_last_pipeline_num_layers; Llama 3 405B ran 126 layers on 16 stages as 7, 8 x 14, 7); unset: an "
         "even share",

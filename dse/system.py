@@ -24,6 +24,7 @@ from dse.fields import (
     Spec,
     Width,
     as_tuple,
+    left_out_at_default,
 )
 from dse.limits import MAX_LAUNCH_US, MAX_NETWORK_DIMS, MAX_RATE, MAX_WORLD
 
@@ -97,17 +98,13 @@ class AcceleratorSpec(Spec):
         le=MAX_RATE,
         description="GEMM size (GFLOP) at which a GEMM reaches half its efficiency (waves); 0: none",
     )
-    # Left out of the dump when unset or default, like NetworkDim.reduction_efficiency: the keys of points on
-    # accelerators without them stay what they were.
-    sm_count: Annotated[Count, Le(4096)] | None = Field(
+    sm_count: Annotated[Count, Le(4096)] | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="streaming multiprocessors: with it, a GEMM whose shape the workload gives is priced by how its "
         "output tiles fill the SMs over its waves (tile and wave quantization) instead of gemm_half_efficiency_gflop",
     )
-    gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(as_tuple)] = Field(
+    gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(as_tuple)] = left_out_at_default(
         (256, 128),
-        exclude_if=lambda value: value == (256, 128),
         description="output tile (rows, columns) cuBLAS computes per SM for a large GEMM; either way round",
     )
     overlap_slowdown: float = Field(
@@ -125,15 +122,13 @@ class AcceleratorSpec(Spec):
     )
     tdp_W: Annotated[float, Gt(0), Le(MAX_RATE)] | None = None
     # Both left out of the dump when unset, so the keys of points on accelerators without them stay what they were.
-    attention_kernels: AttentionKernels | None = Field(
+    attention_kernels: AttentionKernels | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="measured TFLOP/s of fused attention kernels by head dim, sequence length and mask, which price "
         "attention (workload.attention_kernel) instead of compute_efficiency.attention",
     )
-    clock_share: Share = Field(
+    clock_share: Share = left_out_at_default(
         1.0,
-        exclude_if=lambda value: value == 1.0,
         description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
         "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
     )
@@ -173,16 +168,13 @@ class NetworkDim(Spec):
         max_length=3,
         description="torus side lengths (product = npus); default: as square or cubic as npus allows",
     )
-    reduction_efficiency: Share | None = Field(
+    reduction_efficiency: Share | None = left_out_at_default(
         None,
-        # Left out of the dump when unset, so the keys of points on switches without it stay what they were.
-        exclude_if=lambda value: value is None,
         description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
         "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
     )
-    reduction_latency_ns: Latency | None = Field(
+    reduction_latency_ns: Latency | None = left_out_at_default(
         None,
-        exclude_if=lambda value: value is None,
         description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
         "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
     )

@@ -265,9 +265,8 @@ def test_dualpipev_leaves_half_the_zero_bubble_h1_bubble(pp, microbatches, tf, t
     """DualPipeV with its forward-and-backward pairs run one after the other, T_F, T_B, T_W a chunk's (here one
     layer's) forward, input-gradient and weight-gradient times: with T_W <= T_B <= T_F every rank is busy for
     2m (T_F + T_B + T_W) and the step is longer by (p-1)(T_F + T_B - T_W), ZB-H1's bubble over chunks of half a
-    stage, so half of ZB-H1's on the same ranks. (The warm-up forwards fill the V's fill exactly; each rank's
-    drain waits (p-1-s) chunk backwards for the last gradient of chunk 1 less the W it holds back, and as much
-    again for chunk 0.) The same identity holds in a standalone list scheduler of dualpipev.py's order."""
+    stage, so half of ZB-H1's on the same ranks. The closed form was found with a standalone list scheduler of
+    dualpipev.py's order (p = 2..8, m = 2p..6p), not derived step by step; it fails when T_B > T_F (next test)."""
     seconds = {"layer.forward": tf, "layer.backward": tb, "layer.backward.weight": tw}
     step = timed_step(dualpipev_point(pp, microbatches), seconds)
     assert step == pytest.approx(2 * microbatches * (tf + tb + tw) + (pp - 1) * (tf + tb - tw), rel=1e-12)

@@ -236,11 +236,13 @@ class ParallelSpec(Spec):
         "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
         "unset: over all dp ranks",
     )
-    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1"] = Field(
+    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1", "dualpipev"] = Field(
         "1f1b",
         description="pipeline schedule: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, with "
         "virtual_stages), zb_h1 (Qi et al. 2023's zero-bubble H1: 1F1B with each backward split into its input- and "
-        "weight-gradient halves, weight gradients deferred into the bubbles, 1F1B's peak memory)",
+        "weight-gradient halves, weight gradients deferred into the bubbles, 1F1B's peak memory), dualpipev "
+        "(DeepSeek-V3's DualPipe in its V form: two chunks per rank, virtual stages s and 2pp-1-s, backward split as "
+        "zb_h1's; its forward-and-backward pairs run one after the other, without DualPipe's comm overlap)",
     )
     recompute: Literal["none", "selective", "full", "selective_op"] = Field(
         "none",

@@ -18,7 +18,7 @@ from dse.spec import DesignPoint
 from dse.system import NetworkDim, SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind
 from generators.symbolic import SymbolicGenerator
-from generators.symbolic.schedule import chunk_order, interleaved
+from generators.symbolic.schedule import Placement, chunk_order, interleaved
 from simulators.analytical import AnalyticalCostModel
 
 CATEGORIES = ("gemm", "attention", "elementwise", "norm", "embedding", "optimizer", "other")
@@ -109,9 +109,9 @@ def test_megatrons_refusals_of_micro_batch_groups_name_the_field(kwargs, message
         check_feasible(point)
 
 
-def timed_step(point: DesignPoint, seconds: dict[str, float]) -> float:
+def timed_step(point: DesignPoint, seconds: dict[str, float], exact: bool = False) -> float:
     """Step time of the point when the layer blocks named in `seconds` take that long and every other block
-    nothing."""
+    nothing (with `exact`, priced by the reference rules instead of the fast path)."""
     workload = SymbolicGenerator().generate(point)
     blocks = [
         Block(b.name, (Op(b.name, OpKind.COMPUTE, "gemm", flops=seconds[b.name] * 1e12, deps=(BLOCK_INPUT,)),))
@@ -122,7 +122,7 @@ def timed_step(point: DesignPoint, seconds: dict[str, float]) -> float:
     workload = replace(workload, blocks=blocks, point_key=f"timed {sorted(seconds.items())} {point.micro_batches}")
     network = [NetworkDim(topology="ring", npus=point.parallel.pp, bandwidth_GBps=100, latency_ns=0)]
     system = SystemSpec(name="ideal", accelerator=ACCELERATOR, network=network)
-    return AnalyticalCostModel().simulate(workload, system).step_time_s
+    return AnalyticalCostModel(exact=exact).simulate(workload, system).step_time_s
 
 
 @pytest.mark.parametrize(("pp", "microbatches"), [(2, 2), (4, 4), (4, 9), (4, 32), (8, 8), (8, 24)])
@@ -190,3 +190,154 @@ def test_zero_bubble_h1_holds_what_the_weight_gradients_read_until_they_run():
         ("layer0", "layer.backward.weight"): for_weight,
         ("layer0.wgrad_inputs", "layer.backward.weight"): 2 * s * (3 * h + 2 * kv + 2 * f),
     }
+
+
+def dualpipev_point(
+    pp: int, microbatches: int, schedule: str = "dualpipev", overrides: dict | None = None, **parallel
+) -> DesignPoint:
+    """tiny-llama on pp ranks (times tp and dp), one layer per DualPipeV virtual stage (two per rank)."""
+    ranks = pp * parallel.get("tp", 1) * parallel.get("dp", 1)
+    system = {"base": "tiny-ring", "network": {0: {"npus": ranks}, 1: {"npus": 1}}}
+    overrides = {"model.layers": 2 * pp} | (overrides or {})
+    batch = microbatches * parallel.get("dp", 1)
+    point = make_point(
+        "tiny-llama", system, global_batch=batch, pp=pp, pp_schedule=schedule, overrides=overrides, **parallel
+    )
+    check_feasible(point)
+    return point
+
+
+def test_dualpipev_places_the_chunks_in_a_v():
+    """Rank s holds virtual stages s and 2p-1-s: the first rank both ends (embedding and head), the last rank the
+    middle two; interleaved placement is unchanged (virtual stage v on rank v % p)."""
+    v = Placement(4, 2, True)
+    assert [v.vstage(s, c) for c in (0, 1) for s in range(4)] == [0, 1, 2, 3, 7, 6, 5, 4]
+    assert [v.holder(vstage) for vstage in range(8)] == [(0, 0), (1, 0), (2, 0), (3, 0), (3, 1), (2, 1), (1, 1), (0, 1)]
+    assert [Placement(4, 2, False).holder(vstage)[0] for vstage in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    point = dualpipev_point(4, 8)
+    workload = SymbolicGenerator().generate(point)
+    for stage, program in enumerate(workload.programs):
+        names = {workload.blocks[call.block].name for call in program.calls}
+        assert ("embed.forward" in names, "head.forward" in names) == ((stage == 0,) * 2)
+        layers = {call.layer for call in program.calls if workload.blocks[call.block].name == "layer.forward"}
+        assert layers == {stage, 7 - stage}
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_dualpipev_forwards_go_through_the_virtual_stages_in_order(pp):
+    """Each micro-batch's forward of layer v (virtual stage v) runs on the rank holding v and reads the output of
+    layer v - 1: received from that rank (a send and a receive with one tag between the two), or on the last rank,
+    from its own other chunk, without a transfer."""
+    microbatches = 2 * pp + 1
+    workload = SymbolicGenerator().generate(dualpipev_point(pp, microbatches))
+    holder = Placement(pp, 2, True).holder
+    programs = workload.programs
+    name = {i: block.name for i, block in enumerate(workload.blocks)}
+    forward = {
+        (call.layer, call.microbatch): (stage, i)
+        for stage, program in enumerate(programs)
+        for i, call in enumerate(program.calls)
+        if name[call.block] == "layer.forward"
+    }
+    sends = {
+        call.tag: (stage, stage + workload.blocks[call.block].ops[0].peer, call.inputs)
+        for stage, program in enumerate(programs)
+        for call in program.calls
+        if name[call.block].startswith("send")
+    }
+    for mb in range(microbatches):
+        for vstage in range(1, 2 * pp):
+            stage, i = forward[(vstage, mb)]
+            assert stage == holder(vstage)[0]
+            source_stage, source_call = forward[(vstage - 1, mb)]
+            (read,) = programs[stage].calls[i].inputs
+            if source_stage == stage:
+                assert read == source_call and vstage == pp
+                continue
+            recv = programs[stage].calls[read]
+            assert name[recv.block].startswith("recv")
+            assert sends[recv.tag] == (source_stage, stage, (source_call,))
+
+
+@pytest.mark.parametrize(("pp", "microbatches"), [(2, 4), (2, 7), (4, 8), (4, 11), (8, 16), (8, 32)])
+@pytest.mark.parametrize(("tf", "tb", "tw"), [(1e-3, 1e-3, 1e-3), (1.5e-3, 1.2e-3, 0.9e-3)])
+def test_dualpipev_leaves_half_the_zero_bubble_h1_bubble(pp, microbatches, tf, tb, tw):
+    """DualPipeV with its forward-and-backward pairs run one after the other, T_F, T_B, T_W a chunk's (here one
+    layer's) forward, input-gradient and weight-gradient times: with T_W <= T_B <= T_F every rank is busy for
+    2m (T_F + T_B + T_W) and the step is longer by (p-1)(T_F + T_B - T_W), ZB-H1's bubble over chunks of half a
+    stage, so half of ZB-H1's on the same ranks. The closed form was found with a standalone list scheduler of
+    dualpipev.py's order (p = 2..8, m = 2p..6p), not derived step by step; it fails when T_B > T_F (next test)."""
+    seconds = {"layer.forward": tf, "layer.backward": tb, "layer.backward.weight": tw}
+    step = timed_step(dualpipev_point(pp, microbatches), seconds)
+    assert step == pytest.approx(2 * microbatches * (tf + tb + tw) + (pp - 1) * (tf + tb - tw), rel=1e-12)
+    zero_bubble = timed_step(dualpipev_point(pp, microbatches, "zb_h1"), seconds)
+    assert zero_bubble - 2 * microbatches * (tf + tb + tw) == pytest.approx(2 * (pp - 1) * (tf + tb - tw), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp", [4, 8])
+@pytest.mark.parametrize(("tf", "tb", "tw"), [(1.2e-3, 1.5e-3, 0.9e-3), (1e-3, 2e-3, 1e-3)])
+def test_dualpipev_with_longer_backwards_beats_1f1b_and_zero_bubble_h1(pp, tf, tb, tw):
+    """With T_B > T_F the drain's backwards set the pace and the bubble has no clean closed form (it grows past
+    (p-1)(T_F + T_B - T_W) from p = 4 or 8 on): the fast path equals the reference rules, and the step stays below
+    ZB-H1's and 1F1B's on the same ranks."""
+    point, microbatches = dualpipev_point(pp, 2 * pp + 3), 2 * pp + 3
+    seconds = {"layer.forward": tf, "layer.backward": tb, "layer.backward.weight": tw}
+    step = timed_step(point, seconds)
+    assert step == pytest.approx(timed_step(point, seconds, exact=True), rel=1e-12)
+    assert step >= 2 * microbatches * (tf + tb + tw) + (pp - 1) * (tf + tb - tw) - 1e-12
+    assert step < timed_step(dualpipev_point(pp, microbatches, "zb_h1"), seconds)
+    unsplit = {"layer.forward": tf, "layer.backward": tb + tw}
+    assert step < timed_step(dualpipev_point(pp, microbatches, "1f1b"), unsplit)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize(
+    "parallel",
+    [{}, {"tp": 2, "sp": True}, {"overlap_p2p_comm": False}, {"zero": 1, "dp": 2}],
+    ids=["plain", "tp2-sp", "blocking-p2p", "zero1-dp2"],
+)
+def test_dualpipev_runs_without_deadlock(pp, parallel):
+    """A tiny model priced in full (transfers, head, optimizer): the step ends, the fast path matches the
+    reference rules, and every rank runs each micro-batch's forward and backward of its two layers."""
+    point = dualpipev_point(pp, 2 * pp + 1, **parallel)
+    workload = SymbolicGenerator().generate(point)
+    fast = AnalyticalCostModel().simulate(workload, point.system)
+    exact = AnalyticalCostModel(exact=True).simulate(workload, point.system)
+    assert 0 < fast.step_time_s == pytest.approx(exact.step_time_s, rel=1e-2)
+    for program in workload.programs:
+        runs = [(workload.blocks[c.block].name, c.microbatch) for c in program.calls]
+        for kind in ("layer.forward", "layer.backward", "layer.backward.weight"):
+            assert sorted(mb for name, mb in runs if name == kind) == sorted(list(range(2 * pp + 1)) * 2)
+
+
+def test_dualpipev_ties_the_embedding_and_head_on_the_first_rank():
+    """With tied embeddings both ends sit on rank 0, so they share one table (vocab x hidden bf16 fewer parameter
+    bytes there) and no rank exchanges its gradient, as 1F1B's first and last ranks do."""
+    tied = {"model.tied_embeddings": True}
+
+    def parameters(point: DesignPoint) -> tuple[list[float], bool]:
+        workload = SymbolicGenerator().generate(point)
+        held = [next(t.bytes for t in program.tensors if t.name == "parameter") for program in workload.programs]
+        return held, any(block.name == "tied_grad_sync" for block in workload.blocks)
+
+    (first, second), exchanged = parameters(dualpipev_point(2, 4, overrides=tied))
+    assert ([first + 1024 * 256 * 2, second], exchanged) == parameters(dualpipev_point(2, 4))
+    assert parameters(dualpipev_point(2, 4, "1f1b", overrides=tied))[1]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "overrides", "message"),
+    [
+        (dict(pp=1, dp=4), {}, "needs parallel.pp >= 2"),
+        (dict(pp=2, dp=2), {"model.layers": 6}, r"needs 2\*parallel.pp = 4 virtual stages to divide model.layers=6"),
+        (dict(pp=4, dp=1), {"model.layers": 8}, r"needs at least 2\*parallel.pp = 8 micro-batches per step, not 4"),
+        (dict(pp=2, dp=2), {"workload.mode": "prefill"}, "pp_schedule=dualpipev is a training schedule"),
+        (dict(pp=2, dp=2, zero=3), {}, "pp_schedule=dualpipev with parallel.zero=3 is not modelled"),
+        (dict(pp=2, dp=2, first_stage_layers=1), {}, "remove parallel.first_stage_layers"),
+    ],
+)
+def test_dualpipev_refusals_name_the_field_and_the_fix(kwargs, overrides, message):
+    system = {"base": "tiny-ring", "network": {0: {"npus": kwargs["pp"] * kwargs["dp"]}, 1: {"npus": 1}}}
+    point = make_point("tiny-llama", system, global_batch=4, pp_schedule="dualpipev", overrides=overrides, **kwargs)
+    with pytest.raises(InfeasibleError, match=message):
+        check_feasible(point)

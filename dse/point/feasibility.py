@@ -23,10 +23,11 @@ def exceeded_limit(point: DesignPoint) -> str | None:
             f"model '{m.name}' has {params:.3g} parameters, over the limit of {MAX_PARAMETERS:.0e} (README: Limits); "
             "lower model.layers or its widths (hidden, ffn, vocab, moe.experts)"
         )
-    chunks = p.pp * (p.virtual_stages if p.pp_schedule == "interleaved" else 1)
+    chunks = p.pp * {"interleaved": p.virtual_stages, "dualpipev": 2}.get(p.pp_schedule, 1)
+    per_rank = "2" if p.pp_schedule == "dualpipev" else "virtual_stages"  # DualPipeV's two chunks per rank
     if chunks > MAX_PIPELINE_CHUNKS:
         return (
-            f"parallel.pp*virtual_stages = {chunks} pipeline chunks is over the limit of {MAX_PIPELINE_CHUNKS} "
+            f"parallel.pp*{per_rank} = {chunks} pipeline chunks is over the limit of {MAX_PIPELINE_CHUNKS} "
             "(README: Limits); lower parallel.pp or parallel.virtual_stages"
         )
     micro_batches = w.global_batch // (p.dp * w.micro_batch)
@@ -82,6 +83,8 @@ def infeasibility(point: DesignPoint) -> str | None:
     chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
     if p.virtual_stages > 1 and p.pp_schedule != "interleaved":
         return f"parallel.virtual_stages={p.virtual_stages} needs parallel.pp_schedule: interleaved"
+    if p.pp_schedule == "dualpipev" and (problem := _dualpipev(point)) is not None:
+        return problem
     if p.first_stage_layers is None and p.last_stage_layers is None:
         if m.layers % p.pp:
             return (
@@ -264,5 +267,42 @@ def _sharding_groups(point: DesignPoint) -> str | None:
             f"parallel.reshard_after_forward={to_ranks} must divide the {shard} ranks of a ZeRO shard group "
             f"(parallel.dp_shard or dp) and lie strictly between 1 and {shard} (FSDP2's post-forward group); use "
             + (f"one of {{{', '.join(map(str, inner))}}}" if inner else "true or false")
+        )
+    return None
+
+
+def _dualpipev(point: DesignPoint) -> str | None:
+    """Why DualPipeV cannot run the point, or None: it needs two ranks for its V, an even split of the layers
+    over its 2 pp virtual stages, at least 2 pp micro-batches (dualpipev.py asserts it: the warm-up alone runs
+    2 pp forwards on the first rank), and training; and like zb_h1 it is not modelled with ZeRO 3."""
+    m, w, p = point.model, point.workload, point.parallel
+    if w.mode != "train":
+        return (
+            "parallel.pp_schedule=dualpipev is a training schedule (it pairs forwards with backwards); use "
+            f"pp_schedule 1f1b or gpipe with workload.mode={w.mode}"
+        )
+    if p.pp < 2:
+        return "parallel.pp_schedule=dualpipev needs parallel.pp >= 2 (two ranks for its V); use pp 2 or more"
+    if p.zero == 3:
+        return (
+            "parallel.pp_schedule=dualpipev with parallel.zero=3 is not modelled: FSDP's held weights and per-step "
+            "reduce-scatters do not yet compose with deferred weight gradients; use zero 1 or 2, or pp_schedule "
+            "1f1b or interleaved"
+        )
+    if p.first_stage_layers is not None or p.last_stage_layers is not None:
+        return (
+            "parallel.pp_schedule=dualpipev splits the layers evenly over its 2*pp virtual stages; remove "
+            "parallel.first_stage_layers and parallel.last_stage_layers"
+        )
+    if m.layers % (2 * p.pp):
+        fitting = ", ".join(str(pp) for pp in range(2, m.layers // 2 + 1) if m.layers % (2 * pp) == 0)
+        return (
+            f"parallel.pp_schedule=dualpipev needs 2*parallel.pp = {2 * p.pp} virtual stages to divide "
+            f"model.layers={m.layers}; " + (f"use pp in {{{fitting}}}" if fitting else "use pp_schedule zb_h1")
+        )
+    if point.micro_batches < 2 * p.pp:
+        return (
+            f"parallel.pp_schedule=dualpipev needs at least 2*parallel.pp = {2 * p.pp} micro-batches per step, not "
+            f"{point.micro_batches}; raise workload.global_batch or lower parallel.dp or workload.micro_batch"
         )
     return None

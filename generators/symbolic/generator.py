@@ -49,7 +49,7 @@ class _Builder:
         stages: list[Stage] = []
         for stage in range(p.pp):
             layers = pipeline.stage_layers(stage)
-            first, last = stage == 0, stage == p.pp - 1
+            first, last = pipeline.ends(stage)
             counts = Counter(kinds[i] for c in layers for i in layers[c])
             held = [(traced[key], count) for key, count in counts.items()]
             held += [(embedding, 1)] if first else []

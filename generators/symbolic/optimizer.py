@@ -21,7 +21,7 @@ ADAM_BYTES = 28
 """Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
 DATA_AXES = ("dp", "ep")
 TIED_SYNC_TAG = 0
-"""The tied-weight gradient exchange's p2p tag: pipeline transfers' tags start at 1 (`Pipeline.tag`)."""
+"""The tied-weight gradient exchange's p2p tag: pipeline transfers' tags start at 1 (`Placement.tag`)."""
 
 
 def is_expert(param: STensor) -> bool:

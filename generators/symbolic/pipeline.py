@@ -16,10 +16,11 @@ from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.optimizer import TIED_SYNC_TAG
 from generators.symbolic.schedule import (
-    SCHEDULES,
+    Placement,
     chunk_order,
-    interleaved,
+    dualpipev_posts,
     microbatch_group,
+    stage_steps,
     steady_microbatches,
     steady_period,
 )
@@ -89,20 +90,28 @@ class Pipeline:
         self.p2p: dict[tuple[OpKind, int, str], int] = {}
         self.sharding = Sharding.of(point.parallel)
         p, m = point.parallel, point.model
-        chunks = self.chunks = p.virtual_stages if p.pp_schedule == "interleaved" else 1
-        # Virtual stage v (chunk v // pp of stage v % pp) runs layers [starts[v], starts[v + 1]); a stage's layers
-        # split evenly over its chunks, the first chunks taking one more where they do not divide (uneven stages).
+        placement = self.placement = Placement.of(point)
+        chunks = self.chunks = placement.chunks
+        # Virtual stage v (chunk c of stage s, `Placement.holder`) runs layers [starts[v], starts[v + 1]); a
+        # stage's layers split evenly over its chunks, the first chunks taking one more where they do not divide
+        # (uneven stages).
         per_stage = p.stage_layers(m.layers)
         starts = self.vstage_starts = [0]
         for v in range(p.pp * chunks):
-            count, chunk = per_stage[v % p.pp], v // p.pp
+            stage, chunk = placement.holder(v)
+            count = per_stage[stage]
             starts.append(starts[-1] + count // chunks + (chunk < count % chunks))
 
     def stage_layers(self, stage: int) -> dict[int, list[int]]:
         """Per model chunk, the layers a stage holds."""
-        p, starts = self.point.parallel, self.vstage_starts
-        vstages = [c * p.pp + stage for c in range(self.chunks)]
+        starts = self.vstage_starts
+        vstages = [self.placement.vstage(stage, c) for c in range(self.chunks)]
         return {c: list(range(starts[v], starts[v + 1])) for c, v in enumerate(vstages)}
+
+    def ends(self, stage: int) -> tuple[bool, bool]:
+        """Whether a stage holds the first virtual stage (the embedding) and the last (the head)."""
+        holder, last = self.placement.holder, self.point.parallel.pp * self.chunks - 1
+        return holder(0)[0] == stage, holder(last)[0] == stage
 
     def programs(self, stages: list[Stage], microbatches: int) -> list[Program]:
         """One program per pipeline stage, running `microbatches` micro-batches."""
@@ -125,38 +134,6 @@ class Pipeline:
         period = steady_period(self.point)
         repeats = (self.point.micro_batches - short) // period
         return SteadyForm(self.programs(stages, short), short, period, repeats)
-
-    def steps(self, stage: int) -> list[tuple[str, int, int]]:
-        """(F or B, micro-batch, chunk) in the order the stage runs them."""
-        p, chunks, microbatches = self.point.parallel, self.chunks, self.microbatches
-        if not self.train:
-            return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
-        if p.pp_schedule == "interleaved":
-            return list(interleaved(p.pp, stage, microbatches, chunks, microbatch_group(self.point)))
-        return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
-
-    def tag(self, mb: int, vstage: int, backward: bool) -> int:
-        """Both ends of a transfer compute the same tag, from the sender's forward virtual stage."""
-        base = mb if self.chunks == 1 else mb * self.point.parallel.pp * self.chunks + vstage
-        return 1 + 2 * base + (1 if backward else 0)
-
-    def send_orders(self) -> dict[tuple[int, int], list[int]]:
-        """Per (sender stage, receiver stage), the tags in the order the sender sends them.
-
-        Sends and receives run in order on their streams (as NCCL p2p calls on one stream do), so a receiver
-        posts its receives from a sender in that sender's order; with one chunk per stage this is simply
-        micro-batch order, with interleaved chunks it lets a receive be posted before the step that reads it."""
-        p = self.point.parallel
-        vstages = p.pp * self.chunks
-        orders: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for stage in range(p.pp):
-            for step, mb, chunk in self.steps(stage):
-                vstage = chunk * p.pp + stage
-                if step == "F" and vstage < vstages - 1:
-                    orders[(stage, (vstage + 1) % p.pp)].append(self.tag(mb, vstage, False))
-                elif step == "B" and vstage > 0:
-                    orders[(stage, (vstage - 1) % p.pp)].append(self.tag(mb, vstage - 1, True))
-        return orders
 
     def p2p_block(self, kind: OpKind, peer: int, strategy: str) -> int:
         """A send to (recv from) the stage `peer` positions along pp of an activation (or its gradient) laid out as
@@ -355,23 +332,26 @@ class Pipeline:
                 else:
                     deferred.append((traced.sync, mb, index))
 
-        tag = self.tag
+        tag = self.placement.tag
         posted: dict[int, int] = {}
         consumed: set[int] = set()
         cursor: dict[int, int] = defaultdict(int)
 
+        holder, vstage_of = self.placement.holder, self.placement.vstage
+
         def peer(vstage: int, step: int) -> int:
-            """Offset along pp of the rank holding virtual stage vstage + step."""
-            return (vstage + step) % p.pp - stage
+            """Offset along pp of the rank holding virtual stage vstage + step (0: this one, which passes to it
+            without a transfer)."""
+            return holder(vstage + step)[0] - stage
 
         if self.sends is None:
-            self.sends = self.send_orders()
+            self.sends = self.placement.send_orders([stage_steps(self.point, s, microbatches) for s in range(p.pp)])
         sends = self.sends
 
         def post(source_vstage: int, wanted: int) -> None:
             """Post the receives from the stage holding source_vstage, in its send order, up to `wanted` (unless
             that one is posted already)."""
-            source = source_vstage % p.pp
+            source = holder(source_vstage)[0]
             order = sends[(source, stage)]
             while wanted not in posted and wanted not in consumed:
                 t = order[cursor[source]]
@@ -401,18 +381,27 @@ class Pipeline:
             p2p_calls.clear()
             return done
 
-        def receive(source_vstage: int, wanted: int) -> int:
-            post(source_vstage, wanted)
+        def inbound(kind: str, vstage: int, mb: int) -> int:
+            """The call whose output a forward (backward) reads from the virtual stage before (after) it: its
+            receive, or in a V, where the last stage holds the middle two, that stage's own call."""
+            source = vstage - 1 if kind == "F" else vstage + 1
+            if holder(source)[0] == stage:
+                return handed.pop((kind, mb))
+            wanted = tag(mb, min(source, vstage), kind == "B")
+            post(source, wanted)
             consumed.add(wanted)
             return posted.pop(wanted)
 
-        steps = self.steps(stage)
+        steps = stage_steps(self.point, stage, microbatches)
+        handed: dict[tuple[str, int], int] = {}
+        """In a V placement, the last stage's (F or B, micro-batch) outputs its other chunk reads, unsent."""
         done = {"F": 0, "B": 0, "W": 0}
         """Forwards, backwards and (zero-bubble) weight-gradient steps the stage has run."""
         lockstep = {"F": 0, "B": 0}
         """Forwards and backwards of the ending stage whose wrapped-around tensors this stage has posted for."""
         group = microbatch_group(self.point)
-        order = chunk_order(microbatches, chunks, group) if chunks > 1 else []
+        lockstepped = chunks > 1 and p.pp_schedule == "interleaved"
+        order = chunk_order(microbatches, chunks, group) if lockstepped else []
 
         def post_lockstep(kind: str) -> None:
             """Before a forward (backward) of the leading stage (the first in forward, the last in backward), post
@@ -434,23 +423,34 @@ class Pipeline:
                     source = (chunks - 1 - chunk) * p.pp
                     post(source, tag(mb, source - 1, True))
 
+        due = dualpipev_posts(p.pp, microbatches)[stage] if self.placement.v_shape else []
+
         def prefetch(i: int) -> None:
             """Before a step's send, post the receive the next step reads (Megatron's send_forward_recv_forward
-            and send_backward_recv_backward), so neither end's send waits behind the other's."""
+            and send_backward_recv_backward), so neither end's send waits behind the other's; in a V, those
+            due by the end of the step before (`dualpipev_posts`)."""
+            if due:
+                post_due(2 * i - 1)
+                return
             if i >= len(steps):
                 return
             step, mb, chunk = steps[i]
-            vstage = chunk * p.pp + stage
+            vstage = vstage_of(stage, chunk)
             if step == "F" and vstage > 0:
                 post(vstage - 1, tag(mb, vstage - 1, False))
             elif step == "B" and vstage < vstages - 1:
                 post(vstage + 1, tag(mb, vstage, True))
-            post_lockstep(step)
+            if lockstepped:
+                post_lockstep(step)
+
+        def post_due(slot: int) -> None:
+            for kind, mb, source in due[slot] if slot >= 0 else ():
+                post(source, tag(mb, source if kind == "F" else source - 1, kind == "B"))
 
         in_order: dict[int, list[tuple[int, Unit]]] = {}
         """Per chunk, the modules a forward runs (a backward runs them reversed)."""
         for chunk, indices in layers.items():
-            vstage = chunk * p.pp + stage
+            vstage = vstage_of(stage, chunk)
             units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if vstage == 0 else []
             units += [(index, (keys[index], self.unrecomputed(keys[index], index))) for index in indices]
             in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
@@ -471,9 +471,12 @@ class Pipeline:
         }
         calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
-            vstage = chunk * p.pp + stage
-            if chunks > 1:
+            vstage = vstage_of(stage, chunk)
+            if lockstepped:
                 post_lockstep(step)
+            if due:  # what arrived by the end of the step before (if it sent nothing) and by this one's start
+                post_due(2 * i - 1)
+                post_due(2 * i)
             done[step] += 1
             first, last = vstage == 0, vstage == vstages - 1
             if step == "F":
@@ -484,7 +487,7 @@ class Pipeline:
                 # the receive before it runs the micro-batch), each next one's as the module before it runs;
                 # weights gathered once per step were issued at the step's start (`step_gathers`)
                 prefetched = step_gathers.pop(chunk, []) if mb == 0 else []
-                prev = None if first else receive(vstage - 1, tag(mb, vstage - 1, False))
+                prev = None if first else inbound("F", vstage, mb)
                 gathered = prefetched[0] if prefetched else gather(units, 0, 0, () if prev is None else (prev,), mb)
                 blocked = waits()
                 for pos, (index, unit) in enumerate(units):
@@ -509,7 +512,9 @@ class Pipeline:
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 last_compute[:] = [prev]
-                if not last:
+                if not last and not peer(vstage, +1):
+                    handed[("F", mb)] = prev
+                elif not last:
                     if chunks > 1:
                         prefetch(i + 1)
                     send = self.p2p_block(OpKind.SEND, peer(vstage, +1), self.boundary(vstage))
@@ -531,7 +536,7 @@ class Pipeline:
                     if traced.sync is not None and (sync_every or mb == last_mb):
                         sync(traced, weight, mb, index)
                 continue
-            prev = None if last else receive(vstage + 1, tag(mb, vstage, True))
+            prev = None if last else inbound("B", vstage, mb)
             received = () if prev is None else (prev,)
             units = reversed_order[chunk]
             # a module is gathered again for its backward once its forward has freed its weights
@@ -569,7 +574,9 @@ class Pipeline:
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
             last_compute[:] = [] if prev is None else [prev]
-            if not first:
+            if not first and not peer(vstage, -1):
+                handed[("B", mb)] = prev
+            elif not first:
                 assert prev is not None
                 if chunks > 1:
                     prefetch(i + 1)

@@ -4,10 +4,13 @@ schedule's steady state (`steady_microbatches`).
 
 `gpipe`, `one_f_one_b` and `zb_h1` give (step, micro-batch) pairs for a stage holding one model chunk;
 `interleaved` gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's
-interleaved 1F1B, in Megatron-core's order: `forward_backward_pipelining_with_interleaving`).
+interleaved 1F1B, in Megatron-core's order: `forward_backward_pipelining_with_interleaving`); `dualpipev` gives
+them for a stage holding two chunks placed in a V (`Placement`).
 """
 
-from typing import Literal
+from collections import defaultdict, deque
+from functools import lru_cache
+from typing import Literal, NamedTuple
 
 from dse.spec import DesignPoint
 
@@ -48,6 +51,179 @@ def zb_h1(stages: int, stage: int, microbatches: int) -> list[Step]:
     for j in range(microbatches - warmup, microbatches):
         steps += [("B", j), ("W", j - held)]
     return steps + [("W", j) for j in range(microbatches - held, microbatches)]
+
+
+def dualpipev(stages: int, stage: int, microbatches: int) -> list[ChunkStep]:
+    """DualPipeV (the V-shaped, single-copy form of DeepSeek-V3's DualPipe, deepseek-ai/DualPipe's dualpipev.py):
+    stage s holds chunk 0 (virtual stage s) and chunk 1 (virtual stage 2p-1-s), micro-batches enter at stage 0 and
+    the backward is split into B and W as in ZB-H1. Its eight phases, for r = p - s - 1 stages after this one:
+    2r forwards of chunk 0; s + 1 pairs F0 F1; r times B1 W F1 (the W at once); m - 2p + s + 1 times F0 B1 F1 B0
+    (the overlapped forward-and-backward pairs: our engine runs one compute stream, so each pair runs as its F then
+    its B, what DualPipe does without its communication-computation overlap); r times B1 F1 B0; s + 1 pairs B1 B0,
+    the second half of them deferring their W; r times W B0 (deferred); the s + 1 deferred W left. Backwards not
+    deferred run their W right after their B. Feasibility keeps m >= 2p, as dualpipev.py asserts."""
+    count = {"F": [0, 0], "B": [0, 0]}
+    deferred: deque[tuple[int, int]] = deque()
+    steps: list[ChunkStep] = []
+
+    def forward(chunk: int) -> None:
+        steps.append(("F", count["F"][chunk], chunk))
+        count["F"][chunk] += 1
+
+    def backward(chunk: int, defer: bool = False) -> None:
+        mb = count["B"][chunk]
+        count["B"][chunk] += 1
+        steps.append(("B", mb, chunk))
+        if defer:
+            deferred.append((mb, chunk))
+        else:
+            steps.append(("W", mb, chunk))
+
+    def weight() -> None:
+        mb, chunk = deferred.popleft()
+        steps.append(("W", mb, chunk))
+
+    after = stages - stage - 1
+    for _ in range(2 * after):
+        forward(0)
+    for _ in range(stage + 1):
+        forward(0)
+        forward(1)
+    for _ in range(after):
+        backward(1, defer=True)
+        weight()
+        forward(1)
+    for _ in range(microbatches - 2 * stages + stage + 1):
+        forward(0)
+        backward(1)
+        forward(1)
+        backward(0)
+    for _ in range(after):
+        backward(1)
+        forward(1)
+        backward(0)
+    defer = False
+    for i in range(stage + 1):  # the second half defers its W (from B1 on odd stages, from B0 on even ones)
+        defer = defer or (i == (stage + 1) // 2 and stage % 2 == 1)
+        backward(1, defer)
+        defer = defer or (i == (stage + 1) // 2 and stage % 2 == 0)
+        backward(0, defer)
+    for _ in range(after):
+        weight()
+        backward(0, defer=True)
+    for _ in range(stage + 1):
+        weight()
+    return steps
+
+
+class Placement(NamedTuple):
+    """Where the virtual stages (model chunks in forward order) sit: interleaved, virtual stage v is chunk v // p
+    of stage v % p (Megatron's); in a V (DualPipeV), stage s holds virtual stages s and 2p-1-s, so the first stage
+    holds both ends (embedding and head) and the last one the middle two, passing between them without a
+    transfer."""
+
+    stages: int
+    chunks: int
+    v_shape: bool
+
+    @classmethod
+    def of(cls, point: DesignPoint) -> "Placement":
+        p = point.parallel
+        if p.pp_schedule == "dualpipev":
+            return cls(p.pp, 2, True)
+        return cls(p.pp, p.virtual_stages if p.pp_schedule == "interleaved" else 1, False)
+
+    def vstage(self, stage: int, chunk: int) -> int:
+        """The virtual stage of a stage's chunk."""
+        return 2 * self.stages - 1 - stage if self.v_shape and chunk == 1 else chunk * self.stages + stage
+
+    def holder(self, vstage: int) -> tuple[int, int]:
+        """(stage, chunk) holding a virtual stage."""
+        chunk, stage = divmod(vstage, self.stages)
+        return (2 * self.stages - 1 - vstage, 1) if self.v_shape and chunk == 1 else (stage, chunk)
+
+    def tag(self, mb: int, vstage: int, backward: bool) -> int:
+        """Both ends of a transfer compute the same tag, from the sender's forward virtual stage."""
+        base = mb if self.chunks == 1 else mb * self.stages * self.chunks + vstage
+        return 1 + 2 * base + (1 if backward else 0)
+
+    def send_orders(self, steps: list[list[ChunkStep]]) -> dict[tuple[int, int], list[int]]:
+        """Per (sender stage, receiver stage), the tags in the order the sender sends them, given each stage's
+        steps.
+
+        Sends and receives run in order on their streams (as NCCL p2p calls on one stream do), so a receiver
+        posts its receives from a sender in that sender's order; with one chunk per stage this is simply
+        micro-batch order, with interleaved chunks it lets a receive be posted before the step that reads it. The
+        last stage of a V passes between its two chunks without a transfer."""
+        last = self.stages * self.chunks - 1
+        orders: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for stage, order in enumerate(steps):
+            for step, mb, chunk in order:
+                vstage = self.vstage(stage, chunk)
+                if step == "F" and vstage < last and (peer := self.holder(vstage + 1)[0]) != stage:
+                    orders[(stage, peer)].append(self.tag(mb, vstage, False))
+                elif step == "B" and vstage > 0 and (peer := self.holder(vstage - 1)[0]) != stage:
+                    orders[(stage, peer)].append(self.tag(mb, vstage - 1, True))
+        return orders
+
+
+Post = tuple[Literal["F", "B"], int, int]
+"""A receive: of micro-batch mb's forward activation (F) or activation gradient (B) sent by virtual stage v."""
+
+
+@lru_cache(maxsize=8)
+def dualpipev_posts(stages: int, microbatches: int) -> list[list[list[Post]]]:
+    """Per stage, the receives to post before each of its `dualpipev` steps (slot 2j) and after it, before its
+    send (slot 2j + 1).
+
+    A stage posts its receives on one stream in order and its sends on another, and a send waits for its
+    receive (`simulators.analytical.engine`), so the receives of two neighbours must be posted in an order that
+    no chain of sends can invert. DualPipeV's ranks post the receives of each step together with the sends
+    before it (one NCCL group, in any order); here they are posted in the order of one run of the schedule with
+    unit-time steps and instant transfers: every stage's calls then follow one global order, which cannot
+    deadlock, and a receive is posted as soon as that run had its tensor sent."""
+    placement = Placement(stages, 2, True)
+    last = 2 * stages - 1
+    steps = [dualpipev(stages, stage, microbatches) for stage in range(stages)]
+    ended: dict[tuple[str, int, int], float] = {}
+    times: list[list[tuple[float, float]]] = [[] for _ in range(stages)]
+    clock = [0.0] * stages
+    progress = True
+    while progress:
+        progress = False
+        for stage in range(stages):
+            while len(times[stage]) < len(steps[stage]):
+                kind, mb, chunk = steps[stage][len(times[stage])]
+                v = placement.vstage(stage, chunk)
+                needs = {"F": [("F", mb, v - 1)] if v else [], "W": [("B", mb, v)]}.get(kind)
+                if needs is None:
+                    needs = [("F", mb, v)] + ([("B", mb, v + 1)] if v < last else [])
+                if any(need not in ended for need in needs):
+                    break
+                start = max([clock[stage]] + [ended[need] for need in needs])
+                clock[stage] = ended[(kind, mb, v)] = start + 1.0
+                times[stage].append((start, start + 1.0))
+                progress = True
+    assert all(len(t) == len(s) for t, s in zip(times, steps, strict=True)), "the DualPipeV order deadlocks"
+    arrivals: list[list[tuple[float, Post]]] = [[] for _ in range(stages)]
+    for stage in range(stages):
+        for (kind, mb, chunk), (_, end) in zip(steps[stage], times[stage], strict=True):
+            v = placement.vstage(stage, chunk)
+            to = v + 1 if kind == "F" else v - 1
+            if kind != "W" and 0 <= to <= last and (receiver := placement.holder(to)[0]) != stage:
+                arrivals[receiver].append((end, (kind, mb, v)))
+    posts: list[list[list[Post]]] = []
+    for stage in range(stages):
+        pending = sorted(arrivals[stage])
+        slots: list[list[Post]] = []
+        for bound in (bound for span in times[stage] for bound in span):
+            taken = 0
+            while taken < len(pending) and pending[taken][0] <= bound:
+                taken += 1
+            slots.append([post for _, post in pending[:taken]])
+            del pending[:taken]
+        posts.append(slots)
+    return posts
 
 
 def chunk_order(microbatches: int, chunks: int, group: int) -> list[tuple[int, int]]:
@@ -95,6 +271,19 @@ def microbatch_group(point: DesignPoint) -> int:
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "zb_h1": zb_h1}
+"""The schedules of stages holding one model chunk."""
+
+
+def stage_steps(point: DesignPoint, stage: int, microbatches: int) -> list[ChunkStep]:
+    """(F, B or W, micro-batch, chunk) in the order a stage of the point runs them over `microbatches`."""
+    p, chunks = point.parallel, Placement.of(point).chunks
+    if point.workload.mode != "train":
+        return [("F", mb, c) for c in range(chunks) for mb in range(microbatches)]
+    if p.pp_schedule == "interleaved":
+        return interleaved(p.pp, stage, microbatches, chunks, microbatch_group(point))
+    if p.pp_schedule == "dualpipev":
+        return dualpipev(p.pp, stage, microbatches)
+    return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
 
 
 LINK_CYCLE = 6

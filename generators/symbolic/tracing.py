@@ -164,7 +164,7 @@ class ModuleTracer:
         With weights kept gathered from the forward (`Sharding.hold`) a backward runs no copies around gathers.
         (backward, weight half, unsynced backward, post-backward reduce-scatters)."""
         block = block_of(name, emitter, output)
-        if self.point.parallel.pp_schedule == "zb_h1":
+        if self.point.parallel.pp_schedule in ("zb_h1", "dualpipev"):
             backward, weight = split_weight_gradients(self._tp_overlapped(name, block))
             return self._add(backward), None if weight is None else self._add(weight), None, None
         held = set(emitter.gather_copies) if self.sharding.hold in ("microbatch", "step") else set()
@@ -245,7 +245,8 @@ class ModuleTracer:
         # the tokens are the embedding's input, so that its lookup waits for what its call waits for (the step's
         # gather of the updated table, a blocking pipeline transfer before it)
         embedding = self.trace("embed", [tokens], embed)
-        tie = embed_table[0] if m.tied_embeddings and p.pp == 1 else None
+        # a tied table is one weight where the embedding and the head share a stage: one stage, or DualPipeV's V
+        tie = embed_table[0] if m.tied_embeddings and (p.pp == 1 or p.pp_schedule == "dualpipev") else None
         head_in = module.activation("x_final", ("b", "s", "h"), p.layer_strategy(m.layers - 1))
         head = self.trace("head", [head_in], lambda: module.head(head_in, tie))
         return Modules(self.blocks, traced, embedding, head, embed_table[0], tie is not None)

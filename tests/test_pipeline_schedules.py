@@ -341,3 +341,15 @@ def test_dualpipev_refusals_name_the_field_and_the_fix(kwargs, overrides, messag
     point = make_point("tiny-llama", system, global_batch=4, pp_schedule="dualpipev", overrides=overrides, **kwargs)
     with pytest.raises(InfeasibleError, match=message):
         check_feasible(point)
+
+
+def test_one_stage_holding_every_interleaved_chunk_sends_to_itself():
+    """pp = 1 with interleaved chunks: the stage passes each chunk's output to its next chunk through a send to
+    itself, which the engine pairs with its own receive (only a V placement hands its middle chunks over without
+    a transfer). The one-stage schedule runs, with one self-send per chunk boundary and micro-batch each way."""
+    point = make_point("tiny-llama", dp=8, global_batch=16, pp_schedule="interleaved", virtual_stages=2)
+    assert not Placement.of(point).handed(0, 1)
+    workload = SymbolicGenerator().generate(point)
+    sends = [c for c in workload.programs[0].calls if workload.blocks[c.block].ops[0].kind is OpKind.SEND]
+    assert len(sends) == 2 * point.micro_batches
+    assert AnalyticalCostModel().simulate(workload, point.system).step_time_s > 0

@@ -385,7 +385,7 @@ class Pipeline:
             """The call whose output a forward (backward) reads from the virtual stage before (after) it: its
             receive, or in a V, where the last stage holds the middle two, that stage's own call."""
             source = vstage - 1 if kind == "F" else vstage + 1
-            if holder(source)[0] == stage:
+            if self.placement.handed(stage, source):
                 return handed.pop((kind, mb))
             wanted = tag(mb, min(source, vstage), kind == "B")
             post(source, wanted)
@@ -512,7 +512,7 @@ class Pipeline:
                     fwd_call[(index, mb)] = prev
                     gathered = ahead
                 last_compute[:] = [prev]
-                if not last and not peer(vstage, +1):
+                if not last and self.placement.handed(stage, vstage + 1):
                     handed[("F", mb)] = prev
                 elif not last:
                     if chunks > 1:
@@ -574,7 +574,7 @@ class Pipeline:
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
             last_compute[:] = [] if prev is None else [prev]
-            if not first and not peer(vstage, -1):
+            if not first and self.placement.handed(stage, vstage - 1):
                 handed[("B", mb)] = prev
             elif not first:
                 assert prev is not None

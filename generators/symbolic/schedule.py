@@ -142,6 +142,12 @@ class Placement(NamedTuple):
         chunk, stage = divmod(vstage, self.stages)
         return (2 * self.stages - 1 - vstage, 1) if self.v_shape and chunk == 1 else (stage, chunk)
 
+    def handed(self, stage: int, vstage: int) -> bool:
+        """Whether a stage reaches its neighbouring virtual stage `vstage` without a transfer: in a V, where the
+        last stage holds the middle two. An interleaved stage with pp = 1 holds every chunk yet sends to itself,
+        as the engine pairs the send with its own receive."""
+        return self.v_shape and self.holder(vstage)[0] == stage
+
     def tag(self, mb: int, vstage: int, backward: bool) -> int:
         """Both ends of a transfer compute the same tag, from the sender's forward virtual stage."""
         base = mb if self.chunks == 1 else mb * self.stages * self.chunks + vstage
@@ -160,10 +166,10 @@ class Placement(NamedTuple):
         for stage, order in enumerate(steps):
             for step, mb, chunk in order:
                 vstage = self.vstage(stage, chunk)
-                if step == "F" and vstage < last and (peer := self.holder(vstage + 1)[0]) != stage:
-                    orders[(stage, peer)].append(self.tag(mb, vstage, False))
-                elif step == "B" and vstage > 0 and (peer := self.holder(vstage - 1)[0]) != stage:
-                    orders[(stage, peer)].append(self.tag(mb, vstage - 1, True))
+                if step == "F" and vstage < last and not self.handed(stage, vstage + 1):
+                    orders[(stage, self.holder(vstage + 1)[0])].append(self.tag(mb, vstage, False))
+                elif step == "B" and vstage > 0 and not self.handed(stage, vstage - 1):
+                    orders[(stage, self.holder(vstage - 1)[0])].append(self.tag(mb, vstage - 1, True))
         return orders
 
 

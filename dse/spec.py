@@ -186,6 +186,13 @@ class WorkloadSpec(Spec):
         "(FlashAttention-3, Hopper GPUs only), cudnn (cuDNN fused attention, TransformerEngine's); auto: fa2 where "
         "the accelerator has its table, else the flat compute_efficiency.attention. Needs model.flash_attention",
     )
+    grad_clip: bool = left_out_at_default(
+        True,
+        description="clip the gradients by their global norm before the optimizer step, as torchtitan (max_norm 1.0), "
+        "Megatron-LM (--clip-grad 1.0) and FSDP recipes do by default: each rank reads its gradient shard for the "
+        "norm and scales it (torch.nn.utils.clip_grad_norm_ always multiplies); false: no clipping (DeepSpeed's "
+        "default)",
+    )
 
     @property
     def tokens(self) -> int:
@@ -432,6 +439,7 @@ REFINEMENTS = (
     Refinement("parallel.tp_comm_overlap", "parallel.sp", lambda sp: sp, "parallel.sp: true"),
     Refinement("parallel.overlap_p2p_comm", "parallel.pp", lambda pp: pp > 1, "parallel.pp above 1"),
     Refinement("model.rope_impl", "model.position", lambda position: position == "rope", "model.position: rope"),
+    Refinement("workload.grad_clip", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
     Refinement(
         "workload.attention_kernel", "model.flash_attention", lambda fused: fused, "model.flash_attention: true"
     ),

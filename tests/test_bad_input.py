@@ -506,6 +506,7 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
         "system.network.reduction_efficiency",
         "system.network.reduction_latency_ns",
         "parallel.overlap_grad_reduce",
+        "workload.grad_clip",
         "parallel.overlap_param_gather",
         "parallel.tp_comm_overlap",
         "parallel.overlap_p2p_comm",

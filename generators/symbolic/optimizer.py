@@ -5,6 +5,7 @@ sharding and the memory of weights, gradients and optimizer states."""
 from collections import defaultdict
 from dataclasses import replace
 
+from dse.fields import DTYPE_BYTES
 from dse.spec import DesignPoint
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, TensorKind
 from generators.symbolic.blocks import Traced, add_block, block_of
@@ -85,6 +86,21 @@ class ModelStates:
         self._shared: dict[Block, int] = {}
         """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
         optimizer step of pipeline stages that hold alike layers)."""
+
+    def _gradient_passes(self) -> list[tuple[str, float, float]]:
+        """(name, FLOPs, bytes) per gradient element of the memory-bound passes over the gradient shard before Adam:
+        with fp16, unscaling by the loss scale while checking for inf/nan (torch.amp's
+        _amp_foreach_non_finite_check_and_unscale_, Megatron's _unscale_main_grads_and_check_for_nan); with
+        `workload.grad_clip`, the global norm (a read) and the scaling by the clip coefficient (a read and a
+        write). The gradients are read in fp32 there (FSDP's sharded gradients, Megatron's main_grad). The
+        all-reduce of the norm over the ranks moves a few bytes and is left out."""
+        grad = DTYPE_BYTES["fp32"]
+        passes = []
+        if self.point.model.dtype == "fp16":
+            passes.append(("grad_unscale", 1.0, 2.0 * grad))
+        if self.point.workload.grad_clip:
+            passes += [("grad_norm", 2.0, grad), ("grad_clip", 1.0, 2.0 * grad)]
+        return passes
 
     def _by_group(self, weights: list[tuple[STensor, int]]) -> dict[str, float]:
         """Elements of the weights (each with the layers that hold it) by the data-parallel group that replicates
@@ -187,6 +203,13 @@ class ModelStates:
         memory[TensorKind.GRADIENT] = (zero_share if p.zero >= 2 and not sharding.grad_per_step else local) * item
         memory[TensorKind.OPTIMIZER_STATE] = opt_elems * OPTIMIZER_STATE_BYTES
         emitter = Emitter()
+        ready = (BLOCK_INPUT,)
+        for name, flops, nbytes in self._gradient_passes():
+            ready = (
+                emitter.emit(
+                    Op(name, OpKind.COMPUTE, "optimizer", flops=flops * opt_elems, bytes=nbytes * opt_elems, deps=ready)
+                ),
+            )
         adam = emitter.emit(
             Op(
                 "adam",
@@ -194,7 +217,7 @@ class ModelStates:
                 "optimizer",
                 flops=ADAM_FLOPS * opt_elems,
                 bytes=ADAM_BYTES * opt_elems,
-                deps=(BLOCK_INPUT,),
+                deps=ready,
             )
         )
         # ZeRO-1/2: every replica group gathers the updated weights it sharded (experts over dp / ep ranks), here

@@ -38,9 +38,10 @@ def test_fp16_unscales_before_the_norm_and_the_step_grows_by_the_passes():
     # the optimizer ends the step on the compute stream: turning clipping off saves exactly its two kernels
     off = make_point(dp=2, zero=1, overrides={"model.dtype": "fp16", "workload.grad_clip": False})
     cost = AnalyticalCostModel(exact=True)
-    saved = cost.simulate(workload, point.system).step_time_s - cost.simulate(
-        SymbolicGenerator().generate(off), off.system
-    ).step_time_s
+    saved = (
+        cost.simulate(workload, point.system).step_time_s
+        - cost.simulate(SymbolicGenerator().generate(off), off.system).step_time_s
+    )
     accelerator = point.system.accelerator
     expected = sum(compute_time(ops[name], accelerator, "fp16") for name in ("grad_norm", "grad_clip"))
     assert saved == pytest.approx(expected, rel=1e-9)

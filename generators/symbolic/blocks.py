@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from dse.modelstats import LayerKind
 from dse.spec import ParallelSpec
-from dse.workload import BLOCK_INPUT, Block, Op, OpKind
+from dse.workload import BLOCK_INPUT, Block, OpKind
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.tensors import STensor
 
@@ -24,6 +24,16 @@ def add_block(blocks: list[Block], name: str, emitter: Emitter, output: int = -1
     return len(blocks) - 1
 
 
+def only_ops(block: Block, kept: list[int], name: str, output: int = -1, temp_bytes: float = 0.0) -> Block:
+    """A block of the ops at `kept` (in order); what they waited for outside them is the block's input. output:
+    the kept position of its output op."""
+    index = {old: new for new, old in enumerate(kept)}
+    ops = [
+        replace(block.ops[i], deps=tuple(sorted({index.get(d, BLOCK_INPUT) for d in block.ops[i].deps}))) for i in kept
+    ]
+    return Block(name, tuple(ops), output, temp_bytes)
+
+
 def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
     """A backward block as its input-gradient half (B: the ops its output, the input gradient, depends on) and its
     weight-gradient half (W: the rest, the weight-gradient GEMMs and what only they read, such as the
@@ -34,7 +44,7 @@ def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
     ops = block.ops
     needed: set[int] = set()
     stack = [i for i, op in enumerate(ops) if op.kind in (OpKind.SEND, OpKind.RECV)]
-    stack += [block.output % len(ops)] if ops else []
+    stack += [block.output_index] if ops else []
     while stack:
         i = stack.pop()
         if i not in needed:
@@ -44,14 +54,9 @@ def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
         return block, None
     first = sorted(needed)
     rest = [i for i in range(len(ops)) if i not in needed]
-    at = {i: n for n, i in enumerate(first)} | {i: n for n, i in enumerate(rest)}
-
-    def remap(i: int) -> Op:
-        deps = {BLOCK_INPUT if d == BLOCK_INPUT or (d in needed and i not in needed) else at[d] for d in ops[i].deps}
-        return replace(ops[i], deps=tuple(sorted(deps)))
-
-    weight = Block(f"{block.name}.weight", tuple(remap(i) for i in rest), -1, block.temp_bytes)
-    return Block(block.name, tuple(remap(i) for i in first), at[block.output % len(ops)], block.temp_bytes), weight
+    output = first.index(block.output_index)
+    weight = only_ops(block, rest, f"{block.name}.weight", temp_bytes=block.temp_bytes)
+    return only_ops(block, first, block.name, output, block.temp_bytes), weight
 
 
 @dataclass
@@ -79,7 +84,7 @@ class Traced:
     input-gradient half), and of what the input-gradient half makes for it (`ModuleTracer.held_for_weight`)."""
     unsynced: int | None = None
     """Its backward without the gradient reduce-scatters, for the micro-batches before the last when gradients
-    are reduced once per step (`ModuleTracer.unsynced_blocks`)."""
+    are reduced once per step (`ModuleTracer.backward_blocks`)."""
     held_forward: int | None = None
     """Its forward without FSDP's copies around the weight gathers, for the micro-batches that find the weights
     still gathered (`ModuleTracer.held_forward`)."""

@@ -260,20 +260,21 @@ class Pipeline:
         syncs: list[int] = []
         synced: set[int] = set()
         updated: set[int] = set()
+        """Modules whose updated weights the step has gathered (see `param_gathers`)."""
         first_forwards: list[int] = []
         """The forward calls that read weights `update_weights` gathered, in order."""
-        """Modules whose updated weights the step has gathered (see `param_gathers`)."""
 
         sources: list[Source] = []
 
+        sized: dict[Source, float] = {}
+
         def keep(
-            name: str,
-            source: Source,
-            nbytes: float,
-            producer: int,
-            consumer: int,
-            kind: TensorKind = TensorKind.ACTIVATION,
+            name: str, source: Source, producer: int, consumer: int, kind: TensorKind = TensorKind.ACTIVATION
         ) -> None:
+            """A tensor held from `producer` to `consumer`, sized by its source as a skeleton replay sizes it."""
+            nbytes = sized.get(source)
+            if nbytes is None:
+                nbytes = sized[source] = self.source_bytes(source)
             program.tensors.append(Tensor(name, kind, nbytes, producer, consumer))
             sources.append(source)
 
@@ -305,8 +306,7 @@ class Pipeline:
 
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
-                nbytes = trace_of[unit].gathered_bytes[way]
-                keep(f"{names[index]}.weights", (*unit, way), nbytes, producer, consumer, TensorKind.TEMPORARY)
+                keep(f"{names[index]}.weights", (*unit, way), producer, consumer, TensorKind.TEMPORARY)
 
         def update_weights(unit: Unit, index: int, mb: int) -> tuple[int, ...]:
             """The call gathering a module's updated weights (`param_gathers`) before its first forward of the step.
@@ -340,8 +340,8 @@ class Pipeline:
         holder, vstage_of = self.placement.holder, self.placement.vstage
 
         def peer(vstage: int, step: int) -> int:
-            """Offset along pp of the rank holding virtual stage vstage + step (0: this one, which passes to it
-            without a transfer)."""
+            """Offset along pp of the rank holding virtual stage vstage + step (0: this one, which sends to itself
+            unless `Placement.handed` says it passes without a transfer)."""
             return holder(vstage + step)[0] - stage
 
         if self.sends is None:
@@ -530,9 +530,8 @@ class Pipeline:
                     made_by = input_grad.pop((index, mb))
                     append(Call(traced.backward_weight, (made_by,), index, mb))
                     weight = last_backward[index] = len(calls) - 1
-                    for_weight, made = traced.held_for_weight
-                    keep(names[index], (*unit, SAVED_FOR_WEIGHT_GRAD), for_weight, fwd_call[(index, mb)], weight)
-                    keep(f"{names[index]}.wgrad_inputs", (*unit, MADE_FOR_WEIGHT_GRAD), made, made_by, weight)
+                    keep(names[index], (*unit, SAVED_FOR_WEIGHT_GRAD), fwd_call[(index, mb)], weight)
+                    keep(f"{names[index]}.wgrad_inputs", (*unit, MADE_FOR_WEIGHT_GRAD), made_by, weight)
                     if traced.sync is not None and (sync_every or mb == last_mb):
                         sync(traced, weight, mb, index)
                 continue
@@ -559,18 +558,15 @@ class Pipeline:
                     held_unit, held_gather = held_to_backward.pop((index, mb))
                     hold(held_unit, 0, index, held_gather, prev)
                 if (index, mb) in resharded:
-                    nbytes = traced.gathered_bytes[0] / (sharding.post_forward or 1)
                     name = f"{names[index]}.weights.resharded"
-                    keep(name, (*unit, RESHARDED), nbytes, resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
+                    keep(name, (*unit, RESHARDED), resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
                 gathered = ahead
                 if traced.backward_weight is not None:
                     # its weight gradient, what that reads and the gradient sync wait for the W step
                     input_grad[(index, mb)] = prev
-                    for_weight = traced.held_for_weight[0]
-                    source = (*unit, SAVED_FOR_INPUT_GRAD)
-                    keep(names[index], source, traced.saved_bytes - for_weight, fwd_call[(index, mb)], prev)
+                    keep(names[index], (*unit, SAVED_FOR_INPUT_GRAD), fwd_call[(index, mb)], prev)
                     continue
-                keep(names[index], saved_source[unit], traced.saved_bytes, fwd_call[(index, mb)], prev)
+                keep(names[index], saved_source[unit], fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):
                     sync(traced, prev, mb, index)
             last_compute[:] = [] if prev is None else [prev]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from dse.spec import ParallelSpec
-from dse.workload import BLOCK_INPUT, Block, Collective, Op, OpKind
+from dse.workload import Block, Collective, Op, OpKind
 
 Hold = Literal["forward", "shard", "microbatch", "step"]
 """How long a module's weights gathered for its forward stay gathered: to the end of the forward (reshard after
@@ -123,15 +123,6 @@ class Sharding:
                     )
             out.append(replace(block, ops=tuple(ops), output=block.output_index) if ops != list(block.ops) else block)
         return out
-
-
-def only_ops(block: Block, kept: list[int], name: str) -> Block:
-    """A block of the ops at `kept` (in order); what they waited for outside them is the block's input."""
-    index = {old: new for new, old in enumerate(kept)}
-    ops = [
-        replace(block.ops[i], deps=tuple(sorted({index.get(d, BLOCK_INPUT) for d in block.ops[i].deps}))) for i in kept
-    ]
-    return Block(name, tuple(ops))
 
 
 def without_ops(block: Block, removed: set[int], name: str) -> Block:

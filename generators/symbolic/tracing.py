@@ -27,6 +27,7 @@ from generators.symbolic.blocks import (
     add_block,
     block_of,
     layer_block_name,
+    only_ops,
     split_weight_gradients,
 )
 from generators.symbolic.dense import DenseModule
@@ -35,7 +36,7 @@ from generators.symbolic.emitter import Emitter
 from generators.symbolic.fsdp import FsdpCopies
 from generators.symbolic.optimizer import gradient_sync
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
-from generators.symbolic.sharding import Sharding, only_ops, without_ops
+from generators.symbolic.sharding import Sharding, without_ops
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
 from generators.symbolic.tp_overlap import overlap_tp_comm

@@ -4,6 +4,7 @@ A user's own plugin is any installed package that declares the entry-point group
 by string from a study file beyond a registered name.
 """
 
+import argparse
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
@@ -13,6 +14,19 @@ from dse.interfaces import CostModel, WorkloadGenerator
 from dse.objective import Constraint, Objective
 
 GROUPS = {"generator": "dse.generators", "cost model": "dse.simulators", "objective": "dse.objectives"}
+DEFAULT_GENERATOR = "symbolic"
+DEFAULT_COST_MODEL = "analytical"
+
+
+def add_arguments(parser: argparse.ArgumentParser, cost_model: bool = True) -> None:
+    """A command's --generator (and --cost-model) options, with the defaults studies use."""
+    parser.add_argument(
+        "--generator", default=DEFAULT_GENERATOR, help=f"workload generator plugin (default: {DEFAULT_GENERATOR})"
+    )
+    if cost_model:
+        parser.add_argument(
+            "--cost-model", default=DEFAULT_COST_MODEL, help=f"cost model plugin (default: {DEFAULT_COST_MODEL})"
+        )
 
 
 @cache

@@ -91,8 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     evaluate.add_argument("point", type=Path, metavar="POINT.yaml", help="design point file")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as one JSON object, nothing else")
-    evaluate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
-    evaluate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
+    plugins.add_arguments(evaluate)
     evaluate.add_argument(
         "--trace", type=Path, metavar="FILE", help="also write the simulated timeline as Chrome/Perfetto trace JSON"
     )
@@ -120,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--chakra", type=Path, metavar="OUT_DIR", help="write OUT_DIR/<prefix>.<rank>.et files")
     generate.add_argument("--prefix", default="trace", help="file name prefix of the traces (default: trace)")
     generate.add_argument("--summary", action="store_true", help="print the per-rank-class summary")
-    generate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
+    plugins.add_arguments(generate, cost_model=False)
     return parser
 
 

@@ -301,8 +301,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         "nccl-tests bus bandwidths where the cost model prices a collective alone) and print model against "
         "measurement with per-case and mean error; then the held-out Megatron-LM iteration times, which set nothing.",
     )
-    calibrate.add_argument("--generator", default="symbolic", help="workload generator plugin (default: symbolic)")
-    calibrate.add_argument("--cost-model", default="analytical", help="cost model plugin (default: analytical)")
+    plugins.add_arguments(calibrate)
     calibrate.add_argument(
         "--json",
         action="store_true",

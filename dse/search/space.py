@@ -114,8 +114,8 @@ class StudySpec(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=MAX_NAME_CHARS, description="also the output folder's name"
     )
     seed: Whole = Field(0, ge=0, le=MAX_SEED)
-    generator: str = "symbolic"
-    cost_model: str = "analytical"
+    generator: str = plugins.DEFAULT_GENERATOR
+    cost_model: str = plugins.DEFAULT_COST_MODEL
     objectives: dict[str, Direction | None] = Field(
         min_length=1, description="objective name -> minimize | maximize (empty: the objective's default)"
     )

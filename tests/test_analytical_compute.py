@@ -2,10 +2,10 @@
 
 import pytest
 
+from dse.compute import compute_time
 from dse.errors import SpecError
 from dse.system import AcceleratorSpec
 from dse.workload import Op, OpKind
-from simulators.analytical.compute import compute_time
 
 H100 = AcceleratorSpec(
     name="h100-like",

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from dse.cli.main import main
+from dse.compute import ComputeModel, compute_time
 from dse.errors import SpecError
 from dse.fields import GiB
 from dse.system import AcceleratorSpec, NetworkDim, SystemSpec
 from dse.workload import Block, Call, Op, OpKind, Program, RankLayout, Tensor, TensorKind, Workload
 from simulators.analytical import AnalyticalCostModel, to_chrome_trace
-from simulators.analytical.compute import ComputeModel, compute_time
 
 BASE = dict(
     name="unit",

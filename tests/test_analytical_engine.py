@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from helpers import UNIT_ACCELERATOR
 
+from dse.compute import compute_time
 from dse.errors import InfeasibleError
 from dse.interfaces import CostModel
 from dse.system import NetworkDim, SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Call, Op, OpKind, Program, RankLayout, Workload, expand
 from simulators.analytical import AnalyticalCostModel, to_chrome_trace
-from simulators.analytical.compute import compute_time
 from simulators.analytical.network import collective_time, group_span
 
 MS = 1e-3

@@ -6,13 +6,12 @@ import math
 import pytest
 from helpers import make_point, run_cli
 
+from dse.compute import ComputeModel
 from dse.kernels import attention_table, kernel_tflops
-from dse.point import chakra
 from dse.search.space import decode, load_study
 from dse.workload import AttentionShape, Op, OpKind
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
-from simulators.analytical.compute import ComputeModel
 
 H100 = {"base": "dgx-h100", "network": {1: {"npus": 1}}}
 GEN = SymbolicGenerator()
@@ -174,8 +173,11 @@ def test_the_kernel_moves_the_step_and_a_study_can_search_it(tmp_path):
     assert steps["fa3"] < steps["cudnn"] < steps["fa2"]
 
 
-def test_chakra_durations_price_attention_as_the_cost_model_does():
+def test_the_compute_model_prices_attention_by_the_kernel_table_at_the_clock_share():
     op = attention_op(AttentionShape(8192, 8192, 128, True, False))
     accelerator = h100(clock_share=0.87)
-    expected = round(0.5e12 / (602e12 * 0.87) * 1e6 + accelerator.kernel_launch_us)
-    assert chakra.roofline_micros(op, accelerator, "bf16", "fa3") == expected
+    expected = 0.5e12 / (602e12 * 0.87) + accelerator.kernel_launch_us * 1e-6
+    assert ComputeModel(accelerator, "bf16", attention_kernel="fa3").price(op) == (
+        pytest.approx(expected),
+        "kernel_table",
+    )

@@ -4,11 +4,11 @@ generator gives it."""
 import pytest
 from helpers import make_point
 
+from dse.compute import compute_time, tile_share
 from dse.point.points import build_point, expand
 from dse.system import AcceleratorSpec
 from dse.workload import Op, OpKind
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical.compute import compute_time, tile_share
 
 A100 = dict(
     name="a100-like",

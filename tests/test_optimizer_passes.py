@@ -4,9 +4,9 @@
 import pytest
 from helpers import make_point, run_cli
 
+from dse.compute import compute_time
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
-from simulators.analytical.compute import compute_time
 
 
 def _optimizer_ops(point):

@@ -2,11 +2,21 @@
 
 Export writes `OUT/<prefix>.<rank>.et` for every rank and `OUT/<prefix>.comm_groups.json` (ASTRA-sim's
 `--comm-group-configuration`: `{"<pg_name>": [ranks...]}`). Units are converted here, at the edge, to what
-ASTRA-sim reads: `num_ops` is FLOPs, `tensor_size` and `comm_size` are bytes (comm_size is the collective's whole
-buffer, the nccl-tests convention the IR already uses), `pg_name` is a decimal string id >= 1, `involved_dim` says
-which network dimensions a group spans. Files are deterministic: node ids are issue order, group ids follow the
-sorted axis names and the lowest rank of each group, and p2p tags come from the pipeline schedule, so identical
-input gives byte-identical files.
+ASTRA-sim reads (../shared/astra-sim/README.md, measured against the binary):
+- `num_ops` is FLOPs, at least 1: ASTRA-sim's roofline prices a node as num_ops / min(peak, bw num_ops /
+  tensor_size), which is 0/0 for a node without FLOPs (an embedding lookup, a free view) and never finishes; with
+  1 it is tensor_size / bw, the memory-bound time, or 1/peak for a node that moves nothing.
+- `tensor_size` and `comm_size` are bytes. comm_size is the nccl-tests buffer the IR uses (an all-reduce's and
+  a reduce-scatter's input, an all-to-all's buffer), except for an all-gather, whose comm_size ASTRA-sim reads as
+  each rank's input shard (it sends n - 1 of them), as Chakra's own PyTorch converter writes it: the IR's gathered
+  buffer divided by the group's size. The reader multiplies it back.
+- `duration_micros` (used when ASTRA-sim's roofline is off) is the op's time by our compute model
+  (`dse.compute.ComputeModel`: GEMM tile shares, the attention kernel's table, launch costs), in whole
+  microseconds rounded along each rank's compute stream (`stream_micros`), so their sum, the stream's busy time,
+  is the model's to within half a microsecond however many small kernels the step has.
+- `pg_name` is a decimal string id >= 1, `involved_dim` says which network dimensions a group spans.
+Files are deterministic: node ids are issue order, group ids follow the sorted axis names and the lowest rank of
+each group, and p2p tags come from the pipeline schedule, so identical input gives byte-identical files.
 
 Dependencies: `data_deps` are the IR's data dependencies; `ctrl_deps` keep each rank's compute stream in issue
 order (the pipeline schedule) and each process group's collectives in one order on every member.
@@ -25,8 +35,8 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage as decode_message
 from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
 
+from dse.compute import ComputeModel
 from dse.errors import DseError
-from dse.kernels import attention_table, kernel_rate
 from dse.system import AcceleratorSpec
 from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload, expand
 
@@ -97,6 +107,13 @@ def involved_dims(members: Sequence[int], network: Sequence[int]) -> list[bool]:
     return out
 
 
+def comm_size(op: Op, layout: RankLayout) -> float:
+    """A collective's comm_size as ASTRA-sim reads it: an all-gather's is each rank's input shard (see above)."""
+    if op.category == Collective.ALL_GATHER:
+        return op.comm_bytes / layout.size(op.axis)
+    return op.comm_bytes
+
+
 def _attr(name: str, **value: object) -> pb.AttributeProto:
     return pb.AttributeProto(name=name, **value)
 
@@ -117,27 +134,29 @@ def _io(ids: Sequence[int], sizes: Sequence[int], itemsize: int) -> pb.IOInfo:
     )
 
 
-def roofline_micros(op: Op, accelerator: AcceleratorSpec | None, dtype: str, attention_kernel: str = "auto") -> int:
-    """A compute op's duration on the accelerator by the roofline (per-category efficiency, or for a fused attention
-    op of known shape the measured table of the workload's kernel, as the analytical model prices it) at the
-    accelerator's clock share, plus its launch cost, in whole microseconds, for ASTRA-sim runs without its own
-    roofline; 0 without an accelerator."""
-    if accelerator is None:
-        return 0
-    rate = kernel_rate(attention_table(accelerator, attention_kernel, dtype), op)
-    if rate is None:
-        efficiency = accelerator.compute_efficiency.get(op.category, 1.0)  # type: ignore[call-overload]
-        rate = accelerator.peak_flops(dtype) * efficiency
-    compute = op.flops * op.density / (rate * accelerator.clock_share)
-    memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
-    return round(max(compute, memory) * 1e6 + accelerator.kernel_launch_us)
+def stream_micros(seconds: Sequence[float]) -> list[int]:
+    """Whole microseconds for kernels that run one after another, rounded where the stream's running time falls
+    (error diffusion) instead of one by one: rounding a thousand 2.4 us kernels down would lose a third of them."""
+    out = []
+    elapsed = 0.0
+    written = 0
+    for s in seconds:
+        elapsed += s * 1e6
+        micros = max(0, round(elapsed) - written)
+        written += micros
+        out.append(micros)
+    return out
 
 
 class _Exporter:
     def __init__(
         self, workload: Workload, network: Sequence[int], itemsize: int, accelerator: AcceleratorSpec | None = None
     ):
-        self.accelerator = accelerator
+        self.compute = (
+            None
+            if accelerator is None
+            else ComputeModel(accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
+        )
         self.w = workload
         self.network = list(network)
         self.itemsize = itemsize
@@ -157,6 +176,7 @@ class _Exporter:
         nodes = []
         last_compute = -1
         last_coll: dict[str, int] = {}
+        durations = iter(self.durations(flat))
         for f in flat:
             op = f.op
             ctrl: list[int] = []
@@ -171,14 +191,14 @@ class _Exporter:
             deps = sorted(set(f.deps))
             node = pb.Node(id=f.index, name=op.name, ctrl_deps=ctrl, data_deps=deps)
             if op.kind is OpKind.COMPUTE:
-                node.duration_micros = roofline_micros(op, self.accelerator, self.w.dtype, self.w.attention_kernel)
+                node.duration_micros = next(durations)
             node.inputs.CopyFrom(_io(deps, [out_size[d] for d in deps], self.itemsize))
             node.outputs.CopyFrom(_io([f.index], [out_size[f.index]], self.itemsize))
             attrs = [_attr("is_cpu_op", bool_val=False)]
             if op.kind is OpKind.COMPUTE:
                 node.type = pb.COMP_NODE
                 attrs += [
-                    _attr("num_ops", int64_val=round(op.flops * op.density)),
+                    _attr("num_ops", int64_val=max(1, round(op.flops * op.density))),
                     _attr("tensor_size", uint64_val=round(op.bytes)),
                     _attr("op_category", string_val=op.category),
                     _attr("model_flops", int64_val=round(op.flops)),
@@ -187,7 +207,7 @@ class _Exporter:
                 node.type = pb.COMM_COLL_NODE
                 attrs += [
                     _attr("comm_type", int64_val=COMM_TYPE[Collective(op.category)]),
-                    _attr("comm_size", int64_val=round(op.comm_bytes)),
+                    _attr("comm_size", int64_val=round(comm_size(op, self.w.layout))),
                     _attr("axis", string_val=op.axis),
                 ]
             else:
@@ -203,6 +223,13 @@ class _Exporter:
             node.attr.extend(attrs)
             nodes.append((node, op))
         return nodes, flat
+
+    def durations(self, flat: list) -> list[int]:
+        """duration_micros of the program's compute ops in issue order (all 0 without an accelerator)."""
+        compute = [f.op for f in flat if f.op.kind is OpKind.COMPUTE]
+        if self.compute is None:
+            return [0] * len(compute)
+        return stream_micros([self.compute.price(op)[0] for op in compute])
 
     @staticmethod
     def _call_start(flat: list, f: object) -> int:
@@ -288,8 +315,8 @@ def export(
     """Write one .et file per rank and the communicator-group JSON; returns the .et paths in rank order.
 
     network: the NPUs of each network dimension, innermost first (the system's `network[i].npus`).
-    accelerator: when given, compute nodes also carry duration_micros from its roofline (ASTRA-sim uses it when
-    its own roofline is off).
+    accelerator: when given, compute nodes also carry duration_micros from our compute model (ASTRA-sim uses it
+    when its own roofline is off).
     """
     paths = _Exporter(workload, network, itemsize, accelerator).write(Path(out_dir), prefix)
     return sorted(paths, key=lambda p: int(p.name.rsplit(".", 2)[1]))
@@ -336,6 +363,14 @@ def _meta(meta: pb.GlobalMetadata, name: str, default: object) -> object:
     return default
 
 
+def _group_size(groups: dict, pg_name: object, layout: RankLayout, axis: str, world: int) -> int:
+    """Members of a collective's group: from the communicator-group file, else our layout's axis, else the world
+    (ASTRA-sim runs a collective without a group over every NPU)."""
+    if pg_name and str(pg_name) in groups:
+        return len(groups[str(pg_name)])
+    return layout.size(axis) if axis in dict(layout.axes) else world
+
+
 def read(directory: str | Path, prefix: str = "trace") -> Workload:
     """Chakra files `<prefix>.<rank>.et` back into the IR: one block and one program per rank.
 
@@ -349,6 +384,8 @@ def read(directory: str | Path, prefix: str = "trace") -> Workload:
     blocks, programs = [], []
     meta = pb.GlobalMetadata()
     layout = None
+    groups_file = directory / f"{prefix}.comm_groups.json"
+    groups = json.loads(groups_file.read_text()) if groups_file.is_file() else {}
     for rank, path in enumerate(files):
         meta, nodes = read_nodes(path)
         layout = layout or _layout_of(meta, len(files))
@@ -371,12 +408,15 @@ def read(directory: str | Path, prefix: str = "trace") -> Workload:
                 if collective is None:
                     raise ChakraError(f"{path}: node {n.id} has an unsupported comm_type {a.get('comm_type')}")
                 axis = str(a.get("axis") or f"pg{a.get('pg_name', '')}")
+                size = float(a["comm_size"])
+                if collective is Collective.ALL_GATHER:  # each rank's shard in the file, the gathered buffer here
+                    size *= _group_size(groups, a.get("pg_name"), layout, axis, len(files))
                 ops.append(
                     Op(
                         name,
                         OpKind.COLLECTIVE,
                         collective.value,
-                        comm_bytes=float(a["comm_size"]),
+                        comm_bytes=size,
                         axis=axis,
                         deps=deps,
                     )

@@ -7,9 +7,9 @@ straddle the network differently (a layout misaligned with the dimensions) are a
 representative, except a ring of sends within the class, which waits for its slowest hop (`hops`).
 """
 
+from dse.compute import ComputeModel
 from dse.system import SystemSpec
 from dse.workload import OpKind, Workload
-from simulators.analytical.compute import ComputeModel
 from simulators.analytical.network import Span, collective_time, group_span, p2p_dim, p2p_time, spanned_dims
 
 

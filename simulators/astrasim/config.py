@@ -1,0 +1,113 @@
+"""ASTRA-sim's configuration files for a system: network.yml, system.json and the remote-memory file.
+
+Our network dimensions map onto ASTRA-sim's so that its collectives reproduce the analytical model's closed forms
+(simulators/analytical/network.py) with `preferred-dataset-splits` and `active-chunks-per-dimension` at 1:
+
+- bandwidth: ASTRA-sim's GB/s are 2^30 B/s; ours (`NetworkDim.bandwidth`) already include the efficiency.
+- latency: ASTRA-sim charges it per hop. The closed forms charge a dimension's `latency_ns` once per algorithm step
+  (a ring's n-1 steps, direct's one); a step is one hop between ring neighbours or across a fully connected
+  dimension and two through a switch (NPU -> switch -> NPU), so a switch gets half the latency per hop.
+- a torus dimension becomes one Ring dimension per side of its `torus_shape`, innermost first, each at the
+  dimension's bandwidth and latency: the closed form runs a ring along each axis in turn, as ASTRA-sim runs a
+  group over several dimensions one after another. `expanded_sizes` gives the NPU counts the Chakra export must use.
+- collective implementation per dimension from its algorithm (`network.algorithm`: auto is direct on a fully
+  connected dimension, ring elsewhere): ring, direct, halvingDoubling, and tree as ASTRA-sim's doubleBinaryTree.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dse.system import NetworkDim, SystemSpec
+from simulators.analytical.network import algorithm, torus_shape
+from simulators.astrasim.options import AstraSimOptions
+
+ASTRA_GB = 2**30
+"""Bytes per second in one of ASTRA-sim's GB/s."""
+TOPOLOGY = {"ring": "Ring", "switch": "Switch", "fully_connected": "FullyConnected"}
+HOPS_PER_STEP = {"Ring": 1, "Switch": 2, "FullyConnected": 1}
+IMPLEMENTATION = {"ring": "ring", "direct": "direct", "halving_doubling": "halvingDoubling", "tree": "doubleBinaryTree"}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+NO_REDUCTION_COST_GBPS = 1e9
+"""local-mem-bw when compute comes from our model: ASTRA-sim also prices a collective's local reductions at it,
+which the closed forms leave out, so it is set high enough to cost nothing."""
+
+
+@dataclass(frozen=True)
+class AstraDim:
+    """One ASTRA-sim network dimension."""
+
+    topology: str
+    npus: int
+    bandwidth_GBps: float
+    """ASTRA-sim GB/s (2^30 B/s)."""
+    latency_ns: float
+    """Per hop."""
+    implementation: str
+
+
+def astra_dims(system: SystemSpec) -> list[AstraDim]:
+    """The system's network as ASTRA-sim dimensions, innermost first (a torus expanded into its rings)."""
+    return [part for dim in system.network for part in _dims_of(dim)]
+
+
+def _dims_of(dim: NetworkDim) -> list[AstraDim]:
+    bandwidth = dim.bandwidth / ASTRA_GB
+    if dim.topology.startswith("torus"):
+        return [AstraDim("Ring", side, bandwidth, dim.latency_ns, "ring") for side in torus_shape(dim) if side > 1]
+    topology = TOPOLOGY[dim.topology]
+    per_hop = dim.latency_ns / HOPS_PER_STEP[topology]
+    return [AstraDim(topology, dim.npus, bandwidth, per_hop, IMPLEMENTATION[algorithm(dim)])]
+
+
+def expanded_sizes(system: SystemSpec) -> list[int]:
+    """NPUs per ASTRA-sim dimension: what the Chakra export's `network` must be for its involved_dim to match."""
+    return [d.npus for d in astra_dims(system)]
+
+
+def network_yaml(dims: list[AstraDim]) -> str:
+    """network.yml (flow-style lists, which ASTRA-sim's yaml-cpp reads)."""
+
+    def row(values: list) -> str:
+        return "[ " + ", ".join(str(v) for v in values) + " ]"
+
+    return (
+        f"topology: {row([d.topology for d in dims])}\n"
+        f"npus_count: {row([d.npus for d in dims])}\n"
+        f"bandwidth: {row([repr(d.bandwidth_GBps) for d in dims])}\n"
+        f"latency: {row([repr(d.latency_ns) for d in dims])}\n"
+    )
+
+
+def system_json(dims: list[AstraDim], system: SystemSpec, dtype: str, options: AstraSimOptions) -> dict:
+    """system.json: collective implementations, chunking, scheduling and how compute is priced."""
+    config: dict = {
+        "scheduling-policy": options.scheduling_policy,
+        "endpoint-delay": 1,  # 0 is refused (README); 1 ns per message is below every latency we model
+        "active-chunks-per-dimension": options.active_chunks_per_dimension,
+        "preferred-dataset-splits": options.preferred_dataset_splits,
+        **{f"{kind}-implementation": [d.implementation for d in dims] for kind in COLLECTIVES},
+        "collective-optimization": "localBWAware",
+        "boost-mode": 0,
+    }
+    accelerator = system.accelerator
+    if options.compute == "roofline":
+        efficiency = accelerator.compute_efficiency.get("gemm", 1.0)
+        config["peak-perf"] = accelerator.peak_flops(dtype) * efficiency * accelerator.clock_share / 1e12
+        config["local-mem-bw"] = accelerator.hbm_bandwidth * accelerator.memory_efficiency / 1e9
+        config["roofline-enabled"] = 1
+    else:
+        config["local-mem-bw"] = NO_REDUCTION_COST_GBPS
+        config["roofline-enabled"] = 0
+    return config
+
+
+REMOTE_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
+
+
+def write_configs(folder: Path, system: SystemSpec, dtype: str, options: AstraSimOptions) -> None:
+    """network.yml, system.json and remote_memory.json into the run folder."""
+    dims = astra_dims(system)
+    (folder / "network.yml").write_text(network_yaml(dims))
+    (folder / "system.json").write_text(json.dumps(system_json(dims, system, dtype, options), indent=1) + "\n")
+    (folder / "remote_memory.json").write_text(json.dumps(REMOTE_MEMORY) + "\n")

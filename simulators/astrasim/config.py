@@ -3,7 +3,9 @@
 Our network dimensions map onto ASTRA-sim's so that its collectives reproduce the analytical model's closed forms
 (simulators/analytical/network.py) with `preferred-dataset-splits` and `active-chunks-per-dimension` at 1:
 
-- bandwidth: ASTRA-sim's GB/s are 2^30 B/s; ours (`NetworkDim.bandwidth`) already include the efficiency.
+- bandwidth: ASTRA-sim's GB/s are 2^30 B/s; ours (`NetworkDim.bandwidth`) already include the efficiency. Ours is
+  what one NPU sends into the dimension; ASTRA-sim's is per link, and a fully connected dimension gives each NPU
+  n-1 links, so each gets 1/(n-1) of it (a direct algorithm then takes (n-1)/n S/B per phase, as the closed form).
 - latency: ASTRA-sim charges it per hop. The closed forms charge a dimension's `latency_ns` once per algorithm step
   (a ring's n-1 steps, direct's one); a step is one hop between ring neighbours or across a fully connected
   dimension and two through a switch (NPU -> switch -> NPU), so a switch gets half the latency per hop.
@@ -11,7 +13,19 @@ Our network dimensions map onto ASTRA-sim's so that its collectives reproduce th
   dimension's bandwidth and latency: the closed form runs a ring along each axis in turn, as ASTRA-sim runs a
   group over several dimensions one after another. `expanded_sizes` gives the NPU counts the Chakra export must use.
 - collective implementation per dimension from its algorithm (`network.algorithm`: auto is direct on a fully
-  connected dimension, ring elsewhere): ring, direct, halvingDoubling, and tree as ASTRA-sim's doubleBinaryTree.
+  connected dimension, ring elsewhere): ring, direct, halvingDoubling, and tree as ASTRA-sim's doubleBinaryTree
+  for all-reduce. The closed forms run a tree dimension's other collectives as a ring, and a halving-doubling
+  dimension's all-to-all as a ring's n-1 steps (ASTRA-sim's halvingDoubling has no all-to-all), so those go to
+  ASTRA-sim's ring.
+
+Where the two disagree by design (measured at n = 8 with one chunk): ASTRA-sim relays a ring all-to-all around the
+ring, (n-1)/2 times the injection bound the closed form charges; the congestion-unaware backend sends a direct
+algorithm's n-1 messages through a switch at once, each at the NPU's full bandwidth (n-1 times faster than its link
+allows); its halvingDoubling on a Ring topology pays one hop per ring position between partners; its
+doubleBinaryTree all-reduce is not pipelined (4 S/B against 2 S/B). The congestion-aware backend stores and
+forwards a message at the switch, so every collective through a Switch dimension takes twice the bandwidth term.
+Ring, switch (ring or halving-doubling) and fully connected (direct) all-reduce, reduce-scatter and all-gather
+agree within 0.2% on the unaware backend, all-to-all too on a fully connected dimension.
 """
 
 import json
@@ -28,6 +42,13 @@ TOPOLOGY = {"ring": "Ring", "switch": "Switch", "fully_connected": "FullyConnect
 HOPS_PER_STEP = {"Ring": 1, "Switch": 2, "FullyConnected": 1}
 IMPLEMENTATION = {"ring": "ring", "direct": "direct", "halving_doubling": "halvingDoubling", "tree": "doubleBinaryTree"}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+RUN_AS_RING = {
+    ("tree", "all-gather"),
+    ("tree", "reduce-scatter"),
+    ("tree", "all-to-all"),
+    ("halving_doubling", "all-to-all"),
+}
+"""(algorithm, collective) pairs the closed forms price as a ring (see the module docstring)."""
 NO_REDUCTION_COST_GBPS = 1e9
 """local-mem-bw when compute comes from our model: ASTRA-sim also prices a collective's local reductions at it,
 which the closed forms leave out, so it is set high enough to cost nothing."""
@@ -43,7 +64,12 @@ class AstraDim:
     """ASTRA-sim GB/s (2^30 B/s)."""
     latency_ns: float
     """Per hop."""
-    implementation: str
+    algorithm: str
+    """Ours (network.algorithm's names)."""
+
+    def implementation(self, collective: str) -> str:
+        """ASTRA-sim's name of the collective's algorithm on this dimension."""
+        return "ring" if (self.algorithm, collective) in RUN_AS_RING else IMPLEMENTATION[self.algorithm]
 
 
 def astra_dims(system: SystemSpec) -> list[AstraDim]:
@@ -56,8 +82,10 @@ def _dims_of(dim: NetworkDim) -> list[AstraDim]:
     if dim.topology.startswith("torus"):
         return [AstraDim("Ring", side, bandwidth, dim.latency_ns, "ring") for side in torus_shape(dim) if side > 1]
     topology = TOPOLOGY[dim.topology]
+    if topology == "FullyConnected":
+        bandwidth /= max(1, dim.npus - 1)
     per_hop = dim.latency_ns / HOPS_PER_STEP[topology]
-    return [AstraDim(topology, dim.npus, bandwidth, per_hop, IMPLEMENTATION[algorithm(dim)])]
+    return [AstraDim(topology, dim.npus, bandwidth, per_hop, algorithm(dim))]
 
 
 def expanded_sizes(system: SystemSpec) -> list[int]:
@@ -86,7 +114,7 @@ def system_json(dims: list[AstraDim], system: SystemSpec, dtype: str, options: A
         "endpoint-delay": 1,  # 0 is refused (README); 1 ns per message is below every latency we model
         "active-chunks-per-dimension": options.active_chunks_per_dimension,
         "preferred-dataset-splits": options.preferred_dataset_splits,
-        **{f"{kind}-implementation": [d.implementation for d in dims] for kind in COLLECTIVES},
+        **{f"{kind}-implementation": [d.implementation(kind) for d in dims] for kind in COLLECTIVES},
         "collective-optimization": "localBWAware",
         "boost-mode": 0,
     }

@@ -25,7 +25,8 @@ allows); its halvingDoubling on a Ring topology pays one hop per ring position b
 doubleBinaryTree all-reduce is not pipelined (4 S/B against 2 S/B). The congestion-aware backend stores and
 forwards a message at the switch, so every collective through a Switch dimension takes twice the bandwidth term.
 Ring, switch (ring or halving-doubling) and fully connected (direct) all-reduce, reduce-scatter and all-gather
-agree within 0.2% on the unaware backend, all-to-all too on a fully connected dimension.
+agree within 0.2% on the unaware backend (all-gather once the export writes its input shard as comm_size),
+all-to-all too on a fully connected dimension.
 """
 
 import json

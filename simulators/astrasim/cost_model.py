@@ -16,6 +16,7 @@ from simulators.astrasim.config import expanded_sizes, write_configs
 from simulators.astrasim.options import AstraSimOptions
 from simulators.astrasim.parse import RankStats, parse_log
 from simulators.astrasim.runner import AstraSimError, resolve_binary, run
+from simulators.astrasim.scaling import scaled_world
 
 RESULT_CACHE_SIZE = 32
 _RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
@@ -30,7 +31,8 @@ class AstraSimCostModel:
     Each evaluation writes a private run folder (traces, communicator groups, network.yml, system.json, the
     remote-memory file, ASTRA-sim's log folder), runs the binary with a timeout and reads every rank's finish time,
     exposed communication and compute and communication times from its log. A rank class's end is the latest of
-    its ranks' finishes, its times the mean over its ranks.
+    its ranks' finishes, its times the mean over its ranks. With options.max_npus, a larger world is simulated on
+    fewer data-parallel replicas whose collectives keep their time (scaling.py).
 
     Peak memory comes from the analytical memory model over the same workload (with the runtime reserve and
     fragmentation): ASTRA-sim's own tracker (`track-local-mem`) reads per-node `inputs`/`outputs` attributes of
@@ -63,6 +65,9 @@ class AstraSimCostModel:
                 f"the workload has {workload.layout.world} ranks but system '{system.name}' has {system.npus} NPUs; "
                 "ASTRA-sim simulates every NPU, so choose parallel degrees whose product is the system's NPUs"
             )
+        full_workload, full_system = workload, system
+        if self.options.max_npus is not None:
+            workload, system = scaled_world(workload, system, self.options.max_npus)
         sizes = expanded_sizes(system)
         if self.options.backend == "congestion_aware" and len(sizes) > 1:
             raise AstraSimError(
@@ -76,7 +81,7 @@ class AstraSimCostModel:
         finally:
             if self.options.keep_runs is None:
                 shutil.rmtree(folder, ignore_errors=True)
-        return _result(workload, system, stats)
+        return _result(full_workload, full_system, workload.class_of, stats)
 
     def _run_folder(self) -> Path:
         if self.options.keep_runs is None:
@@ -109,17 +114,18 @@ class AstraSimCostModel:
         return parse_log(output, workload.layout.world, exit_code)
 
 
-def _result(workload: Workload, system: SystemSpec, stats: list[RankStats]) -> SimResult:
-    """One ClassResult per rank class: the latest finish of its ranks, the mean of their times, and the analytical
-    memory model's peak (see AstraSimCostModel)."""
+def _result(workload: Workload, system: SystemSpec, simulated: np.ndarray, stats: list[RankStats]) -> SimResult:
+    """One ClassResult per rank class: the latest finish of its simulated ranks (`simulated`: their classes), the
+    mean of their times, its rank count in the full world and the analytical memory model's peak (see
+    AstraSimCostModel)."""
     memory = AnalyticalCostModel().simulate(workload, system)
     classes = []
     for index, priced in enumerate(memory.classes):
-        ranks = [stats[int(rank)] for rank in workload.ranks_of(index)]
+        ranks = [stats[int(rank)] for rank in np.flatnonzero(simulated == index)]
         classes.append(
             ClassResult(
                 name=priced.name,
-                ranks=len(ranks),
+                ranks=priced.ranks,
                 end_s=max(r.finish_s for r in ranks),
                 compute_s=float(np.mean([r.compute_s for r in ranks])),
                 comm_s=float(np.mean([r.comm_s for r in ranks])),

@@ -37,6 +37,13 @@ class AstraSimOptions(BaseModel):
     preferred_dataset_splits: int = Field(
         1, ge=1, le=64, description="chunks a collective is split into; 1 reproduces the closed forms"
     )
+    max_npus: int | None = Field(
+        None,
+        ge=2,
+        description="large worlds: simulate a world of more NPUs on as few data-parallel replicas as bring it to this "
+        "many (at least 2), each data-parallel collective resized to keep its time, so that a 1024-GPU point takes "
+        "seconds; the replica axis must lie inside one network dimension. Unset: every NPU is simulated",
+    )
     timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds before a run is killed as hung")
     keep_runs: Path | None = Field(
         None,

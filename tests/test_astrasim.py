@@ -19,6 +19,7 @@ from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
 from simulators.astrasim import AstraSimCostModel, AstraSimError, AstraSimOptions
 from simulators.astrasim.config import astra_dims, expanded_sizes, system_json
+from simulators.astrasim.scaling import scaled_world
 
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "shared/astra-sim/AstraSim_Analytical_Congestion_Unaware"
 """Where ../shared/astra-sim keeps the prebuilt binary beside a checkout in /work (CI sets ASTRA_SIM_BIN)."""
@@ -248,3 +249,58 @@ def _running(pid: int) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+# -- large worlds: fewer data-parallel replicas, the same step ---------------------------------------------------
+
+WIDE_TINY_RING = {"base": "tiny-ring", "network": {1: {"npus": 8}}}
+"""tiny-ring with 8 groups of 4 on the switch: 32 NPUs."""
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tp": 4, "dp": 8},
+        {"tp": 4, "dp": 4, "pp": 2},
+        pytest.param({"tp": 4, "dp": 8, "zero": 1}, marks=pytest.mark.xfail(strict=True, reason=GATHER_EXPORT)),
+    ],
+    ids=["dp8", "dp4-pp2", "dp8-zero1"],
+)
+def test_a_scaled_world_agrees_with_the_full_one(binary, parallel, tmp_path):
+    point = make_point("tiny-llama", system=WIDE_TINY_RING, global_batch=16, **parallel)
+    workload = SymbolicGenerator().generate(point)
+    full = AstraSimCostModel(AstraSimOptions(binary=binary)).simulate(workload, point.system)
+    kept = tmp_path / "runs"
+    options = AstraSimOptions(binary=binary, max_npus=8 * point.parallel.pp, keep_runs=kept)
+    scaled = AstraSimCostModel(options).simulate(workload, point.system)
+    [run] = list(kept.iterdir())
+    assert len(list((run / "traces").glob("trace.*.et"))) == 8 * point.parallel.pp  # two replicas of four or eight
+    assert scaled.step_time_s == pytest.approx(full.step_time_s, rel=0.01)
+    assert scaled.exposed_comm_time_s == pytest.approx(full.exposed_comm_time_s, rel=0.01)
+    assert [c.ranks for c in scaled.classes] == [c.ranks for c in full.classes]
+
+
+def test_scaling_keeps_every_replica_collective_s_closed_form_time():
+    point = make_point("tiny-llama", system=WIDE_TINY_RING, global_batch=16, tp=4, dp=8, zero=1)
+    workload = SymbolicGenerator().generate(point)
+    small, system = scaled_world(workload, point.system, 8)
+    assert small.layout.axes == (("tp", 4), ("cp", 1), ("dp", 2), ("pp", 1)) and system.npus == 8
+    assert [d.npus for d in system.network] == [4, 2]
+    resized = 0
+    for block, kept in zip(workload.blocks, small.blocks, strict=True):
+        for op, new in zip(block.ops, kept.ops, strict=True):
+            if op.axis != "dp":
+                assert new == op
+                continue
+            was = ANALYTICAL.collective_time(Collective(op.category), op.comm_bytes, range(0, 32, 4), point.system)
+            now = ANALYTICAL.collective_time(Collective(op.category), new.comm_bytes, range(0, 8, 4), system)
+            assert now == pytest.approx(was, rel=1e-9) and new.comm_bytes > op.comm_bytes
+            resized += 1
+    assert resized >= 2  # the gradient reduce-scatter and the parameter all-gather
+    assert scaled_world(workload, point.system, 32) == (workload, point.system)  # fits already
+
+
+def test_a_replica_axis_across_two_dimensions_cannot_be_scaled():
+    point = make_point("tiny-llama", system=WIDE_TINY_RING, global_batch=16, tp=2, dp=16)
+    with pytest.raises(AstraSimError, match=r"'dp' axis .* does not lie inside one ring, switch or fully connected"):
+        scaled_world(SymbolicGenerator().generate(point), point.system, 8)

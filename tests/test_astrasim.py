@@ -8,17 +8,19 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from helpers import UNIT_ACCELERATOR, make_point
 
+from dse.errors import DseError
+from dse.interfaces import CollectiveCostModel
 from dse.point import chakra
 from dse.system import NetworkDim, SystemSpec
-from dse.workload import Block, Call, Collective, Op, OpKind, Program, RankLayout, Workload
+from dse.workload import Collective, Workload
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
 from simulators.astrasim import AstraSimCostModel, AstraSimError, AstraSimOptions
 from simulators.astrasim.config import astra_dims, expanded_sizes, system_json
+from simulators.astrasim.isolated import collective_workload
 from simulators.astrasim.scaling import scaled_world
 
 DEFAULT_BINARY = Path(__file__).resolve().parents[2] / "shared/astra-sim/AstraSim_Analytical_Congestion_Unaware"
@@ -42,10 +44,7 @@ def one_dim(topology: str, npus: int, latency_ns: float = 1000, **dim: object) -
 
 def isolated(kind: Collective, size: float, npus: int) -> Workload:
     """A step that is one collective of `size` bytes (nccl-tests convention) over every rank, nothing else."""
-    op = Op(kind.value, OpKind.COLLECTIVE, kind.value, comm_bytes=size, axis="x")
-    program = Program(0, "all", [Call(0)])
-    layout = RankLayout((("x", npus),))
-    return Workload(f"{kind}-{size:g}-{npus}", layout, [Block(kind.value, (op,))], [program], np.zeros(npus, int), 0, 0)
+    return collective_workload(kind, size, range(npus), npus)
 
 
 RING4 = one_dim("ring", 4)
@@ -71,7 +70,7 @@ def test_isolated_collectives_agree_with_the_closed_forms_within_one_percent(bin
     # A switch's 2000 ns are two hops of 1000: the closed form's one latency per ring step.
     system = one_dim(topology, 8, latency_ns=1000 if topology == "ring" else 2000)
     ours = ANALYTICAL.collective_time(kind, size, range(8), system)
-    theirs = AstraSimCostModel(AstraSimOptions(binary=binary)).simulate(isolated(kind, size, 8), system).step_time_s
+    theirs = AstraSimCostModel(AstraSimOptions(binary=binary)).collective_time(kind, size, range(8), system)
     assert theirs == pytest.approx(ours, rel=0.01)
 
 
@@ -91,8 +90,23 @@ def test_tori_fully_connected_and_halving_doubling_map_onto_astrasim_alike(binar
     model = AstraSimCostModel(AstraSimOptions(binary=binary))
     for size in (SIZES[0], SIZES[-1]):
         ours = ANALYTICAL.collective_time(Collective.ALL_REDUCE, size, range(system.npus), system)
-        theirs = model.simulate(isolated(Collective.ALL_REDUCE, size, system.npus), system).step_time_s
+        theirs = model.collective_time(Collective.ALL_REDUCE, size, range(system.npus), system)
         assert theirs == pytest.approx(ours, rel=0.01)
+
+
+def test_a_collective_over_some_npus_and_a_send_price_as_the_closed_forms(binary):
+    """The capability `dse calibrate` uses (CollectiveCostModel): the NPUs outside the operation idle."""
+    system = make_point("tiny-llama", global_batch=8, tp=2, dp=4).system  # ring of 4, switch of 2
+    model = AstraSimCostModel(AstraSimOptions(binary=binary))
+    assert isinstance(model, CollectiveCostModel)
+    for ranks in (range(4), range(0, 8, 4)):
+        ours = ANALYTICAL.collective_time(Collective.REDUCE_SCATTER, 2**26, ranks, system)
+        assert model.collective_time(Collective.REDUCE_SCATTER, 2**26, ranks, system) == pytest.approx(ours, rel=0.01)
+    for src, dst in ((0, 1), (3, 0), (1, 5)):
+        ours = ANALYTICAL.p2p_time(2**26, src, dst, system)
+        assert model.p2p_time(2**26, src, dst, system) == pytest.approx(ours, rel=0.01)
+    with pytest.raises(DseError, match="evenly spaced from 0"):
+        model.collective_time(Collective.ALL_REDUCE, 2**20, [1, 2, 3], system)
 
 
 def test_network_files_in_astrasim_units():

@@ -2,6 +2,7 @@
 
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,10 @@ from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.point import chakra
 from dse.system import SystemSpec
-from dse.workload import Workload
+from dse.workload import Collective, Workload
 from simulators.analytical.cost_model import AnalyticalCostModel, _contents, _copy
 from simulators.astrasim.config import expanded_sizes, write_configs
+from simulators.astrasim.isolated import collective_workload, operation_time, send_workload
 from simulators.astrasim.options import AstraSimOptions
 from simulators.astrasim.parse import RankStats, parse_log
 from simulators.astrasim.runner import AstraSimError, resolve_binary, run
@@ -58,6 +60,15 @@ class AstraSimCostModel:
             _RESULTS.clear()
         _RESULTS[key] = (contents, _copy(result))
         return result
+
+    def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
+        """ASTRA-sim's time of one collective alone (dse.interfaces.CollectiveCostModel); `ranks` evenly spaced
+        from 0, as every parallel axis's first group is."""
+        return operation_time(self.simulate(collective_workload(Collective(kind), size, ranks, system.npus), system))
+
+    def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
+        """ASTRA-sim's time of one send alone (dse.interfaces.CollectiveCostModel)."""
+        return operation_time(self.simulate(send_workload(size, src, dst, system.npus), system))
 
     def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
         if workload.layout.world != system.npus:
@@ -117,11 +128,11 @@ class AstraSimCostModel:
 def _result(workload: Workload, system: SystemSpec, simulated: np.ndarray, stats: list[RankStats]) -> SimResult:
     """One ClassResult per rank class: the latest finish of its simulated ranks (`simulated`: their classes), the
     mean of their times, its rank count in the full world and the analytical memory model's peak (see
-    AstraSimCostModel)."""
+    AstraSimCostModel). A class no rank runs (a workload may define one) is all zeros."""
     memory = AnalyticalCostModel().simulate(workload, system)
     classes = []
     for index, priced in enumerate(memory.classes):
-        ranks = [stats[int(rank)] for rank in np.flatnonzero(simulated == index)]
+        ranks = [stats[int(rank)] for rank in np.flatnonzero(simulated == index)] or [RankStats(0.0, 0.0)]
         classes.append(
             ClassResult(
                 name=priced.name,

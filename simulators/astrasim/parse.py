@@ -53,10 +53,12 @@ def parse_log(text: str, ranks: int, exit_code: int) -> list[RankStats]:
 
 
 def _first_error(text: str) -> str | None:
-    for line in text.splitlines():
-        if _ERROR.search(line):
-            return line.strip()[:300]
-    return None
+    """The first line that reads as an error; an uncaught C++ exception's own message (`what():`) before the
+    'terminate called' line that announces it."""
+    lines = text.splitlines()
+    found = next((line for line in lines if "what():" in line), None)
+    found = found or next((line for line in lines if _ERROR.search(line)), None)
+    return found.strip()[:300] if found else None
 
 
 def _last_line(text: str) -> str:

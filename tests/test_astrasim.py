@@ -318,3 +318,11 @@ def test_a_replica_axis_across_two_dimensions_cannot_be_scaled():
     point = make_point("tiny-llama", system=WIDE_TINY_RING, global_batch=16, tp=2, dp=16)
     with pytest.raises(AstraSimError, match=r"'dp' axis .* does not lie inside one ring, switch or fully connected"):
         scaled_world(SymbolicGenerator().generate(point), point.system, 8)
+
+
+def test_a_kept_failed_run_names_its_folder(tmp_path):
+    options = AstraSimOptions(binary=fake_binary(tmp_path, "exit 1\n"), keep_runs=tmp_path / "runs")
+    with pytest.raises(AstraSimError, match=r"exited with code 1; .* run folder .*/runs/run-"):
+        AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
+    [run] = list((tmp_path / "runs").iterdir())
+    assert (run / "system.json").exists() and (run / "output.txt").exists()

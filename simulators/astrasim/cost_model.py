@@ -71,6 +71,7 @@ class AstraSimCostModel:
         return operation_time(self.simulate(send_workload(size, src, dst, system.npus), system))
 
     def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
+        binary = resolve_binary(self.options)
         if workload.layout.world != system.npus:
             raise InfeasibleError(
                 f"the workload has {workload.layout.world} ranks but system '{system.name}' has {system.npus} NPUs; "
@@ -85,10 +86,13 @@ class AstraSimCostModel:
                 f"ASTRA-sim's congestion-aware backend simulates 1-D networks only; system '{system.name}' has "
                 f"{len(sizes)} dimensions (a torus counts one per side): use backend congestion_unaware"
             )
-        binary = resolve_binary(self.options)
         folder = self._run_folder()
         try:
             stats = self._run(binary, folder, workload, system, sizes)
+        except AstraSimError as error:
+            if self.options.keep_runs is None:
+                raise
+            raise AstraSimError(f"{error}; run folder {folder}") from None
         finally:
             if self.options.keep_runs is None:
                 shutil.rmtree(folder, ignore_errors=True)

@@ -25,8 +25,9 @@ class AstraSimOptions(BaseModel):
     compute: Literal["model", "roofline"] = Field(
         "model",
         description="model: compute nodes take the durations the Chakra export writes from our compute model; "
-        "roofline: ASTRA-sim's own roofline, at the accelerator's peak x compute_efficiency.gemm and its HBM "
-        "bandwidth x memory_efficiency (which then also prices the local reductions of collectives)",
+        "roofline: ASTRA-sim's own roofline, at the accelerator's peak x compute_efficiency.gemm x clock_share and "
+        "its HBM bandwidth x memory_efficiency (which then also prices the local reductions of collectives; it has "
+        "no kernel launch cost)",
     )
     scheduling_policy: Literal["LIFO", "FIFO"] = Field(
         "LIFO", description="ASTRA-sim's order among ready collectives (its scheduling-policy)"

@@ -339,3 +339,18 @@ def test_a_kept_failed_run_names_its_folder(tmp_path):
         AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
     [run] = list((tmp_path / "runs").iterdir())
     assert (run / "system.json").exists() and (run / "output.txt").exists()
+
+
+def test_a_1024_gpu_point_runs_on_two_replicas(binary, tmp_path):
+    """Llama-3-8B, TP8 x DP128 on 128 DGX H100 nodes: ASTRA-sim simulates 16 NPUs (about 5 s here), not 1024."""
+    system = {"base": "dgx-h100", "network": {1: {"npus": 128}}}
+    point = make_point("llama3-8b", system=system, seq_len=8192, global_batch=1024, tp=8, dp=128, sp=True, zero=1)
+    workload = SymbolicGenerator().generate(point)
+    options = AstraSimOptions(binary=binary, max_npus=16, keep_runs=tmp_path)
+    result = AstraSimCostModel(options).simulate(workload, point.system)
+    [run] = list(tmp_path.iterdir())
+    assert len(list((run / "traces").glob("trace.*.et"))) == 16
+    assert sum(c.ranks for c in result.classes) == 1024
+    analytical = ANALYTICAL.simulate(workload, point.system)
+    assert result.peak_memory_bytes == analytical.peak_memory_bytes
+    assert 0 < result.exposed_comm_time_s < result.comm_time_s and result.step_time_s > result.compute_time_s

@@ -26,7 +26,11 @@ doubleBinaryTree all-reduce is not pipelined (4 S/B against 2 S/B). The congesti
 forwards a message at the switch, so every collective through a Switch dimension takes twice the bandwidth term.
 Ring, switch (ring or halving-doubling) and fully connected (direct) all-reduce, reduce-scatter and all-gather
 agree within 0.2% on the unaware backend (all-gather once the export writes its input shard as comm_size),
-all-to-all too on a fully connected dimension.
+all-to-all too on a fully connected dimension. Across dimensions (ring of 4 x switch of 4, 64 MiB): a group of the
+whole world runs dimension after dimension (+58% against the closed form's all-at-once rings); a smaller group over
+two dimensions runs as one ring at the inner dimension's bandwidth (-50%); a send whose ends differ in several
+dimensions goes at the innermost one's bandwidth (-75%; a pipeline send across nodes differs in one and agrees). A
+switch's in-network reduction (`reduction_efficiency`, NVLS) has no counterpart: ASTRA-sim's NPUs reduce.
 """
 
 import json

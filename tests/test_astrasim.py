@@ -335,7 +335,7 @@ def test_a_replica_axis_across_two_dimensions_cannot_be_scaled():
 
 def test_a_kept_failed_run_names_its_folder(tmp_path):
     options = AstraSimOptions(binary=fake_binary(tmp_path, "exit 1\n"), keep_runs=tmp_path / "runs")
-    with pytest.raises(AstraSimError, match=r"exited with code 1; .* run folder .*/runs/run-"):
+    with pytest.raises(AstraSimError, match=r"exited with code 1; .* run folder .*/runs/all_reduce-1e\+06-4x1-of-4-"):
         AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
     [run] = list((tmp_path / "runs").iterdir())
     assert (run / "system.json").exists() and (run / "output.txt").exists()

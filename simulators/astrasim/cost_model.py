@@ -1,5 +1,6 @@
 """The ASTRA-sim cost model: a workload's Chakra traces and our system's network run through the real simulator."""
 
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -86,7 +87,7 @@ class AstraSimCostModel:
                 f"ASTRA-sim's congestion-aware backend simulates 1-D networks only; system '{system.name}' has "
                 f"{len(sizes)} dimensions (a torus counts one per side): use backend congestion_unaware"
             )
-        folder = self._run_folder()
+        folder = self._run_folder(workload.point_key)
         try:
             stats = self._run(binary, folder, workload, system, sizes)
         except AstraSimError as error:
@@ -98,11 +99,13 @@ class AstraSimCostModel:
                 shutil.rmtree(folder, ignore_errors=True)
         return _result(full_workload, full_system, workload.class_of, stats)
 
-    def _run_folder(self) -> Path:
+    def _run_folder(self, point_key: str) -> Path:
+        """A new folder of its own (evaluations run side by side); a kept one is named after the point."""
         if self.options.keep_runs is None:
             return Path(tempfile.mkdtemp(prefix="dse-astrasim-"))
         self.options.keep_runs.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="run-", dir=self.options.keep_runs))
+        name = re.sub(r"[^\w.+-]", "_", point_key)[:48]
+        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.options.keep_runs))
 
     def _run(
         self, binary: Path, folder: Path, workload: Workload, system: SystemSpec, sizes: list[int]

@@ -12,10 +12,10 @@ import pytest
 from helpers import UNIT_ACCELERATOR, make_point
 
 from dse.errors import DseError
-from dse.interfaces import CollectiveCostModel
+from dse.interfaces import CollectiveCostModel, TimelineCostModel
 from dse.point import chakra
 from dse.system import NetworkDim, SystemSpec
-from dse.workload import Collective, Workload
+from dse.workload import Collective, OpKind, Workload, expand
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
 from simulators.astrasim import AstraSimCostModel, AstraSimError, AstraSimOptions
@@ -161,6 +161,23 @@ def test_a_tiny_llama_step_finishes_on_every_rank_with_the_exported_compute(bina
     # Asked again, the process's cache answers without running ASTRA-sim.
     again = model.simulate(workload, point.system)
     assert again.step_time_s == result.step_time_s and len(list(kept.iterdir())) == 1
+
+
+def test_a_timeline_is_astrasims_schedule_of_each_rank_class(binary, tiny_llama):
+    point, workload = tiny_llama
+    model = AstraSimCostModel(AstraSimOptions(binary=binary))
+    assert isinstance(model, TimelineCostModel)
+    result = model.with_timeline().simulate(workload, point.system)
+    [rank_class] = result.classes
+    compute = [e for e in result.timeline if e.stream == "compute"]
+    ops = [flat.op for flat in expand(workload, workload.programs[0])]
+    assert len(compute) == sum(op.kind is OpKind.COMPUTE for op in ops)
+    assert sum(e.end_s - e.start_s for e in compute) == pytest.approx(rank_class.compute_s, abs=1e-9)
+    assert {e.stream for e in result.timeline} >= {"compute", "comm:tp", "comm:dp"}
+    assert max(e.end_s for e in result.timeline) == pytest.approx(rank_class.end_s, abs=1e-9)
+    assert rank_class.time_by_category["gemm"] > 0 and rank_class.time_by_category["all_reduce"] > 0
+    trace = model.chrome_trace(result)["traceEvents"]
+    assert sum(e["ph"] == "X" for e in trace) == len(result.timeline)
 
 
 @pytest.mark.xfail(

@@ -112,8 +112,11 @@ def network_yaml(dims: list[AstraDim]) -> str:
     )
 
 
-def system_json(dims: list[AstraDim], system: SystemSpec, dtype: str, options: AstraSimOptions) -> dict:
-    """system.json: collective implementations, chunking, scheduling and how compute is priced."""
+def system_json(
+    dims: list[AstraDim], system: SystemSpec, dtype: str, options: AstraSimOptions, trace: bool = False
+) -> dict:
+    """system.json: collective implementations, chunking, scheduling and how compute is priced; with trace, ASTRA-sim
+    logs every node's issue and completion (timeline.py)."""
     config: dict = {
         "scheduling-policy": options.scheduling_policy,
         "endpoint-delay": 1,  # 0 is refused (README); 1 ns per message is below every latency we model
@@ -132,15 +135,18 @@ def system_json(dims: list[AstraDim], system: SystemSpec, dtype: str, options: A
     else:
         config["local-mem-bw"] = NO_REDUCTION_COST_GBPS
         config["roofline-enabled"] = 0
+    if trace:
+        config["trace-enabled"] = 1
     return config
 
 
 REMOTE_MEMORY = {"memory-type": "NO_MEMORY_EXPANSION"}
 
 
-def write_configs(folder: Path, system: SystemSpec, dtype: str, options: AstraSimOptions) -> None:
+def write_configs(folder: Path, system: SystemSpec, dtype: str, options: AstraSimOptions, trace: bool) -> None:
     """network.yml, system.json and remote_memory.json into the run folder."""
     dims = astra_dims(system)
     (folder / "network.yml").write_text(network_yaml(dims))
-    (folder / "system.json").write_text(json.dumps(system_json(dims, system, dtype, options), indent=1) + "\n")
+    config = system_json(dims, system, dtype, options, trace)
+    (folder / "system.json").write_text(json.dumps(config, indent=1) + "\n")
     (folder / "remote_memory.json").write_text(json.dumps(REMOTE_MEMORY) + "\n")

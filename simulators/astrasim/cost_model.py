@@ -5,21 +5,24 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from dse.errors import InfeasibleError
-from dse.interfaces import ClassResult, SimResult
+from dse.interfaces import ClassResult, SimResult, TimelineEvent
 from dse.point import chakra
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
 from simulators.analytical.cost_model import AnalyticalCostModel, _contents, _copy
+from simulators.analytical.trace import to_chrome_trace
 from simulators.astrasim.config import expanded_sizes, write_configs
 from simulators.astrasim.isolated import collective_workload, operation_time, send_workload
 from simulators.astrasim.options import AstraSimOptions
 from simulators.astrasim.parse import RankStats, parse_log
 from simulators.astrasim.runner import AstraSimError, resolve_binary, run
 from simulators.astrasim.scaling import scaled_world
+from simulators.astrasim.timeline import time_by_category, timeline_events
 
 RESULT_CACHE_SIZE = 32
 _RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
@@ -46,11 +49,22 @@ class AstraSimCostModel:
     name = "astrasim"
     Options = AstraSimOptions
 
-    def __init__(self, options: AstraSimOptions | None = None) -> None:
+    def __init__(self, options: AstraSimOptions | None = None, timeline: bool = False) -> None:
         self.options = options or AstraSimOptions()
+        self.timeline = timeline
+
+    def with_timeline(self) -> "AstraSimCostModel":
+        """The same settings, keeping each rank class's schedule as ASTRA-sim ran it (dse.interfaces.
+        TimelineCostModel): ASTRA-sim then logs every node, so it is asked for per use."""
+        return AstraSimCostModel(self.options, timeline=True)
+
+    def chrome_trace(self, result: SimResult) -> dict[str, Any]:
+        return to_chrome_trace(result)
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
         """The step's result; a point priced before in this process with the same settings is read back."""
+        if self.timeline:  # a timeline is large and wanted once
+            return self._simulate(workload, system)
         key = (workload.point_key, system.model_dump_json(), self.options.model_dump_json())
         contents = _contents(workload)
         cached = _RESULTS.get(key)
@@ -89,7 +103,7 @@ class AstraSimCostModel:
             )
         folder = self._run_folder(workload.point_key)
         try:
-            stats = self._run(binary, folder, workload, system, sizes)
+            stats, events = self._run(binary, folder, workload, system, sizes)
         except AstraSimError as error:
             if self.options.keep_runs is None:
                 raise
@@ -97,7 +111,7 @@ class AstraSimCostModel:
         finally:
             if self.options.keep_runs is None:
                 shutil.rmtree(folder, ignore_errors=True)
-        return _result(full_workload, full_system, workload.class_of, stats)
+        return _result(full_workload, full_system, workload.class_of, stats, events)
 
     def _run_folder(self, point_key: str) -> Path:
         """A new folder of its own (evaluations run side by side); a kept one is named after the point."""
@@ -109,10 +123,11 @@ class AstraSimCostModel:
 
     def _run(
         self, binary: Path, folder: Path, workload: Workload, system: SystemSpec, sizes: list[int]
-    ) -> list[RankStats]:
+    ) -> tuple[list[RankStats], list[TimelineEvent]]:
+        """Every rank's figures and, with a timeline, its representative ranks' events."""
         traces = folder / "traces"
         chakra.export(workload, traces, sizes, prefix=TRACE_PREFIX, accelerator=system.accelerator)
-        write_configs(folder, system, workload.dtype, self.options)
+        write_configs(folder, system, workload.dtype, self.options, trace=self.timeline)
         logs = folder / "log"
         logs.mkdir()
         command = [
@@ -129,13 +144,23 @@ class AstraSimCostModel:
         errors = logs / "err.log"
         if errors.exists():
             output += errors.read_text(errors="replace")
-        return parse_log(output, workload.layout.world, exit_code)
+        stats = parse_log(output, workload.layout.world, exit_code)
+        log = logs / "log.log"
+        events = timeline_events(log.read_text(errors="replace"), workload) if self.timeline and log.exists() else []
+        return stats, events
 
 
-def _result(workload: Workload, system: SystemSpec, simulated: np.ndarray, stats: list[RankStats]) -> SimResult:
+def _result(
+    workload: Workload,
+    system: SystemSpec,
+    simulated: np.ndarray,
+    stats: list[RankStats],
+    events: list[TimelineEvent],
+) -> SimResult:
     """One ClassResult per rank class: the latest finish of its simulated ranks (`simulated`: their classes), the
     mean of their times, its rank count in the full world and the analytical memory model's peak (see
-    AstraSimCostModel). A class no rank runs (a workload may define one) is all zeros."""
+    AstraSimCostModel). A class no rank runs (a workload may define one) is all zeros. Busy time per category is
+    known only with a timeline."""
     memory = AnalyticalCostModel().simulate(workload, system)
     classes = []
     for index, priced in enumerate(memory.classes):
@@ -150,7 +175,7 @@ def _result(workload: Workload, system: SystemSpec, simulated: np.ndarray, stats
                 exposed_comm_s=float(np.mean([r.exposed_comm_s for r in ranks])),
                 peak_memory_bytes=priced.peak_memory_bytes,
                 memory_at_peak=priced.memory_at_peak,
-                time_by_category={},
+                time_by_category=time_by_category(events, index),
             )
         )
-    return SimResult(step_time_s=max(c.end_s for c in classes), classes=classes)
+    return SimResult(step_time_s=max(c.end_s for c in classes), classes=classes, timeline=events)

@@ -1,0 +1,73 @@
+"""Finding the ASTRA-sim binary and running it: in its own process group, with a timeout, leaving nothing behind."""
+
+import contextlib
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from dse.errors import DseError
+from simulators.astrasim.options import AstraSimOptions
+
+ENV_VAR = "ASTRA_SIM_BIN"
+BINARY_NAME = {
+    "congestion_unaware": "AstraSim_Analytical_Congestion_Unaware",
+    "congestion_aware": "AstraSim_Analytical_Congestion_Aware",
+}
+HOW_TO_SET = f"set {ENV_VAR} or cost_model_options.binary to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware"
+
+
+class AstraSimError(DseError):
+    """ASTRA-sim could not price a point: no binary, a crash, a hang, ranks that never finished, output we cannot
+    read. The message is one line quoting what matters; the study marks the trial failed and goes on."""
+
+
+def resolve_binary(options: AstraSimOptions) -> Path:
+    """The binary to run for the options' backend: options.binary or $ASTRA_SIM_BIN; for the congestion-aware
+    backend, the unaware binary's name stands for the aware binary beside it (CI points ASTRA_SIM_BIN at the
+    unaware one, and both ship together)."""
+    configured = options.binary or os.environ.get(ENV_VAR)
+    if not configured:
+        raise AstraSimError(f"no ASTRA-sim binary configured: {HOW_TO_SET}")
+    path = Path(configured).expanduser()
+    if options.backend == "congestion_aware" and path.name == BINARY_NAME["congestion_unaware"]:
+        path = path.with_name(BINARY_NAME["congestion_aware"])
+    if not path.is_file():
+        raise AstraSimError(f"ASTRA-sim binary {path} does not exist: {HOW_TO_SET}")
+    if not os.access(path, os.X_OK):
+        raise AstraSimError(f"ASTRA-sim binary {path} is not executable: chmod +x it, or {HOW_TO_SET}")
+    return path
+
+
+def run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str]:
+    """Run ASTRA-sim; its exit code and its output (stdout then stderr). On timeout the whole process group is
+    killed (ASTRA-sim starts no children today, but a wrapper script may) and AstraSimError says so."""
+    with subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        text=True,
+        errors="replace",
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            out, err = process.communicate()
+            last = (out + err).strip().splitlines()[-1:] or ["(nothing)"]
+            raise AstraSimError(
+                f"ASTRA-sim did not finish within {timeout_s:g} s (cost_model_options.timeout_s) and was killed; "
+                f"its last output line: {last[0].strip()!r}"
+            ) from None
+        finally:
+            _kill_group(process)  # whatever it started and left behind, and the binary itself on an interrupt
+    return process.returncode, out + err
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process group: the binary and anything it started."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)

@@ -50,10 +50,6 @@ def isolated(kind: Collective, size: float, npus: int) -> Workload:
 RING4 = one_dim("ring", 4)
 SIZES = [4 * 2**10, 2**20, 256 * 2**20]
 """4 KiB: latency is 99% of the time; 1 MiB: both count; 256 MiB: bandwidth is."""
-GATHER_EXPORT = (
-    "the Chakra export writes an all-gather's comm_size as the whole output buffer; ASTRA-sim reads it as each "
-    "rank's input shard (n times too much) until the lead's export fix lands"
-)
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -62,7 +58,7 @@ GATHER_EXPORT = (
     [
         Collective.ALL_REDUCE,
         Collective.REDUCE_SCATTER,
-        pytest.param(Collective.ALL_GATHER, marks=pytest.mark.xfail(strict=True, reason=GATHER_EXPORT)),
+        Collective.ALL_GATHER,
     ],
 )
 @pytest.mark.parametrize("topology", ["ring", "switch"])
@@ -180,12 +176,6 @@ def test_a_timeline_is_astrasims_schedule_of_each_rank_class(binary, tiny_llama)
     assert sum(e["ph"] == "X" for e in trace) == len(result.timeline)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AstraSimError,
-    reason="the export writes num_ops 0 for the embedding, on which ASTRA-sim's roofline divides 0 by 0 and no rank "
-    "finishes, until the lead's export fix (num_ops >= 1) lands",
-)
 def test_a_tiny_llama_step_runs_on_astrasims_own_roofline(binary, tiny_llama):
     point, workload = tiny_llama
     options = AstraSimOptions(binary=binary, compute="roofline", timeout_s=60)
@@ -306,7 +296,7 @@ WIDE_TINY_RING = {"base": "tiny-ring", "network": {1: {"npus": 8}}}
     [
         {"tp": 4, "dp": 8},
         {"tp": 4, "dp": 4, "pp": 2},
-        pytest.param({"tp": 4, "dp": 8, "zero": 1}, marks=pytest.mark.xfail(strict=True, reason=GATHER_EXPORT)),
+        {"tp": 4, "dp": 8, "zero": 1},
     ],
     ids=["dp8", "dp4-pp2", "dp8-zero1"],
 )

@@ -59,8 +59,8 @@ class InlineFirstExecutor:
     def capacity(self) -> int:
         return self._current.capacity
 
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        self._current.submit(tag, point)
+    def submit(self, tag: int, point: DesignPoint, refine: bool = False) -> None:
+        self._current.submit(tag, point, refine)
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         if self._pool is not None:

@@ -9,7 +9,7 @@ model's evaluation of the same point (`PluginEvaluation.refine`).
 Where the result lives: Optuna refuses new attributes on a finished trial in every storage (InMemory and the
 journal raise UpdateFinishedTrialError, RDB checks the state too, and a journal reader drops such a line written by
 another process), so a refinement is a *study* user attribute, `refined:<point key>` -> {cost_model, options,
-trial, metrics and feasible | reason}, one journal line each. The storage stays the record of truth: Parquet and
+trial, metrics, feasible and node | reason}, one journal line each. The storage stays the record of truth: Parquet and
 MLflow are rebuilt from it, and a resume refines only the points that have no record for the refine section's cost
 model and options (a changed section refines them again). A refinement that raises keeps its reason; the screened
 trial is untouched either way.
@@ -23,7 +23,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.search import study as studies
-from dse.search.executor import Executor
+from dse.search.executor import NODE, Executor
 from dse.search.space import StudySpec, decode
 from dse.search.study import POINT_KEY, STOP_POLL_S, OnTrial, counted
 
@@ -95,6 +95,8 @@ def refine(
         if outcome.result is not None:
             record["metrics"] = _finite(outcome.result["metrics"])
             record["feasible"] = all(v <= 0 for v in outcome.result["violations"].values())
+            if outcome.result.get(NODE):
+                record[NODE] = outcome.result[NODE]
         else:
             record["reason"] = outcome.error or "refinement failed"
         key = trial.user_attrs[POINT_KEY]

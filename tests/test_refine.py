@@ -9,6 +9,7 @@ points is a plugin installed by the test, run inline (a Ray worker would not see
 
 import json
 import textwrap
+import time
 from pathlib import Path
 
 import optuna
@@ -23,6 +24,10 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from dse import plugins
 from dse.cli.main import main
+from dse.results import browse
+from dse.search import inline_first
+from dse.search.executor import InlineExecutor
+from dse.search.inline_first import TIMED_OUTCOMES, InlineFirstExecutor
 from dse.search.refine import REFINED
 from dse.search.study import POINT_KEY
 
@@ -114,6 +119,9 @@ def test_a_study_refines_its_best_points_on_ray_and_keeps_both_fidelities(ray_ad
         else:
             assert "refined_step_time_s" not in run.data.metrics
         assert (run.data.tags.get("refined_pareto") == "true") == bool(row["refined_pareto"])
+
+    view = json.loads(json.loads(client.get_experiment(experiment).tags[browse.view_key(parent)])["state"])
+    assert {"metrics.`refined_step_time_s`", "tags.`fidelity`", "tags.`refined_pareto`"} <= set(view["selectedColumns"])
 
     assert main(["report", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -295,3 +303,43 @@ def test_a_resume_with_other_screening_options_is_refused(tmp_path):
     code, _, err = run_cli("run", str(path), "--out", str(out), "--inline")
     assert code == 2 and err.startswith(f"error: {path}: field 'cost_model_options': "), err
     assert "its results would mix the two" in err
+
+
+class TwoSpeeds:
+    """A search evaluation of a millisecond and a refinement of 20 ms, as ASTRA-sim refines an analytical search."""
+
+    def __call__(self, point):
+        return {"metrics": {"step_time_s": 1.0}, "violations": {}, "timings": {}, "speed": "screen"}
+
+    def refine(self, point):
+        time.sleep(0.02)
+        return {**self(point), "speed": "refine"}
+
+
+def test_slow_refinements_after_a_drained_search_move_to_the_pool(monkeypatch):
+    """The search alone never paid for a pool and drained the executor; 200 refinements of 20 ms (4 s) pay for a
+    0.5 s start with 2 workers once a few are timed, and the rest go to the pool."""
+    from dse.search.space import decode, load_study
+
+    point = decode(
+        load_study(ROOT / "studies" / "small.yaml"),
+        {"parallel.tp": 2, "parallel.pp": 1, "workload.micro_batch": 1, "system.accelerator.hbm_GiB": 80},
+    )
+    monkeypatch.setattr(inline_first, "RAY_START_S", 0.5)
+    pools: list[InlineExecutor] = []
+
+    def start_pool():
+        pools.append(InlineExecutor(TwoSpeeds()))
+        return pools[-1]
+
+    executor = InlineFirstExecutor(TwoSpeeds(), 10, 2, start_pool)
+    for tag in range(10):
+        executor.submit(tag, point)
+        assert executor.wait().result["speed"] == "screen"
+    executor.drain()
+    executor.expect(200)
+    for tag in range(TIMED_OUTCOMES + 3):
+        executor.submit(tag, point, refine=True)
+        assert executor.wait().result["speed"] == "refine"
+    assert len(pools) == 1 and not pools[0]._queue, "the refinements after the timed ones ran on the pool"
+    executor.close()

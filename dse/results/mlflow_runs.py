@@ -304,7 +304,8 @@ class Writer:
         for trial in order.refined:
             self.update_refined(trial)
         self._mark_front(order.front)
-        self._mark_front(order.refined_front, "refined_pareto")
+        if order.refined_front or self.refined_with:  # a study without refinements spares the query
+            self._mark_front(order.refined_front, "refined_pareto")
         if order.timelines_spec is not None:
             from dse import (
                 timelines,  # only here: it loads the study's plugins, which the writer needs for nothing else

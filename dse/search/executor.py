@@ -128,6 +128,10 @@ class Executor(Protocol):
     def drain(self) -> None:
         """No more points will be submitted: what is queued is shared out so that the workers finish together."""
 
+    def expect(self, count: int) -> None:
+        """`count` more points of another kind come after all (a study's refinements, after its search drained
+        the executor): plan for them afresh, as their evaluations may cost far more than the search's."""
+
     def close(self) -> None: ...
 
 
@@ -155,6 +159,9 @@ class InlineExecutor:
             return Outcome(tag, error=_describe(exc))
 
     def drain(self) -> None:
+        pass
+
+    def expect(self, count: int) -> None:
         pass
 
     def close(self) -> None:
@@ -435,6 +442,11 @@ class RayExecutor:
 
     def drain(self) -> None:
         self._draining = True
+
+    def expect(self, count: int) -> None:
+        """Calls are sized anew (FIRST_BATCH, then by the new points' measured time) and shared out again."""
+        self._draining = False
+        self._point_s = None
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         while not self._done:

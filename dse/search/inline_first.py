@@ -88,6 +88,16 @@ class InlineFirstExecutor:
         self._draining = True
         self._current.drain()
 
+    def expect(self, count: int) -> None:
+        """The coming points are timed afresh, and the pool started once they pay for it (a refiner that takes
+        seconds a point moves to the pool after a few, as a slow study does)."""
+        if self._pool is not None:
+            self._pool.expect(count)
+            return
+        self._draining = False
+        self._trials = self._outcomes + count
+        self._timed_s = []
+
     def close(self) -> None:
         self._inline.close()
         if self._pool is not None:

@@ -77,6 +77,8 @@ def refine(
     todo = [t for t in candidates(spec, study) if _missing(done.get(t.user_attrs[POINT_KEY]), wanted)]
     in_flight: dict[int, FrozenTrial] = {}
     finished = 0
+    if todo:
+        executor.expect(len(todo))
     while (todo or in_flight) and not stop():
         while todo and len(in_flight) < executor.capacity:
             trial = todo.pop(0)

@@ -95,7 +95,7 @@ class InlineFirstExecutor:
             self._pool.expect(count)
             return
         self._draining = False
-        self._trials = self._outcomes + count
+        self._trials = max(self._trials, self._outcomes) + count  # with `refine.every`, the search goes on after
         self._timed_s = []
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ class AnalyticalCostModel:
     within 1% (tests pin it), so a study can screen on the fast path and refine its best points exactly.
     timeline (for code, not files: `with_timeline`): also keep every op's interval for `to_chrome_trace`. It is
     off by default because a large step has a hundred thousand ops, and because it turns off the fusion of kernel
-    runs that the figures do not need. `exact=True` is the same as the option, for code.
+    runs that the figures do not need. `exact=True` without options is `Options(exact=True)`, for code.
 
     Compute that runs while communication does is slowed by the accelerator's `overlap_slowdown` (Charon's
     ratio model: NCCL kernels take SMs and HBM bandwidth from the GEMMs beside them); the slowed share of the
@@ -87,7 +87,7 @@ class AnalyticalCostModel:
     def __init__(self, options: Options | None = None, *, timeline: bool = False, exact: bool = False) -> None:
         self.options = options or self.Options(exact=exact)
         self.timeline = timeline
-        self.exact = self.options.exact or exact
+        self.exact = self.options.exact
 
     def with_timeline(self) -> "AnalyticalCostModel":
         return AnalyticalCostModel(self.options, timeline=True)

@@ -65,8 +65,10 @@ def print_refinement(console: Console, frame: pd.DataFrame) -> None:
     table_of_gaps = gaps(frame, objectives)
     models = ", ".join(sorted(attempted["refined.cost_model"].astype(str).unique()))
     failed = attempted[attempted["fidelity"] != "refined"]
+    over = int((refined_rows(frame)["refined.feasible"] == False).sum())  # noqa: E712 - nullable column
+    infeasible = f" ({over} of them infeasible there)" if over else ""
     console.print(
-        f"refined {len(attempted)} points with {models}: {len(table_of_gaps)} priced, {len(failed)} failed",
+        f"refined {len(attempted)} points with {models}: {len(table_of_gaps)} priced{infeasible}, {len(failed)} failed",
         soft_wrap=True,
     )
     if not table_of_gaps.empty:
@@ -80,7 +82,8 @@ def print_refinement(console: Console, frame: pd.DataFrame) -> None:
 def _points_table(frame: pd.DataFrame, table_of_gaps: pd.DataFrame, objectives: Mapping[str, str]) -> Table:
     table = Table(title="screened vs refined, per refined point", box=box.SIMPLE_HEAD, pad_edge=False)
     metrics = [m for m in objectives if f"{m}.gap" in table_of_gaps]
-    for header in ("trial", "shape", *(f"{m} {kind}" for m in metrics for kind in ("screen", "refined", "gap"))):
+    labels = [m.removesuffix("_s").removesuffix("_bytes") for m in metrics]
+    for header in ("trial", "shape", *(f"{m} {kind}" for m in labels for kind in ("screen", "refined", "gap"))):
         table.add_column(header, justify="right")
     shapes = frame.set_index("number")
     for _, row in table_of_gaps.iterrows():

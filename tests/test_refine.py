@@ -296,6 +296,15 @@ def test_cost_options_on_the_command_line_reach_the_cost_model(skewed, tmp_path)
     assert code == 2 and "skewed exited with code 134 (no kernel for tp=2)" in err
 
 
+def test_check_says_what_a_study_refines(tmp_path):
+    code, out, _ = run_cli("check", str(study_file(tmp_path, refine={**EXACT, "every": 4})))
+    assert code == 0
+    assert (
+        "refines the feasible Pareto members and the top 3 per objective with cost model 'analytical' with options "
+        "{'exact': True}, after the search and every 4 trials" in out
+    )
+
+
 def test_a_resume_with_other_screening_options_is_refused(tmp_path):
     out = tmp_path / "out"
     assert run_cli("run", str(study_file(tmp_path, trials=2)), "--out", str(out), "--inline")[0] == 0

@@ -5,13 +5,17 @@ by string from a study file beyond a registered name.
 """
 
 import argparse
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
-from dse.errors import PluginError
+from pydantic import BaseModel, ValidationError
+
+from dse.errors import PluginError, SpecError
 from dse.interfaces import CostModel, WorkloadGenerator
 from dse.objective import Constraint, Objective
+from dse.yamlio import error_field, error_message, load_scalar
 
 GROUPS = {"generator": "dse.generators", "cost model": "dse.simulators", "objective": "dse.objectives"}
 DEFAULT_GENERATOR = "symbolic"
@@ -19,7 +23,8 @@ DEFAULT_COST_MODEL = "analytical"
 
 
 def add_arguments(parser: argparse.ArgumentParser, cost_model: bool = True) -> None:
-    """A command's --generator (and --cost-model) options, with the defaults studies use."""
+    """A command's --generator (and --cost-model, --cost-option) options, with the defaults studies use; the
+    command builds its cost model with `cost_model_of(args)`."""
     parser.add_argument(
         "--generator", default=DEFAULT_GENERATOR, help=f"workload generator plugin (default: {DEFAULT_GENERATOR})"
     )
@@ -27,6 +32,33 @@ def add_arguments(parser: argparse.ArgumentParser, cost_model: bool = True) -> N
         parser.add_argument(
             "--cost-model", default=DEFAULT_COST_MODEL, help=f"cost model plugin (default: {DEFAULT_COST_MODEL})"
         )
+        parser.add_argument(
+            "--cost-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a cost-model option, as the study file's cost_model_options (VALUE read as a YAML scalar: "
+            "true, 3, 1e-3, text); repeatable",
+        )
+
+
+OPTIONS_FLAG = "--cost-option"
+
+
+def cost_model_of(args: argparse.Namespace) -> CostModel:
+    """The cost model a command's --cost-model and --cost-option ask for (see add_arguments)."""
+    return cost_model(args.cost_model, parse_options(args.cost_option), source=OPTIONS_FLAG)
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings as options, each value read as a YAML scalar (`exact=true` is the boolean true)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, equals, text = item.partition("=")
+        if not equals or not key.strip():
+            raise SpecError(f"{OPTIONS_FLAG} {item!r}: give KEY=VALUE, e.g. {OPTIONS_FLAG} exact=true")
+        out[key.strip()] = load_scalar(text)
+    return out
 
 
 @cache
@@ -38,7 +70,8 @@ def available(kind: str) -> list[str]:
     return sorted(_registry(kind))
 
 
-def _load(kind: str, name: str) -> Any:
+def load(kind: str, name: str) -> Any:
+    """The class or object registered as `name` in the group of `kind` (see GROUPS)."""
     registry = _registry(kind)
     if name not in registry:
         raise PluginError(f"unknown {kind} '{name}'; installed: {', '.join(sorted(registry)) or 'none'}")
@@ -46,15 +79,44 @@ def _load(kind: str, name: str) -> Any:
 
 
 def generator(name: str) -> WorkloadGenerator:
-    return _load("generator", name)()
+    return load("generator", name)()
 
 
-def cost_model(name: str) -> CostModel:
-    return _load("cost model", name)()
+def cost_model(
+    name: str, options: Mapping[str, Any] | None = None, source: str = "", field: str = "cost_model_options"
+) -> CostModel:
+    """The cost model registered as `name`, built with its options: validated by the class's `Options` (a pydantic
+    model, every field defaulted) and passed as `cls(options=...)`; without options, `cls()`.
+
+    source and field say where the options came from in the one-line error a bad option gives (the study file and
+    'cost_model_options' or 'refine.cost_model_options'; the command line's --cost-option)."""
+    cls = load("cost model", name)
+    validated = cost_model_options(cls, name, options, source, field)
+    return cls() if validated is None else cls(options=validated)
+
+
+def cost_model_options(
+    cls: Any, name: str, options: Mapping[str, Any] | None, source: str = "", field: str = "cost_model_options"
+) -> BaseModel | None:
+    """The options validated by the cost model class's `Options` (None for no options); a SpecError naming
+    `field.<option>` otherwise. A class without `Options` takes none."""
+    if not options:
+        return None
+    where = f"{source}: " if source else ""
+    schema = getattr(cls, "Options", None)
+    if schema is None:
+        raise SpecError(
+            f"{where}field '{field}.{next(iter(options))}': cost model '{name}' takes no options; remove {field}"
+        )
+    try:
+        return schema.model_validate(dict(options))
+    except ValidationError as exc:
+        error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]  # a misspelt name first
+        raise SpecError(f"{where}field '{field}.{error_field(error)}': {error_message(error)}") from None
 
 
 def objective(name: str) -> Objective | Constraint:
-    return _load("objective", name)
+    return load("objective", name)
 
 
 def objectives() -> list[Objective | Constraint]:

@@ -86,6 +86,16 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
 
 
+def load_scalar(text: str) -> Any:
+    """A command-line value read as the study file would read it (YAML 1.2: `true`, `8`, `1e9`, text); anything
+    that is not a scalar (a list, a mapping, malformed YAML) stays the text it was."""
+    try:
+        value = yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader
+    except (yaml.YAMLError, ValueError, OverflowError):
+        return text
+    return value if isinstance(value, (bool, int, float, str)) else text
+
+
 def load_yaml(path: str | Path) -> Any:
     """Parse one YAML file; a missing, oversized, undecodable or malformed file raises SpecError naming the file
     and, where there is one, the line."""

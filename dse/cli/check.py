@@ -62,6 +62,15 @@ def _check_study(path: Path, console: Console) -> None:
         soft_wrap=True,
         highlight=False,
     )
+    if (refine := spec.refine) is not None:
+        when = "after the search" + (f" and every {refine.every} trials" if refine.every else "")
+        options = f" with options {refine.cost_model_options}" if refine.cost_model_options else ""
+        console.print(
+            f"refines the feasible Pareto members and the top {refine.top_k} per objective with cost model "
+            f"'{refine.cost_model}'{options}, {when}",
+            soft_wrap=True,
+            highlight=False,
+        )
     variants = vary(spec)
     reasons = [(name, value, outcome) for name, value, outcome in variants if isinstance(outcome, str)]
     console.print(

@@ -27,10 +27,12 @@ from dse.cli import check, ui
 from dse.cli import commands as commands_module
 from dse.errors import DseError
 from dse.fields import GiB
-from dse.point import calibration, traces
+from dse.interfaces import TimelineCostModel
+from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
-from dse.results import pareto, report, tracking
+from dse.results import pareto, refinement, report, tracking
+from dse.search import refine
 from dse.search import study as studies
 from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
 from dse.search.inline_first import InlineFirstExecutor
@@ -153,7 +155,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
                     tracker.record(trial)
                     progress.advance(task)
 
-                studies.run(spec, study, executor, spec.trials, on_trial, stop.is_set)
+                refine.run(spec, study, executor, spec.trials, on_trial, stop.is_set, refining(progress))
             completed = not stop.is_set()
         except BaseException:  # a second Ctrl-C or a bug: what has finished is still written, then it goes on up
             executor.close()
@@ -163,6 +165,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         results = tracking.write_tables(spec, study, out)
         frame, best = results.frame, results.front
         _print_summary(console, frame, best, f"Pareto front of {spec.name}")
+        refinement.print_refinement(console, frame)
         with console.status("writing the Pareto plots and the MLflow runs"):
             tracking.write_plots(spec, results, out)
             missing = tracker.finish(study, results, completed)
@@ -181,6 +184,19 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         print(RESUME_HINT, file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def refining(progress: Progress) -> refine.OnRefined:
+    """A progress line for the refinements (their number is known only as each round starts, so it counts up)."""
+    task = None
+
+    def on_refined(key: str, record: dict) -> None:
+        nonlocal task
+        if task is None:
+            task = progress.add_task(f"refine with {record['cost_model']}", total=None)
+        progress.advance(task)
+
+    return on_refined
 
 
 def _mlflow_behind(uri: str, error: str, missing: int, out: Path) -> str:
@@ -204,7 +220,14 @@ def _executor(args: argparse.Namespace, spec: StudySpec, remaining: int, console
     """This process with --inline or when nothing is left to run; the Ray pool at once for a cluster (--address,
     RAY_ADDRESS, a Ray this process has joined) or with --ray; else this process first, and the pool once the
     remaining work pays for a local Ray's start (`InlineFirstExecutor`)."""
-    evaluation = PluginEvaluation(spec.generator, spec.cost_model)
+    refiner = spec.refine
+    evaluation = PluginEvaluation(
+        spec.generator,
+        spec.cost_model,
+        spec.cost_model_options,
+        refiner and refiner.cost_model,
+        refiner and refiner.cost_model_options,
+    )
     if args.inline or remaining <= 0:
         return InlineExecutor(evaluation)
     ray_module = sys.modules.get("ray")
@@ -275,6 +298,7 @@ def _report(args: argparse.Namespace, console: Console) -> int:
     best = pareto.front(frame)
     _print_summary(console, frame, best, f"Pareto front of {frame.attrs.get('study', args.out)}")
     written = report.print_report(console, frame, args.out)
+    refinement.print_refinement(console, frame)
     if not reasons.empty:
         console.print("most common infeasibility reasons:")
         for reason, count in reasons.items():
@@ -285,12 +309,12 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
     point = load_point(args.point)
-    cost_model = plugins.cost_model(args.cost_model)
-    traced = traces.timeline_model(args.cost_model) if args.trace is not None else None
+    cost_model = plugins.cost_model_of(args)
+    traced = None
     if args.trace is not None:
-        if traced is None:
+        if not isinstance(cost_model, TimelineCostModel):
             raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
-        cost_model = traced.with_timeline()
+        traced, cost_model = cost_model, cost_model.with_timeline()
     try:
         evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
     except DseError as exc:  # raised while generating or pricing: name the file as the loading errors do

@@ -311,7 +311,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
-    generator, cost_model = plugins.generator(args.generator), plugins.cost_model(args.cost_model)
+    generator, cost_model = plugins.generator(args.generator), plugins.cost_model_of(args)
     rows = run(generator, cost_model)
     held_out = run(generator, cost_model, HELD_OUT)
     collectives = run_collectives(cost_model)

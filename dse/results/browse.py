@@ -56,11 +56,14 @@ class StudyColumns:
     metrics: list[str]
     minimize: list[bool]
     params: list[str]
+    refined: bool = False
+    """Whether the study refines its best points (`refine`): the table then shows their refined figures too."""
 
     @classmethod
     def of(cls, spec: "StudySpec") -> "StudyColumns":
         minimize = [direction == "minimize" for direction in spec.directions]
-        return cls(spec.name, list(spec.metrics), minimize, [*spec.space, *spec.derived])
+        refined = spec.refine is not None
+        return cls(spec.name, list(spec.metrics), minimize, [*spec.space, *spec.derived], refined)
 
 
 def trials_view(study: StudyColumns, parent_id: str) -> dict[str, Any]:
@@ -73,14 +76,19 @@ def trials_view(study: StudyColumns, parent_id: str) -> dict[str, Any]:
     metrics = [_column("metrics", metric) for metric in study.metrics]
     tags = [_column("tags", tag) for tag in ("feasible", "pareto", "state")]
     params = [_column("params", path) for path in study.params[:MAX_PARAM_COLUMNS]]
-    columns = [*metrics, *tags, *params]
+    refined_metrics: list[str] = []
+    refined_tags: list[str] = []
+    if study.refined:  # a refined study: each objective's refined figure, and which points were refined
+        refined_metrics = [_column("metrics", f"refined_{metric}") for metric in study.metrics]
+        refined_tags = [_column("tags", tag) for tag in ("fidelity", "refined_pareto")]
+    columns = [*metrics, *refined_metrics, *refined_tags, *tags, *params]
     return {
         "searchFilter": f"tags.mlflow.parentRunId = '{parent_id}'",
         "orderByKey": metrics[0],
         "orderByAsc": study.minimize[0],
         "selectedColumns": columns,
         "columnOrder": columns,
-        "columnWidths": dict.fromkeys(metrics, METRIC_WIDTH),
+        "columnWidths": dict.fromkeys([*metrics, *refined_metrics], METRIC_WIDTH),
         "runsHiddenMode": "SHOW_ALL",  # charts plot every trial, not the first 10 rows
     }
 

@@ -29,8 +29,13 @@ from typing import Any
 from dse.results import browse, sqlite_store
 
 STUDY_UID_TAG = "dse_study_uid"
+REFINED_WITH_TAG = "refined_with"
+"""On a child run whose point was refined: the refining cost model and options (JSON), so that a finish updates
+only the runs that lack this refinement."""
 _BATCH = 100
 """MLflow's limit of params + tags per log_batch call."""
+REFINEMENT_TAGS = frozenset({"fidelity", REFINED_WITH_TAG, "refined_cost_model", "refine_reason", "refined_feasible"})
+"""The tags of a child run that its point's refinement sets (tracking.trial_record)."""
 HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -85,6 +90,11 @@ class Finish:
     timelines_spec: dict[str, Any] | None = None
     """StudySpec.model_dump(mode="json") when the study writes its front's timelines."""
     front_params: dict[int, dict[str, Any]] = field(default_factory=dict)
+    refined: list[TrialRecord] = field(default_factory=list)
+    """Trials whose child run may have been written before their point was refined: their records as they are now
+    (refined_* metrics, fidelity tags), logged onto the runs whose REFINED_WITH_TAG differs."""
+    refined_front: set[int] = field(default_factory=set)
+    """Trials on the Pareto front of the refined figures (tag refined_pareto)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,8 @@ class Writer:
         self.parent_id = ""
         self.children: dict[int, str] = {}
         """Trial number -> child run id, for every child run written, in this run or earlier."""
+        self.refined_with: dict[int, str] = {}
+        """Trial number -> its child run's REFINED_WITH_TAG, where it has one."""
         self.written = 0
         self.write_seconds = 0.0
         self.error: str | None = None
@@ -231,7 +243,10 @@ class Writer:
             if run.info.status == "RUNNING":
                 self.mlflow.delete_run(run.info.run_id)
             else:
-                out[int(run.data.tags["trial_number"])] = run.info.run_id
+                number = int(run.data.tags["trial_number"])
+                out[number] = run.info.run_id
+                if REFINED_WITH_TAG in run.data.tags:
+                    self.refined_with[number] = run.data.tags[REFINED_WITH_TAG]
         return out
 
     def write_child(self, trial: TrialRecord) -> None:
@@ -240,6 +255,8 @@ class Writer:
             return
         start = time.perf_counter()
         self.children[trial.number] = self._write(trial)
+        if REFINED_WITH_TAG in trial.tags:
+            self.refined_with[trial.number] = trial.tags[REFINED_WITH_TAG]
         self.write_seconds += time.perf_counter() - start
         self.written += 1
 
@@ -267,10 +284,28 @@ class Writer:
         self.mlflow.set_terminated(run_id, "FAILED" if trial.state == "FAIL" else "FINISHED", end_time=trial.end_ms)
         return run_id
 
+    def update_refined(self, trial: TrialRecord) -> None:
+        """Log a trial's refinement (its refined_* metrics, its fidelity tags) onto its child run, unless the run
+        has no such trial or already has this refinement."""
+        from mlflow.entities import Metric, RunTag
+
+        run_id = self.children.get(trial.number)
+        if run_id is None or self.refined_with.get(trial.number) == trial.tags.get(REFINED_WITH_TAG):
+            return
+        metrics = [Metric(k, v, trial.end_ms or 0, 0) for k, v in trial.metrics.items() if k.startswith("refined_")]
+        tags = [RunTag(k, v) for k, v in trial.tags.items() if k in REFINEMENT_TAGS]
+        for start in range(0, max(len(metrics), len(tags), 1), _BATCH):
+            self.mlflow.log_batch(run_id, metrics=metrics[start : start + _BATCH], tags=tags[start : start + _BATCH])
+        self.refined_with[trial.number] = trial.tags.get(REFINED_WITH_TAG, "")
+
     def finish(self, order: Finish) -> None:
         for trial in order.candidates:
             self.write_child(trial)
+        for trial in order.refined:
+            self.update_refined(trial)
         self._mark_front(order.front)
+        if order.refined_front or self.refined_with:  # a study without refinements spares the query
+            self._mark_front(order.refined_front, "refined_pareto")
         if order.timelines_spec is not None:
             from dse import (
                 timelines,  # only here: it loads the study's plugins, which the writer needs for nothing else
@@ -287,14 +322,15 @@ class Writer:
                 self.mlflow.log_artifact(self.parent_id, str(path))
         self.mlflow.set_terminated(self.parent_id, "FINISHED" if order.completed else "KILLED")
 
-    def _mark_front(self, front: set[int]) -> None:
-        """Children are written pareto=false; flip only those whose membership changed (one query, few writes)."""
-        marked = {int(r.data.tags["trial_number"]) for r in self._children(" and tags.pareto = 'true'")}
+    def _mark_front(self, front: set[int], tag: str = "pareto") -> None:
+        """Children are written pareto=false (and without refined_pareto); flip only those whose membership changed
+        (one query, few writes)."""
+        marked = {int(r.data.tags["trial_number"]) for r in self._children(f" and tags.{tag} = 'true'")}
         for number in marked - front:
-            self.mlflow.set_tag(self.children[number], "pareto", "false")
+            self.mlflow.set_tag(self.children[number], tag, "false")
         for number in front - marked:
             if number in self.children:
-                self.mlflow.set_tag(self.children[number], "pareto", "true")
+                self.mlflow.set_tag(self.children[number], tag, "true")
 
     def finished(self, wanted: set[int]) -> Finished:
         missing = len(wanted - set(self.children))

@@ -19,7 +19,9 @@ def write_timelines(spec: StudySpec, params: dict[int, dict[str, Any]], folder: 
         path = folder / f"trial-{number}.json.gz"
         if not path.is_file():
             point = decode(spec, values)
-            if isinstance(point, str) or not write_trace(point, spec.generator, spec.cost_model, path):
+            if isinstance(point, str) or not write_trace(
+                point, spec.generator, spec.cost_model, path, spec.cost_model_options
+            ):
                 continue
         paths[number] = path
     return paths

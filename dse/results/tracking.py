@@ -12,6 +12,7 @@ study asks (`tracking.timelines: pareto`): simulating and encoding them took lon
 search. `dse timeline OUT_DIR` writes them when someone wants to look.
 """
 
+import json
 import os
 import queue
 import subprocess
@@ -30,7 +31,8 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import DseError, SpecError
-from dse.results import browse, mlflow_runs, pareto, plots
+from dse.results import browse, mlflow_runs, pareto, plots, refinement
+from dse.search import refine
 from dse.search.executor import NODE
 from dse.search.space import StudySpec, decode, load_study
 from dse.search.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
@@ -75,8 +77,29 @@ def _feasible(trial: FrozenTrial) -> bool | None:
     return all(v <= 0 for v in trial.constraints.values()) if trial.state == TrialState.COMPLETE else None
 
 
-def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
-    """One trial flattened: identity, state and reason, params (searched, derived, summary), metrics, times."""
+SCREEN, REFINED = "screen", "refined"
+"""The `fidelity` of a trial's row and child run: its figures are the screening cost model's only, or a refinement
+of its point succeeded (its figures are then also in the refined.* columns, refined_* metrics)."""
+
+
+def refined_columns(record: dict[str, Any] | None) -> dict[str, Any]:
+    """A point's refinement as table columns: fidelity, refined.cost_model, refined.feasible, refined.reason and
+    refined.<metric> for each refined metric."""
+    if record is None:
+        return {"fidelity": SCREEN}
+    row = {
+        "fidelity": REFINED if "metrics" in record else SCREEN,
+        "refined.cost_model": record.get("cost_model"),
+        "refined.feasible": record.get("feasible"),
+        "refined.reason": record.get("reason"),
+    }
+    row.update({f"refined.{name}": value for name, value in record.get("metrics", {}).items()})
+    return row
+
+
+def _row(trial: FrozenTrial, retried_as: dict[int, int], refined: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One trial flattened: identity, state and reason, params (searched, derived, summary), metrics, times, and
+    its point's refinement (`refined_columns`)."""
     attrs = trial.user_attrs
     reason = attrs.get(REASON)
     if trial.number in retried_as:
@@ -97,6 +120,7 @@ def _row(trial: FrozenTrial, retried_as: dict[int, int]) -> dict[str, Any]:
     row["datetime_start"] = trial.datetime_start
     row["datetime_complete"] = trial.datetime_complete
     row["duration_s"] = trial.duration.total_seconds() if trial.duration else None
+    row.update(refined_columns(refined.get(attrs.get(POINT_KEY, ""))))
     return row
 
 
@@ -106,7 +130,8 @@ def trials_frame(spec: StudySpec, study: optuna.Study) -> pd.DataFrame:
     retried_as = {
         t.user_attrs[RETRY_OF]: t.number for t in study.get_trials(deepcopy=False) if RETRY_OF in t.user_attrs
     }
-    rows = [_row(t, retried_as) for t in trials]
+    refined = refine.records(study)
+    rows = [_row(t, retried_as, refined) for t in trials]
     frame = pd.DataFrame(rows) if rows else pd.DataFrame(columns=["number", "state", "reason", "feasible", POINT_KEY])
     frame.attrs["study"] = spec.name
     frame.attrs["objectives"] = dict(zip(spec.metrics, spec.directions, strict=True))
@@ -153,6 +178,7 @@ def write_tables(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results
     frame = trials_frame(spec, study)
     best = pareto.front(frame)
     frame["pareto"] = frame["number"].isin(best["number"])
+    frame["refined_pareto"] = frame["number"].isin(refinement.front(frame)["number"])
     write_parquet(frame, out_dir / PARQUET)
     best.to_csv(out_dir / PARETO_CSV, index=False)
     points = out_dir / BEST_DIR
@@ -193,16 +219,29 @@ def _ms(moment: datetime | None) -> int | None:
     return None if moment is None else int(moment.timestamp() * 1000)
 
 
-def trial_record(trial: FrozenTrial) -> mlflow_runs.TrialRecord:
-    """A finished trial as its child run shows it."""
+def trial_record(trial: FrozenTrial, refined: dict[str, Any] | None = None) -> mlflow_runs.TrialRecord:
+    """A finished trial as its child run shows it, with its point's refinement record if it has one: a `fidelity`
+    tag (screen or refined), refined_<metric> metrics, the refining cost model and a failed refinement's reason
+    (`refine_reason`) as tags."""
     attrs = trial.user_attrs
+    tags = {name: str(attrs[name])[:5000] for name in (REASON, POINT_KEY, NODE) if attrs.get(name)}
+    metrics = {k: float(v) for k, v in (attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})).items()}
+    tags["fidelity"] = refined_columns(refined)["fidelity"]
+    if refined is not None:
+        tags[mlflow_runs.REFINED_WITH_TAG] = json.dumps(refine.fidelity_of(refined), sort_keys=True)[:5000]
+        tags["refined_cost_model"] = str(refined.get("cost_model"))
+        if "reason" in refined:
+            tags["refine_reason"] = str(refined["reason"])[:5000]
+        if "feasible" in refined:
+            tags["refined_feasible"] = str(refined["feasible"]).lower()
+        metrics.update({f"refined_{k}": float(v) for k, v in refined.get("metrics", {}).items()})
     return mlflow_runs.TrialRecord(
         number=trial.number,
         state=trial.state.name,
         feasible=_feasible(trial),
-        tags={name: str(attrs[name])[:5000] for name in (REASON, POINT_KEY, NODE) if attrs.get(name)},
+        tags=tags,
         params={k: str(v) for k, v in {**attrs.get(FIELDS, {}), **trial.params}.items()},
-        metrics={k: float(v) for k, v in (attrs.get(METRICS, {}) | attrs.get(TIMINGS, {})).items()},
+        metrics=metrics,
         start_ms=_ms(trial.datetime_start),
         end_ms=_ms(trial.datetime_complete),
     )
@@ -336,8 +375,18 @@ class Tracker:
         if self._process is None or self._reports is None:
             return len(wanted)
         trials = study.get_trials(deepcopy=False)
-        candidates = [trial_record(trials[n]) for n in sorted(wanted - self._recorded) if trials[n].state in FINISHED]
-        finish = mlflow_runs.Finish(candidates, front, wanted, results.artifacts, completed)
+        refined = refine.records(study)
+
+        def record(n: int) -> mlflow_runs.TrialRecord:
+            return trial_record(trials[n], refined.get(trials[n].user_attrs.get(POINT_KEY, "")))
+
+        candidates = [record(n) for n in sorted(wanted - self._recorded) if trials[n].state in FINISHED]
+        # Runs written before their point was refined get its figures now; the writer skips those that have them.
+        updates = [record(n) for n in sorted(wanted & self._recorded) if trials[n].user_attrs.get(POINT_KEY) in refined]
+        refined_front = {int(n) for n in results.frame.loc[results.frame["refined_pareto"], "number"]}
+        finish = mlflow_runs.Finish(
+            candidates, front, wanted, results.artifacts, completed, refined=updates, refined_front=refined_front
+        )
         if self.spec.tracking.timelines == "pareto":
             params = {n: trials[n].params for n in front}
             finish = replace(finish, timelines_spec=self.spec.model_dump(mode="json"), front_params=params)

@@ -14,7 +14,7 @@ import pickle
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Protocol
@@ -32,22 +32,40 @@ EvaluateFn = Callable[[DesignPoint], Result]
 
 
 class PluginEvaluation:
-    """Evaluates points with the generator and cost model registered under two names.
+    """Evaluates points with the generator and cost model registered under two names, and refines them (a
+    multi-fidelity study's second look, `refine`) with a second cost model.
 
-    Only the names travel (it pickles small); each process resolves the plugins through dse.plugins on first
-    use, so an actor restarted after a crash resolves them again.
+    Only the names and options travel (it pickles small, as plain data); each process resolves the plugins
+    through dse.plugins on first use, so an actor restarted after a crash resolves them again.
     """
 
-    def __init__(self, generator: str, cost_model: str) -> None:
+    def __init__(
+        self,
+        generator: str,
+        cost_model: str,
+        cost_model_options: Mapping[str, Any] | None = None,
+        refiner: str | None = None,
+        refiner_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.generator = generator
         self.cost_model = cost_model
+        self.cost_model_options = dict(cost_model_options or {})
+        self.refiner = refiner
+        self.refiner_options = dict(refiner_options or {})
 
-    def __getstate__(self) -> dict[str, str]:
-        return {"generator": self.generator, "cost_model": self.cost_model}
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in PLAIN_STATE}
 
     @cached_property
     def _plugins(self) -> tuple[Any, Any]:
-        return plugins.generator(self.generator), plugins.cost_model(self.cost_model)
+        generator = plugins.generator(self.generator)
+        return generator, plugins.cost_model(self.cost_model, self.cost_model_options)
+
+    @cached_property
+    def _refiner(self) -> Any:
+        if self.refiner is None:
+            raise DseError("this study has no refine section, so no point is refined")
+        return plugins.cost_model(self.refiner, self.refiner_options, field="refine.cost_model_options")
 
     def affinity(self, point: DesignPoint) -> Hashable:
         """The generator's affinity of the point (see WorkloadGenerator), or None if it declares none."""
@@ -55,9 +73,15 @@ class PluginEvaluation:
         return None if affinity is None else affinity(point)
 
     def __call__(self, point: DesignPoint) -> Result:
-        generator, cost_model = self._plugins
+        return self._evaluate(point, self._plugins[1])
+
+    def refine(self, point: DesignPoint) -> Result:
+        """The point priced by the refining cost model (the same workload, the same metrics and violations)."""
+        return self._evaluate(point, self._refiner)
+
+    def _evaluate(self, point: DesignPoint, cost_model: Any) -> Result:
         t0 = time.perf_counter()
-        evaluation = evaluate(point, generator, cost_model)
+        evaluation = evaluate(point, self._plugins[0], cost_model)
         metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}
         return {
             "metrics": metrics,
@@ -68,6 +92,16 @@ class PluginEvaluation:
                 "evaluate_s": time.perf_counter() - t0,
             },
         }
+
+
+PLAIN_STATE = ("generator", "cost_model", "cost_model_options", "refiner", "refiner_options")
+"""What of a PluginEvaluation goes to the Ray actors: names and options, never a resolved plugin."""
+
+
+def run_one(fn: EvaluateFn, point: DesignPoint, refine: bool) -> Result:
+    """fn's result for the point: its screening evaluation, or with `refine` its refinement (`fn.refine`, which
+    PluginEvaluation has; an evaluation function without it cannot be asked to refine)."""
+    return fn.refine(point) if refine else fn(point)  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -84,15 +118,19 @@ class Executor(Protocol):
     capacity: int
     """How many submitted points the executor takes at once: the running ones and those queued behind them."""
 
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        """Start evaluating, or queue for the next free worker; only call while fewer than `capacity` points
-        are in flight."""
+    def submit(self, tag: int, point: DesignPoint, refine: bool = False) -> None:
+        """Start evaluating (with `refine`, refining: `run_one`), or queue for the next free worker; only call
+        while fewer than `capacity` points are in flight."""
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """The outcome of an in-flight point once one is done, or None if none is within `timeout` seconds."""
 
     def drain(self) -> None:
         """No more points will be submitted: what is queued is shared out so that the workers finish together."""
+
+    def expect(self, count: int) -> None:
+        """`count` more points of another kind come after all (a study's refinements, after its search drained
+        the executor): plan for them afresh, as their evaluations may cost far more than the search's."""
 
     def close(self) -> None: ...
 
@@ -107,20 +145,23 @@ class InlineExecutor:
     def __init__(self, fn: EvaluateFn) -> None:
         self.workers = self.capacity = 1
         self._fn = fn
-        self._queue: list[tuple[int, DesignPoint]] = []
+        self._queue: list[tuple[int, DesignPoint, bool]] = []
 
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        self._queue.append((tag, point))
+    def submit(self, tag: int, point: DesignPoint, refine: bool = False) -> None:
+        self._queue.append((tag, point, refine))
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Evaluates the oldest submitted point now; a timeout cannot interrupt it."""
-        tag, point = self._queue.pop(0)
+        tag, point, refine = self._queue.pop(0)
         try:
-            return Outcome(tag, result=self._fn(point))
+            return Outcome(tag, result=run_one(self._fn, point, refine))
         except Exception as exc:
             return Outcome(tag, error=_describe(exc))
 
     def drain(self) -> None:
+        pass
+
+    def expect(self, count: int) -> None:
         pass
 
     def close(self) -> None:
@@ -137,6 +178,7 @@ class _Job:
     tag: int
     point: DesignPoint
     affinity: Hashable
+    refine: bool = False
     attempt: int = 1
     """2 once a call that held the point was lost with its actor: it then runs alone, and fails if that is lost."""
 
@@ -323,8 +365,8 @@ class RayExecutor:
     def capacity(self) -> int:
         return self.workers * (1 + QUEUED_BATCHES * self.batch)
 
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        self._queued.append(_Job(tag, point, self._affinity(point)))
+    def submit(self, tag: int, point: DesignPoint, refine: bool = False) -> None:
+        self._queued.append(_Job(tag, point, self._affinity(point), refine))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -356,7 +398,7 @@ class RayExecutor:
         return batches
 
     def _send(self, call: _Call) -> None:
-        points = pickle.dumps([job.point for job in call.jobs], protocol=pickle.HIGHEST_PROTOCOL)
+        points = pickle.dumps([(job.point, job.refine) for job in call.jobs], protocol=pickle.HIGHEST_PROTOCOL)
         self._calls[self._actors[call.actor].evaluate.remote(points)] = call
         self._load[call.actor] += 1
 
@@ -400,6 +442,11 @@ class RayExecutor:
 
     def drain(self) -> None:
         self._draining = True
+
+    def expect(self, count: int) -> None:
+        """Calls are sized anew (FIRST_BATCH, then by the new points' measured time) and shared out again."""
+        self._draining = False
+        self._point_s = None
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         while not self._done:
@@ -497,16 +544,16 @@ class Evaluator:
         self._node = ray.get_runtime_context().get_node_id()
 
     def evaluate(self, points: bytes) -> tuple[list[Result | str], float]:
-        """Each point's result, or the one-line error its evaluation raised (one point's error does not cost
-        the others their results), and the seconds the call took: the pool sizes its calls by it.
+        """Each (point, refine) pair's result (`run_one`), or the one-line error its evaluation raised (one point's
+        error does not cost the others their results), and the seconds the call took: the pool sizes its calls by it.
 
         The points come pickled by the driver: Ray would pickle them with cloudpickle, whose dispatch table is a
         Python ChainMap looked up for every object of every point (4% of the driver's instructions per trial)."""
         start = time.perf_counter()
         results: list[Result | str] = []
-        for point in pickle.loads(points):
+        for point, refine in pickle.loads(points):
             try:
-                results.append({**self._fn(point), NODE: self._node})
+                results.append({**run_one(self._fn, point, refine), NODE: self._node})
             except Exception as exc:
                 results.append(_describe(exc))
         return results, time.perf_counter() - start

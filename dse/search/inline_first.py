@@ -59,8 +59,8 @@ class InlineFirstExecutor:
     def capacity(self) -> int:
         return self._current.capacity
 
-    def submit(self, tag: int, point: DesignPoint) -> None:
-        self._current.submit(tag, point)
+    def submit(self, tag: int, point: DesignPoint, refine: bool = False) -> None:
+        self._current.submit(tag, point, refine)
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         if self._pool is not None:
@@ -87,6 +87,16 @@ class InlineFirstExecutor:
         """No more points come: the inline part never starts the pool from here on."""
         self._draining = True
         self._current.drain()
+
+    def expect(self, count: int) -> None:
+        """The coming points are timed afresh, and the pool started once they pay for it (a refiner that takes
+        seconds a point moves to the pool after a few, as a slow study does)."""
+        if self._pool is not None:
+            self._pool.expect(count)
+            return
+        self._draining = False
+        self._trials = max(self._trials, self._outcomes) + count  # with `refine.every`, the search goes on after
+        self._timed_s = []
 
     def close(self) -> None:
         self._inline.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import optuna
-from annotated_types import Gt, Le
+from annotated_types import Ge, Gt, Le
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
@@ -105,6 +105,23 @@ class TrackingSpec(BaseModel):
     )
 
 
+class RefineSpec(BaseModel):
+    """A multi-fidelity study's second cost model: after the search (and every `every` counted trials), the
+    Pareto members and the `top_k` best feasible points per objective are priced again with it
+    (`dse.search.refine`), both results kept."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    cost_model: str = Field(description="the refining cost model's entry point in group dse.simulators")
+    cost_model_options: dict[str, Any] = Field(default_factory=dict, description="its options, as cost_model_options")
+    top_k: Annotated[Whole, Ge(0), Le(MAX_TRIALS)] = Field(
+        10, description="best feasible points per objective refined besides the Pareto members (0: the front only)"
+    )
+    every: Annotated[Count, Le(MAX_TRIALS)] | None = Field(
+        None, description="also refine after every N counted trials (default: only after the search)"
+    )
+
+
 class StudySpec(BaseModel):
     """What a study file holds. Load it with `load_study`, which also checks the names and the space."""
 
@@ -116,6 +133,10 @@ class StudySpec(BaseModel):
     seed: Whole = Field(0, ge=0, le=MAX_SEED)
     generator: str = plugins.DEFAULT_GENERATOR
     cost_model: str = plugins.DEFAULT_COST_MODEL
+    cost_model_options: dict[str, Any] = Field(
+        default_factory=dict, description="the cost model's options (its Options class), e.g. {exact: true}"
+    )
+    refine: RefineSpec | None = Field(None, description="re-price the best points with a second cost model")
     objectives: dict[str, Direction | None] = Field(
         min_length=1, description="objective name -> minimize | maximize (empty: the objective's default)"
     )
@@ -229,14 +250,18 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, str(path))) from None
     spec._source = str(path)
-    for field in ("generator", "cost_model"):
-        kind = field.replace("_", " ")
+    models = [("generator", spec.generator, None), ("cost_model", spec.cost_model, spec.cost_model_options)]
+    if spec.refine is not None:
+        models.append(("refine.cost_model", spec.refine.cost_model, spec.refine.cost_model_options))
+    for field, name, options in models:
+        kind = "generator" if field == "generator" else "cost model"
         installed = plugins.available(kind)
-        if getattr(spec, field) not in installed:
+        if name not in installed:
             raise SpecError(
-                f"{path}: field '{field}': unknown {kind} '{getattr(spec, field)}'; installed: "
-                f"{', '.join(installed) or 'none'}"
+                f"{path}: field '{field}': unknown {kind} '{name}'; installed: {', '.join(installed) or 'none'}"
             )
+        if options is not None:  # checked now, not by every evaluation (and every Ray worker) later
+            plugins.cost_model_options(plugins.load("cost model", name), name, options, str(path), f"{field}_options")
     _ = spec.objective_list, spec.constraint_list, spec.expressions  # resolved now so errors surface at load
     try:
         expand(spec.base, where="base.")

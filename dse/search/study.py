@@ -40,6 +40,10 @@ DUPLICATE_OF = "duplicate_of"
 RETRY_OF = "retry_of"
 """On a trial enqueued by a resume: the trial a stopped driver left running, told FAIL and not counted."""
 
+SCREENED_WITH = "screened_with"
+"""Study user attribute: the cost model and options that priced its trials. A resume with others is refused:
+points evaluated before are reused by point key, which would mix two models' figures in one search."""
+
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 OnTrial = Callable[[FrozenTrial], None]
 STOP_POLL_S = 0.2
@@ -64,6 +68,18 @@ def open_study(spec: StudySpec, out_dir: Path) -> optuna.Study:
         raise SpecError(
             f"{spec.source}: field 'objectives': {describe(spec.storage, out_dir)} holds study '{spec.name}' with "
             f"directions {stored}, not {spec.directions}; use another --out or restore the objectives"
+        )
+    screen = {"cost_model": spec.cost_model, "options": dict(spec.cost_model_options)}
+    screened = study.user_attrs.get(SCREENED_WITH)
+    if screened is None:
+        study.set_user_attr(SCREENED_WITH, screen)
+    elif screened != screen:
+        field = "cost_model" if screened["cost_model"] != spec.cost_model else "cost_model_options"
+        raise SpecError(
+            f"{spec.source}: field '{field}': {describe(spec.storage, out_dir)} holds study '{spec.name}' "
+            f"priced by cost model '{screened['cost_model']}' with options {screened['options']}, not "
+            f"'{screen['cost_model']}' with {screen['options']}; its results would mix the two: use another --out "
+            "or restore cost_model and cost_model_options"
         )
     study.sampler = _sampler(spec, spec.seed + len(study.trials))
     return study

@@ -5,6 +5,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
@@ -59,11 +60,13 @@ class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds (about 7 ms for Llama-3-70B on 1024 GPUs with 64 micro-batches, from
     its steady form of 22; `steady`), cheap enough for a study to sweep thousands of points.
 
-    timeline: also keep every op's interval for `to_chrome_trace`. It is off by default because a large step has
-    a hundred thousand ops, and because it turns off the fusion of kernel runs that the figures do not need.
-    exact: schedule every call of the whole step by the reference rules instead of the fast path (`fastpath`,
-    which prices each run of calls between pipeline transfers once per entry state, over the workload's steady
-    form when it has one: `steady`); the two agree within 1% (tests pin it).
+    options (`Options`, a study's cost_model_options): `exact` schedules every call of the whole step by the
+    reference rules instead of the fast path (`fastpath`, which prices each run of calls between pipeline
+    transfers once per entry state, over the workload's steady form when it has one: `steady`); the two agree
+    within 1% (tests pin it), so a study can screen on the fast path and refine its best points exactly.
+    timeline (for code, not files: `with_timeline`): also keep every op's interval for `to_chrome_trace`. It is
+    off by default because a large step has a hundred thousand ops, and because it turns off the fusion of kernel
+    runs that the figures do not need. `exact=True` without options is `Options(exact=True)`, for code.
 
     Compute that runs while communication does is slowed by the accelerator's `overlap_slowdown` (Charon's
     ratio model: NCCL kernels take SMs and HBM bandwidth from the GEMMs beside them); the slowed share of the
@@ -74,12 +77,20 @@ class AnalyticalCostModel:
 
     name = "analytical"
 
-    def __init__(self, timeline: bool = False, exact: bool = False) -> None:
+    class Options(BaseModel):
+        """What a study file or `--cost-option` may set (see the class docstring)."""
+
+        model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+        exact: bool = Field(False, description="schedule the whole step by the reference rules, not the fast path")
+
+    def __init__(self, options: Options | None = None, *, timeline: bool = False, exact: bool = False) -> None:
+        self.options = options or self.Options(exact=exact)
         self.timeline = timeline
-        self.exact = exact
+        self.exact = self.options.exact
 
     def with_timeline(self) -> "AnalyticalCostModel":
-        return AnalyticalCostModel(timeline=True, exact=self.exact)
+        return AnalyticalCostModel(self.options, timeline=True)
 
     def chrome_trace(self, result: SimResult) -> dict[str, Any]:
         return to_chrome_trace(result)

@@ -60,6 +60,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.line(f"  {sudo}apt-get update && {sudo}apt-get install -y {packages}", bold=True)
 
 
+ASTRA_SIM_DEFAULT = Path(__file__).resolve().parents[2] / "shared/astra-sim/AstraSim_Analytical_Congestion_Unaware"
+"""Where ../shared/astra-sim keeps the prebuilt binary beside a checkout in /work (CI sets ASTRA_SIM_BIN)."""
+
+
+@pytest.fixture(scope="session")
+def binary() -> Path:
+    """The real ASTRA-sim binary: $ASTRA_SIM_BIN, else ../shared/astra-sim's; the test skips where neither runs."""
+    path = Path(os.environ.get("ASTRA_SIM_BIN") or ASTRA_SIM_DEFAULT)
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.skip(f"ASTRA-sim binary not found at {path}: set ASTRA_SIM_BIN to ASTRA-sim's analytical binary")
+    return path
+
+
 @pytest.fixture(scope="session")
 def ray_address() -> Iterator[str]:
     import ray

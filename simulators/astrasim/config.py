@@ -78,11 +78,14 @@ class AstraDim:
 
 
 def astra_dims(system: SystemSpec) -> list[AstraDim]:
-    """The system's network as ASTRA-sim dimensions, innermost first (a torus expanded into its rings)."""
+    """The system's network as ASTRA-sim dimensions, innermost first (a torus expanded into its rings), without
+    dimensions of one NPU (a single node's `network: {1: {npus: 1}}`), which ASTRA-sim refuses and nothing crosses."""
     return [part for dim in system.network for part in _dims_of(dim)]
 
 
 def _dims_of(dim: NetworkDim) -> list[AstraDim]:
+    if dim.npus == 1:
+        return []
     bandwidth = dim.bandwidth / ASTRA_GB
     if dim.topology.startswith("torus"):
         return [AstraDim("Ring", side, bandwidth, dim.latency_ns, "ring") for side in torus_shape(dim) if side > 1]

@@ -247,6 +247,25 @@ def test_ranks_that_never_finish_are_named_even_when_the_exit_code_is_zero(tmp_p
     assert "garbage ~~~" in message
 
 
+def test_a_crash_after_every_rank_reported_keeps_the_figures(tmp_path):
+    # As this build dies tearing down some runs: every rank's figures are out, then the heap is found corrupt.
+    lines = "".join(
+        f"sys[{r}] finished, 100 cycles, exposed communication 5 cycles.\nsys[{r}], GPU time: 90\n"
+        f"sys[{r}], Comm time: 10\nsys[{r}], Total compute-communication overlap: 5\n"
+        for r in range(4)
+    )
+    options = AstraSimOptions(
+        binary=fake_binary(tmp_path, f"printf '{lines}'\necho 'malloc_consolidate(): unaligned'\nkill -ABRT $$\n")
+    )
+    result = AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
+    assert result.step_time_s == pytest.approx(100e-9)
+    truncated = lines.rsplit("sys[3], Total", 1)[0]
+    (tmp_path / "cut").mkdir()  # another binary path: the process's cache keys results by the options
+    options = AstraSimOptions(binary=fake_binary(tmp_path / "cut", f"printf '{truncated}'\nkill -ABRT $$\n"))
+    with pytest.raises(AstraSimError, match="exited with code -6"):
+        AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
+
+
 def test_garbage_output_is_a_failure_not_a_zero_step(tmp_path):
     message = failure(fake_binary(tmp_path, "head -c 300 /dev/urandom | base64\n"))
     assert "4 of 4 ranks never finished" in message

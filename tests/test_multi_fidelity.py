@@ -26,8 +26,8 @@ def test_a_study_refines_its_front_with_astrasim_on_ray(ray_address, binary, tmp
     assert front and front <= set(refined[POINT_KEY]), "every screened Pareto member is priced by ASTRA-sim"
     assert (refined["refined.cost_model"] == "astrasim").all() and refined["refined.reason"].isna().all()
     # ASTRA-sim runs the exported step with our compute durations: on these 8-NPU tiny-llama steps the two models'
-    # step times agree within 3% (1.9% at most here) (the rest is the network's and the schedule's: see benchmarks/cross_model.py),
-    # and the memory is the analytical model's own.
+    # step times agree within 3% (1.9% at most here; the rest is the network's and the schedule's, see
+    # benchmarks/cross_model.py), and the memory is the analytical model's own.
     gaps = refined["refined.step_time_s"] / refined["step_time_s"] - 1
     assert gaps.abs().max() < 0.03 and (gaps != 0).all()
     assert (refined["refined.peak_memory_bytes"] == refined["peak_memory_bytes"]).all()

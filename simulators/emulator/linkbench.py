@@ -1,10 +1,10 @@
 """This machine's loopback as a network dimension: gloo measured the way nccl-tests measures NCCL.
 
-`python -m simulators.emulator.linkbench [--ranks 4] [--large-mib 16]` times all-reduce and all-gather of a large
-buffer (bus bandwidth: nccl-tests' algorithm bandwidth times 2(n-1)/n or (n-1)/n) and of a tiny one (latency),
-and a send between two ranks, among local gloo processes, and prints the figures and the SystemSpec network
-dimension (a ring: gloo's all-reduce and all-gather are rings) that makes dse's analytical model price those
-collectives as measured. The replay's results are then read beside the analytical model's for that dimension.
+`python -m simulators.emulator.linkbench [--ranks 4] [--large-mib 16] [--repeats 10]` times all-reduce and
+all-gather of a large buffer (bus bandwidth: nccl-tests' algorithm bandwidth times 2(n-1)/n or (n-1)/n) and of
+a tiny one (latency), and a send between two ranks, among local gloo processes. It prints the figures and the
+SystemSpec network dimension (a ring: gloo's all-reduce and all-gather are rings) that makes dse's analytical
+model price those collectives as measured, so the replay's results can be read beside the model's on that link.
 
 Latency per hop is the tiny all-reduce's time over its 2(n-1) ring steps, the share the analytical formula
 `2(n-1)/n S/B + 2(n-1) a` gives it; the bandwidth the large all-reduce's bus bandwidth with that fixed part taken
@@ -18,7 +18,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from pydantic import BaseModel
@@ -28,6 +28,9 @@ from simulators.emulator.replay import free_port
 
 TINY_BYTES = 32
 """Eight float32: the smallest buffer that splits evenly among up to 8 ranks."""
+TINY_REPEATS = 31
+"""Tiny collectives are cheap to repeat and their times, set by the scheduler on a loaded host, spread widely:
+a median of many."""
 
 
 class LinkFigures(BaseModel):
@@ -61,7 +64,7 @@ class LinkFigures(BaseModel):
         )
 
 
-def _median_time(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+def _median_time(fn: Callable[[], None], repeats: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -96,7 +99,7 @@ def _bench_rank(rank: int, world: int, init_method: str, large: int, repeats: in
             for name, fn in (("all_reduce", all_reduce), ("all_gather", all_gather), ("p2p", p2p)):
                 fn()  # warm-up: connections and buffers
                 dist.barrier()
-                figures[f"{name}_{label}_s"] = _median_time(fn, repeats)
+                figures[f"{name}_{label}_s"] = _median_time(fn, repeats if label == "large" else TINY_REPEATS)
                 dist.barrier()
         if rank == 0:
             out.put(figures)

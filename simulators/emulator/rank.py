@@ -9,6 +9,7 @@ in trace order on every member (gloo matches collectives by their order of issue
 the work's done-callback, on gloo's own thread (or a thread waiting on a send/recv), which also wake the loop.
 """
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -39,17 +40,20 @@ def run_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: flo
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )
-    try:
-        groups = {pg: dist.new_group(members) for pg, members in plan.groups.items()}
-        dist.barrier()
-        return _Replay(rank, plan, groups).run()
-    finally:
-        dist.destroy_process_group()
+    groups = {pg: dist.new_group(members) for pg, members in plan.groups.items()}
+    dist.barrier()
+    metrics = _Replay(rank, plan, groups, timeout_s).run()
+    # A rank that closed its connections early would fail its peers' work still in flight ("connection closed by
+    # peer"), so all leave together; and only after a clean run (a failed rank's process exits anyway).
+    dist.barrier()
+    dist.destroy_process_group()
+    return metrics
 
 
 class _Replay:
-    def __init__(self, rank: int, plan: Plan, groups: dict[int, object]) -> None:
+    def __init__(self, rank: int, plan: Plan, groups: dict[int, object], timeout_s: float) -> None:
         self.rank = rank
+        self.timeout_s = timeout_s
         self.steps = plan.ranks[rank]
         self.sizes = {pg: len(members) for pg, members in plan.groups.items()}
         self.groups = groups
@@ -105,6 +109,12 @@ class _Replay:
                 comm_spans.append((flight.start, self.ended[i]))
                 finish(i, self.ended[i])
             now = time.perf_counter()
+            if now - t0 > self.timeout_s:
+                stuck = ", ".join(steps[i].name for i in sorted(flights)[:3])
+                raise TimeoutError(
+                    f"{len(flights)} communications still in flight after {self.timeout_s:g} s ({stuck}); "
+                    "a peer never joined them (deadlock?)"
+                )
             if computing is not None and now >= computing[2]:
                 compute_spans.append(computing[1:])
                 finish(computing[0], computing[2])
@@ -147,10 +157,9 @@ class _Replay:
         self.wake.set()
 
     def _wait(self, i: int, work: dist.Work) -> None:
-        try:
+        with contextlib.suppress(Exception):  # the loop's own wait() raises it, on the rank's main thread
             work.wait()
-        finally:  # the loop's own wait() then raises the error
-            self._end(i)
+        self._end(i)
 
     def _collective(self, step: Step) -> tuple[dist.Work, tuple[torch.Tensor, ...]]:
         size = self.sizes[step.group]

@@ -29,6 +29,11 @@ GRACE_S = 30.0
 """Time the parent allows beyond the ranks' own timeout for starting processes and importing torch."""
 
 
+CAUSE_WAIT_S = 2.0
+"""After a rank fails, how long the others' failures are awaited to find the cause among them."""
+CLOSED_BY_PEER = "Connection closed by peer"
+
+
 class ReplayError(DseError):
     """A rank failed, or the ranks did not finish in time."""
 
@@ -91,7 +96,7 @@ def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
                     raise ReplayError(f"ranks {missing} did not finish within {timeout_s:g} s (deadlock?)") from None
                 continue
             if isinstance(value, str):
-                raise ReplayError(f"rank {rank} failed: {value}")
+                raise ReplayError(_first_cause(rank, value, results))
             done[rank] = RankMetrics.model_validate(value)
     finally:
         for proc in procs:
@@ -99,6 +104,23 @@ def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
                 proc.kill()
             proc.join(5)
     return list(done.values())
+
+
+def _first_cause(rank: int, message: str, results: mp.Queue) -> str:
+    """The failure to report: one rank's failure closes its connections and fails its peers' work with 'closed by
+    peer', which may arrive first, so the others' messages of the next moments are read too and a cause that is
+    not a closed connection wins."""
+    failures = [(rank, message)]
+    deadline = time.monotonic() + CAUSE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            other, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if isinstance(value, str):
+            failures.append((other, value))
+    rank, message = min(failures, key=lambda failure: CLOSED_BY_PEER in failure[1])
+    return f"rank {rank} failed: {message}" + (f" ({len(failures)} ranks failed)" if len(failures) > 1 else "")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

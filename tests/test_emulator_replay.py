@@ -91,3 +91,17 @@ def test_a_deadlocked_rank_ends_by_the_timeout(tmp_path):
         run_emulator(argv, folder, 60, "stdout")
     print(f"\n{error.value} ({time.monotonic() - start:.1f} s)")
     assert 3 < time.monotonic() - start < 45
+
+
+def test_replay_across_the_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
+    """The 4 ranks as Ray actors, two on each of the cluster's two nodes, talking gloo over the nodes' network."""
+    point = point_on({"topology": "ring", "npus": 4, "bandwidth_GBps": 1.0, "latency_ns": 1000})
+    workload = SymbolicGenerator().generate(point)
+    write_inputs(tmp_path, workload, point.system)
+    argv = EmulatorCostModel(EmulatorCostModel.Options(args=["--ray", ray_cluster.address])).argv(tmp_path)
+    metrics = run_emulator(argv, tmp_path, 240, "stdout", env={**ray_cluster.env, "GLOO_SOCKET_IFNAME": "lo"})
+    nodes = [rank.node for rank in metrics.ranks]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert metrics.comm_time_s > 0
+    planned = sum(step.seconds for step in load_plan(tmp_path).ranks[0])
+    assert metrics.compute_time_s == pytest.approx(planned, rel=1e-3)

@@ -35,6 +35,8 @@ class RankMetrics(BaseModel):
     compute_s: NonNegativeFloat = 0.0
     comm_s: NonNegativeFloat = 0.0
     exposed_comm_s: NonNegativeFloat = 0.0
+    node: str = ""
+    """Where the rank ran (a host name, a Ray node id), if the emulator says."""
 
 
 class Metrics(BaseModel):

@@ -61,7 +61,8 @@ def _local_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: 
     from simulators.emulator.rank import run_rank  # torch is imported in the ranks only
 
     try:
-        out.put((rank, run_rank(rank, world, init_method, plan, timeout_s).model_dump()))
+        metrics = run_rank(rank, world, init_method, plan, timeout_s)
+        out.put((rank, metrics.model_copy(update={"node": socket.gethostname()}).model_dump()))
     except Exception as error:
         message = " ".join(f"{type(error).__name__}: {error}".split())
         out.put((rank, message[:400]))

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 from chakra.src.third_party.utils.protolib import encodeMessage as encode_message
 
+from dse import plugins
 from dse.point import chakra
+from dse.point.evaluate import evaluate
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
 from simulators.emulator import EmulatorCostModel, EmulatorError
@@ -105,3 +107,17 @@ def test_replay_across_the_nodes_of_a_ray_cluster(ray_cluster, tmp_path):
     assert metrics.comm_time_s > 0
     planned = sum(step.seconds for step in load_plan(tmp_path).ranks[0])
     assert metrics.compute_time_s == pytest.approx(planned, rel=1e-3)
+
+
+def test_a_study_evaluates_a_point_with_the_emulator_plugin_and_its_default_replay():
+    if "emulator" not in plugins.available("cost model"):
+        pytest.skip("the emulator entry point is not installed in this environment: pip install -e '.[dev,fx]'")
+    point = point_on({"topology": "ring", "npus": 4, "bandwidth_GBps": 1.0, "latency_ns": 1000})
+    evaluation = evaluate(point, plugins.generator("symbolic"), plugins.cost_model("emulator"))
+    metrics = evaluation.metrics
+    assert metrics["step_time_s"] >= metrics["comm_time_s"] > 0
+    assert 0 <= metrics["overlap_ratio"] <= 1
+    assert (
+        metrics["peak_memory_bytes"]
+        == AnalyticalCostModel().simulate(evaluation.workload, point.system).peak_memory_bytes
+    )

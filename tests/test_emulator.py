@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from dse.point import chakra
 from dse.system import SystemSpec
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
 from simulators.emulator import EmulatorCostModel, EmulatorError
+from simulators.emulator.contract import write_inputs
+from simulators.emulator.plan import load_plan
 from tests.helpers import make_point
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,3 +166,24 @@ def test_registered_as_the_emulator_cost_model_whose_default_is_the_replay():
     loaded = importlib.metadata.EntryPoint("emulator", entry["emulator"], "dse.simulators").load()
     assert loaded is EmulatorCostModel and loaded.name == "emulator"
     assert loaded().argv(Path("/run")) == [sys.executable, "-m", "simulators.emulator.replay", "/run"]
+
+
+def test_the_replay_plan_reads_whole_buffers_durations_groups_and_scales_sizes(case, tmp_path):
+    workload, system = case
+    write_inputs(tmp_path, workload, system)
+    plan, half = load_plan(tmp_path), load_plan(tmp_path, scale=0.5)
+    ir = chakra.read(tmp_path)
+    assert plan.groups == {int(k): v for k, v in json.loads((tmp_path / "trace.comm_groups.json").read_text()).items()}
+    for rank, steps in enumerate(plan.ranks):
+        ops = ir.blocks[rank].ops
+        assert [s.nbytes for s in steps if s.kind != "compute"] == [round(o.comm_bytes) for o in ops if o.is_comm]
+        assert all(rank in plan.groups[s.group] for s in steps if s.kind == "collective")
+        assert all(d < i for i, s in enumerate(steps) for d in s.deps)
+    durations = [
+        n.duration_micros for n in chakra.read_nodes(tmp_path / "trace.0.et")[1] if n.type == chakra.pb.COMP_NODE
+    ]
+    assert sum(durations) > 0
+    assert sum(s.seconds for s in plan.ranks[0]) == pytest.approx(sum(durations) * 1e-6)
+    assert [h.nbytes for h in half.ranks[0]] == [
+        max(1, round(s.nbytes * 0.5)) if s.nbytes else 0 for s in plan.ranks[0]
+    ]

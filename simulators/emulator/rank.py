@@ -21,6 +21,9 @@ import torch.distributed as dist
 from simulators.emulator.contract import RankMetrics
 from simulators.emulator.plan import Plan, Step
 
+ONE_THREAD = """Every rank process runs torch with one intra-op thread: ranks share the host's cores, and each rank's
+own pool of spinning threads made a 726 KB all-reduce between two ranks take 13-30 ms instead of 2 (4 ranks on 2
+cores; replayed steps 2x longer)."""
 WAIT_S = 1.0
 """Longest wait for a completion with no compute due (a bound, not a poll: completions wake the loop)."""
 ELEMENT = torch.float32
@@ -37,6 +40,7 @@ class _Flight:
 
 def run_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: float) -> RankMetrics:
     """Join the job, create every group (collectively, in one order), run this rank's steps, leave the job."""
+    torch.set_num_threads(1)  # see ONE_THREAD
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )

@@ -77,7 +77,7 @@ def _bench_rank(rank: int, world: int, init_method: str, large: int, repeats: in
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)  # as the replay's ranks do (simulators.emulator.rank.ONE_THREAD)
+    torch.set_num_threads(1)  # as the replay's ranks do (see simulators.emulator.rank.run_rank)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(60))
     try:
         figures: dict[str, float] = {}

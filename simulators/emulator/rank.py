@@ -9,7 +9,6 @@ in trace order on every member (gloo matches collectives by their order of issue
 the work's done-callback, on gloo's own thread (or a thread waiting on a send/recv), which also wake the loop.
 """
 
-import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -21,9 +20,6 @@ import torch.distributed as dist
 from simulators.emulator.contract import RankMetrics
 from simulators.emulator.plan import Plan, Step
 
-ONE_THREAD = """Every rank process runs torch with one intra-op thread: ranks share the host's cores, and each rank's
-own pool of spinning threads made a 726 KB all-reduce between two ranks take 13-30 ms instead of 2 (4 ranks on 2
-cores; replayed steps 2x longer)."""
 WAIT_S = 1.0
 """Longest wait for a completion with no compute due (a bound, not a poll: completions wake the loop)."""
 ELEMENT = torch.float32
@@ -40,7 +36,9 @@ class _Flight:
 
 def run_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: float) -> RankMetrics:
     """Join the job, create every group (collectively, in one order), run this rank's steps, leave the job."""
-    torch.set_num_threads(1)  # see ONE_THREAD
+    # One intra-op thread: ranks share the host's cores, and each rank's own pool of spinning threads made a 726 KB
+    # all-reduce between two ranks take 13-30 ms instead of 2 (4 ranks on 2 cores; replayed steps 2x longer).
+    torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )
@@ -63,6 +61,8 @@ class _Replay:
         self.groups = groups
         self.ended: dict[int, float] = {}
         """Completion time of each communication step, written by gloo's thread."""
+        self.errors: dict[int, Exception] = {}
+        """A send's or recv's failure, kept by its waiter thread."""
         self.wake = threading.Event()
         """Set by a completion: the loop waits on it (not polling), so the cores are left to gloo's threads."""
 
@@ -109,7 +109,10 @@ class _Replay:
                 computing = (i, start, stream_free)
             for i in [i for i in flights if i in self.ended]:
                 flight = flights.pop(i)
-                flight.work.wait()  # raises a failed or timed-out communication's error here
+                if i in self.errors:
+                    raise self.errors[i]
+                if steps[i].kind == "collective":
+                    flight.work.wait()  # raises a failed or timed-out collective's error here
                 comm_spans.append((flight.start, self.ended[i]))
                 finish(i, self.ended[i])
             now = time.perf_counter()
@@ -142,28 +145,30 @@ class _Replay:
         start = time.perf_counter()
         if step.kind == "collective":
             work, buffers = self._collective(step)
-        else:
-            n = _elements(step.nbytes, 1)
-            buffer = torch.empty(n, dtype=ELEMENT)
-            if step.kind == "send":
-                work = dist.isend(buffer.fill_(1.0), step.peer, tag=step.tag)
-            else:
-                work = dist.irecv(buffer, step.peer, tag=step.tag)
-            buffers = (buffer,)
-        if step.kind == "collective":
             work.get_future().add_done_callback(lambda _, i=i: self._end(i))
-        else:  # gloo's send/recv work has no future: a thread waits for it
-            threading.Thread(target=self._wait, args=(i, work), daemon=True).start()
-        return _Flight(work, start, buffers)
+            return _Flight(work, start, buffers)
+        buffer = torch.ones(_elements(step.nbytes, 1), dtype=ELEMENT)
+        if step.kind == "send":
+            work = dist.isend(buffer, step.peer, tag=step.tag)
+        else:
+            work = dist.irecv(buffer, step.peer, tag=step.tag)
+        # gloo's send/recv work has no future: a thread waits for it.
+        threading.Thread(target=self._wait, args=(i, work), daemon=True).start()
+        return _Flight(work, start, (buffer,))
 
     def _end(self, i: int) -> None:
         self.ended[i] = time.perf_counter()
         self.wake.set()
 
     def _wait(self, i: int, work: dist.Work) -> None:
-        with contextlib.suppress(Exception):  # the loop's own wait() raises it, on the rank's main thread
+        """A send's or recv's waiter. Its error is raised by the loop, on the rank's main thread: a second wait()
+        on gloo's send/recv work would block for good (it waits for the buffer's next transfer)."""
+        try:
             work.wait()
-        self._end(i)
+        except Exception as error:
+            self.errors[i] = error
+        finally:
+            self._end(i)
 
     def _collective(self, step: Step) -> tuple[dist.Work, tuple[torch.Tensor, ...]]:
         size = self.sizes[step.group]

@@ -1,6 +1,7 @@
 """The emulator contract with small fake emulators: what dse hands over, what it reads back, every failure."""
 
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -187,3 +188,11 @@ def test_the_replay_plan_reads_whole_buffers_durations_groups_and_scales_sizes(c
     assert [h.nbytes for h in half.ranks[0]] == [
         max(1, round(s.nbytes * 0.5)) if s.nbytes else 0 for s in plan.ranks[0]
     ]
+
+
+def test_without_torch_choosing_the_replay_says_how_to_install_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(EmulatorError, match=r"^the gloo replay needs torch: pip install 'dse-orchestrator\[fx\]'"):
+        EmulatorCostModel()
+    EmulatorCostModel(EmulatorCostModel.Options(command=["my-emulator"]))  # a command of the user's needs no torch

@@ -30,7 +30,7 @@ AGREEMENT = 3.0
 2-core machine, shared with other work, is scheduler-bound: 4 rank processes (and gloo's threads) time-share 2
 cores, so a hop costs what it takes the receiver to be scheduled: 0.4 to 0.75 ms per hop of a 4-rank ring measured
 minutes apart, 0.1 ms for an idle pair's send. The replay also runs the TP and DP groups' collectives at once,
-which the 4-rank benchmark does not. Seen over 3 runs: replay/model 1.16 to 1.79."""
+which the 4-rank benchmark does not. Seen over 5 runs: replay/model 0.82 to 1.79."""
 
 
 LOOPBACK_GUESS = {"topology": "ring", "npus": 4, "bandwidth_GBps": 1.0, "latency_ns": 500_000}

@@ -1,0 +1,163 @@
+"""The gloo replay, dse's own emulator: `python -m simulators.emulator.replay FOLDER [--scale S] [--timeout-s T]
+[--ray ADDRESS]`.
+
+It reads the folder of the emulator contract (Chakra traces and communicator groups), starts one process per
+rank that joins a torch.distributed gloo job, and runs every rank's trace for real: each collective and
+send/recv with its true size (times --scale) in dependency order, compute as sleeps of the modelled duration
+(`rank.py`). It prints the measured metrics JSON (the contract's) as its last stdout line. Local ranks talk over
+loopback; with --ray they are Ray actors spread over a cluster's nodes (`ray_ranks.py`), so a cluster of CPU
+machines becomes a test bench for a workload's network traffic.
+
+A rank that fails or deadlocks ends the run: gloo's timeout (--timeout-s) raises in the rank, and the parent
+stops every rank at the same deadline, so no rank hangs and the exit code is 1 with the reason on stderr.
+"""
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+from dse.errors import DseError
+from simulators.emulator.contract import Metrics, RankMetrics
+from simulators.emulator.plan import Plan, load_plan
+
+GRACE_S = 30.0
+"""Time the parent allows beyond the ranks' own timeout for starting processes and importing torch."""
+
+
+CAUSE_WAIT_S = 2.0
+"""After a rank fails, how long the others' failures are awaited to find the cause among them."""
+CLOSED_BY_PEER = "Connection closed by peer"
+
+
+class ReplayError(DseError):
+    """A rank failed, or the ranks did not finish in time."""
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (the rendezvous binds it a moment later)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def aggregate(ranks: Sequence[RankMetrics]) -> Metrics:
+    """The step is the last rank's end; the other figures are means over ranks (SimResult's convention)."""
+    n = len(ranks)
+    return Metrics(
+        step_time_s=max(r.end_s for r in ranks),
+        comm_time_s=sum(r.comm_s for r in ranks) / n,
+        exposed_comm_time_s=sum(r.exposed_comm_s for r in ranks) / n,
+        compute_time_s=sum(r.compute_s for r in ranks) / n,
+        ranks=sorted(ranks, key=lambda r: r.rank),
+    )
+
+
+def _local_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: float, out: mp.Queue) -> None:
+    from simulators.emulator.rank import run_rank  # torch is imported in the ranks only
+
+    try:
+        metrics = run_rank(rank, world, init_method, plan, timeout_s)
+        out.put((rank, metrics.model_copy(update={"node": socket.gethostname()}).model_dump()))
+    except Exception as error:
+        message = " ".join(f"{type(error).__name__}: {error}".split())
+        out.put((rank, message[:400]))
+        sys.exit(1)
+
+
+def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
+    """Every rank as a local process on loopback; the first failure or the deadline stops them all."""
+    world = len(plan.ranks)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    context = mp.get_context("spawn")
+    results: mp.Queue = context.Queue()
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        context.Process(target=_local_rank, args=(rank, world, init_method, plan, timeout_s, results), daemon=True)
+        for rank in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + timeout_s + GRACE_S
+    done: dict[int, RankMetrics] = {}
+    try:
+        while len(done) < world:
+            try:
+                rank, value = results.get(timeout=0.2)
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in done]
+                if dead:
+                    raise ReplayError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world)) - set(done))
+                    raise ReplayError(f"ranks {missing} did not finish within {timeout_s:g} s (deadlock?)") from None
+                continue
+            if isinstance(value, str):
+                raise ReplayError(_first_cause(rank, value, results))
+            done[rank] = RankMetrics.model_validate(value)
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+    return list(done.values())
+
+
+def _first_cause(rank: int, message: str, results: mp.Queue) -> str:
+    """The failure to report: one rank's failure closes its connections and fails its peers' work with 'closed by
+    peer', which may arrive first, so the others' messages of the next moments are read too and a cause that is
+    not a closed connection wins."""
+    failures = [(rank, message)]
+    deadline = time.monotonic() + CAUSE_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            other, value = results.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if isinstance(value, str):
+            failures.append((other, value))
+    rank, message = min(failures, key=lambda failure: CLOSED_BY_PEER in failure[1])
+    return f"rank {rank} failed: {message}" + (f" ({len(failures)} ranks failed)" if len(failures) > 1 else "")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m simulators.emulator.replay", description=__doc__.split("\n")[0])
+    parser.add_argument("folder", help="the emulator contract's folder (Chakra traces and comm groups)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply every message size (default 1)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="gloo timeout per collective and for the run")
+    parser.add_argument("--ray", metavar="ADDRESS", help="run the ranks as Ray actors on this cluster ('auto', ...)")
+    args = parser.parse_args(argv)
+    if not (args.scale > 0 and args.timeout_s > 0):
+        parser.error("--scale and --timeout-s must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ReplayError(
+                "the gloo replay needs torch: pip install 'dse-orchestrator[fx]' (make test installs it)"
+            ) from None
+        plan = load_plan(args.folder, args.scale)
+        if args.ray:
+            from simulators.emulator.ray_ranks import replay_ray
+
+            ranks = replay_ray(plan, args.timeout_s, args.ray)
+        else:
+            ranks = replay_local(plan, args.timeout_s)
+    except DseError as error:
+        print(f"replay: {error}", file=sys.stderr)
+        return 1
+    print(aggregate(ranks).line(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Running an emulator's command: argument list, own process group, timeout, nothing left behind."""
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from simulators.emulator.contract import EmulatorError, Metrics, parse_metrics
+
+FOLDER_PLACEHOLDER = "{folder}"
+STDERR_LINES = 3
+
+
+def command_line(command: Sequence[str], args: Sequence[str], folder: Path) -> list[str]:
+    """`command + args` with `{folder}` replaced by the run folder, or the folder appended where no argument
+    holds the placeholder."""
+    argv = [*command, *args]
+    if any(FOLDER_PLACEHOLDER in part for part in argv):
+        return [part.replace(FOLDER_PLACEHOLDER, str(folder)) for part in argv]
+    return [*argv, str(folder)]
+
+
+def run_emulator(
+    argv: Sequence[str], folder: Path, timeout_s: float, metrics: str, env: Mapping[str, str] | None = None
+) -> Metrics:
+    """Run argv in its own session (so its children share its process group), kill that whole group on timeout
+    and after it exits (an emulator's stray children must not outlive the trial), and read its metrics."""
+    name = argv[0]
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            env=None if env is None else dict(env),
+        )
+    except FileNotFoundError:
+        raise EmulatorError(f"emulator command '{name}' not found; set cost_model_options.command") from None
+    except PermissionError:
+        raise EmulatorError(f"emulator command '{name}' is not executable; chmod +x it or fix command") from None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc.pid)
+        stdout, stderr = proc.communicate()
+        raise EmulatorError(
+            f"emulator '{name}' ran past its timeout of {timeout_s:g} s and was killed{_tail(stderr)}"
+        ) from None
+    finally:
+        _kill_group(proc.pid)
+    if proc.returncode != 0:
+        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
+        raise EmulatorError(f"emulator '{name}' {how}{_tail(stderr)}")
+    try:
+        if metrics == "stdout":
+            return parse_metrics(stdout, "stdout")
+        path = folder / metrics
+        if not path.is_file():
+            raise EmulatorError(f"emulator '{name}' wrote no metrics file {metrics} in its folder")
+        return parse_metrics(path.read_text(errors="replace"), metrics)
+    except EmulatorError as error:
+        raise EmulatorError(f"emulator '{name}': {error}{_tail(stderr)}") from None
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _tail(stderr: str) -> str:
+    """The last lines of stderr, on one line, to quote in an error."""
+    lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
+    return f"; stderr: {' | '.join(lines[-STDERR_LINES:])}" if lines else ""

@@ -111,8 +111,6 @@ class _Replay:
                 flight = flights.pop(i)
                 if i in self.errors:
                     raise self.errors[i]
-                if steps[i].kind == "collective":
-                    flight.work.wait()  # raises a failed or timed-out collective's error here
                 comm_spans.append((flight.start, self.ended[i]))
                 finish(i, self.ended[i])
             now = time.perf_counter()
@@ -145,23 +143,21 @@ class _Replay:
         start = time.perf_counter()
         if step.kind == "collective":
             work, buffers = self._collective(step)
-            work.get_future().add_done_callback(lambda _, i=i: self._end(i))
-            return _Flight(work, start, buffers)
-        buffer = torch.ones(_elements(step.nbytes, 1), dtype=ELEMENT)
-        if step.kind == "send":
-            work = dist.isend(buffer, step.peer, tag=step.tag)
         else:
-            work = dist.irecv(buffer, step.peer, tag=step.tag)
-        # gloo's send/recv work has no future: a thread waits for it.
+            buffer = torch.ones(_elements(step.nbytes, 1), dtype=ELEMENT)
+            peer_op = dist.isend if step.kind == "send" else dist.irecv
+            work, buffers = peer_op(buffer, step.peer, tag=step.tag), (buffer,)
+        # A thread waits for the work: gloo gives send/recv work no future, nor the reduce-scatter and all-gather
+        # it runs by composition ("Work::getFuture not implemented").
         threading.Thread(target=self._wait, args=(i, work), daemon=True).start()
-        return _Flight(work, start, (buffer,))
+        return _Flight(work, start, buffers)
 
     def _end(self, i: int) -> None:
         self.ended[i] = time.perf_counter()
         self.wake.set()
 
     def _wait(self, i: int, work: dist.Work) -> None:
-        """A send's or recv's waiter. Its error is raised by the loop, on the rank's main thread: a second wait()
+        """A communication's waiter. Its error is raised by the loop, on the rank's main thread: a second wait()
         on gloo's send/recv work would block for good (it waits for the buffer's next transfer)."""
         try:
             work.wait()

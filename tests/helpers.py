@@ -2,6 +2,8 @@
 
 import contextlib
 import io
+import time
+from pathlib import Path
 from typing import Any
 
 from dse.cli.main import main
@@ -49,3 +51,18 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return code, out.getvalue(), err.getvalue()
+
+
+def process_running(pid: int) -> bool:
+    """Whether a process still runs after up to 5 s (a killed child not yet reaped by init is a zombie: not
+    running)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state in ("Z", "X"):
+            return False
+        time.sleep(0.05)
+    return True

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import UNIT_ACCELERATOR, make_point
+from helpers import UNIT_ACCELERATOR, make_point, process_running
 
 from dse.errors import DseError
 from dse.interfaces import CollectiveCostModel, TimelineCostModel
@@ -279,21 +279,7 @@ def test_a_hang_is_killed_with_its_whole_process_group(tmp_path):
     assert time.monotonic() - started < 30
     assert "did not finish within 2 s" in message and "[info] simulating" in message
     for pid in map(int, pids.read_text().split()):
-        assert not _running(pid), f"process {pid} outlived the timeout"
-
-
-def _running(pid: int) -> bool:
-    """Whether a process still runs (a killed child not yet reaped by init is a zombie: not running)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return False
-        if state in ("Z", "X"):
-            return False
-        time.sleep(0.05)
-    return True
+        assert not process_running(pid), f"process {pid} outlived the timeout"
 
 
 # -- large worlds: fewer data-parallel replicas, the same step ---------------------------------------------------

@@ -1,10 +1,12 @@
-"""Multi-fidelity studies with the real refiners: a study screened by the analytical model re-prices its best
-points with the real ASTRA-sim, on Ray, and keeps both fidelities."""
+"""Studies priced by external programs: refined by the real ASTRA-sim on Ray and by the gloo replay through the
+emulator contract, keeping both fidelities; and a study whose simulator crashes or hangs goes on, every such trial
+failed with its reason and nothing left running."""
 
 import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT
+from helpers import process_running
 
 from dse.cli.main import main
 from dse.search.refine import REFINED
@@ -56,3 +58,27 @@ def test_a_study_refines_its_best_point_by_replaying_it_over_gloo(tmp_path, caps
     assert refined["refined.compute_time_s"] == pytest.approx(refined["compute_time_s"], rel=0.02)
     assert refined["refined.step_time_s"] > refined["refined.compute_time_s"] + 0.5 * refined["refined.comm_time_s"]
     assert "emulator" in printed
+
+
+def test_a_hanging_simulator_fails_its_trials_and_the_study_goes_on(tmp_path):
+    pids = tmp_path / "pids"
+    binary = tmp_path / "astra"
+    binary.write_text(f"#!/bin/sh\nsleep 300 &\necho $! >> {pids}\necho $$ >> {pids}\necho simulating\nwait\n")
+    binary.chmod(0o755)
+    study = {
+        **SMALL,
+        "trials": 3,
+        "cost_model": "astrasim",
+        "cost_model_options": {"binary": str(binary), "timeout_s": 1},
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--inline"]) == 0
+    frame = pd.read_parquet(out / "trials.parquet")
+    evaluated = frame[frame["feasible"] != False]  # noqa: E712  (infeasible points are pruned before evaluation)
+    assert len(evaluated) >= 2 and (evaluated["state"] == "FAIL").all()
+    assert evaluated["reason"].str.startswith("AstraSimError: ASTRA-sim did not finish within 1 s").all()
+    started = list(map(int, pids.read_text().split()))
+    assert len(started) == 2 * len(evaluated)
+    assert not [pid for pid in started if process_running(pid)], "a simulator outlived its trial"

@@ -5,6 +5,7 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel, cost_model
+from simulators.result_cache import ResultCache
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
@@ -33,7 +34,7 @@ def priced(monkeypatch):
     monkeypatch.setattr(cost_model, "schedule_fast", counting_fast)
     monkeypatch.setattr(cost_model, "schedule_steady", counting_steady)
     monkeypatch.setattr(cost_model, "schedule", counting_exact)
-    monkeypatch.setattr(cost_model, "_RESULTS", {})
+    monkeypatch.setattr(cost_model, "_RESULTS", ResultCache())
     return counts
 
 

@@ -1,7 +1,6 @@
 """The analytical cost model: roofline kernels, closed-form collectives, stream-level scheduling."""
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,50 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
-from dse.workload import Collective, DeferredPrograms, Program, TableTensors, Tensor, Workload
+from dse.workload import Collective, Workload
 from simulators.analytical import network
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
 from simulators.analytical.steady import schedule_steady
 from simulators.analytical.trace import to_chrome_trace
+from simulators.result_cache import ResultCache
 
-RESULT_CACHE_SIZE = 32
-_RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
-"""Results of this process by point key, system and settings (an optimizer may propose a point again). An entry
-serves only a workload equal to the one it priced (`_contents`), so a workload built otherwise under the same key,
-or edited since, is priced afresh; emptied when full."""
-
-
-def _contents(workload: Workload) -> tuple:
-    """What a workload is made of, with every list copied: their items are immutable, so this stays equal to the
-    workload as it was. Programs generated from one skeleton share their calls and their table of activation
-    tensors, so two such snapshots compare by identity, item by item, and by the tensors' sizes. Programs still
-    to be built (DeferredPrograms) cannot have been edited, and the generator builds them alike for workloads
-    whose steady forms are alike."""
-    w = workload
-    if isinstance(w.programs, DeferredPrograms) and not w.programs.built and w.steady is not None:
-        programs: tuple = ("steady", w.steady.microbatches, w.steady.repeats, _programs(w.steady.programs))
-    else:
-        programs = _programs(w.programs)
-    return (w.point_key, w.layout, w.tokens, w.model_flops, w.dtype, w.class_of.tolist(), list(w.blocks), programs)
-
-
-def _programs(programs: Sequence[Program]) -> tuple:
-    return tuple((p.rank_class, p.name, list(p.calls), _tensors(p.tensors)) for p in programs)
-
-
-def _tensors(tensors: Sequence[Tensor]) -> object:
-    return tensors.snapshot() if isinstance(tensors, TableTensors) else list(tensors)
-
-
-def _copy(result: SimResult) -> SimResult:
-    """A copy the caller may change without changing the cached result."""
-    classes = [
-        replace(c, memory_at_peak=dict(c.memory_at_peak), time_by_category=dict(c.time_by_category))
-        for c in result.classes
-    ]
-    return SimResult(result.step_time_s, classes, list(result.timeline))
+_RESULTS = ResultCache()
 
 
 class AnalyticalCostModel:
@@ -100,15 +65,7 @@ class AnalyticalCostModel:
         if self.timeline:  # a timeline is large and wanted once
             return self._simulate(workload, system)
         key = (workload.point_key, system.model_dump_json(), self.exact)
-        contents = _contents(workload)
-        cached = _RESULTS.get(key)
-        if cached is not None and cached[0] == contents:
-            return _copy(cached[1])
-        result = self._simulate(workload, system)
-        if len(_RESULTS) >= RESULT_CACHE_SIZE:
-            _RESULTS.clear()
-        _RESULTS[key] = (contents, _copy(result))
-        return result
+        return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
 
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
         """The closed form the simulation prices the collective with (dse.interfaces.CollectiveCostModel)."""

@@ -14,7 +14,7 @@ from dse.interfaces import ClassResult, SimResult, TimelineEvent
 from dse.point import chakra
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
-from simulators.analytical.cost_model import AnalyticalCostModel, _contents, _copy
+from simulators.analytical.cost_model import AnalyticalCostModel
 from simulators.analytical.trace import to_chrome_trace
 from simulators.astrasim.config import expanded_sizes, write_configs
 from simulators.astrasim.isolated import collective_workload, operation_time, send_workload
@@ -23,11 +23,9 @@ from simulators.astrasim.parse import RankStats, parse_log
 from simulators.astrasim.runner import AstraSimError, resolve_binary, run
 from simulators.astrasim.scaling import scaled_world
 from simulators.astrasim.timeline import time_by_category, timeline_events
+from simulators.result_cache import ResultCache
 
-RESULT_CACHE_SIZE = 32
-_RESULTS: dict[tuple, tuple[tuple, SimResult]] = {}
-"""Results of this process by point key, system and options; an entry serves only a workload equal to the one it
-priced (the analytical model's rule, simulators/analytical/cost_model.py), and the cache empties when full."""
+_RESULTS = ResultCache()
 TRACE_PREFIX = "trace"
 
 
@@ -66,15 +64,7 @@ class AstraSimCostModel:
         if self.timeline:  # a timeline is large and wanted once
             return self._simulate(workload, system)
         key = (workload.point_key, system.model_dump_json(), self.options.model_dump_json())
-        contents = _contents(workload)
-        cached = _RESULTS.get(key)
-        if cached is not None and cached[0] == contents:
-            return _copy(cached[1])
-        result = self._simulate(workload, system)
-        if len(_RESULTS) >= RESULT_CACHE_SIZE:
-            _RESULTS.clear()
-        _RESULTS[key] = (contents, _copy(result))
-        return result
+        return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
 
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
         """ASTRA-sim's time of one collective alone (dse.interfaces.CollectiveCostModel); `ranks` evenly spaced

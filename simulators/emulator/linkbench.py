@@ -15,7 +15,6 @@ run: measure on the machine, at the time, that the replay runs on.
 import argparse
 import json
 import multiprocessing as mp
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +23,7 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from dse.system import NetworkDim
-from simulators.emulator.replay import free_port
+from simulators.emulator.replay import start_local_ranks
 
 TINY_BYTES = 32
 """Eight float32: the smallest buffer that splits evenly among up to 8 ranks."""
@@ -112,16 +111,7 @@ def measure_loopback(ranks: int = 4, large_bytes: int = 16 << 20, repeats: int =
     """Run the benchmark among `ranks` local processes (rank 0's medians)."""
     if ranks < 2 or large_bytes % (4 * ranks):
         raise ValueError("need at least 2 ranks and a large size that splits into float32 shards")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    context = mp.get_context("spawn")
-    out: mp.Queue = context.Queue()
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    procs = [
-        context.Process(target=_bench_rank, args=(r, ranks, init_method, large_bytes, repeats, out), daemon=True)
-        for r in range(ranks)
-    ]
-    for proc in procs:
-        proc.start()
+    procs, out = start_local_ranks(_bench_rank, ranks, large_bytes, repeats)
     try:
         t = out.get(timeout=300)
     finally:

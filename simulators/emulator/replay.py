@@ -19,7 +19,7 @@ import queue
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dse.errors import DseError
 from simulators.emulator.contract import Metrics, RankMetrics
@@ -69,19 +69,26 @@ def _local_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: 
         sys.exit(1)
 
 
-def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
-    """Every rank as a local process on loopback; the first failure or the deadline stops them all."""
-    world = len(plan.ranks)
+def start_local_ranks(target: Callable[..., None], world: int, *args: object) -> tuple[list, mp.Queue]:
+    """`world` spawned processes running target(rank, world, init_method, *args, queue), joined in one gloo job on
+    loopback at a free port; the queue is what they report through."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     context = mp.get_context("spawn")
-    results: mp.Queue = context.Queue()
+    out: mp.Queue = context.Queue()
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs = [
-        context.Process(target=_local_rank, args=(rank, world, init_method, plan, timeout_s, results), daemon=True)
+        context.Process(target=target, args=(rank, world, init_method, *args, out), daemon=True)
         for rank in range(world)
     ]
     for proc in procs:
         proc.start()
+    return procs, out
+
+
+def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
+    """Every rank as a local process on loopback; the first failure or the deadline stops them all."""
+    world = len(plan.ranks)
+    procs, results = start_local_ranks(_local_rank, world, plan, timeout_s)
     deadline = time.monotonic() + timeout_s + GRACE_S
     done: dict[int, RankMetrics] = {}
     try:

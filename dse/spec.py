@@ -113,6 +113,13 @@ class ModelSpec(Spec):
     tied_embeddings: bool = False
     bias: bool = False
     dtype: Dtype = "bf16"
+    fx_factory: Name | None = left_out_at_default(
+        None,
+        description="the PyTorch code of this model for the fx generator, which captures it: a factory registered "
+        "in the dse.fx_models entry points (llama, ...) or package.module:callable, called as factory(model, "
+        "workload) -> nn.Module; unset: the factory registered under the model's family. Other generators model "
+        "the architecture from the fields above and do not read it",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

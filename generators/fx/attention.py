@@ -1,0 +1,92 @@
+"""Scaled-dot-product attention as one opaque op through capture, as it runs on a GPU.
+
+On the CPU and meta devices PyTorch lowers `F.scaled_dot_product_attention` to its math form (two batched
+matmuls and a softmax, the probabilities kept for backward), which is not what a GPU runs: there the flash or
+memory-efficient kernel is one kernel forward and one backward, and keeps no s x s matrix. During capture the
+function is routed to `dse_fx::attention`, a custom op with its own backward op, so that the graphs hold one fused
+attention op each way with its q, k, v shapes; masks and dropout, which those kernels' plain form does not take,
+keep PyTorch's own path.
+"""
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_SDPA = F.scaled_dot_product_attention
+
+
+def _expanded(q: Tensor, kv: Tensor) -> Tensor:
+    """Grouped-query keys or values repeated to the query heads (the reference computation's GQA)."""
+    return kv.repeat_interleave(q.shape[-3] // kv.shape[-3], dim=-3) if kv.shape[-3] != q.shape[-3] else kv
+
+
+@torch.library.custom_op("dse_fx::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    return _SDPA(q, _expanded(q, k), _expanded(q, v), is_causal=causal, scale=scale)
+
+
+@attention.register_fake
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.custom_op("dse_fx::attention_backward", mutates_args=())
+def attention_backward(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        result = _SDPA(leaves[0], _expanded(q, leaves[1]), _expanded(q, leaves[2]), is_causal=causal, scale=scale)
+        dq, dk, dv = torch.autograd.grad(result, leaves, grad)
+    return dq, dk, dv
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, output)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _backward(ctx, grad: Tensor) -> tuple:
+    q, k, v, out = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad, q, k, v, out, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _fused_sdpa(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    if attn_mask is not None or dropout_p:
+        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return attention(query, key, value, is_causal, scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
+
+
+@contextmanager
+def fused_attention() -> Iterator[None]:
+    """Route `F.scaled_dot_product_attention` (as model code calls it) to the fused op while capturing."""
+    F.scaled_dot_product_attention = _fused_sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = _SDPA

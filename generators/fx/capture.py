@@ -1,0 +1,228 @@
+"""Capturing one transformer block of a user's model as forward and backward ATen graphs, without a GPU.
+
+The model is built on the meta device (no weights) and run until its first block is called, which gives the
+block's real arguments (rotary tables, masks); the block is tensor-parallelised with DTensor's `parallelize_module`
+(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`)
+over a DeviceMesh (dp, tp) of a fake process group of the step's world size, and compiled with an aot_autograd
+backend that keeps the forward and the backward graphs instead of compiling them. Its functional collectives
+(`_c10d_functional.*`) are in the graphs; attention stays one op (`attention`). Every block of a stack is alike,
+so one is captured and its blocks serve every layer.
+"""
+
+import inspect
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from dse.errors import DseError
+from dse.spec import ModelSpec, WorkloadSpec
+from generators.fx.attention import fused_attention
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class CaptureError(DseError):
+    """A model the capture cannot handle (data-dependent control flow, an op without a meta kernel, a block the
+    TP plan does not fit): the trial fails with the op and the module named."""
+
+
+@dataclass(frozen=True)
+class CapturedLayer:
+    """One block's graphs and what the lowering needs to read them."""
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    input_shape: tuple[int, ...]
+    """The block input's local shape: the forward placeholder it is, the backward output that is its gradient."""
+    axes: dict[str, str]
+    """Process-group name -> mesh axis ("tp", "dp"), for the collectives' `group_name` argument."""
+    parameters: int
+    """Parameters of the whole model as the factory built it (unsharded)."""
+    seconds: float
+
+
+class _FirstBlockCalled(Exception):
+    """Stops the model's forward at its first block, whose arguments have been kept."""
+
+
+def fake_world(world: int) -> None:
+    """A fake default process group (collectives return at once, nothing is sent) of at least `world` ranks.
+
+    It is kept while it is large enough: DTensor caches sharding decisions by mesh *equality*, so a mesh equal to
+    an earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
+    their ranks); a larger world replaces it and clears those caches."""
+    if dist.is_initialized():
+        if dist.get_backend() != "fake":
+            raise CaptureError("the fx generator needs a fake process group, but this process has a real one")
+        if dist.get_world_size() >= world:
+            return
+        dist.destroy_process_group()
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
+def axis_of(group_name: str, dp: int, tp: int) -> str:
+    """The mesh axis of a process group, by its ranks: rank 0's tp group is 0..tp-1, its dp group 0, tp, 2tp..."""
+    ranks = dist.get_process_group_ranks(_resolve_process_group(group_name))
+    if ranks == list(range(tp)):
+        return "tp"
+    if ranks == list(range(0, dp * tp, tp)):
+        return "dp"
+    raise CaptureError(f"a collective on ranks {ranks}, which are neither the tp nor the dp group of rank 0")
+
+
+def tp_plan(block: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
+    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout)."""
+    names = dict(block.named_modules())
+    plan: dict[str, ParallelStyle] = {}
+    output = Shard(1) if sp else Replicate()
+    for inner in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+        plan[inner] = ColwiseParallel()
+    for inner in ("attention.wo", "feed_forward.w2"):
+        plan[inner] = RowwiseParallel(output_layouts=output)
+    # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
+    # column-parallel projections are summed locally and reduced once there (Megatron's f operator), not once each.
+    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "feed_forward")):
+        if sp:
+            plan[norm] = SequenceParallel()
+        layout = Shard(1) if sp else Replicate()
+        plan[module] = PrepareModuleInput(input_layouts=(layout,), desired_input_layouts=(Replicate(),))
+    missing = sorted(name for name in plan if name not in names)
+    if missing:
+        raise CaptureError(
+            f"tensor parallelism needs the LLaMA layout in each block; {type(block).__name__} has no {missing[0]}"
+        )
+    return plan
+
+
+def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tuple, dict]:
+    kept: dict[str, Any] = {}
+
+    def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        kept["args"], kept["kwargs"] = args, kwargs
+        raise _FirstBlockCalled
+
+    hook = model.layers[0].register_forward_pre_hook(keep, with_kwargs=True)
+    try:
+        model(tokens)
+    except _FirstBlockCalled:
+        pass
+    finally:
+        hook.remove()
+    if "args" not in kept:
+        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[0]")
+    return kept["args"], kept["kwargs"]
+
+
+def capture_layer(
+    factory: Callable[..., nn.Module], name: str, model: ModelSpec, workload: WorkloadSpec, tp: int, dp: int, sp: bool
+) -> CapturedLayer:
+    """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload."""
+    start = time.perf_counter()
+    fake_world(dp * tp)
+    mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    graphs: dict[str, fx.GraphModule] = {}
+    block: nn.Module | None = None
+    try:
+        with torch.device("meta"):
+            built = factory(model, workload)
+        layers = getattr(built, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
+        built = built.to(DTYPES.get(model.dtype, torch.bfloat16))
+        parameters = sum(p.numel() for p in built.parameters())
+        block = layers[0]
+        tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
+        with fused_attention():
+            args, kwargs = _first_block_arguments(built, tokens)
+            x = args[0]
+            local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
+            if tp > 1:
+                parallelize_module(block, mesh["tp"], tp_plan(block, sp))
+            x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=True)
+            torch._dynamo.reset()
+            compiled = torch.compile(block, backend=_keeping(graphs), fullgraph=True)
+            compiled(x, *args[1:], **kwargs).sum().backward()
+    except DseError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"model factory '{name}': {_what_failed(exc, block)}") from None
+    finally:
+        torch._dynamo.reset()
+    if set(graphs) != {"forward", "backward"}:
+        raise CaptureError(f"model factory '{name}': the block's backward was not captured")
+    groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
+    axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
+    elapsed = time.perf_counter() - start
+    return CapturedLayer(graphs["forward"], graphs["backward"], local, axes, parameters, elapsed)
+
+
+def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
+    def keep(kind: str) -> Callable:
+        def compiler(gm: fx.GraphModule, example_inputs: list) -> Callable:
+            graphs[kind] = gm
+            return gm.forward
+
+        return compiler
+
+    return aot_autograd(
+        fw_compiler=keep("forward"), bw_compiler=keep("backward"), partition_fn=min_cut_rematerialization_partition
+    )
+
+
+def _what_failed(exc: BaseException, block: nn.Module | None) -> str:
+    """One line: the error's first line, where in the user's code it arose and the submodule that code is in."""
+    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    frame = _user_frame(exc)
+    if frame is None:
+        return message
+    path, line, function = frame
+    module = _module_at(block, path, line)
+    where = f" in module '{module}'" if module else ""
+    return f"{message}{where} ({path.rsplit('/', 1)[-1]}:{line}, {function})"
+
+
+def _user_frame(exc: BaseException) -> tuple[str, int, str] | None:
+    """The innermost frame outside torch: from dynamo's user stack when it tells one, else from the traceback."""
+    frames = [(f.filename, f.lineno or 0, f.name) for f in getattr(exc, "real_stack", None) or ()]
+    frames = frames or [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
+    for path, line, function in reversed(frames):
+        if "/torch/" not in path and "/generators/fx/" not in path:
+            return path, line, function
+    return None
+
+
+def _module_at(block: nn.Module | None, path: str, line: int) -> str:
+    """The submodule of the block whose forward holds path:line ('' for the block itself)."""
+    if block is None:
+        return ""
+    for name, module in block.named_modules():
+        forward = type(module).forward
+        try:
+            lines, first = inspect.getsourcelines(forward)
+            source = inspect.getsourcefile(forward)
+        except (OSError, TypeError):
+            continue
+        if source == path and first <= line < first + len(lines):
+            return name or f"layers.0 ({type(module).__name__})"
+    return ""

@@ -1,0 +1,131 @@
+"""The fx generator: a step whose transformer layers are captured from the model's own PyTorch code.
+
+Only the layers' forward and backward blocks come from the captured graphs (`capture`, `lower`); everything the
+graphs do not show is the symbolic generator's, assembled by its builder exactly as for a symbolic point: the
+embedding and the head, the data-parallel gradient sync (and ZeRO's), the pipeline stages with their sends and
+receives and their schedule, the optimizer step and the model states. The builder traces its own layer as
+usual; `_CapturedModules` then swaps that layer's forward and backward blocks for the lowered ones and its saved
+activation bytes for the captured forward's, so the schedule keeps those activations alive from each forward call
+to its backward (liveness memory) as it does a symbolic layer's.
+
+A capture depends on the factory, the model, the tensor-parallel degree and sp, and the micro-batch's shape, not
+on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by
+every point that shares those, so a study pays it once per distinct layer shape.
+"""
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+
+from dse.errors import InfeasibleError
+from dse.spec import DesignPoint
+from dse.workload import Workload
+from generators.fx.capture import CapturedLayer, capture_layer
+from generators.fx.factories import factory_name, resolve
+from generators.fx.lower import LoweredGraph, lower_backward, lower_forward
+from generators.symbolic.blocks import LayerKey, Modules
+from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
+from generators.symbolic.skeleton import schedule_affinity
+from generators.symbolic.tracing import ModuleTracer
+
+CAPTURE_CACHE_SIZE = 32
+
+
+@dataclass(frozen=True)
+class LoweredLayer:
+    forward: LoweredGraph
+    backward: LoweredGraph
+    captured: CapturedLayer
+
+
+def unsupported(point: DesignPoint) -> str | None:
+    """What of the point the fx generator does not build yet (its captured layer would not stand for it)."""
+    p, m = point.parallel, point.model
+    checks = {
+        "workload.mode": (point.workload.mode != "train", "train"),
+        "parallel.cp": (p.cp > 1, "1"),
+        "parallel.ep": (p.ep > 1, "1"),
+        "parallel.zero": (p.zero == 3, "0, 1 or 2 (FSDP's fully_shard is not captured)"),
+        "parallel.recompute": (p.recompute != "none", "none (the captured graph recomputes what torch.compile does)"),
+        "parallel.pp_schedule": (p.pp_schedule in ("zb_h1", "dualpipev"), "1f1b, gpipe or interleaved"),
+        "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
+        "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
+        "model.family": (m.moe is not None or m.ssm is not None or m.mla is not None, "a dense transformer"),
+    }
+    for field, (bad, fix) in checks.items():
+        if bad:
+            return f"field '{field}': the fx generator does not build this yet; use {fix}, or generator symbolic"
+    return None
+
+
+class _CapturedModules(ModuleTracer):
+    """The symbolic tracer whose layer blocks are the captured layer's."""
+
+    def __init__(self, point: DesignPoint, layer: LoweredLayer) -> None:
+        super().__init__(point)
+        self.layer = layer
+
+    def modules(self, keys: list[LayerKey]) -> Modules:
+        modules = super().modules(keys)
+        blocks = list(modules.blocks)
+        layers = {}
+        for key, traced in modules.layers.items():
+            assert traced.backward is not None
+            for index, lowered in ((traced.forward, self.layer.forward), (traced.backward, self.layer.backward)):
+                blocks[index] = replace(lowered.block, name=blocks[index].name)
+            layers[key] = replace(traced, saved_bytes=self.layer.forward.saved_bytes)
+        return replace(modules, blocks=blocks, layers=layers)
+
+
+class _FxBuilder(_Builder):
+    def __init__(self, point: DesignPoint, layer: LoweredLayer) -> None:
+        super().__init__(point)
+        self.tracing = _CapturedModules(point, layer)
+
+
+class FxGenerator:
+    """Workloads from a model's PyTorch code (see the module docstring); `last_capture_s` is the capture time of
+    the last generation that captured (0 when it reused one), for benchmarks."""
+
+    name = "fx"
+
+    def __init__(self) -> None:
+        self._layers: OrderedDict[tuple, LoweredLayer] = OrderedDict()
+        self._workloads: OrderedDict[str, Workload] = OrderedDict()
+        self.last_capture_s = 0.0
+
+    def generate(self, point: DesignPoint) -> Workload:
+        reason = unsupported(point)
+        if reason is not None:
+            raise InfeasibleError(reason)
+        workload = self._workloads.get(point.workload_key)
+        if workload is None:
+            workload = _FxBuilder(point, self.layer(point)).build()
+            self._workloads[point.workload_key] = workload
+            if len(self._workloads) > WORKLOAD_CACHE_SIZE:
+                self._workloads.popitem(last=False)
+        return replace(workload, point_key=point.key)
+
+    def layer(self, point: DesignPoint) -> LoweredLayer:
+        """The lowered layer of the point's capture key, captured on first use."""
+        p, w = point.parallel, point.workload
+        name = factory_name(point.model)
+        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len)
+        layer = self._layers.get(key)
+        self.last_capture_s = 0.0
+        if layer is None:
+            start = time.perf_counter()
+            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp)
+            forward = lower_forward(captured.forward, "layer.forward", captured.axes, captured.input_shape)
+            backward = lower_backward(
+                captured.backward, captured.forward, "layer.backward", captured.axes, captured.input_shape
+            )
+            layer = self._layers[key] = LoweredLayer(forward, backward, captured)
+            self.last_capture_s = time.perf_counter() - start
+            if len(self._layers) > CAPTURE_CACHE_SIZE:
+                self._layers.popitem(last=False)
+        return layer
+
+    @staticmethod
+    def affinity(point: DesignPoint) -> tuple:
+        return (point.parallel.tp, point.parallel.sp, *schedule_affinity(point))

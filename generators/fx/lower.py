@@ -1,0 +1,225 @@
+"""Lowering a captured ATen graph to a block of our IR.
+
+Each node is one of:
+- free: views, reshapes, transposes, splits, `getitem`, `detach` and `wait_tensor` launch no kernel; their output is
+  ready when what they read is (a `wait_tensor` is where the collective it waits for must have ended, so what reads
+  it depends on that collective: the overlap the graph allows is what the dependencies leave);
+- a functional collective (`_c10d_functional.*`): a COLLECTIVE op on the axis its process group is of, its size in
+  the nccl-tests convention (all-reduce the buffer, all-gather the output, reduce-scatter the input, all-to-all the
+  send buffer);
+- a compute op: FLOPs from torch.utils.flop_counter's registry where it has a formula (matmuls), our own for
+  fused attention (symbolic's convention, with its AttentionShape), norms, softmax and elementwise ops; HBM bytes
+  the tensors it reads and writes; a GEMM's (batch, m, n, k).
+Placeholders are the call's inputs (BLOCK_INPUT): the layer input and the weights in forward, the output gradient
+and the saved activations in backward. Intermediate tensors live from their op to their last reader; the peak
+of those alive at once is the block's temporary memory, and what the forward hands to backward (its outputs after
+the first, weights aside) is the layer's saved activations.
+"""
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from math import prod
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils.flop_counter import flop_registry
+
+from dse.workload import BLOCK_INPUT, AttentionShape, Block, Collective, Op, OpKind
+from generators.fx.capture import CaptureError
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+dse_fx = torch.ops.dse_fx
+
+FREE = {
+    aten.view, aten._unsafe_view, aten.reshape, aten._reshape_alias, aten.t, aten.transpose, aten.permute,
+    aten.expand, aten.squeeze, aten.unsqueeze, aten.split, aten.split_with_sizes, aten.unbind, aten.detach,
+    aten.alias, aten.slice, aten.select, aten.as_strided, aten.view_as_real, aten.view_as_complex,
+    aten.lift_fresh_copy, c10d.wait_tensor,
+}  # fmt: skip
+COLLECTIVES = {
+    c10d.all_reduce: Collective.ALL_REDUCE,
+    c10d.all_gather_into_tensor: Collective.ALL_GATHER,
+    c10d.reduce_scatter_tensor: Collective.REDUCE_SCATTER,
+    c10d.all_to_all_single: Collective.ALL_TO_ALL,
+}
+GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
+NORMS = {  # FLOPs per element of the normalised tensor (symbolic's NORM_FLOPS; a backward twice its forward)
+    aten._fused_rms_norm: 4.0, aten._fused_rms_norm_backward: 8.0, aten.rms_norm: 4.0,
+    aten.native_layer_norm: 7.0, aten.native_layer_norm_backward: 14.0,
+}  # fmt: skip
+PER_ELEMENT = {aten._softmax: 5.0, aten._softmax_backward_data: 3.0}  # symbolic's SOFTMAX(_BACKWARD)_FLOPS
+COPIES = {aten.clone, aten._to_copy, aten.cat, aten.copy, aten.copy_, aten.empty, aten.zeros, aten.full, aten.fill}
+EMBEDDINGS = {aten.embedding, aten.embedding_dense_backward}
+FUSED_ATTENTION_BACKWARD = 2.5
+"""FLOPs a fused attention backward executes per forward FLOP (as generators.symbolic.autodiff says)."""
+
+
+@dataclass(frozen=True)
+class LoweredGraph:
+    block: Block
+    saved_bytes: float
+    """Forward only: bytes of the activations the forward keeps for backward (weights aside)."""
+
+
+def _packet(node: fx.Node) -> Any:
+    return getattr(node.target, "overloadpacket", node.target)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _nbytes(value: Any) -> float:
+    return float(sum(t.numel() * t.element_size() for t in _tensors(value)))
+
+
+def _inputs(node: fx.Node) -> list[fx.Node]:
+    return [n for n in node.all_input_nodes]
+
+
+def _val(arg: Any) -> Any:
+    return fx.node.map_arg(arg, lambda n: n.meta.get("val"))
+
+
+class _Lowering:
+    def __init__(self, gm: fx.GraphModule, name: str, axes: dict[str, str]) -> None:
+        self.gm, self.name, self.axes = gm, name, axes
+        self.ops: list[Op] = []
+        self.ready: dict[fx.Node, frozenset[int]] = {}
+        self.root: dict[fx.Node, fx.Node] = {}
+
+    def deps(self, nodes: Iterable[fx.Node]) -> tuple[int, ...]:
+        return tuple(sorted(set().union(*(self.ready.get(n, frozenset()) for n in nodes))))
+
+    def run(self, output_index: int) -> tuple[Block, list[Any]]:
+        outputs: list[Any] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.ready[node], self.root[node] = frozenset((BLOCK_INPUT,)), node
+            elif node.op == "output":
+                outputs = list(node.args[0])
+            elif node.op == "call_function":
+                self.lower(node)
+        produced = outputs[output_index]
+        last = max(self.ready.get(produced, frozenset((-1,)))) if isinstance(produced, fx.Node) else -1
+        block = Block(self.name, tuple(self.ops), last if last >= 0 else -1, self.peak_temp(outputs))
+        return block, outputs
+
+    def lower(self, node: fx.Node) -> None:
+        packet, inputs = _packet(node), _inputs(node)
+        if packet in FREE or node.target is operator.getitem:
+            self.ready[node] = frozenset(self.deps(inputs))
+            self.root[node] = self.root.get(inputs[0], node) if inputs else node
+            return
+        deps, out = self.deps(inputs), node.meta.get("val")
+        reads = sum(_nbytes(n.meta.get("val")) for n in dict.fromkeys(inputs))
+        if packet in COLLECTIVES:
+            kind = COLLECTIVES[packet]
+            group = node.args[-1]
+            if group not in self.axes:
+                raise CaptureError(f"{node.target} on a process group ({group}) outside the (dp, tp) mesh")
+            size = _nbytes(out) if kind is Collective.ALL_GATHER else _nbytes(node.args[0].meta.get("val"))
+            op = Op(f"{self.name}.{node.name}", OpKind.COLLECTIVE, kind.value, comm_bytes=size,
+                    axis=self.axes[group], deps=deps)  # fmt: skip
+        else:
+            op = self.compute(node, packet, deps, reads, _nbytes(out))
+        self.ops.append(op)
+        self.ready[node], self.root[node] = frozenset((len(self.ops) - 1,)), node
+
+    def compute(self, node: fx.Node, packet: Any, deps: tuple[int, ...], reads: float, written: float) -> Op:
+        name, out = f"{self.name}.{node.name}", node.meta.get("val")
+        elements = float(sum(t.numel() for t in _tensors(out)))
+        common = {"bytes": reads + written, "out_bytes": written, "deps": deps}
+        if packet in (dse_fx.attention, dse_fx.attention_backward):
+            return self.attention(node, name, common)
+        if packet in GEMMS:
+            flops = flop_registry[packet](*_val(node.args), **_val(node.kwargs), out_val=out)
+            return Op(name, OpKind.COMPUTE, "gemm", flops=float(flops), gemm=_gemm_shape(packet, node), **common)
+        if packet in flop_registry:
+            flops = flop_registry[packet](*_val(node.args), **_val(node.kwargs), out_val=out)
+            return Op(name, OpKind.COMPUTE, "other", flops=float(flops), **common)
+        if packet in NORMS:
+            normed = float(node.args[0].meta["val"].numel())
+            return Op(name, OpKind.COMPUTE, "norm", flops=NORMS[packet] * normed, **common)
+        if packet in EMBEDDINGS:
+            return Op(name, OpKind.COMPUTE, "embedding", **common)
+        flops = 0.0 if packet in COPIES else PER_ELEMENT.get(packet, 1.0) * elements
+        return Op(name, OpKind.COMPUTE, "elementwise", flops=flops, **common)
+
+    def attention(self, node: fx.Node, name: str, common: dict) -> Op:
+        backward = _packet(node) is dse_fx.attention_backward
+        first = 1 if backward else 0  # the backward's first argument is the output gradient
+        q, k, v = (a.meta["val"] for a in node.args[first : first + 3])
+        causal = bool(node.args[5] if backward else node.args[3])
+        b, heads, sq, dq = q.shape
+        skv, dv = k.shape[-2], v.shape[-1]
+        flops = 2.0 * b * heads * sq * skv * (dq + dv)
+        masked = causal and sq > 1
+        density = 0.5 if masked else 1.0
+        if backward:
+            flops, density = 2 * flops, density * FUSED_ATTENTION_BACKWARD / 2
+        shape = AttentionShape(sq, skv, (dq + dv) / 2, masked, backward)
+        return Op(name, OpKind.COMPUTE, "attention", flops=flops, density=density, attention=shape, **common)
+
+    def peak_temp(self, outputs: list[Any]) -> float:
+        """The most bytes of intermediate tensors (neither the call's inputs nor its outputs) alive at once."""
+        kept = {self.root.get(n, n) for n in outputs if isinstance(n, fx.Node)}
+        last_use: dict[fx.Node, int] = {}
+        order = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+        for node in self.gm.graph.nodes:
+            for n in _inputs(node):
+                root = self.root.get(n, n)
+                last_use[root] = max(last_use.get(root, 0), order[node])
+        live, peak, frees = 0.0, 0.0, {}
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function" and self.root.get(node) is node and node not in kept:
+                size = _nbytes(node.meta.get("val"))
+                live += size
+                frees.setdefault(last_use.get(node, order[node]), []).append(size)
+            peak = max(peak, live)
+            live -= sum(frees.pop(order[node], []))
+        return peak
+
+
+def _gemm_shape(packet: Any, node: fx.Node) -> tuple[float, float, float, float]:
+    """(batch, m, n, k) of a matrix product on one rank."""
+    a, b = (node.args[i].meta["val"] for i in ((1, 2) if packet in (aten.addmm, aten.baddbmm) else (0, 1)))
+    batch = float(prod(a.shape[:-2])) if a.dim() > 2 else 1.0
+    return batch, float(a.shape[-2]), float(b.shape[-1]), float(a.shape[-1])
+
+
+def lower_forward(gm: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...]) -> LoweredGraph:
+    lowering = _Lowering(gm, name, axes)
+    block, outputs = lowering.run(0)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    weights = {n for n in placeholders if n is not _input_placeholder(placeholders, input_shape)}
+    saved = {lowering.root.get(n, n) for n in outputs[1:] if isinstance(n, fx.Node)}
+    saved_bytes = sum(_nbytes(n.meta.get("val")) for n in saved if n not in weights)
+    return LoweredGraph(block, saved_bytes)
+
+
+def lower_backward(
+    gm: fx.GraphModule, forward: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...]
+) -> LoweredGraph:
+    """The backward's output op is the one that makes the block input's gradient (its output at the index of that
+    input among the forward's placeholders)."""
+    placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
+    index = placeholders.index(_input_placeholder(placeholders, input_shape))
+    block, _ = _Lowering(gm, name, axes).run(index)
+    return LoweredGraph(block, 0.0)
+
+
+def _input_placeholder(placeholders: list[fx.Node], shape: tuple[int, ...]) -> fx.Node:
+    """The forward placeholder that is the block's input: the first of its shape (weights are 1-D or 2-D)."""
+    for node in placeholders:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and tuple(val.shape) == tuple(shape):
+            return node
+    raise CaptureError(f"the captured forward has no input of the block input's shape {tuple(shape)}")

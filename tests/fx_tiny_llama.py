@@ -1,0 +1,85 @@
+"""A minimal LLaMA block stack in plain PyTorch, for the fx generator's tests: the module names torchtitan's TP
+plan targets (attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm), GQA, SwiGLU, RMSNorm, SDPA.
+`branching` is a model whose block takes a data-dependent branch, which capture cannot follow."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dse.spec import ModelSpec, WorkloadSpec
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__()
+        self.head_dim = m.d_head
+        self.wq = nn.Linear(m.hidden, m.heads * m.d_head, bias=False)
+        self.wk = nn.Linear(m.hidden, m.n_kv_heads * m.d_head, bias=False)
+        self.wv = nn.Linear(m.hidden, m.n_kv_heads * m.d_head, bias=False)
+        self.wo = nn.Linear(m.heads * m.d_head, m.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(m.hidden, m.ffn, bias=False)
+        self.w2 = nn.Linear(m.ffn, m.hidden, bias=False)
+        self.w3 = nn.Linear(m.hidden, m.ffn, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__()
+        self.attention = Attention(m)
+        self.feed_forward = FeedForward(m)
+        self.attention_norm = nn.RMSNorm(m.hidden)
+        self.ffn_norm = nn.RMSNorm(m.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, m: ModelSpec, block: type[nn.Module] = Block) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(m.vocab, m.hidden)
+        self.layers = nn.ModuleList(block(m) for _ in range(m.layers))
+        self.norm = nn.RMSNorm(m.hidden)
+        self.output = nn.Linear(m.hidden, m.vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.tok_embeddings(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+class BranchingFeedForward(FeedForward):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # data-dependent control flow
+            return self.w2(self.w1(x))
+        return super().forward(x)
+
+
+class BranchingBlock(Block):
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__(m)
+        self.feed_forward = BranchingFeedForward(m)
+
+
+def llama(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
+    return Transformer(model)
+
+
+def branching(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
+    return Transformer(model, BranchingBlock)

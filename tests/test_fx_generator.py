@@ -1,0 +1,155 @@
+"""The fx generator: a LLaMA block stack in plain PyTorch (tests/fx_tiny_llama.py) captured on fake tensors under
+a fake process group, lowered to the IR, and checked against closed forms and against the symbolic generator on the
+same catalog model (tiny-llama)."""
+
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("torch")
+
+from helpers import make_point
+
+from dse.errors import DseError, InfeasibleError, PluginError, SpecError
+from dse.workload import Block, Collective, OpKind, Workload
+from generators import fx
+from generators.fx.capture import CaptureError
+from generators.fx.generator import FxGenerator
+from generators.symbolic import SymbolicGenerator, count_parameters
+from simulators.analytical import AnalyticalCostModel
+
+FACTORY = {"model.fx_factory": "fx_tiny_llama:llama"}
+SEQ, BATCH, HIDDEN = 256, 1, 256
+ACTIVATION = BATCH * SEQ * HIDDEN * 2
+"""Bytes of one micro-batch's b x s x h bf16 activation: a TP collective's size in the nccl-tests convention."""
+
+
+@pytest.fixture(scope="module")
+def generator() -> FxGenerator:
+    """One generator for the module, so that points of one layer shape share a capture as a study's would."""
+    return FxGenerator()
+
+
+def point(factory: dict | None = None, **parallel):
+    return make_point(seq_len=SEQ, micro_batch=BATCH, overrides=FACTORY if factory is None else factory, **parallel)
+
+
+def block(workload: Workload, name: str) -> Block:
+    return next(b for b in workload.blocks if b.name == name)
+
+
+def comm(b: Block) -> Counter:
+    """Bytes per collective kind of a block."""
+    out: Counter = Counter()
+    for op in b.ops:
+        if op.kind is OpKind.COLLECTIVE:
+            out[op.category] += op.comm_bytes
+    return out
+
+
+def kinds(b: Block) -> Counter:
+    return Counter(op.category for op in b.ops if op.kind is OpKind.COLLECTIVE)
+
+
+def gemm_flops(b: Block) -> float:
+    return sum(op.flops for op in b.ops if op.category == "gemm")
+
+
+def test_tp_with_sp_gathers_and_scatters_each_branch(generator):
+    """Megatron SP: per branch an all-gather before the column-parallel GEMMs and a reduce-scatter after the
+    row-parallel one, forward and backward, all of b x s x h on the tp axis; attention one fused op each way."""
+    p = point(tp=2, dp=2, sp=True)
+    workload = generator.generate(p)
+    fwd, bwd = block(workload, "layer.forward"), block(workload, "layer.backward")
+    for b in (fwd, bwd):
+        assert kinds(b) == {Collective.ALL_GATHER: 2, Collective.REDUCE_SCATTER: 2}
+        assert comm(b) == {Collective.ALL_GATHER: 2 * ACTIVATION, Collective.REDUCE_SCATTER: 2 * ACTIVATION}
+        assert {op.axis for op in b.ops if op.kind is OpKind.COLLECTIVE} == {"tp"}
+        (attention,) = [op for op in b.ops if op.category == "attention"]
+        assert attention.attention is not None and attention.attention.causal
+        assert attention.attention.backward == (b is bwd)
+    # what reads a collective's result waits for it, and nothing else does: the overlap the graph allows
+    gather = next(i for i, op in enumerate(fwd.ops) if op.category == Collective.ALL_GATHER)
+    readers = [op for op in fwd.ops if gather in op.deps]
+    assert readers and all(op.category == "gemm" for op in readers[:3])
+    assert generator.layer(p).forward.saved_bytes > 0
+
+
+def test_tp_without_sp_all_reduces_twice_per_layer_each_way(generator):
+    workload = generator.generate(point(tp=2, dp=2))
+    for name in ("layer.forward", "layer.backward"):
+        assert comm(block(workload, name)) == {Collective.ALL_REDUCE: 2 * ACTIVATION}
+        assert kinds(block(workload, name)) == {Collective.ALL_REDUCE: 2}
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 1, "dp": 2}, {"tp": 2, "dp": 2}, {"tp": 2, "dp": 2, "sp": True}])
+def test_agrees_with_symbolic(generator, parallel):
+    """Same catalog model and degrees: GEMM FLOPs exact, TP bytes per collective kind exact (but SP's backward,
+    where Megatron regathers the norm output that torch.compile's partitioner keeps from the forward), the rest of
+    the step (DP sync, optimizer) the symbolic one's, and the peak memory within 5 %."""
+    p = point(**parallel)
+    fx_workload, symbolic = generator.generate(p), SymbolicGenerator().generate(p)
+    for name in ("layer.forward", "layer.backward"):
+        ours, theirs = block(fx_workload, name), block(symbolic, name)
+        assert gemm_flops(ours) == pytest.approx(gemm_flops(theirs), rel=1e-9)
+        expected = comm(theirs)
+        if name == "layer.backward" and parallel.get("sp"):
+            expected[Collective.ALL_GATHER] /= 2
+        assert comm(ours) == expected
+    assert block(fx_workload, "layer.grad_sync") == block(symbolic, "layer.grad_sync")
+    model = AnalyticalCostModel()
+    ours, theirs = model.simulate(fx_workload, p.system), model.simulate(symbolic, p.system)
+    assert 0 < ours.step_time_s < 2 * theirs.step_time_s
+    assert ours.peak_memory_bytes == pytest.approx(theirs.peak_memory_bytes, rel=0.05)
+    assert generator.layer(p).captured.parameters == count_parameters(p)
+
+
+def test_capture_is_reused_across_points_of_one_layer_shape(generator):
+    """dp, pp, the global batch and the system leave the layer's graphs as they are: captured once."""
+    generator.generate(point(tp=2, dp=2, sp=True))
+    for parallel in ({"tp": 2, "dp": 4, "sp": True}, {"tp": 2, "pp": 2, "sp": True}):
+        workload = generator.generate(point(**parallel))
+        assert generator.last_capture_s == 0.0
+        assert AnalyticalCostModel().simulate(workload, make_point().system).step_time_s > 0
+    generator.generate(make_point(seq_len=128, overrides=FACTORY, tp=2, sp=True))
+    assert generator.last_capture_s > 0
+
+
+def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
+    with pytest.raises(CaptureError) as caught:
+        generator.generate(point({"model.fx_factory": "fx_tiny_llama:branching"}, tp=2))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "Data-dependent branching" in message and "module 'feed_forward'" in message
+
+
+def test_what_it_does_not_build_is_named(generator):
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.zero'"):
+        generator.generate(point(dp=2, zero=3))
+
+
+def test_factories_by_name(generator, tmp_path, monkeypatch):
+    """A factory registered in `dse.fx_models`, the family's when the model names none, and a one-line error
+    naming model.fx_factory for an unknown one."""
+    from generators.fx import factories
+
+    info = tmp_path / "fx_tiny-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-tiny\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[dse.fx_models]\ntiny-test = fx_tiny_llama:llama\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    factories._registered.cache_clear()
+    try:
+        assert generator.generate(point({"model.fx_factory": "tiny-test"}, tp=2)).blocks
+        with pytest.raises(SpecError, match=r"field 'model.fx_factory': no FX model factory 'nope'.*tiny-test"):
+            generator.generate(point({"model.fx_factory": "nope"}))
+    finally:
+        monkeypatch.undo()
+        factories._registered.cache_clear()
+
+
+def test_without_torch_choosing_fx_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(fx, "find_spec", lambda name: None)
+    with pytest.raises(PluginError, match=r"pip install 'dse-orchestrator\[fx\]'") as caught:
+        fx.fx_generator()
+    assert isinstance(caught.value, DseError)

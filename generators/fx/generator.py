@@ -110,16 +110,16 @@ class FxGenerator:
         """The lowered layer of the point's capture key, captured on first use."""
         p, w = point.parallel, point.workload
         name = factory_name(point.model)
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len)
+        fuse = w.kernels == "fused"
+        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len, fuse)
         layer = self._layers.get(key)
         self.last_capture_s = 0.0
         if layer is None:
             start = time.perf_counter()
             captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp)
-            forward = lower_forward(captured.forward, "layer.forward", captured.axes, captured.input_shape)
-            backward = lower_backward(
-                captured.backward, captured.forward, "layer.backward", captured.axes, captured.input_shape
-            )
+            shape, axes = captured.input_shape, captured.axes
+            forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
+            backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)
             layer = self._layers[key] = LoweredLayer(forward, backward, captured)
             self.last_capture_s = time.perf_counter() - start
             if len(self._layers) > CAPTURE_CACHE_SIZE:

@@ -18,7 +18,7 @@ the first, weights aside) is the layer's saved activations.
 
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import Any
 
@@ -53,6 +53,7 @@ NORMS = {  # FLOPs per element of the normalised tensor (symbolic's NORM_FLOPS; 
 PER_ELEMENT = {aten._softmax: 5.0, aten._softmax_backward_data: 3.0}  # symbolic's SOFTMAX(_BACKWARD)_FLOPS
 COPIES = {aten.clone, aten._to_copy, aten.cat, aten.copy, aten.copy_, aten.empty, aten.zeros, aten.full, aten.fill}
 EMBEDDINGS = {aten.embedding, aten.embedding_dense_backward}
+FUSIBLE = ("elementwise", "norm")
 FUSED_ATTENTION_BACKWARD = 2.5
 """FLOPs a fused attention backward executes per forward FLOP (as generators.symbolic.autodiff says)."""
 
@@ -89,9 +90,11 @@ def _val(arg: Any) -> Any:
 
 
 class _Lowering:
-    def __init__(self, gm: fx.GraphModule, name: str, axes: dict[str, str]) -> None:
-        self.gm, self.name, self.axes = gm, name, axes
+    def __init__(self, gm: fx.GraphModule, name: str, axes: dict[str, str], fuse: bool) -> None:
+        self.gm, self.name, self.axes, self.fuse = gm, name, axes, fuse
         self.ops: list[Op] = []
+        self.fused: list[tuple[fx.Node, Op]] = []
+        """The nodes (and their own ops) of the fused kernel that is the last op, while it may take more."""
         self.ready: dict[fx.Node, frozenset[int]] = {}
         self.root: dict[fx.Node, fx.Node] = {}
 
@@ -130,8 +133,31 @@ class _Lowering:
                     axis=self.axes[group], deps=deps)  # fmt: skip
         else:
             op = self.compute(node, packet, deps, reads, _nbytes(out))
-        self.ops.append(op)
+        fusible = self.fuse and op.kind is OpKind.COMPUTE and op.category in FUSIBLE
+        if fusible and self.fused:
+            self.fused.append((node, op))
+            self.ops[-1] = self.fused_op()
+        else:
+            self.ops.append(op)
+            self.fused = [(node, op)] if fusible else []
         self.ready[node], self.root[node] = frozenset((len(self.ops) - 1,)), node
+
+    def fused_op(self) -> Op:
+        """The elementwise and norm ops issued one after another as one kernel, as inductor fuses them: it reads
+        what its ops read from outside it and writes what is read after it, once each."""
+        index, inside = len(self.ops) - 1, {node for node, _ in self.fused}
+        outside = {n: None for node in inside for n in _inputs(node) if self.root.get(n, n) not in inside}
+        reads = sum(_nbytes(n.meta.get("val")) for n in outside)
+        written = sum(_nbytes(node.meta.get("val")) for node in inside if _escapes(node, inside))
+        first = self.fused[0][1]
+        return replace(
+            first,
+            category="norm" if any(op.category == "norm" for _, op in self.fused) else "elementwise",
+            flops=sum(op.flops for _, op in self.fused),
+            bytes=reads + written,
+            out_bytes=written,
+            deps=tuple(sorted(set(self.deps(outside)) - {index})),
+        )
 
     def compute(self, node: fx.Node, packet: Any, deps: tuple[int, ...], reads: float, written: float) -> Op:
         name, out = f"{self.name}.{node.name}", node.meta.get("val")
@@ -188,6 +214,19 @@ class _Lowering:
         return peak
 
 
+def _escapes(node: fx.Node, inside: set[fx.Node]) -> bool:
+    """Whether a node's output (or a view of it) is read by a node outside `inside` or leaves the graph."""
+    for user in node.users:
+        if user.op == "output":
+            return True
+        if _packet(user) in FREE or user.target is operator.getitem:
+            if _escapes(user, inside):
+                return True
+        elif user not in inside:
+            return True
+    return False
+
+
 def _gemm_shape(packet: Any, node: fx.Node) -> tuple[float, float, float, float]:
     """(batch, m, n, k) of a matrix product on one rank."""
     a, b = (node.args[i].meta["val"] for i in ((1, 2) if packet in (aten.addmm, aten.baddbmm) else (0, 1)))
@@ -195,8 +234,10 @@ def _gemm_shape(packet: Any, node: fx.Node) -> tuple[float, float, float, float]
     return batch, float(a.shape[-2]), float(b.shape[-1]), float(a.shape[-1])
 
 
-def lower_forward(gm: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...]) -> LoweredGraph:
-    lowering = _Lowering(gm, name, axes)
+def lower_forward(
+    gm: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...], fuse: bool
+) -> LoweredGraph:
+    lowering = _Lowering(gm, name, axes, fuse)
     block, outputs = lowering.run(0)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     weights = {n for n in placeholders if n is not _input_placeholder(placeholders, input_shape)}
@@ -206,13 +247,18 @@ def lower_forward(gm: fx.GraphModule, name: str, axes: dict[str, str], input_sha
 
 
 def lower_backward(
-    gm: fx.GraphModule, forward: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...]
+    gm: fx.GraphModule,
+    forward: fx.GraphModule,
+    name: str,
+    axes: dict[str, str],
+    input_shape: tuple[int, ...],
+    fuse: bool,
 ) -> LoweredGraph:
     """The backward's output op is the one that makes the block input's gradient (its output at the index of that
     input among the forward's placeholders)."""
     placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
     index = placeholders.index(_input_placeholder(placeholders, input_shape))
-    block, _ = _Lowering(gm, name, axes).run(index)
+    block, _ = _Lowering(gm, name, axes, fuse).run(index)
     return LoweredGraph(block, 0.0)
 
 

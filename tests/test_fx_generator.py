@@ -4,12 +4,17 @@ same catalog model (tiny-llama)."""
 
 from collections import Counter
 
+import pandas as pd
 import pytest
+import yaml
 
 pytest.importorskip("torch")
 
+from conftest import ROOT
 from helpers import make_point
 
+from dse import plugins
+from dse.cli.main import main
 from dse.errors import DseError, InfeasibleError, PluginError, SpecError
 from dse.workload import Block, Collective, OpKind, Workload
 from generators import fx
@@ -20,6 +25,7 @@ from simulators.analytical import AnalyticalCostModel
 
 FACTORY = {"model.fx_factory": "fx_tiny_llama:llama"}
 SEQ, BATCH, HIDDEN = 256, 1, 256
+SMALL = yaml.safe_load((ROOT / "studies" / "small.yaml").read_text())
 ACTIVATION = BATCH * SEQ * HIDDEN * 2
 """Bytes of one micro-batch's b x s x h bf16 activation: a TP collective's size in the nccl-tests convention."""
 
@@ -163,3 +169,39 @@ def test_without_torch_choosing_fx_says_how_to_install(monkeypatch):
     with pytest.raises(PluginError, match=r"pip install 'dse-orchestrator\[fx\]'") as caught:
         fx.fx_generator()
     assert isinstance(caught.value, DseError)
+
+
+@pytest.fixture
+def fx_installed(tmp_path, monkeypatch):
+    """The `fx` generator entry point, as pyproject declares it, for a venv installed before it existed."""
+    info = tmp_path / "fx_generator-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-generator\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[dse.generators]\nfx = generators.fx:fx_generator\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plugins._registry.cache_clear()
+    yield
+    monkeypatch.undo()
+    plugins._registry.cache_clear()
+
+
+SPACE = {"parallel.tp": {"choices": [1, 2]}, "parallel.pp": {"choices": [1, 2]}}
+
+
+def test_a_study_with_the_fx_generator_runs_end_to_end(fx_installed, tmp_path):
+    """`generator: fx` on the analytical model: its points priced, and a model it cannot capture fails its trials
+    with the module named, the study going on."""
+    base = {**SMALL["base"], "model": {"base": "tiny-llama", "fx_factory": "fx_tiny_llama:llama"}}
+    study = {**SMALL, "generator": "fx", "trials": 4, "base": base, "space": SPACE}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--inline"]) == 0
+    frame = pd.read_parquet(tmp_path / "out" / "trials.parquet")
+    assert (frame["state"] == "COMPLETE").all() and (frame["step_time_s"] > 0).all()
+
+    base["model"]["fx_factory"] = "fx_tiny_llama:branching"
+    path.write_text(yaml.safe_dump({**study, "trials": 2}, sort_keys=False))
+    assert main(["run", str(path), "--out", str(tmp_path / "bad"), "--inline"]) == 0
+    frame = pd.read_parquet(tmp_path / "bad" / "trials.parquet")
+    assert (frame["state"] == "FAIL").all()
+    assert frame["reason"].str.contains("Data-dependent branching in module 'feed_forward'").all()

@@ -205,3 +205,15 @@ def test_a_study_with_the_fx_generator_runs_end_to_end(fx_installed, tmp_path):
     frame = pd.read_parquet(tmp_path / "bad" / "trials.parquet")
     assert (frame["state"] == "FAIL").all()
     assert frame["reason"].str.contains("Data-dependent branching in module 'feed_forward'").all()
+
+
+def test_its_chakra_export_runs_in_astrasim(generator, binary):
+    """The captured step, exported as Chakra traces, runs to completion in the real ASTRA-sim and agrees with the
+    analytical model as a symbolic step does (within 3 %)."""
+    from simulators.astrasim import AstraSimCostModel
+
+    p = point(tp=2, dp=2, pp=2, sp=True)
+    workload = generator.generate(p)
+    astrasim = AstraSimCostModel(options=AstraSimCostModel.Options(binary=str(binary), timeout_s=120))
+    simulated = astrasim.simulate(workload, p.system).step_time_s
+    assert simulated == pytest.approx(AnalyticalCostModel().simulate(workload, p.system).step_time_s, rel=0.03)

@@ -88,11 +88,21 @@ def test_tp_without_sp_all_reduces_twice_per_layer_each_way(generator):
         assert kinds(block(workload, name)) == {Collective.ALL_REDUCE: 2}
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 1, "dp": 2}, {"tp": 2, "dp": 2}, {"tp": 2, "dp": 2, "sp": True}])
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"tp": 1, "dp": 2},
+        {"tp": 2, "dp": 2},
+        {"tp": 2, "dp": 2, "sp": True},
+        {"tp": 1, "dp": 4, "zero": 3},
+        {"tp": 2, "dp": 2, "pp": 2, "sp": True, "zero": 3},
+    ],
+)
 def test_agrees_with_symbolic(generator, parallel):
-    """Same catalog model and degrees: GEMM FLOPs exact, TP bytes per collective kind exact (but SP's backward,
-    where Megatron regathers the norm output that torch.compile's partitioner keeps from the forward), the rest of
-    the step (DP sync, optimizer) the symbolic one's, and the peak memory within 5 %."""
+    """Same catalog model and degrees: GEMM FLOPs exact, bytes per collective kind exact (but SP's backward, where
+    Megatron regathers the norm output that torch.compile's partitioner keeps from the forward; ZeRO-3's gathers
+    and reduce-scatters are the symbolic ones, synthesised), the rest of the step (DP sync, optimizer) the symbolic
+    one's, the step time within 15 % and the peak memory within 5 %."""
     p = point(**parallel)
     fx_workload, symbolic = generator.generate(p), SymbolicGenerator().generate(p)
     for name in ("layer.forward", "layer.backward"):
@@ -102,7 +112,8 @@ def test_agrees_with_symbolic(generator, parallel):
         if name == "layer.backward" and parallel.get("sp"):
             expected[Collective.ALL_GATHER] /= 2
         assert comm(ours) == expected
-    assert block(fx_workload, "layer.grad_sync") == block(symbolic, "layer.grad_sync")
+    synced = [b for b in symbolic.blocks if b.name.endswith("grad_sync") or b.name.endswith("post_backward")]
+    assert synced == [b for b in fx_workload.blocks if b in synced]
     model = AnalyticalCostModel()
     ours, theirs = model.simulate(fx_workload, p.system), model.simulate(symbolic, p.system)
     assert ours.step_time_s == pytest.approx(theirs.step_time_s, rel=0.15)
@@ -140,8 +151,8 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 
 
 def test_what_it_does_not_build_is_named(generator):
-    with pytest.raises(InfeasibleError, match=r"field 'parallel\.zero'"):
-        generator.generate(point(dp=2, zero=3))
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
+        generator.generate(point(dp=2, recompute="full"))
 
 
 def test_factories_by_name(generator, tmp_path, monkeypatch):

@@ -3,10 +3,11 @@
 Only the layers' forward and backward blocks come from the captured graphs (`capture`, `lower`); everything the
 graphs do not show is the symbolic generator's, assembled by its builder exactly as for a symbolic point: the
 embedding and the head, the data-parallel gradient sync (and ZeRO's), the pipeline stages with their sends and
-receives and their schedule, the optimizer step and the model states. The builder traces its own layer as
-usual; `_CapturedModules` then swaps that layer's forward and backward blocks for the lowered ones and its saved
-activation bytes for the captured forward's, so the schedule keeps those activations alive from each forward call
-to its backward (liveness memory) as it does a symbolic layer's.
+receives and their schedule, the optimizer step and the model states, and ZeRO-3's weight gathers and gradient
+reduce-scatters with FSDP's copies (`fsdp`: fully_shard runs in hooks the graph does not show). The builder traces
+its own layer as usual; `_CapturedModules` then swaps that layer's forward and backward blocks for the lowered ones
+and its saved activation bytes for the captured forward's, so the schedule keeps those activations alive from each
+forward call to its backward (liveness memory) as it does a symbolic layer's.
 
 A capture depends on the factory, the model, the tensor-parallel degree and sp, and the micro-batch's shape, not
 on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by
@@ -22,6 +23,7 @@ from dse.spec import DesignPoint
 from dse.workload import Workload
 from generators.fx.capture import CapturedLayer, capture_layer
 from generators.fx.factories import factory_name, resolve
+from generators.fx.fsdp import with_fsdp
 from generators.fx.lower import LoweredGraph, lower_backward, lower_forward
 from generators.symbolic.blocks import LayerKey, Modules
 from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
@@ -45,7 +47,6 @@ def unsupported(point: DesignPoint) -> str | None:
         "workload.mode": (point.workload.mode != "train", "train"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.ep": (p.ep > 1, "1"),
-        "parallel.zero": (p.zero == 3, "0, 1 or 2 (FSDP's fully_shard is not captured)"),
         "parallel.recompute": (p.recompute != "none", "none (the captured graph recomputes what torch.compile does)"),
         "parallel.pp_schedule": (p.pp_schedule in ("zb_h1", "dualpipev"), "1f1b, gpipe or interleaved"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
@@ -69,10 +70,15 @@ class _CapturedModules(ModuleTracer):
         modules = super().modules(keys)
         blocks = list(modules.blocks)
         layers = {}
+        forward, backward = self.layer.forward.block, self.layer.backward.block
         for key, traced in modules.layers.items():
-            assert traced.backward is not None
-            for index, lowered in ((traced.forward, self.layer.forward), (traced.backward, self.layer.backward)):
-                blocks[index] = replace(lowered.block, name=blocks[index].name)
+            # the forward and backward, and the variants some ZeRO-3 schedules run: a forward that finds the
+            # weights still gathered, a backward that leaves its gradients unreduced until the step's last
+            variants = ((traced.forward, forward), (traced.held_forward, forward))
+            variants += ((traced.backward, backward), (traced.unsynced, backward))
+            for index, captured in variants:
+                if index is not None:
+                    blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
             layers[key] = replace(traced, saved_bytes=self.layer.forward.saved_bytes)
         return replace(modules, blocks=blocks, layers=layers)
 

@@ -1,0 +1,54 @@
+"""ZeRO-3 (FSDP) around a captured layer, synthesised as the symbolic generator does.
+
+FSDP2's `fully_shard` is not captured: its all-gathers and reduce-scatters run in hooks outside the compiled
+graph. The symbolic layer block of the same point has them, with the copies FSDP runs around them (copy-in,
+copy-out, casts, divides) and their prefetch; `with_fsdp` moves those ops onto the captured block: the ones
+before the layer's first op of its own (the gathered weights' copies) stay ahead of the captured ops, which then
+wait for them where they read their weights, and the rest (the gradient reduce-scatters and their copies) follow
+the captured ops, each waiting for the captured block's last op where it waited for a gradient of the symbolic
+layer (the captured graph does not say which op makes which weight's gradient for FSDP's hooks).
+"""
+
+from dataclasses import replace
+
+from dse.workload import BLOCK_INPUT, Block, Op, OpKind
+
+FSDP_COPIES = {
+    "cast_shard", "copy_in", "copy_out", "flat_grad_cat", "cast_to_reduce_dtype", "predivide", "postdivide",
+    "grad_to_fp32",
+}  # fmt: skip
+"""The names `generators.symbolic.fsdp.FsdpCopies` ends its copies' names with."""
+
+
+def is_fsdp(op: Op) -> bool:
+    if op.kind is OpKind.COLLECTIVE:
+        return op.axis != "tp"
+    return op.kind is OpKind.COMPUTE and op.name.rsplit(".", 1)[-1] in FSDP_COPIES
+
+
+def with_fsdp(symbolic: Block, captured: Block, name: str) -> Block:
+    """The captured block with the symbolic block's FSDP ops (none, unless ZeRO-3) around it (see module doc)."""
+    fsdp = [i for i, op in enumerate(symbolic.ops) if is_fsdp(op)]
+    if not fsdp:
+        return replace(captured, name=name)
+    own = [i for i, op in enumerate(symbolic.ops) if not is_fsdp(op)]
+    first_own = own[0] if own else len(symbolic.ops)
+    leading = [i for i in fsdp if i < first_own]
+    trailing = [i for i in fsdp if i > first_own]
+    shift, last_captured = len(leading), len(leading) + len(captured.ops) - 1
+    index = {old: new for new, old in enumerate(leading)}
+    index |= {old: last_captured + 1 + k for k, old in enumerate(trailing)}
+
+    def moved(op: Op) -> Op:
+        deps = {index.get(d, last_captured) if d != BLOCK_INPUT else BLOCK_INPUT for d in op.deps}
+        return replace(op, deps=tuple(sorted(deps)))
+
+    weights_ready = tuple(range(shift))
+    ops = [moved(symbolic.ops[i]) for i in leading]
+    for op in captured.ops:
+        deps = {d + shift if d != BLOCK_INPUT else d for d in op.deps}
+        if BLOCK_INPUT in deps:
+            deps.update(weights_ready)
+        ops.append(replace(op, deps=tuple(sorted(deps))))
+    ops += [moved(symbolic.ops[i]) for i in trailing]
+    return Block(name, tuple(ops), captured.output_index + shift, captured.temp_bytes)

@@ -10,6 +10,7 @@ so one is captured and its blocks serve every layer.
 """
 
 import inspect
+import os
 import time
 import traceback
 from collections.abc import Callable
@@ -38,7 +39,8 @@ from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_HERE = os.path.dirname(__file__)
+"""Frames in this package's own modules are the capture's, not the model's (its models/ subpackage is a model)."""
 
 
 class CaptureError(DseError):
@@ -105,14 +107,23 @@ def tp_plan(block: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
     for norm, module in (("attention_norm", "attention"), ("ffn_norm", "feed_forward")):
         if sp:
             plan[norm] = SequenceParallel()
+        rest = (None,) * (_positional(names.get(module)) - 1)  # rotary tables, masks: left as they are
         layout = Shard(1) if sp else Replicate()
-        plan[module] = PrepareModuleInput(input_layouts=(layout,), desired_input_layouts=(Replicate(),))
+        plan[module] = PrepareModuleInput(input_layouts=(layout, *rest), desired_input_layouts=(Replicate(), *rest))
     missing = sorted(name for name in plan if name not in names)
     if missing:
         raise CaptureError(
             f"tensor parallelism needs the LLaMA layout in each block; {type(block).__name__} has no {missing[0]}"
         )
     return plan
+
+
+def _positional(module: nn.Module | None) -> int:
+    """Positional parameters of a module's forward (1 when it has none to tell)."""
+    if module is None:
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return max(1, sum(p.kind in kinds for p in inspect.signature(module.forward).parameters.values()))
 
 
 def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tuple, dict]:
@@ -149,7 +160,6 @@ def capture_layer(
         layers = getattr(built, "layers", None)
         if not isinstance(layers, nn.ModuleList) or not len(layers):
             raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
-        built = built.to(DTYPES.get(model.dtype, torch.bfloat16))
         parameters = sum(p.numel() for p in built.parameters())
         block = layers[0]
         tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
@@ -192,6 +202,10 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
 
 def _what_failed(exc: BaseException, block: nn.Module | None) -> str:
     """One line: the error's first line, where in the user's code it arose and the submodule that code is in."""
+    cause: BaseException | None = exc
+    while cause is not None and str(cause).startswith("Observed exception"):  # dynamo's wrapper of the model's own
+        exc, cause = cause, cause.__cause__ or cause.__context__
+    exc = cause or exc
     message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
     frame = _user_frame(exc)
     if frame is None:
@@ -207,7 +221,7 @@ def _user_frame(exc: BaseException) -> tuple[str, int, str] | None:
     frames = [(f.filename, f.lineno or 0, f.name) for f in getattr(exc, "real_stack", None) or ()]
     frames = frames or [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
     for path, line, function in reversed(frames):
-        if "/torch/" not in path and "/generators/fx/" not in path:
+        if "/torch/" not in path and os.path.dirname(path) != _HERE:
             return path, line, function
     return None
 

@@ -131,6 +131,23 @@ def test_eager_kernels_run_each_aten_op_alone(generator):
     assert sum(op.bytes for op in eager.ops) > sum(op.bytes for op in fused.ops)
 
 
+def test_full_recompute_captures_the_block_under_activation_checkpointing(generator):
+    """The forward keeps only the layer's input (its sequence shard); the backward runs attention again. It
+    recomputes what the backward reads, not the last GEMM whose output nothing reads (Megatron reruns the whole
+    forward: symbolic's backward has one GEMM more)."""
+    p = point(tp=2, dp=2, sp=True, recompute="full")
+    layer = generator.layer(p)
+    assert layer.forward.saved_bytes == ACTIVATION / 2
+    backward = layer.backward.block
+    assert sum(op.category == "attention" for op in backward.ops) == 2
+    ours, theirs = generator.generate(p), SymbolicGenerator().generate(p)
+    assert gemm_flops(block(ours, "layer.backward")) < gemm_flops(block(theirs, "layer.backward"))
+    model = AnalyticalCostModel()
+    assert model.simulate(ours, p.system).peak_memory_bytes == pytest.approx(
+        model.simulate(theirs, p.system).peak_memory_bytes, rel=0.05
+    )
+
+
 def test_capture_is_reused_across_points_of_one_layer_shape(generator):
     """dp, pp, the global batch and the system leave the layer's graphs as they are: captured once."""
     generator.generate(point(tp=2, dp=2, sp=True))
@@ -152,7 +169,7 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 
 def test_what_it_does_not_build_is_named(generator):
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
-        generator.generate(point(dp=2, recompute="full"))
+        generator.generate(point(dp=2, recompute="selective"))
 
 
 def test_factories_by_name(generator, tmp_path, monkeypatch):

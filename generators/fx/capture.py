@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils.checkpoint import checkpoint
 
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
@@ -145,10 +146,29 @@ def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tupl
     return kept["args"], kept["kwargs"]
 
 
+class _Checkpointed(nn.Module):
+    """A block under activation checkpointing (full recompute): the captured backward runs its forward again."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
 def capture_layer(
-    factory: Callable[..., nn.Module], name: str, model: ModelSpec, workload: WorkloadSpec, tp: int, dp: int, sp: bool
+    factory: Callable[..., nn.Module],
+    name: str,
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    tp: int,
+    dp: int,
+    sp: bool,
+    recompute: bool = False,
 ) -> CapturedLayer:
-    """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload."""
+    """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
+    with `recompute`, under activation checkpointing."""
     start = time.perf_counter()
     fake_world(dp * tp)
     mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
@@ -171,7 +191,8 @@ def capture_layer(
                 parallelize_module(block, mesh["tp"], tp_plan(block, sp))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=True)
             torch._dynamo.reset()
-            compiled = torch.compile(block, backend=_keeping(graphs), fullgraph=True)
+            captured = _Checkpointed(block) if recompute else block
+            compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
             compiled(x, *args[1:], **kwargs).sum().backward()
     except DseError:
         raise

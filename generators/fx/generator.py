@@ -9,7 +9,8 @@ its own layer as usual; `_CapturedModules` then swaps that layer's forward and b
 and its saved activation bytes for the captured forward's, so the schedule keeps those activations alive from each
 forward call to its backward (liveness memory) as it does a symbolic layer's.
 
-A capture depends on the factory, the model, the tensor-parallel degree and sp, and the micro-batch's shape, not
+A capture depends on the factory, the model, the tensor-parallel degree and sp, the micro-batch's shape and
+whether the layer is recomputed (full recompute: captured under activation checkpointing), not
 on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by
 every point that shares those, so a study pays it once per distinct layer shape.
 """
@@ -47,7 +48,8 @@ def unsupported(point: DesignPoint) -> str | None:
         "workload.mode": (point.workload.mode != "train", "train"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.ep": (p.ep > 1, "1"),
-        "parallel.recompute": (p.recompute != "none", "none (the captured graph recomputes what torch.compile does)"),
+        "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
+        "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.pp_schedule": (p.pp_schedule in ("zb_h1", "dualpipev"), "1f1b, gpipe or interleaved"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
@@ -117,12 +119,13 @@ class FxGenerator:
         p, w = point.parallel, point.workload
         name = factory_name(point.model)
         fuse = w.kernels == "fused"
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len, fuse)
+        recompute = p.recompute == "full"
+        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len, fuse, recompute)
         layer = self._layers.get(key)
         self.last_capture_s = 0.0
         if layer is None:
             start = time.perf_counter()
-            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp)
+            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute)
             shape, axes = captured.input_shape, captured.axes
             forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
             backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)

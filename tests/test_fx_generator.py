@@ -74,6 +74,8 @@ def test_tp_with_sp_gathers_and_scatters_each_branch(generator):
         (attention,) = [op for op in b.ops if op.category == "attention"]
         assert attention.attention is not None and attention.attention.causal
         assert attention.attention.backward == (b is bwd)
+    # the norms, decomposed into elementwise ATen ops, are one norm kernel each (as are their backwards)
+    assert [sum(op.category == "norm" for op in b.ops) for b in (fwd, bwd)] == [2, 2]
     # what reads a collective's result waits for it, and nothing else does: the overlap the graph allows
     gather = next(i for i, op in enumerate(fwd.ops) if op.category == Collective.ALL_GATHER)
     readers = [op for op in fwd.ops if gather in op.deps]

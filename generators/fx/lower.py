@@ -177,7 +177,7 @@ class _Lowering:
         if packet in EMBEDDINGS:
             return Op(name, OpKind.COMPUTE, "embedding", **common)
         flops = 0.0 if packet in COPIES else PER_ELEMENT.get(packet, 1.0) * elements
-        return Op(name, OpKind.COMPUTE, "elementwise", flops=flops, **common)
+        return Op(name, OpKind.COMPUTE, "norm" if _in_norm(node) else "elementwise", flops=flops, **common)
 
     def attention(self, node: fx.Node, name: str, common: dict) -> Op:
         backward = _packet(node) is dse_fx.attention_backward
@@ -212,6 +212,17 @@ class _Lowering:
             peak = max(peak, live)
             live -= sum(frees.pop(order[node], []))
         return peak
+
+
+def _in_norm(node: fx.Node) -> bool:
+    """Whether an op is part of a norm module's forward (RMSNorm, LayerNorm, a model's own ...Norm class): a norm
+    decomposed into its elementwise steps is still a norm kernel."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return False
+    _, module = list(stack.values())[-1]
+    name = module if isinstance(module, str) else getattr(module, "__name__", "")
+    return name.rsplit(".", 1)[-1].endswith("Norm")
 
 
 def _escapes(node: fx.Node, inside: set[fx.Node]) -> bool:

@@ -161,6 +161,18 @@ def test_capture_is_reused_across_points_of_one_layer_shape(generator):
     assert generator.last_capture_s > 0
 
 
+def test_larger_micro_batches_are_scaled_from_two_captures(generator):
+    """Beyond micro-batch 3 a layer is the line through its captures at 2 and 3: every op, the saved activations
+    and the temporaries as a capture at that micro-batch gives them; later micro-batches capture nothing."""
+    p = make_point(seq_len=SEQ, micro_batch=4, overrides=FACTORY, tp=2, dp=2, sp=True)
+    scaled = generator.layer(p)
+    assert generator.last_capture_s > 0
+    captured = FxGenerator()._captured(p, 4)
+    assert scaled.forward == captured.forward and scaled.backward == captured.backward
+    generator.layer(make_point(seq_len=SEQ, micro_batch=6, global_batch=12, overrides=FACTORY, tp=2, dp=2, sp=True))
+    assert generator.last_capture_s == 0.0
+
+
 def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
     with pytest.raises(CaptureError) as caught:
         generator.generate(point({"model.fx_factory": "fx_tiny_llama:branching"}, tp=2))

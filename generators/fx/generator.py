@@ -10,35 +10,30 @@ and its saved activation bytes for the captured forward's, so the schedule keeps
 forward call to its backward (liveness memory) as it does a symbolic layer's.
 
 A capture depends on the factory, the model, the tensor-parallel degree and sp, the micro-batch's shape and
-whether the layer is recomputed (full recompute: captured under activation checkpointing), not
-on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by
-every point that shares those, so a study pays it once per distinct layer shape.
+whether the layer is recomputed (full recompute: captured under activation checkpointing), not on dp, pp, ZeRO,
+the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by every point that
+shares those, so a study pays it once per distinct layer shape. Micro-batches above 3 are scaled from the captures
+at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures.
 """
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from dse.errors import InfeasibleError
 from dse.spec import DesignPoint
 from dse.workload import Workload
-from generators.fx.capture import CapturedLayer, capture_layer
+from generators.fx.capture import capture_layer
 from generators.fx.factories import factory_name, resolve
 from generators.fx.fsdp import with_fsdp
-from generators.fx.lower import LoweredGraph, lower_backward, lower_forward
+from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
+from generators.fx.scaling import HIGH, LOW, along_batch
 from generators.symbolic.blocks import LayerKey, Modules
 from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
 from generators.symbolic.skeleton import schedule_affinity
 from generators.symbolic.tracing import ModuleTracer
 
 CAPTURE_CACHE_SIZE = 32
-
-
-@dataclass(frozen=True)
-class LoweredLayer:
-    forward: LoweredGraph
-    backward: LoweredGraph
-    captured: CapturedLayer
 
 
 def unsupported(point: DesignPoint) -> str | None:
@@ -115,14 +110,22 @@ class FxGenerator:
         return replace(workload, point_key=point.key)
 
     def layer(self, point: DesignPoint) -> LoweredLayer:
-        """The lowered layer of the point's capture key, captured on first use."""
-        p, w = point.parallel, point.workload
-        name = factory_name(point.model)
-        fuse = w.kernels == "fused"
-        recompute = p.recompute == "full"
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, w.micro_batch, w.seq_len, fuse, recompute)
-        layer = self._layers.get(key)
+        """The lowered layer of the point: captured at its micro-batch up to HIGH, beyond that scaled from the
+        captures at LOW and HIGH where they agree in structure (`scaling`), else captured at it."""
         self.last_capture_s = 0.0
+        batch = point.workload.micro_batch
+        if batch <= HIGH:
+            return self._captured(point, batch)
+        scaled = along_batch(self._captured(point, LOW), self._captured(point, HIGH), batch)
+        return scaled if scaled is not None else self._captured(point, batch)
+
+    def _captured(self, point: DesignPoint, batch: int) -> LoweredLayer:
+        """The layer captured at micro-batch `batch`, kept by its capture key."""
+        p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
+        name = factory_name(point.model)
+        fuse, recompute = w.kernels == "fused", p.recompute == "full"
+        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute)
+        layer = self._layers.get(key)
         if layer is None:
             start = time.perf_counter()
             captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute)
@@ -130,7 +133,7 @@ class FxGenerator:
             forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
             backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)
             layer = self._layers[key] = LoweredLayer(forward, backward, captured)
-            self.last_capture_s = time.perf_counter() - start
+            self.last_capture_s += time.perf_counter() - start
             if len(self._layers) > CAPTURE_CACHE_SIZE:
                 self._layers.popitem(last=False)
         return layer

@@ -27,7 +27,7 @@ from torch import fx
 from torch.utils.flop_counter import flop_registry
 
 from dse.workload import BLOCK_INPUT, AttentionShape, Block, Collective, Op, OpKind
-from generators.fx.capture import CaptureError
+from generators.fx.capture import CapturedLayer, CaptureError
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -63,6 +63,15 @@ class LoweredGraph:
     block: Block
     saved_bytes: float
     """Forward only: bytes of the activations the forward keeps for backward (weights aside)."""
+
+
+@dataclass(frozen=True)
+class LoweredLayer:
+    """A captured layer, lowered: its forward and backward, and the capture they come from."""
+
+    forward: LoweredGraph
+    backward: LoweredGraph
+    captured: CapturedLayer
 
 
 def _packet(node: fx.Node) -> Any:

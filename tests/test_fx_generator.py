@@ -184,6 +184,8 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 def test_what_it_does_not_build_is_named(generator):
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
         generator.generate(point(dp=2, recompute="selective"))
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp': 8 would split model\.kv_heads=4"):
+        generator.generate(point(tp=8))
 
 
 def test_factories_by_name(generator, tmp_path, monkeypatch):

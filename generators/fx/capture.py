@@ -222,13 +222,14 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
 
 
 def _what_failed(exc: BaseException, block: nn.Module | None) -> str:
-    """One line: the error's first line, where in the user's code it arose and the submodule that code is in."""
-    cause: BaseException | None = exc
-    while cause is not None and str(cause).startswith("Observed exception"):  # dynamo's wrapper of the model's own
-        exc, cause = cause, cause.__cause__ or cause.__context__
-    exc = cause or exc
-    message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    frame = _user_frame(exc)
+    """One line: the model's own error (the innermost of dynamo's wrappers: 'Observed exception', 'RuntimeError
+    when making fake tensor call'), where in the user's code it arose and the submodule that code is in."""
+    chain = [exc]
+    while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 16:
+        chain.append(inner)
+    innermost = chain[-1]
+    message = next((line.strip() for line in str(innermost).splitlines() if line.strip()), type(innermost).__name__)
+    frame = next((f for f in map(_user_frame, chain) if f is not None), None)
     if frame is None:
         return message
     path, line, function = frame

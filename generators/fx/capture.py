@@ -11,7 +11,6 @@ so one is captured and its blocks serve every layer.
 
 import inspect
 import os
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ class CapturedLayer:
     """Process-group name -> mesh axis ("tp", "dp"), for the collectives' `group_name` argument."""
     parameters: int
     """Parameters of the whole model as the factory built it (unsharded)."""
-    seconds: float
 
 
 class _FirstBlockCalled(Exception):
@@ -169,7 +167,6 @@ def capture_layer(
 ) -> CapturedLayer:
     """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
     with `recompute`, under activation checkpointing."""
-    start = time.perf_counter()
     fake_world(dp * tp)
     mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
     graphs: dict[str, fx.GraphModule] = {}
@@ -204,8 +201,7 @@ def capture_layer(
         raise CaptureError(f"model factory '{name}': the block's backward was not captured")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
     axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
-    elapsed = time.perf_counter() - start
-    return CapturedLayer(graphs["forward"], graphs["backward"], local, axes, parameters, elapsed)
+    return CapturedLayer(graphs["forward"], graphs["backward"], local, axes, parameters)
 
 
 def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:

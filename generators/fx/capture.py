@@ -10,10 +10,12 @@ so one is captured and its blocks serve every layer.
 """
 
 import inspect
+import logging
 import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -33,11 +35,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
+
+# torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
+# model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
+logging.getLogger("torch._higher_order_ops.wrap").setLevel(logging.ERROR)
 
 _HERE = os.path.dirname(__file__)
 """Frames in this package's own modules are the capture's, not the model's (its models/ subpackage is a model)."""
@@ -144,15 +150,35 @@ def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tupl
     return kept["args"], kept["kwargs"]
 
 
-class _Checkpointed(nn.Module):
-    """A block under activation checkpointing (full recompute): the captured backward runs its forward again."""
+REGATHERED = {
+    torch.ops._c10d_functional.all_gather_into_tensor.default,
+    torch.ops._c10d_functional.wait_tensor.default,
+    torch.ops.aten.cat.default,
+    torch.ops.aten.split.Tensor,
+    torch.ops.aten.split_with_sizes.default,
+}
+"""What a sequence-parallel backward runs again instead of keeping: the all-gathers of the sequence shards (and
+the reshuffle of their output), as Megatron's SP does; everything else is kept where the partitioner likes."""
 
-    def __init__(self, block: nn.Module) -> None:
+
+def _regather(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_RECOMPUTE if op in REGATHERED else CheckpointPolicy.PREFER_SAVE
+
+
+class _Checkpointed(nn.Module):
+    """A block under activation checkpointing: `full` recompute runs its forward again in backward; otherwise the
+    selective policy `_regather`, so that sequence parallelism keeps the sequence shards, not their gathered
+    copies (torch.compile's partitioner keeps a collective's output rather than run it again)."""
+
+    def __init__(self, block: nn.Module, full: bool) -> None:
         super().__init__()
-        self.block = block
+        self.block, self.full = block, full
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+        if self.full:
+            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+        selective = partial(create_selective_checkpoint_contexts, _regather)
+        return checkpoint(self.block, *args, use_reentrant=False, context_fn=selective, **kwargs)
 
 
 def capture_layer(
@@ -188,7 +214,8 @@ def capture_layer(
                 parallelize_module(block, mesh["tp"], tp_plan(block, sp))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=True)
             torch._dynamo.reset()
-            captured = _Checkpointed(block) if recompute else block
+            regather = sp and tp > 1
+            captured = _Checkpointed(block, full=recompute) if recompute or regather else block
             compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
             compiled(x, *args[1:], **kwargs).sum().backward()
     except DseError:

@@ -28,7 +28,7 @@ from generators.fx.factories import factory_name, resolve
 from generators.fx.fsdp import with_fsdp
 from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
 from generators.fx.scaling import HIGH, LOW, along_batch
-from generators.symbolic.blocks import LayerKey, Modules
+from generators.symbolic.blocks import LayerKey, Modules, split_weight_gradients
 from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
 from generators.symbolic.skeleton import schedule_affinity
 from generators.symbolic.tracing import ModuleTracer
@@ -45,7 +45,6 @@ def unsupported(point: DesignPoint) -> str | None:
         "parallel.ep": (p.ep > 1, "1"),
         "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
         "parallel.recompute_every": (p.recompute_every > 1, "1"),
-        "parallel.pp_schedule": (p.pp_schedule in ("zb_h1", "dualpipev"), "1f1b, gpipe or interleaved"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
         "model.family": (m.moe is not None or m.ssm is not None or m.mla is not None, "a dense transformer"),
@@ -81,6 +80,12 @@ class _CapturedModules(ModuleTracer):
             for index, captured in variants:
                 if index is not None:
                     blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
+            if traced.backward_weight is not None:  # a zero-bubble schedule: the backward as its two halves
+                assert traced.backward is not None
+                halves = split_weight_gradients(blocks[traced.backward])
+                for index, half in zip((traced.backward, traced.backward_weight), halves, strict=True):
+                    if half is not None:
+                        blocks[index] = replace(half, name=blocks[index].name)
             layers[key] = replace(traced, saved_bytes=self.layer.forward.saved_bytes)
         return replace(modules, blocks=blocks, layers=layers)
 

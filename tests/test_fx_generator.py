@@ -152,6 +152,21 @@ def test_full_recompute_captures_the_block_under_activation_checkpointing(genera
     )
 
 
+def test_prefill_captures_the_forward_alone(generator):
+    """Inference: the block's forward graph without autograd; no backward, and the KV cache the symbolic
+    generator holds (the model code writes none: its two cache-write ops are the difference)."""
+    p = point({**FACTORY, "workload.mode": "prefill"}, tp=2, dp=2, sp=True)
+    ours, theirs = generator.generate(p), SymbolicGenerator().generate(p)
+    assert generator.layer(p).backward is None
+    assert not any(b.name.startswith("layer.backward") for b in ours.blocks)
+    fwd, symbolic_fwd = block(ours, "layer.forward"), block(theirs, "layer.forward")
+    assert gemm_flops(fwd) == gemm_flops(symbolic_fwd) and comm(fwd) == comm(symbolic_fwd)
+    model = AnalyticalCostModel()
+    assert model.simulate(ours, p.system).peak_memory_bytes == pytest.approx(
+        model.simulate(theirs, p.system).peak_memory_bytes, rel=0.05
+    )
+
+
 def test_capture_is_reused_across_points_of_one_layer_shape(generator):
     """dp, pp, the global batch and the system leave the layer's graphs as they are: captured once."""
     generator.generate(point(tp=2, dp=2, sp=True))
@@ -184,6 +199,8 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 
 
 def test_what_it_does_not_build_is_named(generator):
+    with pytest.raises(InfeasibleError, match=r"field 'workload\.mode'"):
+        generator.generate(point({**FACTORY, "workload.mode": "decode"}))
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
         generator.generate(point(dp=2, recompute="selective"))
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp': 8 would split model\.kv_heads=4"):

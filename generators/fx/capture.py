@@ -59,7 +59,8 @@ class CapturedLayer:
     """One block's graphs and what the lowering needs to read them."""
 
     forward: fx.GraphModule
-    backward: fx.GraphModule
+    backward: fx.GraphModule | None
+    """None for an inference capture."""
     input_shape: tuple[int, ...]
     """The block input's local shape: the forward placeholder it is, the backward output that is its gradient."""
     axes: dict[str, str]
@@ -190,9 +191,10 @@ def capture_layer(
     dp: int,
     sp: bool,
     recompute: bool = False,
+    train: bool = True,
 ) -> CapturedLayer:
     """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
-    with `recompute`, under activation checkpointing."""
+    with `recompute`, under activation checkpointing; without `train`, its forward alone (inference)."""
     fake_world(dp * tp)
     mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
     graphs: dict[str, fx.GraphModule] = {}
@@ -212,23 +214,28 @@ def capture_layer(
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             if tp > 1:
                 parallelize_module(block, mesh["tp"], tp_plan(block, sp))
-            x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=True)
+            x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             torch._dynamo.reset()
             regather = sp and tp > 1
-            captured = _Checkpointed(block, full=recompute) if recompute or regather else block
+            checkpointed = train and (recompute or regather)
+            captured = _Checkpointed(block, full=recompute) if checkpointed else block
             compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
-            compiled(x, *args[1:], **kwargs).sum().backward()
+            if train:
+                compiled(x, *args[1:], **kwargs).sum().backward()
+            else:
+                with torch.no_grad():
+                    compiled(x, *args[1:], **kwargs)
     except DseError:
         raise
     except Exception as exc:
         raise CaptureError(f"model factory '{name}': {_what_failed(exc, block)}") from None
     finally:
         torch._dynamo.reset()
-    if set(graphs) != {"forward", "backward"}:
-        raise CaptureError(f"model factory '{name}': the block's backward was not captured")
+    if set(graphs) != ({"forward", "backward"} if train else {"forward"}):
+        raise CaptureError(f"model factory '{name}': the block's graphs were not captured ({sorted(graphs)})")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
     axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
-    return CapturedLayer(graphs["forward"], graphs["backward"], local, axes, parameters)
+    return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
 
 
 def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:

@@ -40,7 +40,7 @@ def unsupported(point: DesignPoint) -> str | None:
     """What of the point the fx generator does not build yet (its captured layer would not stand for it)."""
     p, m = point.parallel, point.model
     checks = {
-        "workload.mode": (point.workload.mode != "train", "train"),
+        "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.ep": (p.ep > 1, "1"),
         "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
@@ -71,14 +71,15 @@ class _CapturedModules(ModuleTracer):
         modules = super().modules(keys)
         blocks = list(modules.blocks)
         layers = {}
-        forward, backward = self.layer.forward.block, self.layer.backward.block
+        forward = self.layer.forward.block
+        backward = None if self.layer.backward is None else self.layer.backward.block
         for key, traced in modules.layers.items():
             # the forward and backward, and the variants some ZeRO-3 schedules run: a forward that finds the
             # weights still gathered, a backward that leaves its gradients unreduced until the step's last
             variants = ((traced.forward, forward), (traced.held_forward, forward))
             variants += ((traced.backward, backward), (traced.unsynced, backward))
             for index, captured in variants:
-                if index is not None:
+                if index is not None and captured is not None:
                     blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
             if traced.backward_weight is not None:  # a zero-bubble schedule: the backward as its two halves
                 assert traced.backward is not None
@@ -133,15 +134,17 @@ class FxGenerator:
         """The layer captured at micro-batch `batch`, kept by its capture key."""
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
-        fuse, recompute = w.kernels == "fused", p.recompute == "full"
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute)
+        fuse, recompute, train = w.kernels == "fused", p.recompute == "full", w.mode == "train"
+        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute, train)
         layer = self._layers.get(key)
         if layer is None:
             start = time.perf_counter()
-            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute)
+            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train)
             shape, axes = captured.input_shape, captured.axes
             forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
-            backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)
+            backward = None
+            if captured.backward is not None:
+                backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)
             layer = self._layers[key] = LoweredLayer(forward, backward, captured)
             self.last_capture_s += time.perf_counter() - start
             if len(self._layers) > CAPTURE_CACHE_SIZE:

@@ -70,7 +70,8 @@ class LoweredLayer:
     """A captured layer, lowered: its forward and backward, and the capture they come from."""
 
     forward: LoweredGraph
-    backward: LoweredGraph
+    backward: LoweredGraph | None
+    """None for an inference capture."""
     captured: CapturedLayer
 
 

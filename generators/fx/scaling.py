@@ -22,7 +22,10 @@ LOW, HIGH = 2, 3
 def along_batch(low: LoweredLayer, high: LoweredLayer, batch: int) -> LoweredLayer | None:
     """The layer at micro-batch `batch` from its captures at LOW and HIGH; None when those differ in structure."""
     t = (batch - LOW) / (HIGH - LOW)
-    forward, backward = _graph(low.forward, high.forward, t), _graph(low.backward, high.backward, t)
+    forward = _graph(low.forward, high.forward, t)
+    if low.backward is None or high.backward is None:
+        return None if forward is None or low.backward != high.backward else LoweredLayer(forward, None, low.captured)
+    backward = _graph(low.backward, high.backward, t)
     if forward is None or backward is None:
         return None
     return LoweredLayer(forward, backward, low.captured)

@@ -214,3 +214,43 @@ def test_hugging_face_models_capture_with_fused_attention(model) -> None:
     assert forward.count(SDPA_CPU) == 2
     assert backward.count(SDPA_CPU_BACKWARD) == 2
     assert not any(op in forward + backward for op in DATA_DEPENDENT)
+
+
+@pytest.fixture
+def fake_group():
+    """A fake process group of 2 ranks (collectives are recorded, never run) and its 1-D CPU mesh."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    assert not dist.is_initialized()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("model", "factory"), [("tiny-llama", llama), ("tiny-moe", moe)])
+def test_torchtitans_tensor_parallel_plan_applies_and_captures(fake_group, model, factory) -> None:
+    """parallelize_module with the plan (TP 2, sequence parallel) on the meta model: every weight matrix is split
+    in two but the norms (and, for now, the MoE's router and experts); the captured step keeps one fused SDPA per
+    layer each way and shows SP's all-gathers and reduce-scatters as functional collectives."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from generators.fx.models.plans import tensor_parallel_plan
+
+    point = make_point({"base": model, "layers": 2})
+    module = on_meta(factory, point)
+    total = sum(p.numel() for p in module.parameters())
+    norms = 5 * point.model.hidden
+    whole = norms + sum(p.numel() for n, p in module.named_parameters() if ".moe." in n)
+    parallelize_module(module, fake_group, tensor_parallel_plan(module, sequence_parallel=True))
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
+    assert local == (total - whole) // 2 + whole
+    forward, backward = capture(module, 2, 256)
+    assert forward.count(SDPA_CPU) == backward.count(SDPA_CPU_BACKWARD) == 2
+    for graph in (forward, backward):
+        assert "_c10d_functional.all_gather_into_tensor.default" in graph
+        assert "_c10d_functional.reduce_scatter_tensor.default" in graph

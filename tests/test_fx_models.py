@@ -233,9 +233,9 @@ def fake_group():
 
 @pytest.mark.parametrize(("model", "factory"), [("tiny-llama", llama), ("tiny-moe", moe)])
 def test_torchtitans_tensor_parallel_plan_applies_and_captures(fake_group, model, factory) -> None:
-    """parallelize_module with the plan (TP 2, sequence parallel) on the meta model: every weight matrix is split
-    in two but the norms (and, for now, the MoE's router and experts); the captured step keeps one fused SDPA per
-    layer each way and shows SP's all-gathers and reduce-scatters as functional collectives."""
+    """parallelize_module with the plan (TP 2, sequence parallel) on the meta model: every weight is split in two
+    but the norms and the MoE's router; the captured step keeps one fused SDPA per layer each way and shows SP's
+    all-gathers and reduce-scatters (and the experts' slot gathers) as functional collectives."""
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -245,7 +245,7 @@ def test_torchtitans_tensor_parallel_plan_applies_and_captures(fake_group, model
     module = on_meta(factory, point)
     total = sum(p.numel() for p in module.parameters())
     norms = 5 * point.model.hidden
-    whole = norms + sum(p.numel() for n, p in module.named_parameters() if ".moe." in n)
+    whole = norms + sum(p.numel() for n, p in module.named_parameters() if ".router." in n)
     parallelize_module(module, fake_group, tensor_parallel_plan(module, sequence_parallel=True))
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in module.parameters())
     assert local == (total - whole) // 2 + whole
@@ -254,3 +254,27 @@ def test_torchtitans_tensor_parallel_plan_applies_and_captures(fake_group, model
     for graph in (forward, backward):
         assert "_c10d_functional.all_gather_into_tensor.default" in graph
         assert "_c10d_functional.reduce_scatter_tensor.default" in graph
+
+
+def test_weights_whole_on_every_tp_rank_end_with_partial_gradients(fake_group) -> None:
+    """Under SP the norms and the router see only their rank's tokens: their gradients come out of the backward
+    as Partial(sum) DTensors, whose TP all-reduce is not in the captured graph (DTensor runs it when the gradient
+    is read, by clipping or the optimizer) and is for the generator to add, as the symbolic generator has it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from generators.fx.models.plans import tensor_parallel_plan
+
+    module = on_meta(moe, make_point({"base": "tiny-moe", "layers": 1}))
+    parallelize_module(module, fake_group, tensor_parallel_plan(module, sequence_parallel=True))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module = module.to_empty(device="cpu")
+        module(torch.zeros(2, 64, dtype=torch.long)).to_local().float().sum().backward()
+    partial = {n for n, p in module.named_parameters() if p.grad.placements == (Partial(),)}
+    assert partial == {
+        "layers.0.attention_norm.weight",
+        "layers.0.ffn_norm.weight",
+        "layers.0.moe.router.gate.weight",
+        "norm.weight",
+    }

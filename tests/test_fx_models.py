@@ -278,3 +278,14 @@ def test_weights_whole_on_every_tp_rank_end_with_partial_gradients(fake_group) -
         "layers.0.moe.router.gate.weight",
         "norm.weight",
     }
+
+
+def test_both_rope_implementations_rotate_alike() -> None:
+    """rope_impl real (cos/sin on real pairs, no complex dtype in the graph) gives what complex gives."""
+    fields = {"family": "llama", "heads": 2, "kv_heads": 1, "ffn": 24, "dtype": "fp32", "activation": "swiglu"}
+    workload = make_point("tiny-llama", seq_len=8).workload
+    models = [llama(_spec(**fields, rope_impl=impl), workload) for impl in ("complex", "real")]
+    models[1].load_state_dict(models[0].state_dict())
+    tokens = torch.randint(0, 32, (2, 8))
+    torch.testing.assert_close(models[1](tokens), models[0](tokens))
+    assert models[0].freqs_cis.is_complex() and not models[1].freqs_cis.is_complex()

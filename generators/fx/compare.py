@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dse import plugins
 from dse.interfaces import CostModel
 from dse.spec import DesignPoint
 from dse.workload import OpKind, TensorKind, Workload, expand
@@ -43,11 +44,9 @@ class ClassFigures:
 
 def figures(workload: Workload, point: DesignPoint, cost_model: CostModel | None = None) -> list[ClassFigures]:
     """The figures of every rank class, in rank-class order; peak memory from `cost_model` (default: the
-    analytical model) on the point's system."""
+    analytical model, found through its entry point) on the point's system."""
     if cost_model is None:
-        from simulators.analytical import AnalyticalCostModel
-
-        cost_model = AnalyticalCostModel()
+        cost_model = plugins.cost_model(plugins.DEFAULT_COST_MODEL)
     result = cost_model.simulate(workload, point.system)
     out = []
     for program, priced in zip(workload.programs, result.classes, strict=True):
@@ -130,7 +129,6 @@ def render(rows: Sequence[Row], a: str = "a", b: str = "b") -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dse import plugins
     from dse.errors import DseError
     from dse.point.feasibility import check_feasible
     from dse.point.points import load_point

@@ -289,3 +289,21 @@ def test_both_rope_implementations_rotate_alike() -> None:
     tokens = torch.randint(0, 32, (2, 8))
     torch.testing.assert_close(models[1](tokens), models[0](tokens))
     assert models[0].freqs_cis.is_complex() and not models[1].freqs_cis.is_complex()
+
+
+def test_a_meta_model_materialised_gets_its_rope_table_back() -> None:
+    point = make_point("tiny-llama", seq_len=64)
+    module = on_meta(llama, point).to_empty(device="cpu")
+    module.init_buffers()
+    torch.testing.assert_close(module.freqs_cis, llama(point.model, point.workload).freqs_cis)
+
+
+def test_hf_without_transformers_says_how_to_install_it() -> None:
+    from importlib.util import find_spec
+
+    from generators.fx.models.hf import hf
+
+    if find_spec("transformers") is not None:
+        pytest.skip("transformers is installed (its models are tested above)")
+    with pytest.raises(ValueError, match="needs transformers: pip install transformers"):
+        hf(make_point("tiny-llama").model, make_point("tiny-llama").workload)

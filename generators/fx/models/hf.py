@@ -1,0 +1,80 @@
+"""Hugging Face causal-LM models built from a `ModelSpec`: the config is written in code from the spec (LlamaConfig
+for the llama family, MixtralConfig for mixtral), the model built by `_from_config`, so nothing is downloaded and,
+under `with torch.device("meta")`, nothing is allocated.
+
+`transformers` is optional: without it the factory says how to install it. The model keeps Hugging Face's own
+module names (model.layers[i].self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj; Mixtral's mlp.gate and fused
+mlp.experts.{gate_up_proj,down_proj}), which its config's `base_model_tp_plan` targets, not torchtitan's.
+"""
+
+from importlib.util import find_spec
+from typing import Any
+
+import torch
+from torch import nn
+
+from dse.spec import ModelSpec, WorkloadSpec
+from generators.fx.models.layers import NORM_EPS, ROPE_THETA, dtype_of
+
+
+class HFCausalLM(nn.Module):
+    """A Hugging Face causal LM behind the reference-model interface: tokens [batch, seq] -> logits, blocks as
+    `.layers` (the Hugging Face model's own ModuleList, not a copy)."""
+
+    def __init__(self, causal_lm: nn.Module) -> None:
+        super().__init__()
+        self.hf = causal_lm
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.hf.model.layers
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.hf(input_ids=tokens, use_cache=False).logits
+
+
+def _refuse(m: ModelSpec, why: str) -> None:
+    raise ValueError(f"model '{m.name}': {why} has no Hugging Face config in the fx model factory 'hf'")
+
+
+def hf_config(m: ModelSpec, w: WorkloadSpec) -> Any:
+    """The spec as a LlamaConfig (llama) or MixtralConfig (mixtral); anything those cannot say is refused."""
+    import transformers
+
+    if m.family not in ("llama", "mixtral"):
+        _refuse(m, f"family '{m.family}'")
+    if m.norm != "rmsnorm" or m.activation != "swiglu" or m.position != "rope":
+        _refuse(m, "a model without RMSNorm, SwiGLU and RoPE")
+    common = {
+        "vocab_size": m.vocab,
+        "hidden_size": m.hidden,
+        "num_hidden_layers": m.layers,
+        "num_attention_heads": m.heads,
+        "num_key_value_heads": m.n_kv_heads,
+        "head_dim": m.d_head,
+        "max_position_embeddings": w.seq_len,
+        "rms_norm_eps": NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": m.tied_embeddings,
+    }
+    if m.moe is None:
+        return transformers.LlamaConfig(intermediate_size=m.ffn, attention_bias=m.bias, mlp_bias=m.bias, **common)
+    if m.bias or m.moe.shared_experts or m.moe.first_dense_layers:
+        _refuse(m, "an MoE with biases, shared experts or leading dense layers")
+    return transformers.MixtralConfig(
+        intermediate_size=m.moe.expert_ffn,
+        num_local_experts=m.moe.experts,
+        num_experts_per_tok=m.moe.top_k,
+        **common,
+    )
+
+
+def hf(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
+    """LlamaForCausalLM / MixtralForCausalLM of the spec, with PyTorch SDPA attention, weights in the spec's dtype."""
+    if find_spec("transformers") is None:
+        raise ValueError("the fx model factory 'hf' needs transformers: pip install transformers")
+    import transformers
+
+    config = hf_config(model, workload)
+    cls = transformers.MixtralForCausalLM if model.moe else transformers.LlamaForCausalLM
+    return HFCausalLM(cls._from_config(config, dtype=dtype_of(model), attn_implementation="sdpa"))

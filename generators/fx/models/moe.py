@@ -1,0 +1,115 @@
+"""A mixture-of-experts MLP whose routing captures as one static graph: token-choice top-k routing with a fixed
+capacity per expert, dispatch and combine by index (gather / scatter), the experts as batched GEMMs.
+
+Why not the usual eager code: Mixtral's reference loops over experts and indexes the tokens each one got
+(`torch.where(mask)`), whose sizes depend on the data, which a graph captured on fake tensors cannot hold. Here
+every expert has `capacity` token slots, so every shape follows from batch x sequence alone:
+
+- slots: `capacity = ceil(capacity_factor * tokens * top_k / experts)`; tokens take them first choice first
+  (Switch Transformer's priority), and a copy beyond its expert's capacity is dropped (it contributes zero and
+  its token keeps the residual), as in GShard/Switch.
+- dispatch gathers each slot's token (an index op, no FLOPs); combine gathers each token's k expert outputs back
+  and sums them weighted by the renormalised top-k gates (Mixtral's softmax over the top-k logits).
+
+With capacity_factor 1 and tokens x top_k a multiple of the experts, the experts' GEMMs are exactly those of the
+symbolic generator's MoE (c = b s top_k / e slots per expert: perfectly balanced routing), and the router is the
+same h x e GEMM; no one-hot GEMM is used for dispatch, so no FLOPs appear that a GPU MoE does not run.
+
+Module names are torchtitan's (`router.gate`, `experts.w1/w2/w3`, `shared_experts`) and the expert weights keep
+nn.Linear's (out, in) layout per expert, so expert- and tensor-parallel plans shard w1/w3 on dim 1 and w2 on dim 2.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dse.spec import ModelSpec
+from generators.fx.models.layers import FeedForward, dtype_of, linear
+
+
+class TopKRouter(nn.Module):
+    """Scores each token against every expert (one h x e GEMM) and keeps its top_k, gates renormalised."""
+
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__()
+        assert m.moe is not None
+        self.top_k = m.moe.top_k
+        self.gate = linear(m, m.hidden, m.moe.experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [tokens, hidden] -> (gates [tokens, top_k] in x's dtype, expert ids [tokens, top_k])."""
+        logits, experts = self.gate(x).topk(self.top_k, dim=-1)
+        return F.softmax(logits.float(), dim=-1).type_as(x), experts
+
+
+class GroupedExperts(nn.Module):
+    """`experts` MLPs of width expert_ffn, as stacked weights run by batched GEMMs over [experts, slots, hidden]."""
+
+    def __init__(self, m: ModelSpec) -> None:
+        super().__init__()
+        assert m.moe is not None
+        e, h, r, dtype = m.moe.experts, m.hidden, m.moe.expert_ffn, dtype_of(m)
+        self.w1 = nn.Parameter(torch.empty(e, r, h, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(e, h, r, dtype=dtype))
+        self.w3 = nn.Parameter(torch.empty(e, r, h, dtype=dtype)) if m.activation == "swiglu" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = torch.bmm(x, self.w1.transpose(1, 2))
+        act = F.gelu(up) if self.w3 is None else F.silu(up) * torch.bmm(x, self.w3.transpose(1, 2))
+        return torch.bmm(act, self.w2.transpose(1, 2))
+
+
+class MoE(nn.Module):
+    """Router, capacity-bounded dispatch, grouped experts, weighted combine; shared experts densely beside them."""
+
+    def __init__(self, m: ModelSpec, capacity_factor: float = 1.0) -> None:
+        super().__init__()
+        assert m.moe is not None
+        self.experts_count, self.capacity_factor = m.moe.experts, capacity_factor
+        self.router = TopKRouter(m)
+        self.experts = GroupedExperts(m)
+        shared = m.moe.shared_experts * m.moe.expert_ffn
+        self.shared_experts = FeedForward(m, shared) if shared else None
+
+    def capacity(self, tokens: int) -> int:
+        """Token slots per expert for `tokens` tokens."""
+        return math.ceil(self.capacity_factor * tokens * self.router.top_k / self.experts_count)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        tokens, e = flat.shape[0], self.experts_count
+        slots = self.capacity(tokens)
+        gates, experts = self.router(flat)
+        # choice-major order (every token's first choice, then every second choice) gives first choices priority
+        expert_of = experts.t().reshape(-1)
+        token_of = torch.arange(tokens, device=x.device).repeat(self.router.top_k)
+        chosen = (expert_of.unsqueeze(1) == torch.arange(e, device=x.device)).long()
+        position = (chosen.cumsum(0) * chosen).sum(1) - 1
+        # a copy past its expert's capacity goes to the spare slot e * slots, which nothing reads
+        slot = torch.where(position < slots, expert_of * slots + position, e * slots)
+        padded = torch.cat((flat, flat.new_zeros(1, shape[-1])))  # row `tokens`: the zeros an empty slot reads
+        source = torch.full((e * slots + 1,), tokens, device=x.device).scatter(0, slot, token_of)
+        out = self.experts(padded[source[:-1]].view(e, slots, -1))
+        outputs = torch.cat((out.reshape(e * slots, -1), out.new_zeros(1, shape[-1])))
+        weighted = outputs[slot] * gates.t().reshape(-1, 1)
+        y = weighted.view(self.router.top_k, tokens, -1).sum(0)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(flat)
+        return y.view(shape)
+
+
+def active_parameter_count(model: nn.Module) -> int:
+    """Parameters one token uses: all but the routed experts', of which top_k of `experts` count (modelstats'
+    `active_param_count` convention: embedding tables included, a tied table once)."""
+    share = {id(moe.experts): moe.router.top_k / moe.experts_count for moe in model.modules() if isinstance(moe, MoE)}
+    seen: set[int] = set()
+    total = 0.0
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * share.get(id(module), 1.0)
+    return round(total)

@@ -1,0 +1,75 @@
+"""The agreement harness of issue 22 (generators/fx/compare.py): the figures it reads from a workload, that a
+workload agrees with itself exactly, and that it flags a figure out of its tolerance. Run on the symbolic generator
+alone here; the FX generator's agreement with it is checked the same way."""
+
+import pytest
+
+from dse.modelstats import matmul_params, param_count
+from generators.fx.compare import compare, figures, main, render
+from generators.symbolic import SymbolicGenerator
+from tests.helpers import make_point
+
+SHAPES = [{}, {"tp": 2, "sp": True, "dp": 2, "pp": 2}, {"dp": 4, "zero": 3}]
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-moe"])
+def test_one_device_figures_are_the_models(model) -> None:
+    """On one rank: every parameter, and GEMM FLOPs of 6 x tokens x the matmul parameters (norm weights multiply
+    nothing), which is what torch's flop counter gives for the FX reference models (tests/test_fx_models.py)."""
+    point = make_point(model, seq_len=256, global_batch=8)
+    m = point.model
+    (only,) = figures(SymbolicGenerator().generate(point), point)
+    assert (only.name, only.ranks, only.parameters) == ("stage0", 1, param_count(m))
+    assert only.gemm_flops == 6 * 8 * 256 * (matmul_params(m) - (2 * m.layers + 1) * m.hidden)
+    assert dict(only.comm_bytes) == {}
+    assert only.peak_memory_bytes > 16 * param_count(m)  # weights, gradients and fp32 Adam states at the least
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [(m, s) for m in ("tiny-llama", "tiny-moe") for s in SHAPES] + [("tiny-moe", {"tp": 2, "dp": 4, "ep": 2})],
+)
+def test_a_generator_agrees_with_itself_exactly(model, shape) -> None:
+    """Two workloads of the same point from two generator instances (the sanity check FX vs FX must pass too)."""
+    point = make_point(model, seq_len=256, global_batch=8, **shape)
+    a, b = (figures(SymbolicGenerator().generate(point), point) for _ in range(2))
+    rows = compare(a, b)
+    assert all(r.ok and r.difference == 0 for r in rows)
+    checked = {r.figure for r in rows if r.tolerance is not None}
+    assert {"parameters on a rank", "GEMM FLOPs", "peak memory bytes"} <= checked
+    if shape:
+        assert any(r.figure.endswith(" bytes") and r.a > 0 for r in rows if r.figure != "peak memory bytes")
+
+
+def test_it_flags_figures_beyond_their_tolerance() -> None:
+    """A wider MLP (688 -> 700, +1.7 % of the layer's GEMMs, +1.7 % of its weights): parameters and GEMM FLOPs are
+    off, and the table says so; the collectives' bytes (activations, unchanged) agree."""
+    shape = {"tp": 2, "sp": True, "dp": 2}
+    base = make_point("tiny-llama", seq_len=256, global_batch=8, **shape)
+    wider = make_point({"base": "tiny-llama", "ffn": 700}, seq_len=256, global_batch=8, **shape)
+    rows = {r.figure: r for r in compare(*(figures(SymbolicGenerator().generate(p), p) for p in (wider, base)))}
+    assert not rows["parameters on a rank"].ok
+    assert not rows["GEMM FLOPs"].ok
+    assert 0.01 < rows["GEMM FLOPs"].difference < 0.02
+    assert rows["all_gather bytes"].ok and rows["reduce_scatter bytes"].ok
+    table = render(list(rows.values()), "wider", "base")
+    assert "| stage0 | GEMM FLOPs |" in table and "| NO |" in table
+
+
+def test_rank_classes_must_match() -> None:
+    one = make_point("tiny-llama", seq_len=256, global_batch=8)
+    two = make_point("tiny-llama", seq_len=256, global_batch=8, pp=2)
+    with pytest.raises(ValueError, match="1 and 2 rank classes"):
+        compare(*(figures(SymbolicGenerator().generate(p), p) for p in (one, two)))
+
+
+def test_command_prints_the_table_and_exits_by_the_verdict(tmp_path, capsys) -> None:
+    point = tmp_path / "point.yaml"
+    point.write_text(
+        "model: tiny-llama\nworkload: {seq_len: 256, global_batch: 8}\nparallel: {tp: 2, dp: 4}\nsystem: tiny-ring\n"
+    )
+    assert main([str(point), "--a", "symbolic", "--b", "symbolic"]) == 0
+    out = capsys.readouterr().out
+    assert "| rank class | figure | symbolic | symbolic |" in out and "| stage0 | all_reduce bytes |" in out
+    assert main([str(point), "--a", "no-such-generator"]) == 2
+    assert "unknown generator 'no-such-generator'" in capsys.readouterr().err

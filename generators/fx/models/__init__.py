@@ -5,10 +5,8 @@ Registered as entry points of the group `dse.fx_models` (`llama`, `moe`, and `hf
 `transformers` is installed); a user's own factory has the same signature. Every factory builds on whatever device
 is current, so under `with torch.device("meta")` no weight is allocated, at any scale.
 
-Capturing one (as tests/test_fx_models.py does): build on meta; split it with `parallelize_module` and
-`plans.tensor_parallel_plan` under a fake process group; make it fake on the CPU
-(`with FakeTensorMode(allow_non_fake_inputs=True): model.to_empty(device="cpu")`), not on meta, where SDPA falls
-back to its unfused math path; then `torch.compile(model, backend=<aot_autograd>, fullgraph=True)` on fake tokens.
+The fx generator captures their blocks (generators/fx/capture.py: its tensor-parallel plan is torchtitan's
+LLaMA plan for a block).
 """
 
 from torch import nn

@@ -2,7 +2,9 @@
 
 import contextlib
 import io
+import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,27 @@ def process_running(pid: int) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@contextlib.contextmanager
+def installed_plugin(
+    tmp_path: Path, monkeypatch: Any, name: str, entry_points: str, caches: list[Any], source: str = ""
+) -> Iterator[None]:
+    """A user's plugin as installed: a distribution `name` on sys.path whose entry_points.txt is `entry_points`,
+    with the module `<name>.py` holding `source` when given. `caches` (the functools caches that read entry
+    points) are cleared on the way in and out, so the plugin is found inside and forgotten after."""
+    if source:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    info = tmp_path / f"{name}-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for cache in caches:
+        cache.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        for cache in caches:
+            cache.cache_clear()

@@ -11,9 +11,9 @@ collective alone (dse.interfaces.CollectiveCostModel); one that does not still g
 """
 
 import json
-import textwrap
 
 import pytest
+from helpers import installed_plugin
 
 from dse import plugins
 from dse.cli.main import main
@@ -159,16 +159,9 @@ SIMULATE_ONLY = """
 @pytest.fixture
 def simulate_only_plugin(tmp_path, monkeypatch):
     """A cost model installed as a user's plugin is: a distribution on sys.path declaring the entry point."""
-    (tmp_path / "simulate_only_plugin.py").write_text(textwrap.dedent(SIMULATE_ONLY))
-    info = tmp_path / "simulate_only_plugin-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: simulate-only-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[dse.simulators]\nsimulate-only = simulate_only_plugin:SimulateOnly\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins._registry.cache_clear()
-    yield "simulate-only"
-    monkeypatch.undo()
-    plugins._registry.cache_clear()
+    entry = "[dse.simulators]\nsimulate-only = simulate_only_plugin:SimulateOnly\n"
+    with installed_plugin(tmp_path, monkeypatch, "simulate_only_plugin", entry, [plugins._registry], SIMULATE_ONLY):
+        yield "simulate-only"
 
 
 def test_calibrate_a_cost_model_that_prices_no_collective_alone(simulate_only_plugin, rows, capsys):

@@ -11,9 +11,8 @@ import yaml
 pytest.importorskip("torch")
 
 from conftest import ROOT
-from helpers import make_point
+from helpers import installed_plugin, make_point
 
-from dse import plugins
 from dse.cli.main import main
 from dse.errors import DseError, InfeasibleError, PluginError, SpecError
 from dse.workload import Block, Collective, OpKind, Workload
@@ -212,19 +211,11 @@ def test_factories_by_name(generator, tmp_path, monkeypatch):
     naming model.fx_factory for an unknown one."""
     from generators.fx import factories
 
-    info = tmp_path / "fx_tiny-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-tiny\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[dse.fx_models]\ntiny-test = fx_tiny_llama:llama\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    factories._registered.cache_clear()
-    try:
+    entry = "[dse.fx_models]\ntiny-test = fx_tiny_llama:llama\n"
+    with installed_plugin(tmp_path, monkeypatch, "fx_tiny", entry, [factories._registered]):
         assert generator.generate(point({"model.fx_factory": "tiny-test"}, tp=2)).blocks
         with pytest.raises(SpecError, match=r"field 'model.fx_factory': no FX model factory 'nope'.*tiny-test"):
             generator.generate(point({"model.fx_factory": "nope"}))
-    finally:
-        monkeypatch.undo()
-        factories._registered.cache_clear()
 
 
 def test_without_torch_choosing_fx_says_how_to_install(monkeypatch):
@@ -234,24 +225,10 @@ def test_without_torch_choosing_fx_says_how_to_install(monkeypatch):
     assert isinstance(caught.value, DseError)
 
 
-@pytest.fixture
-def fx_installed(tmp_path, monkeypatch):
-    """The `fx` generator entry point, as pyproject declares it, for a venv installed before it existed."""
-    info = tmp_path / "fx_generator-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fx-generator\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[dse.generators]\nfx = generators.fx:fx_generator\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins._registry.cache_clear()
-    yield
-    monkeypatch.undo()
-    plugins._registry.cache_clear()
-
-
 SPACE = {"parallel.tp": {"choices": [1, 2]}, "parallel.pp": {"choices": [1, 2]}}
 
 
-def test_a_study_with_the_fx_generator_runs_end_to_end(fx_installed, tmp_path):
+def test_a_study_with_the_fx_generator_runs_end_to_end(tmp_path):
     """`generator: fx` on the analytical model: its points priced, and a model it cannot capture fails its trials
     with the module named, the study going on."""
     base = {**SMALL["base"], "model": {"base": "tiny-llama", "fx_factory": "fx_tiny_llama:llama"}}

@@ -8,7 +8,6 @@ points is a plugin installed by the test, run inline (a Ray worker would not see
 """
 
 import json
-import textwrap
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import ray
 import yaml
 from conftest import ROOT
-from helpers import run_cli
+from helpers import installed_plugin, run_cli
 from mlflow import MlflowClient
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
@@ -173,16 +172,9 @@ SKEWED = """
 @pytest.fixture
 def skewed(tmp_path, monkeypatch):
     """The refiner installed as a user's plugin is: a distribution on sys.path declaring the entry point."""
-    (tmp_path / "skewed_plugin.py").write_text(textwrap.dedent(SKEWED))
-    info = tmp_path / "skewed_plugin-0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: skewed-plugin\nVersion: 0\n")
-    (info / "entry_points.txt").write_text("[dse.simulators]\nskewed = skewed_plugin:Skewed\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    plugins._registry.cache_clear()
-    yield "skewed"
-    monkeypatch.undo()
-    plugins._registry.cache_clear()
+    entry = "[dse.simulators]\nskewed = skewed_plugin:Skewed\n"
+    with installed_plugin(tmp_path, monkeypatch, "skewed_plugin", entry, [plugins._registry], SKEWED):
+        yield "skewed"
 
 
 def test_a_refiner_that_disagrees_or_fails_keeps_the_screened_results_and_says_where(skewed, tmp_path, capsys):

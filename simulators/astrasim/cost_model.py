@@ -1,8 +1,6 @@
 """The ASTRA-sim cost model: a workload's Chakra traces and our system's network run through the real simulator."""
 
-import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from simulators.astrasim.parse import RankStats, parse_log
 from simulators.astrasim.runner import AstraSimError, resolve_binary, run
 from simulators.astrasim.scaling import scaled_world
 from simulators.astrasim.timeline import time_by_category, timeline_events
+from simulators.external import run_folder
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
@@ -91,7 +90,7 @@ class AstraSimCostModel:
                 f"ASTRA-sim's congestion-aware backend simulates 1-D networks only; system '{system.name}' has "
                 f"{len(sizes)} dimensions (a torus counts one per side): use backend congestion_unaware"
             )
-        folder = self._run_folder(workload.point_key)
+        folder = run_folder(self.options.keep_runs, workload.point_key, "astrasim")
         try:
             stats, events = self._run(binary, folder, workload, system, sizes)
         except AstraSimError as error:
@@ -102,14 +101,6 @@ class AstraSimCostModel:
             if self.options.keep_runs is None:
                 shutil.rmtree(folder, ignore_errors=True)
         return _result(full_workload, full_system, workload.class_of, stats, events)
-
-    def _run_folder(self, point_key: str) -> Path:
-        """A new folder of its own (evaluations run side by side); a kept one is named after the point."""
-        if self.options.keep_runs is None:
-            return Path(tempfile.mkdtemp(prefix="dse-astrasim-"))
-        self.options.keep_runs.mkdir(parents=True, exist_ok=True)
-        name = re.sub(r"[^\w.+-]", "_", point_key)[:48]
-        return Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.options.keep_runs))
 
     def _run(
         self, binary: Path, folder: Path, workload: Workload, system: SystemSpec, sizes: list[int]

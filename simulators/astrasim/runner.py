@@ -1,13 +1,11 @@
 """Finding the ASTRA-sim binary and running it: in its own process group, with a timeout, leaving nothing behind."""
 
-import contextlib
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 from dse.errors import DseError
 from simulators.astrasim.options import AstraSimOptions
+from simulators.external import TimedOut, run_program
 
 ENV_VAR = "ASTRA_SIM_BIN"
 BINARY_NAME = {
@@ -42,32 +40,12 @@ def resolve_binary(options: AstraSimOptions) -> Path:
 def run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str]:
     """Run ASTRA-sim; its exit code and its output (stdout then stderr). On timeout the whole process group is
     killed (ASTRA-sim starts no children today, but a wrapper script may) and AstraSimError says so."""
-    with subprocess.Popen(
-        command,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=True,
-        errors="replace",
-    ) as process:
-        try:
-            out, err = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(process)
-            out, err = process.communicate()
-            last = (out + err).strip().splitlines()[-1:] or ["(nothing)"]
-            raise AstraSimError(
-                f"ASTRA-sim did not finish within {timeout_s:g} s (cost_model_options.timeout_s) and was killed; "
-                f"its last output line: {last[0].strip()!r}"
-            ) from None
-        finally:
-            _kill_group(process)  # whatever it started and left behind, and the binary itself on an interrupt
-    return process.returncode, out + err
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the process group: the binary and anything it started."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        code, out, err = run_program(command, timeout_s, cwd=cwd)
+    except TimedOut as timed_out:
+        last = (timed_out.stdout + timed_out.stderr).strip().splitlines()[-1:] or ["(nothing)"]
+        raise AstraSimError(
+            f"ASTRA-sim did not finish within {timeout_s:g} s (cost_model_options.timeout_s) and was killed; "
+            f"its last output line: {last[0].strip()!r}"
+        ) from None
+    return code, out + err

@@ -3,10 +3,8 @@
 import importlib.util
 import math
 import os
-import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +18,7 @@ from dse.workload import Workload
 from simulators.analytical import AnalyticalCostModel
 from simulators.emulator.contract import EmulatorError, Metrics, RankMetrics, write_inputs
 from simulators.emulator.run import command_line, run_emulator
+from simulators.external import run_folder
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 """Where this installation's `simulators` package lives: the default command's child imports the replay from it
@@ -72,7 +71,7 @@ class EmulatorCostModel:
         return command_line(command, self.options.args, folder)
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
-        folder = self._run_folder(workload.point_key)
+        folder = run_folder(self.options.keep_runs, workload.point_key, "emulator")
         try:
             write_inputs(folder, workload, system)
             metrics = run_emulator(
@@ -91,14 +90,6 @@ class EmulatorCostModel:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SOURCE_ROOT), env.get("PYTHONPATH", "")) if p)
         return env
-
-    def _run_folder(self, point_key: str) -> Path:
-        if self.options.keep_runs is None:
-            return Path(tempfile.mkdtemp(prefix="dse-emulator-"))
-        root = Path(self.options.keep_runs)
-        root.mkdir(parents=True, exist_ok=True)
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", point_key)[:80] or "point"
-        return Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=root))
 
 
 def to_result(metrics: Metrics, workload: Workload, system: SystemSpec) -> SimResult:

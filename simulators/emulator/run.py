@@ -1,13 +1,10 @@
 """Running an emulator's command: argument list, own process group, timeout, nothing left behind."""
 
-import contextlib
-import os
-import signal
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from simulators.emulator.contract import EmulatorError, Metrics, parse_metrics
+from simulators.external import TimedOut, run_program
 
 FOLDER_PLACEHOLDER = "{folder}"
 STDERR_LINES = 3
@@ -29,32 +26,17 @@ def run_emulator(
     and after it exits (an emulator's stray children must not outlive the trial), and read its metrics."""
     name = argv[0]
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-            env=None if env is None else dict(env),
-        )
+        returncode, stdout, stderr = run_program(argv, timeout_s, env=env)
     except FileNotFoundError:
         raise EmulatorError(f"emulator command '{name}' not found; set cost_model_options.command") from None
     except PermissionError:
         raise EmulatorError(f"emulator command '{name}' is not executable; chmod +x it or fix command") from None
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        stdout, stderr = proc.communicate()
+    except TimedOut as timed_out:
         raise EmulatorError(
-            f"emulator '{name}' ran past its timeout of {timeout_s:g} s and was killed{_tail(stderr)}"
+            f"emulator '{name}' ran past its timeout of {timeout_s:g} s and was killed{_tail(timed_out.stderr)}"
         ) from None
-    finally:
-        _kill_group(proc.pid)
-    if proc.returncode != 0:
-        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
+    if returncode != 0:
+        how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited {returncode}"
         raise EmulatorError(f"emulator '{name}' {how}{_tail(stderr)}")
     try:
         if metrics == "stdout":
@@ -65,11 +47,6 @@ def run_emulator(
         return parse_metrics(path.read_text(errors="replace"), metrics)
     except EmulatorError as error:
         raise EmulatorError(f"emulator '{name}': {error}{_tail(stderr)}") from None
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _tail(stderr: str) -> str:

@@ -28,6 +28,9 @@ from torch.utils.flop_counter import flop_registry
 
 from dse.workload import BLOCK_INPUT, AttentionShape, Block, Collective, Op, OpKind
 from generators.fx.capture import CapturedLayer, CaptureError
+from generators.symbolic.attention import SOFTMAX_BACKWARD_FLOPS, SOFTMAX_FLOPS
+from generators.symbolic.autodiff import FUSED_ATTENTION_BACKWARD
+from generators.symbolic.dense import NORM_FLOPS
 
 aten = torch.ops.aten
 c10d = torch.ops._c10d_functional
@@ -47,15 +50,14 @@ COLLECTIVES = {
 }
 GEMMS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm}
 NORMS = {  # FLOPs per element of the normalised tensor (symbolic's NORM_FLOPS; a backward twice its forward)
-    aten._fused_rms_norm: 4.0, aten._fused_rms_norm_backward: 8.0, aten.rms_norm: 4.0,
-    aten.native_layer_norm: 7.0, aten.native_layer_norm_backward: 14.0,
+    aten._fused_rms_norm: NORM_FLOPS["rmsnorm"], aten._fused_rms_norm_backward: 2 * NORM_FLOPS["rmsnorm"],
+    aten.rms_norm: NORM_FLOPS["rmsnorm"],
+    aten.native_layer_norm: NORM_FLOPS["layernorm"], aten.native_layer_norm_backward: 2 * NORM_FLOPS["layernorm"],
 }  # fmt: skip
-PER_ELEMENT = {aten._softmax: 5.0, aten._softmax_backward_data: 3.0}  # symbolic's SOFTMAX(_BACKWARD)_FLOPS
+PER_ELEMENT = {aten._softmax: SOFTMAX_FLOPS, aten._softmax_backward_data: SOFTMAX_BACKWARD_FLOPS}
 COPIES = {aten.clone, aten._to_copy, aten.cat, aten.copy, aten.copy_, aten.empty, aten.zeros, aten.full, aten.fill}
 EMBEDDINGS = {aten.embedding, aten.embedding_dense_backward}
 FUSIBLE = ("elementwise", "norm")
-FUSED_ATTENTION_BACKWARD = 2.5
-"""FLOPs a fused attention backward executes per forward FLOP (as generators.symbolic.autodiff says)."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ module names (model.layers[i].self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj;
 mlp.experts.{gate_up_proj,down_proj}), which its config's `base_model_tp_plan` targets, not torchtitan's.
 """
 
-from importlib.util import find_spec
 from typing import Any
 
 import torch
@@ -71,9 +70,10 @@ def hf_config(m: ModelSpec, w: WorkloadSpec) -> Any:
 
 def hf(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
     """LlamaForCausalLM / MixtralForCausalLM of the spec, with PyTorch SDPA attention, weights in the spec's dtype."""
-    if find_spec("transformers") is None:
-        raise ValueError("the fx model factory 'hf' needs transformers: pip install transformers")
-    import transformers
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError("the fx model factory 'hf' needs transformers: pip install 'dse-orchestrator[hf]'") from None
 
     config = hf_config(model, workload)
     cls = transformers.MixtralForCausalLM if model.moe else transformers.LlamaForCausalLM

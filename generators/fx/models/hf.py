@@ -10,6 +10,7 @@ mlp.experts.{gate_up_proj,down_proj}), which its config's `base_model_tp_plan` t
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dse.spec import ModelSpec, WorkloadSpec
@@ -68,13 +69,35 @@ def hf_config(m: ModelSpec, w: WorkloadSpec) -> Any:
     )
 
 
+CAUSAL_ATTENTION = "dse_causal_sdpa"
+"""The attention implementation the models are built with (registered with transformers on first use)."""
+
+
+def causal_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """Causal attention without a mask tensor, as FlashAttention-2 runs a training step's unpadded batch.
+
+    Hugging Face's own "sdpa" builds a materialised causal mask whenever it is traced (it cannot prove the batch
+    unpadded), and checks the position ids for packed sequences with a data-dependent branch; an implementation
+    without a registered mask function skips both, so the capture sees one `F.scaled_dot_product_attention` with
+    `is_causal` (the fused op) and the block's inputs carry no mask. Looked up at call time, so that
+    `generators.fx.attention.fused_attention` routes it."""
+    out = F.scaled_dot_product_attention(
+        query, key, value, is_causal=True, scale=kwargs.get("scaling"), enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
 def hf(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
-    """LlamaForCausalLM / MixtralForCausalLM of the spec, with PyTorch SDPA attention, weights in the spec's dtype."""
+    """LlamaForCausalLM / MixtralForCausalLM of the spec, with causal SDPA attention (`causal_attention`), weights in
+    the spec's dtype."""
     try:
         import transformers
     except ImportError:
         raise ValueError("the fx model factory 'hf' needs transformers: pip install 'dse-orchestrator[hf]'") from None
 
+    transformers.AttentionInterface.register(CAUSAL_ATTENTION, causal_attention)
     config = hf_config(model, workload)
     cls = transformers.MixtralForCausalLM if model.moe else transformers.LlamaForCausalLM
-    return HFCausalLM(cls._from_config(config, dtype=dtype_of(model), attn_implementation="sdpa"))
+    return HFCausalLM(cls._from_config(config, dtype=dtype_of(model), attn_implementation=CAUSAL_ATTENTION))

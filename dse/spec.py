@@ -265,7 +265,8 @@ class ParallelSpec(Spec):
         description="with zero 3 in training, how many modules ahead each module's weight all-gather is issued, in "
         "forward and backward (FSDP2's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with that "
         "many modules; 1 is FSDP's implicit prefetch): up to this many + 1 modules' gathered weights are alive at "
-        "once; 0: each module's gather issued as it is about to run, exposed",
+        "once; 0: each module's gather issued as it is about to run, exposed. Weights kept gathered over the step "
+        "(reshard_after_forward false under pp > 1) are all gathered at its start whatever the depth",
     )
     pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1", "dualpipev"] = Field(
         "1f1b",

@@ -81,7 +81,8 @@ class Traced:
     cache_bytes: float = 0.0
     """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
     gathers: tuple[int | None, int | None] = (None, None)
-    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one module ahead."""
+    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued ahead of it
+    (`weight_gathers`)."""
     gathered_bytes: tuple[float, float] = (0.0, 0.0)
     """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
     unrecomputed: "Traced | None" = None

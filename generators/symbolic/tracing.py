@@ -97,8 +97,8 @@ class ModuleTracer:
         first_cache = len(self.module.caches)
         tr.tape, tr.recording = [], True
         tr.begin_block(inputs)
-        # ZeRO-3 weight gathers get calls of their own, issued one module ahead (FSDP's forward and backward
-        # prefetch, FSDP2's implicit prefetch); see `Pipeline.schedule`.
+        # ZeRO-3 weight gathers get calls of their own, issued `parallel.fsdp_prefetch` modules ahead (FSDP's
+        # forward and backward prefetch); see `weight_gathers`.
         tr.emitter.prefetch = self.train and self.point.parallel.zero == 3
         tr.emitter.fsdp = self.fsdp
         out = forward()

@@ -253,9 +253,9 @@ class ParallelSpec(Spec):
     grad_bucket_mb: Annotated[float, Gt(0), Le(MAX_CAPACITY_GIB * 1024)] | None = left_out_at_default(
         None,
         description="with zero 0, 1 or 2 in training, the data-parallel gradient reduction in buckets of this many "
-        "MiB (PyTorch DDP's bucket_cap_mb, Megatron's bucket_size in bytes): parameters' gradients, in the order "
-        "backward makes them, are packed into one collective until it holds at least this much, per collective and "
-        "group (expert gradients on their own), and a bucket's collective starts once the backward of every module "
+        "MiB (PyTorch DDP's bucket_cap_mb; Megatron's bucket_size counts elements): parameters' gradients, in the "
+        "order backward makes them, are packed into one collective until it holds at least this much, per collective "
+        "and group (expert gradients on their own), and a bucket's collective starts once the backward of every module "
         "in it has ended; a module larger than a bucket fills several, split at its parameters as Megatron splits "
         "them; unset: one bucket per module. ZeRO 3 reduce-scatters each module's gradients in FSDP's post-backward "
         "instead (fsdp_prefetch is its scheduling knob)",

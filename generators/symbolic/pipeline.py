@@ -470,9 +470,9 @@ class Pipeline:
                 units = in_order[chunk]
                 # the first module's updated weights are gathered from the step's start, not after the receive
                 early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers and units else ()
-                # the first module's gather starts with the step, once its input has arrived (Megatron waits for
-                # the receive before it runs the micro-batch), each next one's as the module before it runs;
-                # weights gathered once per step were issued at the step's start (`step_gathers`)
+                # the first modules' gathers start with the step, once its input has arrived (Megatron waits for
+                # the receive before it runs the micro-batch), each next one's as the module `fsdp_prefetch` places
+                # before it runs; weights gathered once per step were issued at the step's start (`step_gathers`)
                 issued = step_gathers.pop(chunk, []) if mb == 0 else []
                 prev = None if first else inbound("F", vstage, mb)
                 if gathers.on:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from annotated_types import Le
+from annotated_types import Ge, Gt, Le
 from pydantic import BeforeValidator, Field, model_validator
 from pydantic_core import PydanticCustomError
 
@@ -30,7 +30,7 @@ from dse.fields import (
     as_whole,
     left_out_at_default,
 )
-from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH, MAX_WORLD
+from dse.limits import MAX_CAPACITY_GIB, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH, MAX_WORLD
 from dse.system import SystemSpec
 
 
@@ -250,6 +250,24 @@ class ParallelSpec(Spec):
         "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
         "unset: over all dp ranks",
     )
+    grad_bucket_mb: Annotated[float, Gt(0), Le(MAX_CAPACITY_GIB * 1024)] | None = left_out_at_default(
+        None,
+        description="with zero 0, 1 or 2 in training, the data-parallel gradient reduction in buckets of this many "
+        "MiB (PyTorch DDP's bucket_cap_mb; Megatron's bucket_size counts elements): parameters' gradients, in the "
+        "order backward makes them, are packed into one collective until it holds at least this much, per collective "
+        "and group (expert gradients on their own), and a bucket's collective starts once the backward of every module "
+        "in it has ended; a module larger than a bucket fills several, split at its parameters as Megatron splits "
+        "them; unset: one bucket per module. ZeRO 3 reduce-scatters each module's gradients in FSDP's post-backward "
+        "instead (fsdp_prefetch is its scheduling knob)",
+    )
+    fsdp_prefetch: Annotated[Whole, Ge(0), Le(MAX_LAYERS)] = left_out_at_default(
+        1,
+        description="with zero 3 in training, how many modules ahead each module's weight all-gather is issued, in "
+        "forward and backward (FSDP2's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with that "
+        "many modules; 1 is FSDP's implicit prefetch): up to this many + 1 modules' gathered weights are alive at "
+        "once; 0: each module's gather issued as it is about to run, exposed. Weights kept gathered over the step "
+        "(reshard_after_forward false under pp > 1) are all gathered at its start whatever the depth",
+    )
     pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1", "dualpipev"] = Field(
         "1f1b",
         description="pipeline schedule: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, with "
@@ -442,6 +460,10 @@ REFINEMENTS = (
         "parallel.recompute other than none",
     ),
     Refinement("parallel.overlap_grad_reduce", "parallel.zero", lambda zero: zero < 3, "parallel.zero 0, 1 or 2"),
+    Refinement("parallel.grad_bucket_mb", "parallel.zero", lambda zero: zero < 3, "parallel.zero 0, 1 or 2"),
+    Refinement("parallel.grad_bucket_mb", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
+    Refinement("parallel.fsdp_prefetch", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
+    Refinement("parallel.fsdp_prefetch", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
     Refinement("parallel.overlap_param_gather", "parallel.zero", lambda zero: zero in (1, 2), "parallel.zero 1 or 2"),
     Refinement("parallel.tp_comm_overlap", "parallel.sp", lambda sp: sp, "parallel.sp: true"),
     Refinement("parallel.overlap_p2p_comm", "parallel.pp", lambda pp: pp > 1, "parallel.pp above 1"),

@@ -511,4 +511,6 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
         "parallel.overlap_param_gather",
         "parallel.tp_comm_overlap",
         "parallel.overlap_p2p_comm",
+        "parallel.grad_bucket_mb",
+        "parallel.fsdp_prefetch",
     }, missing

@@ -3,6 +3,7 @@
 and the names of layer blocks."""
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from dse.modelstats import LayerKind
 from dse.spec import ParallelSpec
@@ -59,6 +60,15 @@ def split_weight_gradients(block: Block) -> tuple[Block, Block | None]:
     return only_ops(block, first, block.name, output, block.temp_bytes), weight
 
 
+class GradPiece(NamedTuple):
+    """One parameter's gradient reduction over one group: what gradient buckets are packed from
+    (`generators.symbolic.buckets`)."""
+
+    category: str
+    axis: str
+    nbytes: float
+
+
 @dataclass
 class Traced:
     """A module traced once: its forward and backward blocks and what they imply for memory and sync."""
@@ -71,7 +81,8 @@ class Traced:
     cache_bytes: float = 0.0
     """KV cache (or SSM state) bytes one micro-batch of this module holds (inference)."""
     gathers: tuple[int | None, int | None] = (None, None)
-    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued one module ahead."""
+    """The blocks of ZeRO-3 weight all-gathers its forward and its backward read, issued ahead of it
+    (`weight_gathers`)."""
     gathered_bytes: tuple[float, float] = (0.0, 0.0)
     """Bytes those gathers bring in, held from the gather's start to the end of the call that reads them."""
     unrecomputed: "Traced | None" = None
@@ -90,6 +101,9 @@ class Traced:
     still gathered (`ModuleTracer.held_forward`)."""
     post_backward: int | None = None
     """Those gradient reduce-scatters alone, issued after the stage's last backward under pipelining."""
+    grad_pieces: tuple[GradPiece, ...] = ()
+    """What `sync` reduces, parameter by parameter in the order backward makes the gradients, for gradient
+    buckets that span modules (`parallel.grad_bucket_mb`)."""
 
 
 def block_name(kind: LayerKind) -> str:

@@ -24,8 +24,9 @@ class Emitter:
     """Bytes of parameters all-gathered for this block (ZeRO-3): held while it runs, or from the start of its
     prefetch call to its end when `prefetch` is on."""
     prefetch: bool = False
-    """Emit the ZeRO-3 parameter all-gathers into `gathers`, a block of their own that the schedule issues one
-    module ahead (FSDP's prefetch), instead of into this block; the gathered weights are inputs of this block."""
+    """Emit the ZeRO-3 parameter all-gathers into `gathers`, a block of their own that the schedule issues ahead of
+    the module (FSDP's prefetch, `weight_gathers`), instead of into this block; the gathered weights are inputs of
+    this block."""
     gathers: list[Op] = field(default_factory=list)
     fsdp: FsdpCopies | None = None
     """The copies FSDP runs around each weight all-gather (ZeRO-3), if any."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 from dse.fields import DTYPE_BYTES
 from dse.spec import DesignPoint
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, TensorKind
-from generators.symbolic.blocks import Traced, add_block, block_of
+from generators.symbolic.blocks import GradPiece, Traced, add_block, block_of
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.graph import Tracer
@@ -32,9 +32,11 @@ def is_expert(param: STensor) -> bool:
 
 def gradient_sync(
     tracer: Tracer, name: str, grads: list[tuple[STensor, STensor]], zero: int, synced: set[int]
-) -> Emitter | None:
+) -> tuple[Emitter | None, tuple[GradPiece, ...]]:
     """One bucket per collective and axis: the gradient reduction of every parameter of the module (those not in
-    `synced`, the ids of parameters a module traced before reduces: a tied weight's), or None if there is none.
+    `synced`, the ids of parameters a module traced before reduces: a tied weight's), or None if there is none;
+    and the same reductions parameter by parameter, in the order backward makes the gradients (`grads`' order),
+    for `parallel.grad_bucket_mb`'s buckets.
 
     Dense weights reduce over every data-parallel rank (dp x ep, and cp, whose tokens also differ); expert
     weights only over the ranks that hold the same experts (dp / ep)."""
@@ -52,11 +54,12 @@ def gradient_sync(
                 target[axis] = DUP if zero == 0 else Partition(param.dims[0])
         tr.redistribute(grad, target, record=False)
     ops = tr.end_block().ops
+    pieces = tuple(GradPiece(op.category, op.axis, op.comm_bytes) for op in ops)
     buckets: dict[tuple[str, str], float] = defaultdict(float)
     for op in ops:
         buckets[(op.category, op.axis)] += op.comm_bytes
     if not buckets:
-        return None
+        return None, ()
     merged = Emitter()
     for (category, axis), size in sorted(buckets.items()):
         merged.emit(
@@ -69,7 +72,7 @@ def gradient_sync(
                 deps=(BLOCK_INPUT,),
             )
         )
-    return merged
+    return merged, pieces
 
 
 class ModelStates:

@@ -12,6 +12,7 @@ import numpy as np
 from dse.spec import DesignPoint
 from dse.workload import BLOCK_INPUT, Block, Call, Op, OpKind, Program, SteadyForm, Tensor, TensorKind
 from generators.symbolic.blocks import LayerKey, Traced, add_block
+from generators.symbolic.buckets import Bucket, GradientSyncs, gradient_buckets
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.optimizer import TIED_SYNC_TAG
@@ -37,6 +38,7 @@ from generators.symbolic.skeleton import (
     schedule_shape,
     skeleton_for,
 )
+from generators.symbolic.weight_gathers import WeightGathers
 
 RESHARDED = 2
 """A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
@@ -88,6 +90,10 @@ class Pipeline:
         """Send orders of the micro-batches being scheduled, found when a stage is walked (`schedule`): a
         skeleton reused from an earlier point needs none."""
         self.p2p: dict[tuple[OpKind, int, str], int] = {}
+        self.buckets: dict[int, list[Bucket]] = {}
+        """By stage, its gradient buckets (`gradient_buckets`), made once so that every program of the stage, the
+        steady form's and the full step's, issues the same blocks."""
+        self.bucket_blocks: dict[Block, int] = {}
         self.sharding = Sharding.of(point.parallel)
         p, m = point.parallel, point.model
         placement = self.placement = Placement.of(point)
@@ -163,6 +169,28 @@ class Pipeline:
         every = self.point.parallel.recompute_every
         return self.layer_traces[key].unrecomputed is not None and (index + 1) % every != 0
 
+    def chunk_units(self, stage: int, layers: dict[int, list[int]]) -> dict[int, list[tuple[int, Unit]]]:
+        """Per chunk of a stage, the modules a forward runs, with their layer indices (-1 the embedding, -2 the
+        head); a backward runs them reversed."""
+        vstages = self.point.parallel.pp * self.chunks
+        in_order: dict[int, list[tuple[int, Unit]]] = {}
+        for chunk, indices in layers.items():
+            vstage = self.placement.vstage(stage, chunk)
+            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if vstage == 0 else []
+            units += [(index, (self.keys[index], self.unrecomputed(self.keys[index], index))) for index in indices]
+            in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
+        return in_order
+
+    def stage_buckets(self, stage: int, layers: dict[int, list[int]]) -> list[Bucket]:
+        """The gradient buckets of a stage's chunks (`gradient_buckets`), made on the stage's first schedule."""
+        buckets = self.buckets.get(stage)
+        if buckets is None:
+            buckets = self.buckets[stage] = []
+            for units in self.chunk_units(stage, layers).values():
+                chunk = [(index, self.unit_trace(unit)) for index, unit in reversed(units)]
+                buckets += gradient_buckets(chunk, self.point.parallel.grad_bucket_mb, self.blocks, self.bucket_blocks)
+        return buckets
+
     def scheduled(self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None) -> None:
         """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
 
@@ -171,6 +199,7 @@ class Pipeline:
         from this point's traced blocks. A study's points share few shapes, so most generations skip the walk
         over every layer and micro-batch."""
         traces = (self.embed, self.head, *self.layer_traces.values())
+        buckets = tuple(self.stage_buckets(stage, layers)) if self.train else ()
         key = (
             stage,
             schedule_shape(self.point),
@@ -181,6 +210,7 @@ class Pipeline:
             tuple(self.param_gathers.items()),
             tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
+            buckets,
             tuple(
                 (
                     t.forward,
@@ -240,7 +270,7 @@ class Pipeline:
     ) -> list[Source]:
         """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
         keep alive; returns what sizes each of those tensors (a `Source`)."""
-        p, keys = self.point.parallel, self.keys
+        p = self.point.parallel
         microbatches = self.microbatches
         chunks = self.chunks
         vstages = p.pp * chunks
@@ -257,8 +287,9 @@ class Pipeline:
         input_grad: dict[tuple[int, int], int] = {}
         """Per (module, micro-batch), the call of a backward's input-gradient half whose weight half is to run."""
         last_backward: dict[int, int] = {}
-        syncs: list[int] = []
-        synced: set[int] = set()
+        buckets = self.stage_buckets(stage, layers) if self.train else []
+        gradients = GradientSyncs(program, buckets, p.overlap_grad_reduce)
+        syncs = gradients.calls
         updated: set[int] = set()
         """Modules whose updated weights the step has gathered (see `param_gathers`)."""
         first_forwards: list[int] = []
@@ -280,30 +311,6 @@ class Pipeline:
 
         names = {-1: "embed", -2: "head"} | {i: f"layer{i}" for indices in layers.values() for i in indices}
 
-        def gather(
-            units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
-        ) -> tuple[int, ...]:
-            """The call that all-gathers the weights of units[pos] for its forward (way 0) or backward (1), if it
-            prefetches. It is issued before the unit run ahead of it (`after` is that unit's input), as FSDP
-            issues the next module's all-gather before the current one's compute and gradient reduce-scatter, so
-            at most two modules' weights are gathered at once (FSDP's one-module prefetch; the weights are freed
-            when their module ends)."""
-            if not gathering or pos >= len(units) or not gathers_for(way, mb):
-                return ()
-            index, unit = units[pos]
-            block = trace_of[unit].gathers[way]
-            if block is None:
-                return ()
-            return (program.add(Call(block, after, index, mb)),)
-
-        def gathers_for(way: int, mb: int) -> bool:
-            """Whether a module's forward (way 0) or backward (1) of micro-batch mb gathers its weights: a
-            forward unless the weights are kept over the step and gathered already (by micro-batch 0's), a
-            backward unless the weights are kept whole since the forward (see `Sharding.hold`)."""
-            if way == 0:
-                return held != "step" or mb == 0
-            return held in ("forward", "shard")
-
         def hold(unit: Unit, way: int, index: int, gathered: tuple[int, ...], consumer: int) -> None:
             for producer in gathered:
                 keep(f"{names[index]}.weights", (*unit, way), producer, consumer, TensorKind.TEMPORARY)
@@ -318,19 +325,6 @@ class Pipeline:
                 return ()
             updated.add(index)
             return (program.add(Call(block, tuple(first_forwards[-2:-1]), index, mb)),)
-
-        deferred: list[tuple[int, int, int]] = []
-        """Without `overlap_grad_reduce`: (sync block, micro-batch, module) of the syncs issued after the backward."""
-
-        def sync(traced: Traced, after: int, mb: int, index: int) -> None:
-            """The module's gradient sync after its backward, once per micro-batch that syncs (see its caller)."""
-            if (index, mb) not in synced:
-                synced.add((index, mb))
-                assert traced.sync is not None
-                if p.overlap_grad_reduce:
-                    syncs.append(program.add(Call(traced.sync, (after,), index, mb)))
-                else:
-                    deferred.append((traced.sync, mb, index))
 
         tag = self.placement.tag
         posted: dict[int, int] = {}
@@ -447,27 +441,20 @@ class Pipeline:
             for kind, mb, source in due[slot] if slot >= 0 else ():
                 post(source, tag(mb, source if kind == "F" else source - 1, kind == "B"))
 
-        in_order: dict[int, list[tuple[int, Unit]]] = {}
-        """Per chunk, the modules a forward runs (a backward runs them reversed)."""
-        for chunk, indices in layers.items():
-            vstage = vstage_of(stage, chunk)
-            units: list[tuple[int, Unit]] = [(-1, ("embed", False))] if vstage == 0 else []
-            units += [(index, (keys[index], self.unrecomputed(keys[index], index))) for index in indices]
-            in_order[chunk] = units + ([(-2, ("head", False))] if vstage == vstages - 1 else [])
+        in_order = self.chunk_units(stage, layers)
         reversed_order = {chunk: units[::-1] for chunk, units in in_order.items()}
         trace_of = {unit: self.unit_trace(unit) for units in in_order.values() for _, unit in units}
         saved_source = {unit: (*unit, SAVED) for unit in trace_of}
         last_mb = microbatches - 1
-        # whether any module prefetches its weights (ZeRO-3): without, `gather` has nothing to do
-        gathering = any(traced.gathers != (None, None) for traced in trace_of.values())
+        gathers = WeightGathers(program, trace_of, held, p.fsdp_prefetch)
 
         # Weights gathered once per step (`Sharding.hold` step) are all gathered from the step's start, chunk by
         # chunk, before any transfer: torch.distributed.pipelining issues a stage's UNSHARD well ahead of its first
         # forward, so neither its compute nor a pipeline transfer holding the link waits for them.
         step_gathers = {
-            chunk: [gather(units, pos, 0, (), 0) for pos in range(len(units))]
+            chunk: [gathers.gather(units, pos, 0, (), 0) for pos in range(len(units))]
             for chunk, units in in_order.items()
-            if held == "step" and gathering
+            if held == "step" and gathers.on
         }
         calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
         for i, (step, mb, chunk) in enumerate(steps):
@@ -483,19 +470,17 @@ class Pipeline:
                 units = in_order[chunk]
                 # the first module's updated weights are gathered from the step's start, not after the receive
                 early = update_weights(units[0][1], units[0][0], mb) if self.param_gathers and units else ()
-                # the first module's gather starts with the step, once its input has arrived (Megatron waits for
-                # the receive before it runs the micro-batch), each next one's as the module before it runs;
-                # weights gathered once per step were issued at the step's start (`step_gathers`)
-                prefetched = step_gathers.pop(chunk, []) if mb == 0 else []
+                # the first modules' gathers start with the step, once its input has arrived (Megatron waits for
+                # the receive before it runs the micro-batch), each next one's as the module `fsdp_prefetch` places
+                # before it runs; weights gathered once per step were issued at the step's start (`step_gathers`)
+                issued = step_gathers.pop(chunk, []) if mb == 0 else []
                 prev = None if first else inbound("F", vstage, mb)
-                gathered = prefetched[0] if prefetched else gather(units, 0, 0, () if prev is None else (prev,), mb)
+                if gathers.on:
+                    gathers.ahead(units, issued, 0, 0, () if prev is None else (prev,), mb)
                 blocked = waits()
                 for pos, (index, unit) in enumerate(units):
                     inputs = () if prev is None else (prev,)
-                    if prefetched:
-                        ahead = prefetched[pos + 1] if pos + 1 < len(units) else ()
-                    else:
-                        ahead = gather(units, pos + 1, 0, inputs, mb) if gathering else ()
+                    gathered = gathers.ahead(units, issued, pos, 0, inputs, mb) if gathers.on else ()
                     traced = trace_of[unit]
                     block = traced.forward if mb == 0 or traced.held_forward is None else traced.held_forward
                     update = early if pos == 0 else update_weights(unit, index, mb)
@@ -510,7 +495,6 @@ class Pipeline:
                     if held == "shard" and traced.gathers[0] is not None and (p.pp == 1 or mb == 0):
                         resharded[(index, mb if p.pp == 1 else last_mb)] = prev
                     fwd_call[(index, mb)] = prev
-                    gathered = ahead
                 last_compute[:] = [prev]
                 if not last and self.placement.handed(stage, vstage + 1):
                     handed[("F", mb)] = prev
@@ -533,20 +517,22 @@ class Pipeline:
                     keep(names[index], (*unit, SAVED_FOR_WEIGHT_GRAD), fwd_call[(index, mb)], weight)
                     keep(f"{names[index]}.wgrad_inputs", (*unit, MADE_FOR_WEIGHT_GRAD), made_by, weight)
                     if traced.sync is not None and (sync_every or mb == last_mb):
-                        sync(traced, weight, mb, index)
+                        gradients.backward_ended(weight, mb, index)
                 continue
             prev = None if last else inbound("B", vstage, mb)
             received = () if prev is None else (prev,)
             units = reversed_order[chunk]
             # a module is gathered again for its backward once its forward has freed its weights
             # (and, like the forward's, once the gradient it starts from has arrived)
-            gathered = gather(units, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb) if units else ()
+            issued = []
+            if gathers.on and units:
+                gathers.ahead(units, issued, 0, 1, (*received, fwd_call[(units[0][0], mb)]), mb)
             blocked = waits()
             for pos, (index, unit) in enumerate(units):
                 traced = trace_of[unit]
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
-                ahead = gather(units, pos + 1, 1, inputs, mb) if gathering else ()
+                gathered = gathers.ahead(units, issued, pos, 1, inputs, mb) if gathers.on else ()
                 reducing = mb == last_mb and not sharding.reduce_after_stage
                 block = traced.backward if traced.unsynced is None or reducing else traced.unsynced
                 append(Call(block, (*inputs, *gathered, *blocked), index, mb))
@@ -560,7 +546,6 @@ class Pipeline:
                 if (index, mb) in resharded:
                     name = f"{names[index]}.weights.resharded"
                     keep(name, (*unit, RESHARDED), resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
-                gathered = ahead
                 if traced.backward_weight is not None:
                     # its weight gradient, what that reads and the gradient sync wait for the W step
                     input_grad[(index, mb)] = prev
@@ -568,7 +553,7 @@ class Pipeline:
                     continue
                 keep(names[index], saved_source[unit], fwd_call[(index, mb)], prev)
                 if traced.sync is not None and (sync_every or mb == last_mb):
-                    sync(traced, prev, mb, index)
+                    gradients.backward_ended(prev, mb, index)
             last_compute[:] = [] if prev is None else [prev]
             if not first and self.placement.handed(stage, vstage - 1):
                 handed[("B", mb)] = prev
@@ -587,11 +572,10 @@ class Pipeline:
                     reduce = trace_of[unit].post_backward
                     if reduce is not None:
                         syncs.append(program.add(Call(reduce, (prev,), index, mb)))
-        if deferred:
+        if gradients.deferred:
             # Megatron without --overlap-grad-reduce: every reduction starts once the whole backward has ended
             # (and, with blocking p2p, once the last send has gone)
-            after = (max(last_backward.values()), *waits())
-            syncs += [program.add(Call(block, after, index, mb)) for block, mb, index in deferred]
+            gradients.issue_deferred((max(last_backward.values()), *waits()))
         tied = self.tied_sync.get(stage)
         if tied is not None:
             # after the last backward of the embedding (first stage) or the head (last stage)

@@ -75,6 +75,7 @@ class Recording:
                 cache_bytes=num(t.cache_bytes),
                 gathered_bytes=(num(t.gathered_bytes[0]), num(t.gathered_bytes[1])),
                 held_for_weight=(num(t.held_for_weight[0]), num(t.held_for_weight[1])),
+                grad_pieces=tuple(piece._replace(nbytes=num(piece.nbytes)) for piece in t.grad_pieces),
                 unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
             )
 
@@ -112,6 +113,11 @@ RECORDED_DEGREES = ("tp", "ep", "dp")
 """The parallel degrees a module trace is recorded over (`ModuleTracer.modules`), like the sizes."""
 
 
+SCHEDULING_FIELDS = ("grad_bucket_mb", "fsdp_prefetch")
+"""Parallel fields that decide only when the traced blocks' collectives are issued and how they are packed (the
+pipeline's business), not what a module's trace is: points differing in them share recordings."""
+
+
 MODEL_SIZES: dict[type, tuple[str, ...]] = {
     ModelSpec: ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "max_seq"),
     MoESpec: ("experts", "expert_ffn", "shared_experts", "first_dense_layers"),
@@ -146,11 +152,11 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         p.tp if p.tp_comm_overlap else None,  # TE's overlap splits the layer's TP collectives into tp chunks
     )
     # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
-    # schedule's and the optimizer's business, not the trace's)
+    # schedule's and the optimizer's business, not the trace's); so do the fields that only schedule them
     layout = tuple(
         (name, min(value, 1) if name == "zero" and value < 3 else value)
         for name, value in p
-        if name not in RECORDED_DEGREES
+        if name not in RECORDED_DEGREES and name not in SCHEDULING_FIELDS
     )
     kinds = tuple(dict.fromkeys(keys))
     return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)

@@ -95,6 +95,8 @@ def schedule_shape(point: DesignPoint) -> tuple:
         p.recompute_every,
         p.first_stage_layers,
         p.last_stage_layers,
+        p.fsdp_prefetch,
+        p.grad_bucket_mb,
     )
 
 

@@ -97,8 +97,8 @@ class ModuleTracer:
         first_cache = len(self.module.caches)
         tr.tape, tr.recording = [], True
         tr.begin_block(inputs)
-        # ZeRO-3 weight gathers get calls of their own, issued one module ahead (FSDP's forward and backward
-        # prefetch, FSDP2's implicit prefetch); see `Pipeline.schedule`.
+        # ZeRO-3 weight gathers get calls of their own, issued `parallel.fsdp_prefetch` modules ahead (FSDP's
+        # forward and backward prefetch); see `weight_gathers`.
         tr.emitter.prefetch = self.train and self.point.parallel.zero == 3
         tr.emitter.fsdp = self.fsdp
         out = forward()
@@ -116,12 +116,12 @@ class ModuleTracer:
         saved = saved_bytes(tr, tape, replayed, kept)
         forward_block = self._add_layer_block(f"{name}.forward", fwd)
         backward_block, weight_block, unsynced, post_backward = self.backward_blocks(f"{name}.backward", bwd, output)
-        sync_ops = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
+        sync_ops, pieces = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
-        traced.unsynced, traced.post_backward = unsynced, post_backward
+        traced.unsynced, traced.post_backward, traced.grad_pieces = unsynced, post_backward, pieces
         traced.held_forward = self.held_forward(f"{name}.forward", fwd)
         if weight_block is not None:
             traced.backward_weight = weight_block

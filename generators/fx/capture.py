@@ -40,6 +40,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
+from generators.fx.moe_plan import moe_plan
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
@@ -89,33 +90,51 @@ def fake_world(world: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def axis_of(group_name: str, dp: int, tp: int) -> str:
-    """The mesh axis of a process group, by its ranks: rank 0's tp group is 0..tp-1, its dp group 0, tp, 2tp..."""
+def mesh_of(tp: int, dp: int, ep: int) -> DeviceMesh:
+    """The capture's mesh, laid out as the symbolic generator's ranks (tp fastest, then ep, then dp / ep: expert
+    parallelism carved from dp, so rank 0's ep group is 0, tp, .. (ep - 1) tp); axes (dp, tp), with ep between."""
+    if ep == 1:
+        return DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    ranks = torch.arange(dp * tp).reshape(dp // ep, ep, tp)
+    return DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "ep", "tp"))
+
+
+def axis_of(group_name: str, dp: int, tp: int, ep: int = 1) -> str:
+    """The mesh axis of a process group, by its ranks: rank 0's tp group is 0..tp-1, its ep group 0, tp, ..
+    (ep - 1) tp, its dp group 0, ep tp, 2 ep tp, ..."""
     ranks = dist.get_process_group_ranks(_resolve_process_group(group_name))
     if ranks == list(range(tp)):
         return "tp"
-    if ranks == list(range(0, dp * tp, tp)):
+    if ep > 1 and ranks == list(range(0, ep * tp, tp)):
+        return "ep"
+    if ranks == list(range(0, dp * tp, ep * tp)):
         return "dp"
-    raise CaptureError(f"a collective on ranks {ranks}, which are neither the tp nor the dp group of rank 0")
+    raise CaptureError(f"a collective on ranks {ranks}, which are not the tp, ep or dp group of rank 0")
 
 
-def tp_plan(block: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
-    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout)."""
+def tp_plan(block: nn.Module, sp: bool, ep_mesh: DeviceMesh | None = None) -> dict[str, ParallelStyle]:
+    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); a MoE block's
+    MLP by `moe_plan` (expert parallel too over `ep_mesh`)."""
     names = dict(block.named_modules())
     plan: dict[str, ParallelStyle] = {}
     output = Shard(1) if sp else Replicate()
-    for inner in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+    moe = "moe" in names
+    mlp = () if moe else ("feed_forward",)
+    for inner in ("attention.wq", "attention.wk", "attention.wv", *(f"{m}.{w}" for m in mlp for w in ("w1", "w3"))):
         plan[inner] = ColwiseParallel()
-    for inner in ("attention.wo", "feed_forward.w2"):
+    for inner in ("attention.wo", *(f"{m}.w2" for m in mlp)):
         plan[inner] = RowwiseParallel(output_layouts=output)
     # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
     # column-parallel projections are summed locally and reduced once there (Megatron's f operator), not once each.
-    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "feed_forward")):
+    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "moe" if moe else "feed_forward")):
         if sp:
             plan[norm] = SequenceParallel()
+        if module == "moe":
+            continue
         rest = (None,) * (_positional(names.get(module)) - 1)  # rotary tables, masks: left as they are
         layout = Shard(1) if sp else Replicate()
         plan[module] = PrepareModuleInput(input_layouts=(layout, *rest), desired_input_layouts=(Replicate(), *rest))
+    plan |= moe_plan(block, ep_mesh, tensor_parallel=True, sp=sp)
     missing = sorted(name for name in plan if name not in names)
     if missing:
         raise CaptureError(
@@ -192,11 +211,14 @@ def capture_layer(
     sp: bool,
     recompute: bool = False,
     train: bool = True,
+    ep: int = 1,
 ) -> CapturedLayer:
-    """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
-    with `recompute`, under activation checkpointing; without `train`, its forward alone (inference)."""
+    """The first block of `factory(model, workload)`'s stack, tp-way parallel (and its experts ep-way), on a
+    micro-batch of the workload; with `recompute`, under activation checkpointing; without `train`, its forward
+    alone (inference)."""
     fake_world(dp * tp)
-    mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = mesh_of(tp, dp, ep)
+    ep_mesh = mesh["ep"] if ep > 1 else None
     graphs: dict[str, fx.GraphModule] = {}
     block: nn.Module | None = None
     try:
@@ -212,8 +234,9 @@ def capture_layer(
             args, kwargs = _first_block_arguments(built, tokens)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
-            if tp > 1:
-                parallelize_module(block, mesh["tp"], tp_plan(block, sp))
+            plan = tp_plan(block, sp, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
+            if plan:
+                parallelize_module(block, mesh["tp"], plan)
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             torch._dynamo.reset()
             regather = sp and tp > 1
@@ -234,7 +257,7 @@ def capture_layer(
     if set(graphs) != ({"forward", "backward"} if train else {"forward"}):
         raise CaptureError(f"model factory '{name}': the block's graphs were not captured ({sorted(graphs)})")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
-    axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
+    axes = {name: axis_of(name, dp, tp, ep) for name in groups if isinstance(name, str)}
     return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
 
 

@@ -9,7 +9,7 @@ its own layer as usual; `_CapturedModules` then swaps that layer's forward and b
 and its saved activation bytes for the captured forward's, so the schedule keeps those activations alive from each
 forward call to its backward (liveness memory) as it does a symbolic layer's.
 
-A capture depends on the factory, the model, the tensor-parallel degree and sp, the micro-batch's shape and
+A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's shape and
 whether the layer is recomputed (full recompute: captured under activation checkpointing), not on dp, pp, ZeRO,
 the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by every point that
 shares those, so a study pays it once per distinct layer shape. Micro-batches above 3 are scaled from the captures
@@ -42,12 +42,15 @@ def unsupported(point: DesignPoint) -> str | None:
     checks = {
         "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
-        "parallel.ep": (p.ep > 1, "1"),
         "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
         "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
-        "model.family": (m.moe is not None or m.ssm is not None or m.mla is not None, "a dense transformer"),
+        "model.family": (m.ssm is not None or m.mla is not None, "a dense or mixture-of-experts transformer"),
+        "model.moe.first_dense_layers": (
+            m.moe is not None and m.moe.first_dense_layers > 0,
+            "0 (one captured block stands for every layer)",
+        ),
     }
     for field, (bad, fix) in checks.items():
         if bad:
@@ -135,11 +138,12 @@ class FxGenerator:
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
         fuse, recompute, train = w.kernels == "fused", p.recompute == "full", w.mode == "train"
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute, train)
+        sp = p.sp and p.tp > 1
+        key = (name, point.model.model_dump_json(), p.tp, sp, p.ep, batch, w.seq_len, fuse, recompute, train)
         layer = self._layers.get(key)
         if layer is None:
             start = time.perf_counter()
-            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train)
+            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep)
             shape, axes = captured.input_shape, captured.axes
             forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
             backward = None
@@ -153,4 +157,4 @@ class FxGenerator:
 
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:
-        return (point.parallel.tp, point.parallel.sp, *schedule_affinity(point))
+        return (point.parallel.tp, point.parallel.sp, point.parallel.ep, *schedule_affinity(point))

@@ -6,10 +6,13 @@ import pytest
 
 pytest.importorskip("torch")
 
+import torch.distributed as dist
 from helpers import make_point
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 from dse.errors import InfeasibleError
 from dse.workload import Collective, OpKind
+from generators.fx.capture import CaptureError, axis_of, fake_world, mesh_of
 from generators.fx.compare import compare, figures
 from generators.fx.factories import factory_name
 from generators.fx.generator import FxGenerator
@@ -19,12 +22,16 @@ SEQ, HIDDEN, TOP_K = 256, 256, 2
 ROUTED = TOP_K * SEQ * HIDDEN * 2
 """Bytes of one micro-batch's routed token copies (top_k x s x h, bf16): an unsplit all-to-all's size."""
 
-SHAPES = [
-    {},
-    {"tp": 2, "sp": True, "dp": 2},
-    {"tp": 2, "dp": 2},
-    {"dp": 4, "ep": 2},
-    {"tp": 2, "sp": True, "dp": 4, "ep": 2},
+SHARED = {"base": "tiny-moe", "moe": {"shared_experts": 1}}
+"""A shared expert beside the routed ones (DeepSeek's layout)."""
+CASES = [
+    ("tiny-moe", {}),
+    ("tiny-moe", {"tp": 2, "sp": True, "dp": 2}),
+    ("tiny-moe", {"tp": 2, "dp": 2}),
+    ("tiny-moe", {"dp": 4, "ep": 2}),
+    ("tiny-moe", {"tp": 2, "sp": True, "dp": 4, "ep": 2}),
+    (SHARED, {"tp": 2, "sp": True, "dp": 2}),
+    (SHARED, {"tp": 2, "dp": 4, "ep": 2}),
 ]
 
 
@@ -33,16 +40,23 @@ def generator() -> FxGenerator:
     return FxGenerator()
 
 
-def moe_point(**parallel):
-    return make_point("tiny-moe", seq_len=SEQ, global_batch=8, **parallel)
+def moe_point(model="tiny-moe", overrides=None, **parallel):
+    return make_point(model, seq_len=SEQ, global_batch=8, overrides=overrides, **parallel)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(f"{k}{v}" for k, v in s.items()) or "one-rank")
-def test_it_agrees_with_the_symbolic_moe(generator, shape) -> None:
+def _case_id(case) -> str:
+    model, shape = case
+    name = "shared" if model is SHARED else model
+    return "-".join([name, *(f"{k}{v}" for k, v in shape.items())])
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_it_agrees_with_the_symbolic_moe(generator, case) -> None:
     """Parameters on a rank exactly (expert weights split over ep and their width over tp), GEMM FLOPs, bytes per
     collective kind (the all-to-alls included) and peak memory within issue 22's tolerances; every figure of these
     shapes in fact agrees to 0.2 % (capacity factor 1 on balanced routing: the experts' GEMMs are symbolic's)."""
-    point = moe_point(**shape)
+    model, shape = case
+    point = moe_point(model, **shape)
     rows = compare(figures(generator.generate(point), point), figures(SymbolicGenerator().generate(point), point))
     checked = [r for r in rows if r.tolerance is not None]
     assert all(r.ok for r in checked), [r for r in checked if not r.ok]
@@ -74,3 +88,31 @@ def test_a_moe_model_takes_the_moe_factory_and_what_is_not_built_is_named(genera
         generator.generate(layered)
     with pytest.raises(InfeasibleError, match=r"field 'model\.family'"):
         generator.generate(make_point("tiny-deepseek", seq_len=SEQ))
+
+
+def test_expert_parallelism_needs_the_experts_where_the_plan_looks(generator) -> None:
+    """A factory whose blocks have no `moe.experts` (here a dense block for a MoE spec) cannot be split over ep:
+    one line saying so, rather than a capture that leaves every expert on every rank and no all-to-all."""
+    dense = moe_point(overrides={"model.fx_factory": "fx_tiny_llama:llama"}, dp=4, ep=2)
+    with pytest.raises(CaptureError, match=r"expert parallelism needs each block's experts at `moe\.experts`"):
+        generator.generate(dense)
+
+
+def test_the_capture_mesh_has_the_symbolic_ranks_groups() -> None:
+    """tp2 ep2 dp4 (dp / ep = 2 replicas of each expert): rank 0's tp, ep and dp groups in the capture's mesh are
+    those of the symbolic workload's rank layout, and `axis_of` names each by its ranks. The fake world outlives
+    every mesh: a mesh equal to one made before a larger world's (DTensor's caches hand out the earlier one's
+    process groups) still resolves its groups."""
+    fake_world(4)
+    before = mesh_of(2, 2, 1)["tp"]
+    fake_world(8)
+    mesh = mesh_of(2, 4, 2)
+    layout = SymbolicGenerator().generate(moe_point(tp=2, dp=4, ep=2)).layout
+    for axis in ("tp", "ep", "dp"):
+        group = mesh[axis].get_group()
+        assert dist.get_process_group_ranks(group) == layout.group(0, axis)
+        assert axis_of(group.group_name, dp=4, tp=2, ep=2) == axis
+    after = mesh_of(2, 2, 1)["tp"]
+    assert after == before
+    for tp in (before, after):
+        assert dist.get_process_group_ranks(_resolve_process_group(tp.get_group().group_name)) == [0, 1]

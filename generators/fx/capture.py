@@ -2,9 +2,10 @@
 
 The model is built on the meta device (no weights) and run until its first block is called, which gives the
 block's real arguments (rotary tables, masks); the block is tensor-parallelised with DTensor's `parallelize_module`
-(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`)
-over a DeviceMesh (dp, tp) of a fake process group of the step's world size, and compiled with an aot_autograd
-backend that keeps the forward and the backward graphs instead of compiling them. Its functional collectives
+(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`;
+a MoE block's MLP by `moe_plan`) over a DeviceMesh (dp, tp), or (dp, ep, tp) with expert parallelism, of a fake
+process group of the step's world size, and compiled with an aot_autograd backend that keeps the forward and the
+backward graphs instead of compiling them. Its functional collectives
 (`_c10d_functional.*`) are in the graphs; attention stays one op (`attention`). Every block of a stack is alike,
 so one is captured and its blocks serve every layer.
 """
@@ -38,6 +39,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dse.errors import DseError
+from dse.limits import MAX_WORLD
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 from generators.fx.moe_plan import moe_plan
@@ -65,7 +67,7 @@ class CapturedLayer:
     input_shape: tuple[int, ...]
     """The block input's local shape: the forward placeholder it is, the backward output that is its gradient."""
     axes: dict[str, str]
-    """Process-group name -> mesh axis ("tp", "dp"), for the collectives' `group_name` argument."""
+    """Process-group name -> mesh axis ("tp", "ep", "dp"), for the collectives' `group_name` argument."""
     parameters: int
     """Parameters of the whole model as the factory built it (unsharded)."""
 
@@ -77,9 +79,11 @@ class _FirstBlockCalled(Exception):
 def fake_world(world: int) -> None:
     """A fake default process group (collectives return at once, nothing is sent) of at least `world` ranks.
 
-    It is kept while it is large enough: DTensor caches sharding decisions by mesh *equality*, so a mesh equal to
-    an earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
-    their ranks); a larger world replaces it and clears those caches."""
+    It is made of MAX_WORLD ranks (which costs nothing: a mesh makes groups of its own ranks only) and kept:
+    DTensor caches sharding decisions by mesh *equality*, in Python and in its C++ dispatch, so a mesh equal to an
+    earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
+    their ranks). A world replaced by a larger one (a smaller one made elsewhere) destroys them: a later mesh equal
+    to one of before failed with "Could not resolve the process group"."""
     if dist.is_initialized():
         if dist.get_backend() != "fake":
             raise CaptureError("the fx generator needs a fake process group, but this process has a real one")
@@ -87,7 +91,7 @@ def fake_world(world: int) -> None:
             return
         dist.destroy_process_group()
         DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=max(world, MAX_WORLD))
 
 
 def mesh_of(tp: int, dp: int, ep: int) -> DeviceMesh:
@@ -235,6 +239,11 @@ def capture_layer(
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             plan = tp_plan(block, sp, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
+            if ep > 1 and "moe.experts" not in plan:
+                raise CaptureError(
+                    f"expert parallelism needs each block's experts at `moe.experts` (the layout of "
+                    f"generators/fx/models/moe.py); {type(block).__name__} has none"
+                )
             if plan:
                 parallelize_module(block, mesh["tp"], plan)
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)

@@ -81,12 +81,10 @@ class GroupedExpertsParallel(ParallelStyle):
         return (slots,)
 
     def _prepare_output(self, module: nn.Module, out: Tensor, tp_mesh: DeviceMesh) -> Tensor:
-        if isinstance(out, DTensor):  # a partial sum over tp
-            out = (
-                out.redistribute(placements=(Shard(1),)).to_local()
-                if self.sp
-                else out.to_local(grad_placements=(Replicate(),))
-            )
+        if isinstance(out, DTensor) and self.sp:  # a partial sum over tp, to each rank's own slots
+            out = out.redistribute(placements=(Shard(1),)).to_local()
+        elif isinstance(out, DTensor):  # a partial sum over tp, combined as it is (reduced at the MoE's output)
+            out = out.to_local(grad_placements=(Replicate(),))
         if self.ep_mesh is not None:
             out = _from_experts(out, self.ep_mesh)
         return out

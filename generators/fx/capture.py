@@ -1,13 +1,13 @@
 """Capturing one transformer block of a user's model as forward and backward ATen graphs, without a GPU.
 
-The model is built on the meta device (no weights) and run until its first block is called, which gives the
+The model is built on the meta device (no weights) and run until the block captured is called, which gives the
 block's real arguments (rotary tables, masks); the block is tensor-parallelised with DTensor's `parallelize_module`
 (torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`;
 a MoE block's MLP by `moe_plan`) over a DeviceMesh (dp, tp), or (dp, ep, tp) with expert parallelism, of a fake
 process group of the step's world size, and compiled with an aot_autograd backend that keeps the forward and the
-backward graphs instead of compiling them. Its functional collectives
-(`_c10d_functional.*`) are in the graphs; attention stays one op (`attention`). Every block of a stack is alike,
-so one is captured and its blocks serve every layer.
+backward graphs instead of compiling them. Its functional collectives (`_c10d_functional.*`) are in the graphs;
+attention stays one op (`attention`). Blocks of one kind are alike, so one of each kind is captured and serves
+them all (the generator captures the first of each: a MoE model's dense first layers, then its MoE ones).
 """
 
 import inspect
@@ -40,6 +40,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from dse.errors import DseError
 from dse.limits import MAX_WORLD
+from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 from generators.fx.moe_plan import moe_plan
@@ -72,8 +73,8 @@ class CapturedLayer:
     """Parameters of the whole model as the factory built it (unsharded)."""
 
 
-class _FirstBlockCalled(Exception):
-    """Stops the model's forward at its first block, whose arguments have been kept."""
+class _BlockCalled(Exception):
+    """Stops the model's forward at the block captured, whose arguments have been kept."""
 
 
 def fake_world(world: int) -> None:
@@ -155,22 +156,22 @@ def _positional(module: nn.Module | None) -> int:
     return max(1, sum(p.kind in kinds for p in inspect.signature(module.forward).parameters.values()))
 
 
-def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tuple, dict]:
+def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tuple[tuple, dict]:
     kept: dict[str, Any] = {}
 
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
         kept["args"], kept["kwargs"] = args, kwargs
-        raise _FirstBlockCalled
+        raise _BlockCalled
 
-    hook = model.layers[0].register_forward_pre_hook(keep, with_kwargs=True)
+    hook = model.layers[index].register_forward_pre_hook(keep, with_kwargs=True)
     try:
         model(tokens)
-    except _FirstBlockCalled:
+    except _BlockCalled:
         pass
     finally:
         hook.remove()
     if "args" not in kept:
-        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[0]")
+        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[{index}]")
     return kept["args"], kept["kwargs"]
 
 
@@ -216,8 +217,9 @@ def capture_layer(
     recompute: bool = False,
     train: bool = True,
     ep: int = 1,
+    index: int = 0,
 ) -> CapturedLayer:
-    """The first block of `factory(model, workload)`'s stack, tp-way parallel (and its experts ep-way), on a
+    """Block `index` of `factory(model, workload)`'s stack, tp-way parallel (and its experts ep-way), on a
     micro-batch of the workload; with `recompute`, under activation checkpointing; without `train`, its forward
     alone (inference)."""
     fake_world(dp * tp)
@@ -229,17 +231,19 @@ def capture_layer(
         with torch.device("meta"):
             built = factory(model, workload)
         layers = getattr(built, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or not len(layers):
-            raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
+        if not isinstance(layers, nn.ModuleList) or len(layers) <= index:
+            raise CaptureError(
+                f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks) of {index + 1}"
+            )
         parameters = sum(p.numel() for p in built.parameters())
-        block = layers[0]
+        block = layers[index]
         tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
         with fused_attention():
-            args, kwargs = _first_block_arguments(built, tokens)
+            args, kwargs = _block_arguments(built, tokens, index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             plan = tp_plan(block, sp, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
-            if ep > 1 and "moe.experts" not in plan:
+            if ep > 1 and layer_kinds(model)[index][1] == "moe" and "moe.experts" not in plan:
                 raise CaptureError(
                     f"expert parallelism needs each block's experts at `moe.experts` (the layout of "
                     f"generators/fx/models/moe.py); {type(block).__name__} has none"

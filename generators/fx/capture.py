@@ -1,12 +1,13 @@
 """Capturing one transformer block of a user's model as forward and backward ATen graphs, without a GPU.
 
-The model is built on the meta device (no weights) and run until its first block is called, which gives the
+The model is built on the meta device (no weights) and run until the block captured is called, which gives the
 block's real arguments (rotary tables, masks); the block is tensor-parallelised with DTensor's `parallelize_module`
-(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`)
-over a DeviceMesh (dp, tp) of a fake process group of the step's world size, and compiled with an aot_autograd
-backend that keeps the forward and the backward graphs instead of compiling them. Its functional collectives
-(`_c10d_functional.*`) are in the graphs; attention stays one op (`attention`). Every block of a stack is alike,
-so one is captured and its blocks serve every layer.
+(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`;
+a MoE block's MLP by `moe_plan`) over a DeviceMesh (dp, tp), or (dp, ep, tp) with expert parallelism, of a fake
+process group of the step's world size, and compiled with an aot_autograd backend that keeps the forward and the
+backward graphs instead of compiling them. Its functional collectives (`_c10d_functional.*`) are in the graphs;
+attention stays one op (`attention`). Blocks of one kind are alike, so one of each kind is captured and serves
+them all (the generator captures the first of each: a MoE model's dense first layers, then its MoE ones).
 """
 
 import inspect
@@ -38,8 +39,11 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dse.errors import DseError
+from dse.limits import MAX_WORLD
+from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
+from generators.fx.moe_plan import moe_plan
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
@@ -64,21 +68,23 @@ class CapturedLayer:
     input_shape: tuple[int, ...]
     """The block input's local shape: the forward placeholder it is, the backward output that is its gradient."""
     axes: dict[str, str]
-    """Process-group name -> mesh axis ("tp", "dp"), for the collectives' `group_name` argument."""
+    """Process-group name -> mesh axis ("tp", "ep", "dp"), for the collectives' `group_name` argument."""
     parameters: int
     """Parameters of the whole model as the factory built it (unsharded)."""
 
 
-class _FirstBlockCalled(Exception):
-    """Stops the model's forward at its first block, whose arguments have been kept."""
+class _BlockCalled(Exception):
+    """Stops the model's forward at the block captured, whose arguments have been kept."""
 
 
 def fake_world(world: int) -> None:
     """A fake default process group (collectives return at once, nothing is sent) of at least `world` ranks.
 
-    It is kept while it is large enough: DTensor caches sharding decisions by mesh *equality*, so a mesh equal to
-    an earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
-    their ranks); a larger world replaces it and clears those caches."""
+    It is made of MAX_WORLD ranks (which costs nothing: a mesh makes groups of its own ranks only) and kept:
+    DTensor caches sharding decisions by mesh *equality*, in Python and in its C++ dispatch, so a mesh equal to an
+    earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
+    their ranks). A world replaced by a larger one (a smaller one made elsewhere) destroys them: a later mesh equal
+    to one of before failed with "Could not resolve the process group"."""
     if dist.is_initialized():
         if dist.get_backend() != "fake":
             raise CaptureError("the fx generator needs a fake process group, but this process has a real one")
@@ -86,36 +92,54 @@ def fake_world(world: int) -> None:
             return
         dist.destroy_process_group()
         DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=max(world, MAX_WORLD))
 
 
-def axis_of(group_name: str, dp: int, tp: int) -> str:
-    """The mesh axis of a process group, by its ranks: rank 0's tp group is 0..tp-1, its dp group 0, tp, 2tp..."""
+def mesh_of(tp: int, dp: int, ep: int) -> DeviceMesh:
+    """The capture's mesh, laid out as the symbolic generator's ranks (tp fastest, then ep, then dp / ep: expert
+    parallelism carved from dp, so rank 0's ep group is 0, tp, .. (ep - 1) tp); axes (dp, tp), with ep between."""
+    if ep == 1:
+        return DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    ranks = torch.arange(dp * tp).reshape(dp // ep, ep, tp)
+    return DeviceMesh("cpu", ranks, mesh_dim_names=("dp", "ep", "tp"))
+
+
+def axis_of(group_name: str, dp: int, tp: int, ep: int = 1) -> str:
+    """The mesh axis of a process group, by its ranks: rank 0's tp group is 0..tp-1, its ep group 0, tp, ..
+    (ep - 1) tp, its dp group 0, ep tp, 2 ep tp, ..."""
     ranks = dist.get_process_group_ranks(_resolve_process_group(group_name))
     if ranks == list(range(tp)):
         return "tp"
-    if ranks == list(range(0, dp * tp, tp)):
+    if ep > 1 and ranks == list(range(0, ep * tp, tp)):
+        return "ep"
+    if ranks == list(range(0, dp * tp, ep * tp)):
         return "dp"
-    raise CaptureError(f"a collective on ranks {ranks}, which are neither the tp nor the dp group of rank 0")
+    raise CaptureError(f"a collective on ranks {ranks}, which are not the tp, ep or dp group of rank 0")
 
 
-def tp_plan(block: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
-    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout)."""
+def tp_plan(block: nn.Module, sp: bool, ep_mesh: DeviceMesh | None = None) -> dict[str, ParallelStyle]:
+    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); a MoE block's
+    MLP by `moe_plan` (expert parallel too over `ep_mesh`)."""
     names = dict(block.named_modules())
     plan: dict[str, ParallelStyle] = {}
     output = Shard(1) if sp else Replicate()
-    for inner in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+    moe = "moe" in names
+    mlp = () if moe else ("feed_forward",)
+    for inner in ("attention.wq", "attention.wk", "attention.wv", *(f"{m}.{w}" for m in mlp for w in ("w1", "w3"))):
         plan[inner] = ColwiseParallel()
-    for inner in ("attention.wo", "feed_forward.w2"):
+    for inner in ("attention.wo", *(f"{m}.w2" for m in mlp)):
         plan[inner] = RowwiseParallel(output_layouts=output)
     # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
     # column-parallel projections are summed locally and reduced once there (Megatron's f operator), not once each.
-    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "feed_forward")):
+    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "moe" if moe else "feed_forward")):
         if sp:
             plan[norm] = SequenceParallel()
+        if module == "moe":
+            continue
         rest = (None,) * (_positional(names.get(module)) - 1)  # rotary tables, masks: left as they are
         layout = Shard(1) if sp else Replicate()
         plan[module] = PrepareModuleInput(input_layouts=(layout, *rest), desired_input_layouts=(Replicate(), *rest))
+    plan |= moe_plan(block, ep_mesh, tensor_parallel=True, sp=sp)
     missing = sorted(name for name in plan if name not in names)
     if missing:
         raise CaptureError(
@@ -132,22 +156,22 @@ def _positional(module: nn.Module | None) -> int:
     return max(1, sum(p.kind in kinds for p in inspect.signature(module.forward).parameters.values()))
 
 
-def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tuple, dict]:
+def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tuple[tuple, dict]:
     kept: dict[str, Any] = {}
 
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
         kept["args"], kept["kwargs"] = args, kwargs
-        raise _FirstBlockCalled
+        raise _BlockCalled
 
-    hook = model.layers[0].register_forward_pre_hook(keep, with_kwargs=True)
+    hook = model.layers[index].register_forward_pre_hook(keep, with_kwargs=True)
     try:
         model(tokens)
-    except _FirstBlockCalled:
+    except _BlockCalled:
         pass
     finally:
         hook.remove()
     if "args" not in kept:
-        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[0]")
+        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[{index}]")
     return kept["args"], kept["kwargs"]
 
 
@@ -192,28 +216,40 @@ def capture_layer(
     sp: bool,
     recompute: bool = False,
     train: bool = True,
+    ep: int = 1,
+    index: int = 0,
 ) -> CapturedLayer:
-    """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
-    with `recompute`, under activation checkpointing; without `train`, its forward alone (inference)."""
+    """Block `index` of `factory(model, workload)`'s stack, tp-way parallel (and its experts ep-way), on a
+    micro-batch of the workload; with `recompute`, under activation checkpointing; without `train`, its forward
+    alone (inference)."""
     fake_world(dp * tp)
-    mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = mesh_of(tp, dp, ep)
+    ep_mesh = mesh["ep"] if ep > 1 else None
     graphs: dict[str, fx.GraphModule] = {}
     block: nn.Module | None = None
     try:
         with torch.device("meta"):
             built = factory(model, workload)
         layers = getattr(built, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or not len(layers):
-            raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
+        if not isinstance(layers, nn.ModuleList) or len(layers) <= index:
+            raise CaptureError(
+                f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks) of {index + 1}"
+            )
         parameters = sum(p.numel() for p in built.parameters())
-        block = layers[0]
+        block = layers[index]
         tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
         with fused_attention():
-            args, kwargs = _first_block_arguments(built, tokens)
+            args, kwargs = _block_arguments(built, tokens, index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
-            if tp > 1:
-                parallelize_module(block, mesh["tp"], tp_plan(block, sp))
+            plan = tp_plan(block, sp, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
+            if ep > 1 and layer_kinds(model)[index][1] == "moe" and "moe.experts" not in plan:
+                raise CaptureError(
+                    f"expert parallelism needs each block's experts at `moe.experts` (the layout of "
+                    f"generators/fx/models/moe.py); {type(block).__name__} has none"
+                )
+            if plan:
+                parallelize_module(block, mesh["tp"], plan)
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             torch._dynamo.reset()
             regather = sp and tp > 1
@@ -234,7 +270,7 @@ def capture_layer(
     if set(graphs) != ({"forward", "backward"} if train else {"forward"}):
         raise CaptureError(f"model factory '{name}': the block's graphs were not captured ({sorted(graphs)})")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
-    axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
+    axes = {name: axis_of(name, dp, tp, ep) for name in groups if isinstance(name, str)}
     return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
 
 

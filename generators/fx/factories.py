@@ -21,8 +21,8 @@ Factory = Callable[..., Any]
 
 
 def factory_name(model: ModelSpec) -> str:
-    """The factory a model names, else the one registered under its family (llama, mixtral, ...)."""
-    return model.fx_factory or model.family
+    """The factory a model names, else for a mixture of experts `moe`, else the one registered under its family."""
+    return model.fx_factory or ("moe" if model.moe is not None else model.family)
 
 
 @cache

@@ -11,7 +11,7 @@ layer (the captured graph does not say which op makes which weight's gradient fo
 
 from dataclasses import replace
 
-from dse.workload import BLOCK_INPUT, Block, Op, OpKind
+from dse.workload import BLOCK_INPUT, Block, Collective, Op, OpKind
 
 FSDP_COPIES = {
     "cast_shard", "copy_in", "copy_out", "flat_grad_cat", "cast_to_reduce_dtype", "predivide", "postdivide",
@@ -21,8 +21,10 @@ FSDP_COPIES = {
 
 
 def is_fsdp(op: Op) -> bool:
+    """Whether a symbolic layer's op is FSDP's: a collective of neither the layer's tensor parallelism (tp) nor its
+    experts' token exchange (all-to-all), both of which the captured graph has, or one of FSDP's copies."""
     if op.kind is OpKind.COLLECTIVE:
-        return op.axis != "tp"
+        return op.axis != "tp" and op.category != Collective.ALL_TO_ALL
     return op.kind is OpKind.COMPUTE and op.name.rsplit(".", 1)[-1] in FSDP_COPIES
 
 

@@ -9,7 +9,7 @@ its own layer as usual; `_CapturedModules` then swaps that layer's forward and b
 and its saved activation bytes for the captured forward's, so the schedule keeps those activations alive from each
 forward call to its backward (liveness memory) as it does a symbolic layer's.
 
-A capture depends on the factory, the model, the tensor-parallel degree and sp, the micro-batch's shape and
+A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's shape and
 whether the layer is recomputed (full recompute: captured under activation checkpointing), not on dp, pp, ZeRO,
 the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by every point that
 shares those, so a study pays it once per distinct layer shape. Micro-batches above 3 are scaled from the captures
@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from dse.errors import InfeasibleError
+from dse.modelstats import LayerKind, layer_kinds
 from dse.spec import DesignPoint
 from dse.workload import Workload
 from generators.fx.capture import capture_layer
@@ -42,12 +43,11 @@ def unsupported(point: DesignPoint) -> str | None:
     checks = {
         "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
-        "parallel.ep": (p.ep > 1, "1"),
         "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
         "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
-        "model.family": (m.moe is not None or m.ssm is not None or m.mla is not None, "a dense transformer"),
+        "model.family": (m.ssm is not None or m.mla is not None, "a dense or mixture-of-experts transformer"),
     }
     for field, (bad, fix) in checks.items():
         if bad:
@@ -61,19 +61,20 @@ def unsupported(point: DesignPoint) -> str | None:
 
 
 class _CapturedModules(ModuleTracer):
-    """The symbolic tracer whose layer blocks are the captured layer's."""
+    """The symbolic tracer whose layer blocks are the captured layers', each of its kind."""
 
-    def __init__(self, point: DesignPoint, layer: LoweredLayer) -> None:
+    def __init__(self, point: DesignPoint, layers: dict[LayerKind, LoweredLayer]) -> None:
         super().__init__(point)
-        self.layer = layer
+        self.captured = layers
 
     def modules(self, keys: list[LayerKey]) -> Modules:
         modules = super().modules(keys)
         blocks = list(modules.blocks)
         layers = {}
-        forward = self.layer.forward.block
-        backward = None if self.layer.backward is None else self.layer.backward.block
         for key, traced in modules.layers.items():
+            layer = self.captured[key[0]]
+            forward = layer.forward.block
+            backward = None if layer.backward is None else layer.backward.block
             # the forward and backward, and the variants some ZeRO-3 schedules run: a forward that finds the
             # weights still gathered, a backward that leaves its gradients unreduced until the step's last
             variants = ((traced.forward, forward), (traced.held_forward, forward))
@@ -87,14 +88,14 @@ class _CapturedModules(ModuleTracer):
                 for index, half in zip((traced.backward, traced.backward_weight), halves, strict=True):
                     if half is not None:
                         blocks[index] = replace(half, name=blocks[index].name)
-            layers[key] = replace(traced, saved_bytes=self.layer.forward.saved_bytes)
+            layers[key] = replace(traced, saved_bytes=layer.forward.saved_bytes)
         return replace(modules, blocks=blocks, layers=layers)
 
 
 class _FxBuilder(_Builder):
-    def __init__(self, point: DesignPoint, layer: LoweredLayer) -> None:
+    def __init__(self, point: DesignPoint, layers: dict[LayerKind, LoweredLayer]) -> None:
         super().__init__(point)
-        self.tracing = _CapturedModules(point, layer)
+        self.tracing = _CapturedModules(point, layers)
 
 
 class FxGenerator:
@@ -114,32 +115,46 @@ class FxGenerator:
             raise InfeasibleError(reason)
         workload = self._workloads.get(point.workload_key)
         if workload is None:
-            workload = _FxBuilder(point, self.layer(point)).build()
+            workload = _FxBuilder(point, self.layers(point)).build()
             self._workloads[point.workload_key] = workload
             if len(self._workloads) > WORKLOAD_CACHE_SIZE:
                 self._workloads.popitem(last=False)
         return replace(workload, point_key=point.key)
 
-    def layer(self, point: DesignPoint) -> LoweredLayer:
-        """The lowered layer of the point: captured at its micro-batch up to HIGH, beyond that scaled from the
-        captures at LOW and HIGH where they agree in structure (`scaling`), else captured at it."""
+    def layers(self, point: DesignPoint) -> dict[LayerKind, LoweredLayer]:
+        """The lowered layer of each kind the model has (a MoE model's dense first layers and its MoE ones), each
+        from the first block of its kind."""
+        kinds = layer_kinds(point.model)
+        layers, spent = {}, 0.0
+        for kind in dict.fromkeys(kinds):
+            layers[kind] = self.layer(point, kinds.index(kind))
+            spent += self.last_capture_s
+        self.last_capture_s = spent
+        return layers
+
+    def layer(self, point: DesignPoint, index: int = 0) -> LoweredLayer:
+        """The lowered block `index` of the point: captured at its micro-batch up to HIGH, beyond that scaled from
+        the captures at LOW and HIGH where they agree in structure (`scaling`), else captured at it."""
         self.last_capture_s = 0.0
         batch = point.workload.micro_batch
         if batch <= HIGH:
-            return self._captured(point, batch)
-        scaled = along_batch(self._captured(point, LOW), self._captured(point, HIGH), batch)
-        return scaled if scaled is not None else self._captured(point, batch)
+            return self._captured(point, batch, index)
+        scaled = along_batch(self._captured(point, LOW, index), self._captured(point, HIGH, index), batch)
+        return scaled if scaled is not None else self._captured(point, batch, index)
 
-    def _captured(self, point: DesignPoint, batch: int) -> LoweredLayer:
-        """The layer captured at micro-batch `batch`, kept by its capture key."""
+    def _captured(self, point: DesignPoint, batch: int, index: int = 0) -> LoweredLayer:
+        """Block `index` captured at micro-batch `batch`, kept by its capture key."""
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
         fuse, recompute, train = w.kernels == "fused", p.recompute == "full", w.mode == "train"
-        key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute, train)
+        sp = p.sp and p.tp > 1
+        key = (name, point.model.model_dump_json(), index, p.tp, sp, p.ep, batch, w.seq_len, fuse, recompute, train)
         layer = self._layers.get(key)
         if layer is None:
             start = time.perf_counter()
-            captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train)
+            captured = capture_layer(
+                resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep, index
+            )
             shape, axes = captured.input_shape, captured.axes
             forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
             backward = None
@@ -153,4 +168,4 @@ class FxGenerator:
 
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:
-        return (point.parallel.tp, point.parallel.sp, *schedule_affinity(point))
+        return (point.parallel.tp, point.parallel.sp, point.parallel.ep, *schedule_affinity(point))

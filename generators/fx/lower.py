@@ -139,7 +139,7 @@ class _Lowering:
             kind = COLLECTIVES[packet]
             group = node.args[-1]
             if group not in self.axes:
-                raise CaptureError(f"{node.target} on a process group ({group}) outside the (dp, tp) mesh")
+                raise CaptureError(f"{node.target} on a process group ({group}) outside the (dp, ep, tp) mesh")
             size = _nbytes(out) if kind is Collective.ALL_GATHER else _nbytes(node.args[0].meta.get("val"))
             op = Op(f"{self.name}.{node.name}", OpKind.COLLECTIVE, kind.value, comm_bytes=size,
                     axis=self.axes[group], deps=deps)  # fmt: skip

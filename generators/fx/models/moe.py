@@ -89,12 +89,14 @@ class MoE(nn.Module):
         chosen = (expert_of.unsqueeze(1) == torch.arange(e, device=x.device)).long()
         position = (chosen.cumsum(0) * chosen).sum(1) - 1
         # a copy past its expert's capacity goes to the spare slot e * slots, which nothing reads
-        slot = torch.where(position < slots, expert_of * slots + position, e * slots)
-        padded = torch.cat((flat, flat.new_zeros(1, shape[-1])))  # row `tokens`: the zeros an empty slot reads
-        source = torch.full((e * slots + 1,), tokens, device=x.device).scatter(0, slot, token_of)
-        out = self.experts(padded[source[:-1]].view(e, slots, -1))
-        outputs = torch.cat((out.reshape(e * slots, -1), out.new_zeros(1, shape[-1])))
-        weighted = outputs[slot] * gates.t().reshape(-1, 1)
+        kept = position < slots
+        slot = torch.where(kept, expert_of * slots + position, e * slots)
+        # An empty slot reads token 0 and a dropped copy slot 0, weighted 0: no output and no gradient sees either,
+        # and no padded copy of the tokens or of the experts' output is made (a GPU MoE makes none).
+        source = torch.zeros(e * slots + 1, dtype=torch.long, device=x.device).scatter(0, slot, token_of)
+        out = self.experts(flat[source[:-1]].view(e, slots, -1))
+        weights = gates.t().reshape(-1, 1) * kept.unsqueeze(1)
+        weighted = out.reshape(e * slots, -1)[torch.where(kept, slot, 0)] * weights
         y = weighted.view(self.router.top_k, tokens, -1).sum(0)
         if self.shared_experts is not None:
             y = y + self.shared_experts(flat)

@@ -294,7 +294,7 @@ def test_check_says_what_a_study_refines(tmp_path):
     assert code == 0
     assert (
         "refines the feasible Pareto members and the top 3 per objective with cost model 'analytical' with options "
-        "{'exact': True}, after the search and every 4 trials" in out
+        "{'exact': True}, after the search and every 4 evaluations" in out
     )
 
 

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run (or resume) a study",
         description="Run a study: Optuna proposes design points, Ray actors evaluate them, every trial lands in "
         "OUT/trials.parquet and MLflow, and the Pareto front is printed. Running the same study into the same "
-        "OUT again resumes it: finished trials count toward --trials and only the rest run.",
+        "OUT again resumes it: its evaluations count toward --trials and only the rest run.",
     )
     run.add_argument("study", type=Path, metavar="STUDY.yaml", help="study file, e.g. studies/quickstart.yaml")
     run.add_argument(

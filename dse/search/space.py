@@ -332,7 +332,7 @@ FEASIBILITY_ONLY_FIELDS = ("system.accelerator.hbm_GiB",)
 """Fields that can be feasibility-only: HBM capacity reaches an evaluation only through the memory constraint
 (peak memory against it); the generators and cost models never read it."""
 MEMORY_CONSTRAINT = "fits_memory"
-"""The one constraint a feasibility-only dimension's result is derived for (`dse.search.capacity`)."""
+"""The one constraint whose violation `dse.search.capacity` derives for each value of a feasibility-only dimension."""
 
 
 def feasibility_only(spec: StudySpec) -> dict[str, Param]:

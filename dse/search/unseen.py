@@ -1,12 +1,14 @@
 """A parameter set the study has not tried: where the loop steers a sampler that keeps proposing tried ones.
 
-Model-based samplers settle on the points they like: on the quickstart's 1,296 points, TPE at a budget of 324
-evaluations proposed 200 evaluated points in a row and needed 3,146 trials (250 s of its asks) for 248 distinct
-evaluations before it found nothing new at all. The budget counts evaluations, so after STALL_ASKS fruitless asks
-in a row the loop enqueues a parameter set drawn at random among those not tried; the sampler then learns from
-that trial as from its own. In a space small enough to list (ENUMERABLE) the draw is among the untried sets
-exactly, so the study ends only when every set was tried; in a larger one it is a random draw retried up to
-DRAW_ATTEMPTS times, and a space where that finds nothing untried is taken as exhausted.
+Model-based samplers settle on the points they like: on the quickstart's 1,296 points, TPE (seed 0) at a budget of
+324 evaluations proposed up to 200 evaluated points in a row, and left to find new points itself (up to 100 asks per
+evaluation) it took 3,146 trials and 250 s of asks for 248 evaluations. The budget counts evaluations, so after
+STALL_ASKS fruitless asks in a row the loop enqueues a parameter set drawn at random among those not tried, which
+the sampler then learns from as from its own: the same study takes 922 trials and 19 s for its 324 evaluations
+(with 10 asks before a draw: 2,227 trials, 187 s, as each ask of TPE costs more as its trials grow). In a space
+small enough to list (ENUMERABLE) the draw is among the untried sets exactly, so the study ends only when every
+set was tried; in a larger one it is a random draw retried up to DRAW_ATTEMPTS times, and a space where that finds
+nothing untried is taken as exhausted.
 """
 
 import itertools

@@ -207,7 +207,7 @@ def test_a_study_may_set_a_refinement_some_of_its_points_give_effect(tmp_path):
     path.write_text(text)
     code, out, err = run_cli("check", str(path))
     assert code == 0, err
-    assert out.startswith(f"{path}: a valid study: small, 5 parameters, 96 points in the space, 8 trials (random)")
+    assert out.startswith(f"{path}: a valid study: small, 5 parameters, 96 points in the space, 8 evaluations (random)")
     assert "13 points varying one parameter at a time from the first: 13 can run, 0 cannot" in out
 
 

@@ -139,11 +139,12 @@ def test_run_then_report(ray_address, tmp_path):
     assert f"trials table  {out / 'trials.parquet'}" in result.stdout
     assert "browse        http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning&" in result.stdout
     assert f"start the UI  dse ui {out}\n" in result.stdout
-    assert len(pd.read_parquet(out / "trials.parquet")) == 6
+    frame = pd.read_parquet(out / "trials.parquet")
+    assert frame["evaluation"].sum() == 6
 
     report = dse("report", str(out))
     assert report.returncode == 0, report.stderr
-    assert report.stdout.startswith("6 trials: ")
+    assert report.stdout.startswith(f"{len(frame)} trials: 6 evaluations, ")
     assert "Pareto front of small" in report.stdout
     frame = pd.read_parquet(out / "trials.parquet")
     fastest = frame[frame["feasible"] == True].sort_values("step_time_s").iloc[0]  # noqa: E712
@@ -196,8 +197,9 @@ def test_help_describes_every_command():
 
 
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(ray_address, tmp_path):
-    out = tmp_path / "small"
-    args = ["run", str(SMALL), "--trials", "100000", "--address", ray_address, "--out", str(out)]
+    out = tmp_path / "quickstart"  # 1,296 points: the small study's 48 are all evaluated in a second
+    args = ["run", str(ROOT / "studies" / "quickstart.yaml"), "--trials", "100000", "--address", ray_address]
+    args += ["--out", str(out)]
     process = subprocess.Popen(
         [sys.executable, "-m", "dse.cli", *args],
         cwd=ROOT,
@@ -247,10 +249,12 @@ def test_summary_counts_points_over_hbm_as_infeasible_and_a_rerun_says_nothing_i
     fits = int((complete & (frame["feasible"] == True)).sum())  # noqa: E712
     over, pruned = int(complete.sum()) - fits, int((frame["state"] == "PRUNED").sum())
     assert over > 0, "the quickstart's first trials include points over HBM"
-    evaluated = frame.loc[complete, "point_key"].nunique()
+    repeats = int(frame["duplicate_of"].notna().sum())
+    assert frame["evaluation"].sum() == frame.loc[complete, "point_key"].nunique() == 24
     assert (
-        f"24 trials: {fits} feasible, {over + pruned} infeasible ({over} evaluated over fits_memory, {pruned} pruned "
-        f"before evaluation), 0 failed; {evaluated} distinct points evaluated"
+        f"{len(frame)} trials: 24 evaluations, {repeats} repeats of an evaluated point, {pruned} pruned before "
+        f"evaluation; {fits} feasible, {over + pruned} infeasible ({over} evaluated over fits_memory, {pruned} "
+        f"pruned), 0 failed; 24 distinct points"
     ) in first.stdout
     assert frame["pareto"].sum() == len(pd.read_csv(out / "pareto.csv")) > 0
     assert f"dse timeline {out}" in first.stdout
@@ -260,8 +264,8 @@ def test_summary_counts_points_over_hbm_as_infeasible_and_a_rerun_says_nothing_i
 
     again = dse(*args)
     assert again.returncode == 0, again.stderr
-    assert f"study quickstart already has 24 of 24 trials in {out}: nothing left to run" in again.stdout
-    assert len(pd.read_parquet(out / "trials.parquet")) == 24
+    assert f"study quickstart already has 24 of 24 evaluations in {out}: nothing left to run" in again.stdout
+    assert len(pd.read_parquet(out / "trials.parquet")) == len(frame)
 
     small = tmp_path / "small"
     assert dse("run", str(SMALL), "--trials", "4", "--inline", "--out", str(small)).returncode == 0

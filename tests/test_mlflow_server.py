@@ -77,21 +77,21 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
     assert "Traceback" not in result.stderr
     assert f"warning: MLflow at {uri} failed" in result.stderr and f"dse sync {out}" in result.stderr
     frame = pd.read_parquet(out / "trials.parquet")
-    assert len(frame) == TRIALS and set(frame["state"]) <= {"COMPLETE", "PRUNED"}
+    assert frame["evaluation"].sum() == TRIALS and set(frame["state"]) <= {"COMPLETE", "PRUNED"}
     assert (frame["datetime_complete"].dt.tz_localize("UTC") > stopped_at[0]).any(), "the study went on"
 
     _, before = runs(uri, "outage")
     written = {int(r.data.tags["trial_number"]) for r in before if r.info.status != "RUNNING"}
-    assert len(written) < TRIALS
+    assert len(written) < len(frame)
 
     synced = dse("sync", str(out), timeout=300)
     assert synced.returncode == 0, synced.stderr
-    missing = TRIALS - len(written)
+    missing = len(frame) - len(written)
     assert f"uploaded {missing} child runs" in synced.stdout
 
     parents, children = runs(uri, "outage")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert sorted(int(r.data.tags["trial_number"]) for r in children) == list(range(TRIALS)), "each run once"
+    assert sorted(int(r.data.tags["trial_number"]) for r in children) == list(range(len(frame))), "each run once"
     pareto = {int(r.data.tags["trial_number"]) for r in children if r.data.tags["pareto"] == "true"}
     assert pareto == set(pd.read_csv(out / "pareto.csv")["number"])
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parents[0].info.run_id)}
@@ -99,7 +99,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
 
     again = dse("sync", str(out), timeout=300)
     assert again.returncode == 0 and "uploaded 0 child runs" in again.stdout
-    assert len(runs(uri, "outage")[1]) == TRIALS
+    assert len(runs(uri, "outage")[1]) == len(frame)
 
 
 def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow_server, ray_address, tmp_path):
@@ -111,7 +111,7 @@ def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow
         assert result.returncode == 0, result.stderr
         assert time.monotonic() - started < 120
         frame = pd.read_parquet(out / "trials.parquet")
-        assert len(frame) == 40, "the table always has every trial"
+        assert frame["evaluation"].sum() == 40 and len(frame) == frame["number"].max() + 1, "every trial"
         parents, children = runs(mlflow_server.uri, f"children-{mode}")
         assert len(parents) == 1
         numbers = sorted(int(r.data.tags["trial_number"]) for r in children)

@@ -23,7 +23,7 @@ from dse.results.tracking import PARENT_RUN_ATTR
 from dse.search.executor import NODE, RayExecutor
 from dse.search.space import load_study
 from dse.search.storage import JOURNAL
-from dse.search.study import POINT_KEY, REASON, TIMINGS, counted, open_study, run
+from dse.search.study import POINT_KEY, REASON, TIMINGS, evaluations, open_study, run
 from dse.spec import DesignPoint
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -68,7 +68,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_ends_with_exactly_th
         executor.close()
 
     trials = study.trials
-    assert len(trials) == len(counted(trials)) == 14, "no trial lost or added by the crash"
+    assert len(evaluations(trials)) == 14, "no evaluation lost or added by the crash"
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
     victim = [t for t in trials if t.user_attrs.get(POINT_KEY) == killed[0] and TIMINGS in t.user_attrs]
     assert len(victim) == 1 and victim[0].state in (TrialState.COMPLETE, TrialState.FAIL)
@@ -125,7 +125,7 @@ def test_a_driver_killed_with_sigkill_resumes_without_losing_or_repeating_a_tria
 
     def some_finished() -> bool:
         try:
-            return (out / JOURNAL).exists() and len(counted(journal_trials(out))) >= 15
+            return (out / JOURNAL).exists() and len(evaluations(journal_trials(out))) >= 15
         except (KeyError, ValueError):  # the study or a line is still being written
             return False
 
@@ -136,13 +136,13 @@ def test_a_driver_killed_with_sigkill_resumes_without_losing_or_repeating_a_tria
     assert len(writers) == 1, "the driver's MLflow writer process"
     wait_until(lambda: not Path(f"/proc/{writers[0]}").exists(), "the orphaned writer to exit", timeout=60)
     before = journal_trials(out)
-    assert 15 <= len(counted(before)) < TRIALS, "killed mid-study"
+    assert 15 <= len(evaluations(before)) < TRIALS, "killed mid-study"
 
     resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
 
     trials = journal_trials(out)
-    assert len(counted(trials)) == TRIALS
+    assert len(evaluations(trials)) == TRIALS
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert [t.params for t in trials[: len(before)]] == [t.params for t in before], "finished trials kept"
     evaluated = [t.user_attrs[POINT_KEY] for t in trials if TIMINGS in t.user_attrs]

@@ -57,13 +57,13 @@ def _check_study(path: Path, console: Console) -> None:
     size = space_size(spec)
     shown = "a continuous space" if size is None else f"{size:,} points in the space"
     console.print(
-        f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} trials "
+        f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} evaluations "
         f"({spec.sampler})",
         soft_wrap=True,
         highlight=False,
     )
     if (refine := spec.refine) is not None:
-        when = "after the search" + (f" and every {refine.every} trials" if refine.every else "")
+        when = "after the search" + (f" and every {refine.every} evaluations" if refine.every else "")
         options = f" with options {refine.cost_model_options}" if refine.cost_model_options else ""
         console.print(
             f"refines the feasible Pareto members and the top {refine.top_k} per objective with cost model "

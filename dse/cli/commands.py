@@ -83,7 +83,7 @@ def sync(args: argparse.Namespace, console: Console) -> int:
     tracker = tracking.Tracker(uri, spec, args.out)
     tracker.start(study)
     results = tracking.write_results(spec, study, args.out)
-    completed = len(studies.counted(study.get_trials(deepcopy=False))) >= spec.trials
+    completed = len(studies.evaluations(study.get_trials(deepcopy=False))) >= spec.trials
     missing = tracker.finish(study, results, completed)
     if tracker.error:
         raise DseError(f"MLflow at {uri} still fails ({tracker.error}); {missing} child runs are missing, try again")

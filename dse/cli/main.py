@@ -32,12 +32,13 @@ from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
 from dse.results import pareto, refinement, report, tracking
+from dse.results.tracking import EVALUATION
 from dse.search import refine
 from dse.search import study as studies
 from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
 from dse.search.inline_first import InlineFirstExecutor
 from dse.search.space import StudySpec, load_study
-from dse.search.study import POINT_KEY
+from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
@@ -59,10 +60,15 @@ def _parser() -> argparse.ArgumentParser:
         help="run (or resume) a study",
         description="Run a study: Optuna proposes design points, Ray actors evaluate them, every trial lands in "
         "OUT/trials.parquet and MLflow, and the Pareto front is printed. Running the same study into the same "
-        "OUT again resumes it: finished trials count toward --trials and only the rest run.",
+        "OUT again resumes it: its evaluations count toward --trials and only the rest run.",
     )
     run.add_argument("study", type=Path, metavar="STUDY.yaml", help="study file, e.g. studies/quickstart.yaml")
-    run.add_argument("--trials", type=int, help="total trials, including those already in OUT (default: the file's)")
+    run.add_argument(
+        "--trials",
+        type=int,
+        help="the budget: distinct evaluations, including those already in OUT (default: the file's); trials that "
+        "repeat an evaluated point or are pruned before evaluation do not count",
+    )
     run.add_argument("--workers", type=int, help="evaluations in flight at once (default: the file's)")
     run.add_argument(
         "--address",
@@ -138,10 +144,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     with _stop_on_interrupt(stop, console):
         tracker = tracking.Tracker(uri, spec, out)
         tracker.start(study)
-        done = len(studies.counted(study.get_trials(deepcopy=False)))
+        done = len(studies.evaluations(study.get_trials(deepcopy=False)))
         if done >= spec.trials:
             console.print(
-                f"study {spec.name} already has {done} of {spec.trials} trials in {out}: nothing left to run "
+                f"study {spec.name} already has {done} of {spec.trials} evaluations in {out}: nothing left to run "
                 "(--trials N asks for more); its results follow",
                 soft_wrap=True,
             )
@@ -153,9 +159,10 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
                 def on_trial(trial: optuna.trial.FrozenTrial) -> None:
                     tracker.record(trial)
-                    progress.advance(task)
+                    if studies.is_evaluation(trial):
+                        progress.advance(task)
 
-                refine.run(spec, study, executor, spec.trials, on_trial, stop.is_set, refining(progress))
+                ending = refine.run(spec, study, executor, spec.trials, on_trial, stop.is_set, refining(progress))
             completed = not stop.is_set()
         except BaseException:  # a second Ctrl-C or a bug: what has finished is still written, then it goes on up
             executor.close()
@@ -164,6 +171,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         executor.close()
         results = tracking.write_tables(spec, study, out)
         frame, best = results.frame, results.front
+        if ending:
+            console.print(f"stopped before {spec.trials} evaluations: {ending}", soft_wrap=True)
         _print_summary(console, frame, best, f"Pareto front of {spec.name}")
         refinement.print_refinement(console, frame)
         with console.status("writing the Pareto plots and the MLflow runs"):
@@ -275,8 +284,9 @@ def _print_summary(console: Console, frame: pd.DataFrame, best: pd.DataFrame, ti
 
 
 def trial_counts(frame: pd.DataFrame) -> str:
-    """What became of a study's trials, in one line: feasible, infeasible (evaluated but over a constraint such as
-    HBM, or pruned before evaluation), failed; and how many distinct points were evaluated."""
+    """What became of a study's trials, in one line: evaluations (what the budget counts), trials that reused one
+    (the same point, or the same configuration at another value of a feasibility-only dimension), trials pruned
+    before evaluation; then feasible, infeasible and failed over all trials."""
     if frame.empty:
         return "0 trials"
     state = frame["state"]
@@ -285,10 +295,13 @@ def trial_counts(frame: pd.DataFrame) -> str:
     over = int(complete.sum()) - fits
     pruned, failed = int((state == "PRUNED").sum()), int((state == "FAIL").sum())
     constraints = ", ".join(frame.attrs.get("constraints", [])) or "a constraint"
-    evaluated = frame.loc[complete, POINT_KEY].nunique() if POINT_KEY in frame else int(complete.sum())
+    duplicates, resolved = (int(frame[c].notna().sum()) if c in frame else 0 for c in (DUPLICATE_OF, RESOLVED_FROM))
+    evaluations = int(frame[EVALUATION].sum()) if EVALUATION in frame else len(frame) - pruned - duplicates
+    derived = f", {resolved} resolved from an evaluation at another value of a feasibility-only field" * bool(resolved)
     return (
-        f"{len(frame)} trials: {fits} feasible, {over + pruned} infeasible ({over} evaluated over {constraints}, "
-        f"{pruned} pruned before evaluation), {failed} failed; {evaluated} distinct points evaluated"
+        f"{len(frame)} trials: {evaluations} evaluations, {duplicates} repeats of an evaluated point{derived}, "
+        f"{pruned} pruned before evaluation; {fits} feasible, {over + pruned} infeasible ({over} evaluated over "
+        f"{constraints}, {pruned} pruned), {failed} failed; {frame[POINT_KEY].nunique()} distinct points"
     )
 
 

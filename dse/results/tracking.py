@@ -35,7 +35,18 @@ from dse.results import browse, mlflow_runs, pareto, plots, refinement
 from dse.search import refine
 from dse.search.executor import NODE
 from dse.search.space import StudySpec, decode, load_study
-from dse.search.study import DUPLICATE_OF, FIELDS, FINISHED, METRICS, POINT_KEY, REASON, RETRY_OF, TIMINGS
+from dse.search.study import (
+    DUPLICATE_OF,
+    FIELDS,
+    FINISHED,
+    METRICS,
+    POINT_KEY,
+    REASON,
+    RESOLVED_FROM,
+    RETRY_OF,
+    TIMINGS,
+    is_evaluation,
+)
 from dse.spec import without_ignored_settings
 
 PARQUET = "trials.parquet"
@@ -97,6 +108,10 @@ def refined_columns(record: dict[str, Any] | None) -> dict[str, Any]:
     return row
 
 
+EVALUATION = "evaluation"
+"""Trials table column: whether the trial spent an evaluation, what the study's budget counts (study.evaluations)."""
+
+
 def _row(trial: FrozenTrial, retried_as: dict[int, int], refined: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One trial flattened: identity, state and reason, params (searched, derived, summary), metrics, times, and
     its point's refinement (`refined_columns`)."""
@@ -111,6 +126,8 @@ def _row(trial: FrozenTrial, retried_as: dict[int, int], refined: dict[str, dict
         "feasible": _feasible(trial),
         POINT_KEY: attrs.get(POINT_KEY),
         DUPLICATE_OF: attrs.get(DUPLICATE_OF),
+        RESOLVED_FROM: attrs.get(RESOLVED_FROM),
+        EVALUATION: is_evaluation(trial) and (trial.number not in retried_as or METRICS in attrs),
         NODE: attrs.get(NODE),
     }
     row.update(trial.params)

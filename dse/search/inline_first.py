@@ -25,9 +25,9 @@ TIMED_OUTCOMES = 3
 class InlineFirstExecutor:
     """An InlineExecutor that hands over to the pool `start_pool()` makes once it pays (see the module docstring).
 
-    `trials` bounds the evaluations still to come (trials that repeat an evaluated point are not evaluated, so it
-    errs toward starting the pool); `workers` is the pool's size, None for one per CPU of this machine;
-    `on_start` hears the projected seconds of evaluation left, so the caller can say why it waits."""
+    `trials` is the evaluations still to come (the study's budget counts evaluations; a search that exhausts its
+    space makes fewer, so it errs toward starting the pool); `workers` is the pool's size, None for one per CPU of
+    this machine; `on_start` hears the projected seconds of evaluation left, so the caller can say why it waits."""
 
     def __init__(
         self,

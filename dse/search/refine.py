@@ -2,7 +2,7 @@
 study file), both results kept.
 
 Which points: the feasible Pareto members and the `top_k` best feasible points per objective, one trial per design
-point (its first). When: after the search, and with `every: N` after every N counted trials, each time only the
+point (its first). When: after the search, and with `every: N` after every N evaluations, each time only the
 points not refined yet. How: through the study's executor (the Ray actors, in parallel), as the refining cost
 model's evaluation of the same point (`PluginEvaluation.refine`).
 
@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from dse.search import study as studies
 from dse.search.executor import NODE, Executor
 from dse.search.space import StudySpec, decode
-from dse.search.study import POINT_KEY, STOP_POLL_S, OnTrial, counted
+from dse.search.study import POINT_KEY, STOP_POLL_S, OnTrial, evaluations
 
 REFINED = "refined:"
 """Prefix of the study user attributes that hold the refinements, one per design point: REFINED + point key."""
@@ -132,16 +132,21 @@ def run(
     on_trial: OnTrial | None = None,
     stop: Callable[[], bool] = lambda: False,
     on_refined: OnRefined | None = None,
-) -> None:
-    """studies.run, with the study's refinements: after every `refine.every` counted trials and after the search
-    (also when a resume finds the search done: refinements a stopped run left are made then)."""
+) -> str | None:
+    """studies.run, with the study's refinements: after every `refine.every` evaluations and after the search
+    (also when a resume finds the search done: refinements a stopped run left are made then). Returns why the
+    search ended short of `trials` evaluations, or None (studies.run)."""
     targets = [trials]
     if spec.refine is not None and spec.refine.every is not None:
         every = spec.refine.every
-        done = len(counted(study.get_trials(deepcopy=False)))
+        done = len(evaluations(study.get_trials(deepcopy=False)))
         targets = [*range((done // every + 1) * every, trials, every), trials]
+    ending = None
     for target in targets:
-        studies.run(spec, study, executor, target, on_trial, stop)
+        ending = studies.run(spec, study, executor, target, on_trial, stop)
         if stop():
-            return
+            return ending
         refine(spec, study, executor, stop, on_refined)
+        if ending:
+            break
+    return ending

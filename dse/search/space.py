@@ -5,6 +5,7 @@ assign every sampled parameter, then every derived value, then validate. A point
 as its reason (a string) so the study can tell Optuna at once, without spending an evaluation on it.
 """
 
+import importlib.util
 import math
 import types
 from collections.abc import Mapping
@@ -57,6 +58,9 @@ class Param(BaseModel):
     high: int | float | None = None
     step: Annotated[int | float, Gt(0)] | None = None
     log: bool = False
+    feasibility_only: bool = False
+    """The field only decides whether a point fits, never its objectives: the study evaluates each configuration
+    once, at the largest value, and derives the result for every other value (`dse.search.capacity`)."""
 
     @model_validator(mode="after")
     def _check(self) -> "Param":
@@ -78,6 +82,11 @@ class Param(BaseModel):
     @property
     def first(self) -> Value:
         return self.choices[0] if self.choices is not None else self.low  # type: ignore[return-value]
+
+    @property
+    def largest(self) -> Value:
+        """The largest value: where a feasibility-only dimension is evaluated."""
+        return max(self.choices) if self.choices is not None else self.high  # type: ignore[type-var,return-value]
 
     @property
     def values(self) -> list[Value]:
@@ -106,7 +115,7 @@ class TrackingSpec(BaseModel):
 
 
 class RefineSpec(BaseModel):
-    """A multi-fidelity study's second cost model: after the search (and every `every` counted trials), the
+    """A multi-fidelity study's second cost model: after the search (and every `every` evaluations), the
     Pareto members and the `top_k` best feasible points per objective are priced again with it
     (`dse.search.refine`), both results kept."""
 
@@ -118,7 +127,7 @@ class RefineSpec(BaseModel):
         10, description="best feasible points per objective refined besides the Pareto members (0: the front only)"
     )
     every: Annotated[Count, Le(MAX_TRIALS)] | None = Field(
-        None, description="also refine after every N counted trials (default: only after the search)"
+        None, description="also refine after every N evaluations (default: only after the search)"
     )
 
 
@@ -141,8 +150,14 @@ class StudySpec(BaseModel):
         min_length=1, description="objective name -> minimize | maximize (empty: the objective's default)"
     )
     constraints: list[str] = Field(default_factory=lambda: ["fits_memory"])
-    sampler: Literal["nsga2", "tpe", "random", "grid"] = "nsga2"
-    trials: Annotated[Count, Le(MAX_TRIALS)]
+    sampler: Literal["nsga2", "nsga3", "tpe", "gp", "random", "grid"] = "nsga2"
+    population_size: Annotated[Count, Ge(2), Le(MAX_TRIALS)] | None = Field(
+        None, description="trials per generation of nsga2 and nsga3 (default: Optuna's 50)"
+    )
+    trials: Annotated[Count, Le(MAX_TRIALS)] = Field(
+        description="the budget: distinct evaluations (a trial that repeats an evaluated point or is pruned before "
+        "evaluation does not count)"
+    )
     workers: Annotated[Count, Le(MAX_WORKERS)] | None = Field(
         None, description="evaluations in flight; default: the Ray cluster's CPUs"
     )
@@ -267,13 +282,7 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
         expand(spec.base, where="base.")
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
-    if spec.sampler == "grid":
-        ranged = [name for name, param in spec.space.items() if param.choices is None]
-        if ranged:
-            raise SpecError(
-                f"{path}: field 'space.{ranged[0]}': the grid sampler needs 'choices' for every "
-                f"parameter; list the values or use sampler nsga2, tpe or random"
-            )
+    _check_sampler(spec)
     for name, param in spec.space.items():
         if param.choices is None and not param.is_int and _is_integer_field(name):
             raise SpecError(
@@ -285,10 +294,75 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
             f"{path}: field 'space': {values:,} choices and range ends over all parameters is over the limit of "
             f"{MAX_CHOICES:,} (README: Limits); use ranges for the long ones"
         )
+    _check_feasibility_only(spec)
     decode(spec, {name: param.first for name, param in spec.space.items()})
     vary(spec)
     _check_refinements(spec)
     return spec
+
+
+GA_SAMPLERS = ("nsga2", "nsga3")
+"""The evolutionary samplers: they breed generations of `population_size` trials."""
+
+
+def _check_sampler(spec: StudySpec) -> None:
+    """The sampler's own requirements: grid needs choices everywhere, gp needs torch, and only the evolutionary
+    samplers take a population size."""
+    where = f"{spec.source}: field"
+    if spec.sampler == "grid":
+        ranged = [name for name, param in spec.space.items() if param.choices is None]
+        if ranged:
+            raise SpecError(
+                f"{where} 'space.{ranged[0]}': the grid sampler needs 'choices' for every "
+                f"parameter; list the values or use sampler nsga2, tpe or random"
+            )
+    if spec.sampler == "gp" and importlib.util.find_spec("torch") is None:
+        raise SpecError(
+            f"{where} 'sampler': gp (Optuna's GPSampler) needs torch, which is not installed; "
+            "pip install 'dse-orchestrator[gp]', or use sampler tpe, nsga2, nsga3, random or grid"
+        )
+    if spec.population_size is not None and spec.sampler not in GA_SAMPLERS:
+        raise SpecError(
+            f"{where} 'population_size': only the evolutionary samplers ({', '.join(GA_SAMPLERS)}) breed "
+            f"generations, not {spec.sampler}; remove it or use sampler nsga2"
+        )
+
+
+FEASIBILITY_ONLY_FIELDS = ("system.accelerator.hbm_GiB",)
+"""Fields that can be feasibility-only: HBM capacity reaches an evaluation only through the memory constraint
+(peak memory against it); the generators and cost models never read it."""
+MEMORY_CONSTRAINT = "fits_memory"
+"""The one constraint whose violation `dse.search.capacity` derives for each value of a feasibility-only dimension."""
+
+
+def feasibility_only(spec: StudySpec) -> dict[str, Param]:
+    """The study's feasibility-only dimensions, by parameter name."""
+    return {name: param for name, param in spec.space.items() if param.feasibility_only}
+
+
+def _check_feasibility_only(spec: StudySpec) -> None:
+    """A dimension marked feasibility_only must be one whose other values can be derived from one evaluation: a
+    field no generator or cost model reads (FEASIBILITY_ONLY_FIELDS), used by no derived value, in a study whose
+    only constraint is the memory constraint, whose violation is derived for each capacity."""
+    for name in feasibility_only(spec):
+        where = f"{spec.source}: field 'space.{name}.feasibility_only'"
+        if name not in FEASIBILITY_ONLY_FIELDS:
+            raise SpecError(
+                f"{where}: {name} can change what a point costs, so each value needs its own evaluation; only "
+                f"{', '.join(FEASIBILITY_ONLY_FIELDS)} can be feasibility-only: remove the flag"
+            )
+        users = [path for path, expr in spec.expressions.items() if name in expr.names]
+        if users:
+            raise SpecError(
+                f"{where}: derived value {users[0]} uses {name}, so the value changes more than feasibility; "
+                "remove the flag or the derived value's use of it"
+            )
+        others = [c for c in spec.constraints if c != MEMORY_CONSTRAINT]
+        if others:
+            raise SpecError(
+                f"{where}: constraint {others[0]} may depend on {name}, and only {MEMORY_CONSTRAINT} is derived for "
+                "each value; remove the flag or the constraint"
+            )
 
 
 def vary(spec: StudySpec) -> list[tuple[str, Value, DesignPoint | str]]:

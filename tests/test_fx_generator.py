@@ -202,8 +202,8 @@ def test_what_it_does_not_build_is_named(generator):
         generator.generate(point({**FACTORY, "workload.mode": "decode"}))
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
         generator.generate(point(dp=2, recompute="selective"))
-    with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp': 8 would split model\.kv_heads=4"):
-        generator.generate(point(tp=8))
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.cp'"):
+        generator.generate(point(cp=2))
 
 
 def test_factories_by_name(generator, tmp_path, monkeypatch):

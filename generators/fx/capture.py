@@ -40,6 +40,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
+from generators.fx.kv_heads import ReplicatedKeyValue
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
@@ -99,13 +100,16 @@ def axis_of(group_name: str, dp: int, tp: int) -> str:
     raise CaptureError(f"a collective on ranks {ranks}, which are neither the tp nor the dp group of rank 0")
 
 
-def tp_plan(block: nn.Module, sp: bool) -> dict[str, ParallelStyle]:
-    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout)."""
+def tp_plan(block: nn.Module, sp: bool, kv_heads: int) -> dict[str, ParallelStyle]:
+    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); the block's
+    `kv_heads` key/value heads replicated when the tp ranks outnumber them (`ReplicatedKeyValue`)."""
     names = dict(block.named_modules())
     plan: dict[str, ParallelStyle] = {}
     output = Shard(1) if sp else Replicate()
-    for inner in ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"):
+    for inner in ("attention.wq", "feed_forward.w1", "feed_forward.w3"):
         plan[inner] = ColwiseParallel()
+    for inner in ("attention.wk", "attention.wv"):
+        plan[inner] = ReplicatedKeyValue(kv_heads)
     for inner in ("attention.wo", "feed_forward.w2"):
         plan[inner] = RowwiseParallel(output_layouts=output)
     # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
@@ -213,7 +217,7 @@ def capture_layer(
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             if tp > 1:
-                parallelize_module(block, mesh["tp"], tp_plan(block, sp))
+                parallelize_module(block, mesh["tp"], tp_plan(block, sp, model.n_kv_heads))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             torch._dynamo.reset()
             regather = sp and tp > 1

@@ -52,11 +52,6 @@ def unsupported(point: DesignPoint) -> str | None:
     for field, (bad, fix) in checks.items():
         if bad:
             return f"field '{field}': the fx generator does not build this yet; use {fix}, or generator symbolic"
-    if m.n_kv_heads % p.tp:
-        return (
-            f"field 'parallel.tp': {p.tp} would split model.kv_heads={m.n_kv_heads} key/value heads, and the TP plan "
-            "splits whole heads; use a tp that divides kv_heads, or generator symbolic (which replicates them)"
-        )
     return None
 
 

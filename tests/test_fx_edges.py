@@ -1,5 +1,6 @@
 """The fx generator on the dense LLaMA points it used to refuse, each against the symbolic generator with issue 22's
-tolerances (generators/fx/compare.py): tensor parallelism beyond the key/value heads (replicated heads)."""
+tolerances (generators/fx/compare.py): tensor parallelism beyond the key/value heads (replicated heads), selective
+recompute (Megatron's core attention, torchtitan's per-op policy)."""
 
 from collections import Counter
 
@@ -14,6 +15,7 @@ from dse.workload import Block, Workload
 from generators.fx.compare import Row, compare, figures
 from generators.fx.generator import FxGenerator
 from generators.symbolic import SymbolicGenerator
+from generators.symbolic.generator import _Builder
 
 SEQ = 256
 
@@ -65,3 +67,65 @@ def test_tp_beyond_the_kv_heads_replicates_them(generator, model, parallel, seq_
     assert rows["GEMM FLOPs"].difference == pytest.approx(0, abs=1e-12)
     comm = [r for r in rows.values() if r.figure.endswith(" bytes") and r.figure != "peak memory bytes"]
     assert comm and all(r.a == r.b for r in comm)
+
+
+def symbolic_saved_bytes(point: DesignPoint) -> float:
+    """The activations a symbolic layer keeps from its forward for its backward."""
+    builder = _Builder(point)
+    builder.build()
+    (traced,) = builder.layer_traces.values()
+    return traced.saved_bytes
+
+
+def flops(b: Block, category: str) -> float:
+    return sum(op.flops for op in b.ops if op.category == category)
+
+
+RECOMPUTED = [{"tp": 2, "dp": 2, "sp": True}, {"tp": 2, "dp": 2}, {"tp": 1, "dp": 2}]
+
+
+@pytest.mark.parametrize("parallel", RECOMPUTED)
+@pytest.mark.parametrize("recompute", ["selective", "selective_op"])
+def test_selective_recompute_agrees_with_symbolic(generator, parallel, recompute):
+    """The backward's GEMMs (with those it runs again: selective_op recomputes wk and w3, whose outputs it drops and
+    backward reads, and wo for the residual the second norm's backward reads) and its attention (selective runs it
+    again) are the symbolic ones exactly, as are the collectives (selective_op regathers, and without SP all-reduces
+    wo's output again); peak memory within 5 %."""
+    point = make_point(seq_len=SEQ, recompute=recompute, **parallel)
+    _, ours, theirs = agreement(generator, point)
+    for name in ("layer.forward", "layer.backward"):
+        for category in ("gemm", "attention"):
+            assert flops(block(ours, name), category) == pytest.approx(flops(block(theirs, name), category), rel=1e-12)
+    plain = generator.generate(make_point(seq_len=SEQ, **parallel))
+    attention_again = recompute == "selective"
+    forward_attention = flops(block(ours, "layer.forward"), "attention")
+    extra = flops(block(ours, "layer.backward"), "attention") - flops(block(plain, "layer.backward"), "attention")
+    assert extra == (forward_attention if attention_again else 0.0)
+    assert (flops(block(ours, "layer.backward"), "gemm") > flops(block(plain, "layer.backward"), "gemm")) == (
+        recompute == "selective_op"
+    )
+
+
+def test_selective_recompute_keeps_what_symbolic_keeps(generator):
+    """Saved activations. selective keeps no attention output: the plain fx layer keeps it twice (the kernel's
+    output for its backward, and its copy laid out for the output projection, whose weight gradient reads it),
+    symbolic's once, and each drops what it kept (fx up to the RoPE table's slice for the sequence, s x d_head / 2
+    complex64, which the partitioner keeps under checkpointing in some layouts rather than slice it again).
+    selective_op keeps the symbolic layer's bytes exactly with SP and
+    without tp; without SP torch's partitioner also keeps the last matmul's output (torchtitan's policy says save
+    it), which backward never reads: one b s h tensor more than symbolic, as a real torchtitan run under
+    torch.compile holds it."""
+    sp, no_sp, one = RECOMPUTED
+    for parallel in RECOMPUTED:
+        base, selective = (make_point(seq_len=SEQ, recompute=r, **parallel) for r in ("none", "selective"))
+        context = SEQ * base.model.hidden * 2 / parallel["tp"]
+        dropped = generator.layer(base).forward.saved_bytes - generator.layer(selective).forward.saved_bytes
+        rope_slice = SEQ * base.model.d_head / 2 * 8
+        assert 2 * context - rope_slice <= dropped <= 2 * context
+        assert symbolic_saved_bytes(base) - symbolic_saved_bytes(selective) == context
+    for parallel in (sp, one):
+        per_op = make_point(seq_len=SEQ, recompute="selective_op", **parallel)
+        assert generator.layer(per_op).forward.saved_bytes == symbolic_saved_bytes(per_op)
+    per_op = make_point(seq_len=SEQ, recompute="selective_op", **no_sp)
+    last_matmul = SEQ * per_op.model.hidden * 2
+    assert generator.layer(per_op).forward.saved_bytes == symbolic_saved_bytes(per_op) + last_matmul

@@ -15,7 +15,6 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -35,12 +34,12 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 from generators.fx.kv_heads import ReplicatedKeyValue
+from generators.fx.recompute import Checkpointed, needs_checkpoint
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
@@ -155,37 +154,6 @@ def _first_block_arguments(model: nn.Module, tokens: torch.Tensor) -> tuple[tupl
     return kept["args"], kept["kwargs"]
 
 
-REGATHERED = {
-    torch.ops._c10d_functional.all_gather_into_tensor.default,
-    torch.ops._c10d_functional.wait_tensor.default,
-    torch.ops.aten.cat.default,
-    torch.ops.aten.split.Tensor,
-    torch.ops.aten.split_with_sizes.default,
-}
-"""What a sequence-parallel backward runs again instead of keeping: the all-gathers of the sequence shards (and
-the reshuffle of their output), as Megatron's SP does; everything else is kept where the partitioner likes."""
-
-
-def _regather(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_RECOMPUTE if op in REGATHERED else CheckpointPolicy.PREFER_SAVE
-
-
-class _Checkpointed(nn.Module):
-    """A block under activation checkpointing: `full` recompute runs its forward again in backward; otherwise the
-    selective policy `_regather`, so that sequence parallelism keeps the sequence shards, not their gathered
-    copies (torch.compile's partitioner keeps a collective's output rather than run it again)."""
-
-    def __init__(self, block: nn.Module, full: bool) -> None:
-        super().__init__()
-        self.block, self.full = block, full
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.full:
-            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
-        selective = partial(create_selective_checkpoint_contexts, _regather)
-        return checkpoint(self.block, *args, use_reentrant=False, context_fn=selective, **kwargs)
-
-
 def capture_layer(
     factory: Callable[..., nn.Module],
     name: str,
@@ -194,11 +162,12 @@ def capture_layer(
     tp: int,
     dp: int,
     sp: bool,
-    recompute: bool = False,
+    recompute: str = "none",
     train: bool = True,
 ) -> CapturedLayer:
     """The first block of `factory(model, workload)`'s stack, tp-way parallel, on a micro-batch of the workload;
-    with `recompute`, under activation checkpointing; without `train`, its forward alone (inference)."""
+    trained, under activation checkpointing with the policy of `recompute` (`parallel.recompute`, see
+    `generators.fx.recompute`); without `train`, its forward alone (inference)."""
     fake_world(dp * tp)
     mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
     graphs: dict[str, fx.GraphModule] = {}
@@ -220,9 +189,8 @@ def capture_layer(
                 parallelize_module(block, mesh["tp"], tp_plan(block, sp, model.n_kv_heads))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             torch._dynamo.reset()
-            regather = sp and tp > 1
-            checkpointed = train and (recompute or regather)
-            captured = _Checkpointed(block, full=recompute) if checkpointed else block
+            checkpointed = train and needs_checkpoint(recompute, regather=sp and tp > 1)
+            captured = Checkpointed(block, recompute) if checkpointed else block
             compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
             if train:
                 compiled(x, *args[1:], **kwargs).sum().backward()

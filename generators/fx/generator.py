@@ -10,7 +10,7 @@ and its saved activation bytes for the captured forward's, so the schedule keeps
 forward call to its backward (liveness memory) as it does a symbolic layer's.
 
 A capture depends on the factory, the model, the tensor-parallel degree and sp, the micro-batch's shape and
-whether the layer is recomputed (full recompute: captured under activation checkpointing), not on dp, pp, ZeRO,
+its recompute policy (captured under activation checkpointing with that policy, `recompute`), not on dp, pp, ZeRO,
 the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by every point that
 shares those, so a study pays it once per distinct layer shape. Micro-batches above 3 are scaled from the captures
 at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures.
@@ -43,7 +43,6 @@ def unsupported(point: DesignPoint) -> str | None:
         "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.ep": (p.ep > 1, "1"),
-        "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
         "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
@@ -129,7 +128,7 @@ class FxGenerator:
         """The layer captured at micro-batch `batch`, kept by its capture key."""
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
-        fuse, recompute, train = w.kernels == "fused", p.recompute == "full", w.mode == "train"
+        fuse, recompute, train = w.kernels == "fused", p.recompute, w.mode == "train"
         key = (name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute, train)
         layer = self._layers.get(key)
         if layer is None:

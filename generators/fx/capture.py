@@ -36,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from dse.errors import DseError
+from dse.limits import MAX_WORLD
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 from generators.fx.kv_heads import ReplicatedKeyValue
@@ -76,9 +77,11 @@ class _FirstBlockCalled(Exception):
 def fake_world(world: int) -> None:
     """A fake default process group (collectives return at once, nothing is sent) of at least `world` ranks.
 
-    It is kept while it is large enough: DTensor caches sharding decisions by mesh *equality*, so a mesh equal to
-    an earlier one can be handed that one's process groups, which must stay alive (`axis_of` tells their axis by
-    their ranks); a larger world replaces it and clears those caches."""
+    It is made once per process with MAX_WORLD ranks (a fake group costs nothing per rank) and kept: DTensor caches
+    sharding decisions by mesh *equality*, so a mesh equal to an earlier one can be handed that one's process
+    groups, which must stay alive (`axis_of` tells their axis by their ranks). Replacing the group for a larger
+    world, as a smaller one would need, leaves meshes cached before with groups that no longer exist: a tp 2 point
+    after a tp 16 point after a tp 2 point then fails. A smaller fake group made by someone else is replaced once."""
     if dist.is_initialized():
         if dist.get_backend() != "fake":
             raise CaptureError("the fx generator needs a fake process group, but this process has a real one")
@@ -86,7 +89,7 @@ def fake_world(world: int) -> None:
             return
         dist.destroy_process_group()
         DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=max(world, MAX_WORLD))
 
 
 def axis_of(group_name: str, dp: int, tp: int) -> str:

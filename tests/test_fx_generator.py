@@ -18,7 +18,7 @@ from dse.errors import DseError, InfeasibleError, PluginError, SpecError
 from dse.workload import Block, Collective, OpKind, Workload
 from generators import fx
 from generators.fx.capture import CaptureError
-from generators.fx.generator import FxGenerator
+from generators.fx.generator import LAYER, FxGenerator
 from generators.symbolic import SymbolicGenerator, count_parameters
 from simulators.analytical import AnalyticalCostModel
 
@@ -183,7 +183,7 @@ def test_larger_micro_batches_are_scaled_from_two_captures(generator):
     p = make_point(seq_len=SEQ, micro_batch=4, overrides=FACTORY, tp=2, dp=2, sp=True)
     scaled = generator.layer(p)
     assert generator.last_capture_s > 0
-    captured = FxGenerator()._captured(p, 4)
+    captured = FxGenerator()._captured(p, 4, LAYER)
     assert scaled.forward == captured.forward and scaled.backward == captured.backward
     generator.layer(make_point(seq_len=SEQ, micro_batch=6, global_batch=12, overrides=FACTORY, tp=2, dp=2, sp=True))
     assert generator.last_capture_s == 0.0

@@ -191,25 +191,46 @@ def capture_layer(
             if tp > 1:
                 parallelize_module(block, mesh["tp"], tp_plan(block, sp, model.n_kv_heads))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
-            torch._dynamo.reset()
             checkpointed = train and needs_checkpoint(recompute, regather=sp and tp > 1)
             captured = Checkpointed(block, recompute) if checkpointed else block
-            compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
-            if train:
-                compiled(x, *args[1:], **kwargs).sum().backward()
-            else:
-                with torch.no_grad():
-                    compiled(x, *args[1:], **kwargs)
+            run_compiled(captured, (x, *args[1:]), kwargs, train, graphs)
     except DseError:
         raise
     except Exception as exc:
-        raise CaptureError(f"model factory '{name}': {_what_failed(exc, block)}") from None
+        raise CaptureError(f"model factory '{name}': {what_failed(exc, block)}") from None
     finally:
         torch._dynamo.reset()
+    return captured_graphs(graphs, f"model factory '{name}': the block's", train, local, dp, tp, parameters)
+
+
+def run_compiled(module: nn.Module, args: tuple, kwargs: dict, train: bool, graphs: dict[str, fx.GraphModule]) -> None:
+    """Compile `module` keeping its forward (and in training backward) graph in `graphs`, and run it once: trained,
+    backward from its output's sum (a loss's own value when it is one)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=_keeping(graphs), fullgraph=True)
+    if not train:
+        with torch.no_grad():
+            compiled(*args, **kwargs)
+        return
+    out = compiled(*args, **kwargs)
+    (out if out.dim() == 0 else out.sum()).backward()
+
+
+def captured_graphs(
+    graphs: dict[str, fx.GraphModule],
+    what: str,
+    train: bool,
+    local: tuple[int, ...],
+    dp: int,
+    tp: int,
+    parameters: int,
+) -> CapturedLayer:
+    """The captured piece, with its collectives' process groups told by axis; a CaptureError naming `what` when a
+    graph is missing."""
     if set(graphs) != ({"forward", "backward"} if train else {"forward"}):
-        raise CaptureError(f"model factory '{name}': the block's graphs were not captured ({sorted(graphs)})")
+        raise CaptureError(f"{what} graphs were not captured ({sorted(graphs)})")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
-    axes = {name: axis_of(name, dp, tp) for name in groups if isinstance(name, str)}
+    axes = {group: axis_of(group, dp, tp) for group in groups if isinstance(group, str)}
     return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
 
 
@@ -226,7 +247,7 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
     )
 
 
-def _what_failed(exc: BaseException, block: nn.Module | None) -> str:
+def what_failed(exc: BaseException, block: nn.Module | None) -> str:
     """One line: the model's own error (the innermost of dynamo's wrappers: 'Observed exception', 'RuntimeError
     when making fake tensor call'), where in the user's code it arose and the submodule that code is in."""
     chain = [exc]

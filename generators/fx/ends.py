@@ -33,7 +33,14 @@ from torch.distributed.tensor.parallel import (
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
-from generators.fx.capture import CapturedLayer, CaptureError, _keeping, _what_failed, axis_of, fake_world
+from generators.fx.capture import (
+    CapturedLayer,
+    CaptureError,
+    captured_graphs,
+    fake_world,
+    run_compiled,
+    what_failed,
+)
 from generators.fx.recompute import Checkpointed, needs_checkpoint
 
 PROLOGUE, EPILOGUE = "prologue", "epilogue"
@@ -185,28 +192,11 @@ def capture_end(
                 seam.given = hidden
                 if train and needs_checkpoint("none", regather=sp and tp > 1):
                     captured = Checkpointed(captured, "none")  # the final norm's output gathered again in backward
-            torch._dynamo.reset()
-            compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
-            if train:
-                _scalar(compiled(*inputs)).backward()
-            else:
-                with torch.no_grad():
-                    compiled(*inputs)
+            run_compiled(captured, inputs, {}, train, graphs)
     except DseError:
         raise
     except Exception as exc:
-        raise CaptureError(f"model factory '{name}', the model's {end}: {_what_failed(exc, built)}") from None
+        raise CaptureError(f"model factory '{name}', the model's {end}: {what_failed(exc, built)}") from None
     finally:
         torch._dynamo.reset()
-    expected = {"forward", "backward"} if train else {"forward"}
-    if set(graphs) != expected:
-        raise CaptureError(f"model factory '{name}': the model's {end} graphs were not captured ({sorted(graphs)})")
-    groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
-    axes = {group: axis_of(group, dp, tp) for group in groups if isinstance(group, str)}
-    return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
-
-
-def _scalar(out: torch.Tensor) -> torch.Tensor:
-    """What backward starts from: the loss, or the sum of a prologue's output (its gradient is all ones, as the
-    first block's input gradient would be in shape)."""
-    return out if out.dim() == 0 else out.sum()
+    return captured_graphs(graphs, f"model factory '{name}': the model's {end}", train, local, dp, tp, parameters)

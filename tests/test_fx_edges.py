@@ -15,7 +15,7 @@ from dse.spec import DesignPoint
 from dse.workload import Block, Collective, OpKind, Workload
 from generators.fx.compare import Row, compare, figures
 from generators.fx.ends import EPILOGUE, PROLOGUE
-from generators.fx.generator import FxGenerator
+from generators.fx.generator import PLAIN_LAYER, FxGenerator
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic.generator import _Builder
 
@@ -120,6 +120,17 @@ def test_selective_recompute_agrees_with_symbolic(generator, parallel, recompute
     assert (flops(block(ours, "layer.backward"), "gemm") > flops(block(plain, "layer.backward"), "gemm")) == (
         recompute == "selective_op"
     )
+
+
+def test_recompute_every_second_layer_runs_the_others_plain(generator):
+    """recompute_every 2: every second layer's backward is the capture without recompute (no attention run again),
+    the others the selective one; the step agrees with symbolic."""
+    point = make_point(seq_len=SEQ, tp=2, dp=2, sp=True, recompute="selective", recompute_every=2)
+    _, ours, _ = agreement(generator, point)
+    plain = block(ours, "layer.backward.unrecomputed")
+    recomputed = block(ours, "layer.backward")
+    assert flops(recomputed, "attention") == 1.5 * flops(plain, "attention")
+    assert generator._piece(point, PLAIN_LAYER).forward.saved_bytes > generator.layer(point).forward.saved_bytes
 
 
 def test_selective_recompute_keeps_what_symbolic_keeps(generator):

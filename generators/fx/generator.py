@@ -37,7 +37,8 @@ from generators.symbolic.skeleton import schedule_affinity
 from generators.symbolic.tracing import ModuleTracer
 
 CAPTURE_CACHE_SIZE = 32
-LAYER = "layer"
+LAYER, PLAIN_LAYER = "layer", "layer.plain"
+"""The pieces besides the ends (`generators.fx.ends`): the layer, and the layer without recompute."""
 
 
 def unsupported(point: DesignPoint) -> str | None:
@@ -47,7 +48,6 @@ def unsupported(point: DesignPoint) -> str | None:
         "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.ep": (p.ep > 1, "1"),
-        "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
         "model.family": (m.moe is not None or m.ssm is not None or m.mla is not None, "a dense transformer"),
@@ -66,20 +66,24 @@ class CapturedPieces:
     layer: LoweredLayer
     prologue: LoweredLayer
     epilogue: LoweredLayer
+    plain_layer: LoweredLayer | None = None
+    """With `recompute_every` > 1, the layer captured without recompute, for the layers the policy skips."""
 
 
-def _swapped(blocks: list[Block], traced: Traced, lowered: LoweredLayer) -> Traced:
+def _swapped(blocks: list[Block], traced: Traced, lowered: LoweredLayer, done: set[int]) -> Traced:
     """A symbolic module's blocks in `blocks` replaced by the lowered ones: the forward and backward, and the variants
     some ZeRO-3 schedules run (a forward that finds the weights still gathered, a backward that leaves its gradients
     unreduced until the step's last), each with the symbolic block's FSDP ops; its saved activations the
-    captured forward's."""
+    captured forward's. `done`: the blocks already swapped (a layer and its unrecomputed variant share their
+    forward), which it adds to."""
     forward = lowered.forward.block
     backward = None if lowered.backward is None else lowered.backward.block
     variants = ((traced.forward, forward), (traced.held_forward, forward))
     variants += ((traced.backward, backward), (traced.unsynced, backward))
     for index, captured in variants:
-        if index is not None and captured is not None:
+        if index is not None and captured is not None and index not in done:
             blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
+            done.add(index)
     if traced.backward_weight is not None:  # a zero-bubble schedule: the backward as its two halves
         assert traced.backward is not None
         halves = split_weight_gradients(blocks[traced.backward])
@@ -98,10 +102,16 @@ class _CapturedModules(ModuleTracer):
 
     def modules(self, keys: list[LayerKey]) -> Modules:
         modules = super().modules(keys)
-        blocks = list(modules.blocks)
-        layers = {key: _swapped(blocks, traced, self.pieces.layer) for key, traced in modules.layers.items()}
-        embedding = _swapped(blocks, modules.embedding, self.pieces.prologue)
-        head = _swapped(blocks, modules.head, self.pieces.epilogue)
+        blocks, done, pieces = list(modules.blocks), set(), self.pieces
+        layers = {}
+        for key, traced in modules.layers.items():
+            layers[key] = _swapped(blocks, traced, pieces.layer, done)
+            if traced.unrecomputed is not None:
+                assert pieces.plain_layer is not None
+                plain = _swapped(blocks, traced.unrecomputed, pieces.plain_layer, done)
+                layers[key] = replace(layers[key], unrecomputed=plain)
+        embedding = _swapped(blocks, modules.embedding, pieces.prologue, done)
+        head = _swapped(blocks, modules.head, pieces.epilogue, done)
         return replace(modules, blocks=blocks, layers=layers, embedding=embedding, head=head)
 
 
@@ -130,6 +140,9 @@ class FxGenerator:
         if workload is None:
             self.last_capture_s = 0.0
             pieces = CapturedPieces(*(self._piece(point, piece) for piece in (LAYER, PROLOGUE, EPILOGUE)))
+            p = point.parallel
+            if p.recompute_every > 1 and p.recompute != "none":
+                pieces = replace(pieces, plain_layer=self._piece(point, PLAIN_LAYER))
             workload = _FxBuilder(point, pieces).build()
             self._workloads[point.workload_key] = workload
             if len(self._workloads) > WORKLOAD_CACHE_SIZE:
@@ -154,17 +167,18 @@ class FxGenerator:
 
     def _captured(self, point: DesignPoint, batch: int, piece: str) -> LoweredLayer:
         """The piece captured at micro-batch `batch`, kept by its capture key (the ends' without the recompute
-        policy, which only the layer is captured under)."""
+        policy, which only the layer is captured under; the plain layer's is the layer's without recompute)."""
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
         fuse, train = w.kernels == "fused", w.mode == "train"
-        recompute = p.recompute if piece == LAYER else "none"
-        key = (piece, name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch, w.seq_len, fuse, recompute)
-        key += (train,)
+        layer = piece in (LAYER, PLAIN_LAYER)
+        recompute = p.recompute if piece == LAYER else "none"  # the ends are never recomputed
+        key = (LAYER if layer else piece, name, point.model.model_dump_json(), p.tp, p.sp and p.tp > 1, batch)
+        key += (w.seq_len, fuse, recompute, train)
         lowered = self._pieces.get(key)
         if lowered is None:
             start = time.perf_counter()
-            if piece == LAYER:
+            if layer:
                 captured = capture_layer(resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train)
             else:
                 captured = capture_end(piece, resolve(name), name, point.model, w, p.tp, p.dp, p.sp, train)

@@ -72,13 +72,13 @@ class _Prologue(nn.Module):
 
 
 class _Epilogue(nn.Module):
-    def __init__(self, model: nn.Module, seam: _Seam, train: bool, tp_group: str | None) -> None:
+    def __init__(self, model: nn.Module, train: bool, tp_group: str | None) -> None:
         super().__init__()
-        self.model, self.seam, self.train_loss, self.tp_group = model, seam, train, tp_group
+        self.model, self.train_loss, self.tp_group = model, train, tp_group
 
     def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """`hidden` is the seam's `given` too, set before the call: a graph input the seam hands on (set here, it
-        would be a side effect, which checkpointing refuses and the partitioner trips over)."""
+        would be a side effect, which checkpointing refuses)."""
         logits = self.model(tokens)
         if not self.train_loss:
             return logits
@@ -188,7 +188,7 @@ def capture_end(
                 local = (workload.micro_batch, seq, model.hidden)
                 hidden = torch.empty(local, dtype=dtype, device="meta", requires_grad=train)
                 group = mesh["tp"].get_group().group_name if tp > 1 else None
-                captured, inputs = _Epilogue(built, seam, train, group), (hidden, tokens)
+                captured, inputs = _Epilogue(built, train, group), (hidden, tokens)
                 seam.given = hidden
                 if train and needs_checkpoint("none", regather=sp and tp > 1):
                     captured = Checkpointed(captured, "none")  # the final norm's output gathered again in backward

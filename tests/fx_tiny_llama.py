@@ -1,7 +1,8 @@
 """A minimal LLaMA block stack in plain PyTorch, for the fx generator's tests: the module names torchtitan's TP
 plan targets (attention.wq/wk/wv/wo, feed_forward.w1/w2/w3, attention_norm, ffn_norm), GQA, SwiGLU, RMSNorm, SDPA.
 Blocks take a per-position table besides their input, as RoPE models pass theirs. `branching` is a model whose
-block takes a data-dependent branch, which capture cannot follow."""
+block takes a data-dependent branch, which capture cannot follow; `softcapped` one whose head soft-caps its
+logits."""
 
 import torch
 import torch.nn.functional as F
@@ -90,3 +91,15 @@ def llama(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
 
 def branching(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
     return Transformer(model, workload, BranchingBlock).to(DTYPES[model.dtype])
+
+
+class SoftCapped(Transformer):
+    """A head the symbolic generator does not have: logits soft-capped (Gemma 2's 30 tanh(logits / 30))."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(tokens)
+        return 30.0 * torch.tanh(logits / 30.0)
+
+
+def softcapped(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
+    return SoftCapped(model, workload).to(DTYPES[model.dtype])

@@ -18,7 +18,7 @@ from dse.errors import DseError, InfeasibleError, PluginError, SpecError
 from dse.workload import Block, Collective, OpKind, Workload
 from generators import fx
 from generators.fx.capture import CaptureError
-from generators.fx.generator import FxGenerator
+from generators.fx.generator import LAYER, FxGenerator
 from generators.symbolic import SymbolicGenerator, count_parameters
 from simulators.analytical import AnalyticalCostModel
 
@@ -183,7 +183,7 @@ def test_larger_micro_batches_are_scaled_from_two_captures(generator):
     p = make_point(seq_len=SEQ, micro_batch=4, overrides=FACTORY, tp=2, dp=2, sp=True)
     scaled = generator.layer(p)
     assert generator.last_capture_s > 0
-    captured = FxGenerator()._captured(p, 4)
+    captured = FxGenerator()._captured(p, 4, LAYER)
     assert scaled.forward == captured.forward and scaled.backward == captured.backward
     generator.layer(make_point(seq_len=SEQ, micro_batch=6, global_batch=12, overrides=FACTORY, tp=2, dp=2, sp=True))
     assert generator.last_capture_s == 0.0
@@ -200,10 +200,10 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 def test_what_it_does_not_build_is_named(generator):
     with pytest.raises(InfeasibleError, match=r"field 'workload\.mode'"):
         generator.generate(point({**FACTORY, "workload.mode": "decode"}))
-    with pytest.raises(InfeasibleError, match=r"field 'parallel\.recompute'"):
-        generator.generate(point(dp=2, recompute="selective"))
-    with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp': 8 would split model\.kv_heads=4"):
-        generator.generate(point(tp=8))
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp_comm_overlap'"):
+        generator.generate(point(tp=2, sp=True, tp_comm_overlap=True))
+    with pytest.raises(InfeasibleError, match=r"field 'parallel\.cp'"):
+        generator.generate(point(cp=2))
 
 
 def test_factories_by_name(generator, tmp_path, monkeypatch):

@@ -66,6 +66,9 @@ def _backward(ctx, grad: Tensor) -> tuple:
 
 attention.register_autograd(_backward, setup_context=_setup_context)
 
+ATTENTION_OP = torch.ops.dse_fx.attention.default
+"""The forward op as checkpoint policies see it (`generators.fx.recompute`)."""
+
 
 def _fused_sdpa(
     query: Tensor,

@@ -16,7 +16,6 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -36,14 +35,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 from torch.testing._internal.distributed.fake_pg import FakeStore
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from dse.errors import DseError
 from dse.limits import MAX_WORLD
 from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
+from generators.fx.kv_heads import ReplicatedKeyValue
 from generators.fx.moe_plan import moe_plan
+from generators.fx.recompute import Checkpointed, needs_checkpoint
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
@@ -117,16 +117,19 @@ def axis_of(group_name: str, dp: int, tp: int, ep: int = 1) -> str:
     raise CaptureError(f"a collective on ranks {ranks}, which are not the tp, ep or dp group of rank 0")
 
 
-def tp_plan(block: nn.Module, sp: bool, ep_mesh: DeviceMesh | None = None) -> dict[str, ParallelStyle]:
-    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); a MoE block's
+def tp_plan(block: nn.Module, sp: bool, kv_heads: int, ep_mesh: DeviceMesh | None = None) -> dict[str, ParallelStyle]:
+    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); the block's
+    `kv_heads` key/value heads replicated when the tp ranks outnumber them (`ReplicatedKeyValue`); a MoE block's
     MLP by `moe_plan` (expert parallel too over `ep_mesh`)."""
     names = dict(block.named_modules())
     plan: dict[str, ParallelStyle] = {}
     output = Shard(1) if sp else Replicate()
     moe = "moe" in names
     mlp = () if moe else ("feed_forward",)
-    for inner in ("attention.wq", "attention.wk", "attention.wv", *(f"{m}.{w}" for m in mlp for w in ("w1", "w3"))):
+    for inner in ("attention.wq", *(f"{m}.{w}" for m in mlp for w in ("w1", "w3"))):
         plan[inner] = ColwiseParallel()
+    for inner in ("attention.wk", "attention.wv"):
+        plan[inner] = ReplicatedKeyValue(kv_heads)
     for inner in ("attention.wo", *(f"{m}.w2" for m in mlp)):
         plan[inner] = RowwiseParallel(output_layouts=output)
     # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
@@ -175,37 +178,6 @@ def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tupl
     return kept["args"], kept["kwargs"]
 
 
-REGATHERED = {
-    torch.ops._c10d_functional.all_gather_into_tensor.default,
-    torch.ops._c10d_functional.wait_tensor.default,
-    torch.ops.aten.cat.default,
-    torch.ops.aten.split.Tensor,
-    torch.ops.aten.split_with_sizes.default,
-}
-"""What a sequence-parallel backward runs again instead of keeping: the all-gathers of the sequence shards (and
-the reshuffle of their output), as Megatron's SP does; everything else is kept where the partitioner likes."""
-
-
-def _regather(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_RECOMPUTE if op in REGATHERED else CheckpointPolicy.PREFER_SAVE
-
-
-class _Checkpointed(nn.Module):
-    """A block under activation checkpointing: `full` recompute runs its forward again in backward; otherwise the
-    selective policy `_regather`, so that sequence parallelism keeps the sequence shards, not their gathered
-    copies (torch.compile's partitioner keeps a collective's output rather than run it again)."""
-
-    def __init__(self, block: nn.Module, full: bool) -> None:
-        super().__init__()
-        self.block, self.full = block, full
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self.full:
-            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
-        selective = partial(create_selective_checkpoint_contexts, _regather)
-        return checkpoint(self.block, *args, use_reentrant=False, context_fn=selective, **kwargs)
-
-
 def capture_layer(
     factory: Callable[..., nn.Module],
     name: str,
@@ -214,14 +186,14 @@ def capture_layer(
     tp: int,
     dp: int,
     sp: bool,
-    recompute: bool = False,
+    recompute: str = "none",
     train: bool = True,
     ep: int = 1,
     index: int = 0,
 ) -> CapturedLayer:
     """Block `index` of `factory(model, workload)`'s stack, tp-way parallel (and its experts ep-way), on a
-    micro-batch of the workload; with `recompute`, under activation checkpointing; without `train`, its forward
-    alone (inference)."""
+    micro-batch of the workload; trained, under activation checkpointing with the policy of `recompute`
+    (`parallel.recompute`, see `generators.fx.recompute`); without `train`, its forward alone (inference)."""
     fake_world(dp * tp)
     mesh = mesh_of(tp, dp, ep)
     ep_mesh = mesh["ep"] if ep > 1 else None
@@ -242,7 +214,7 @@ def capture_layer(
             args, kwargs = _block_arguments(built, tokens, index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
-            plan = tp_plan(block, sp, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
+            plan = tp_plan(block, sp, model.n_kv_heads, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
             if ep > 1 and layer_kinds(model)[index][1] == "moe" and "moe.experts" not in plan:
                 raise CaptureError(
                     f"expert parallelism needs each block's experts at `moe.experts` (the layout of "
@@ -251,26 +223,47 @@ def capture_layer(
             if plan:
                 parallelize_module(block, mesh["tp"], plan)
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
-            torch._dynamo.reset()
-            regather = sp and tp > 1
-            checkpointed = train and (recompute or regather)
-            captured = _Checkpointed(block, full=recompute) if checkpointed else block
-            compiled = torch.compile(captured, backend=_keeping(graphs), fullgraph=True)
-            if train:
-                compiled(x, *args[1:], **kwargs).sum().backward()
-            else:
-                with torch.no_grad():
-                    compiled(x, *args[1:], **kwargs)
+            checkpointed = train and needs_checkpoint(recompute, regather=sp and tp > 1)
+            captured = Checkpointed(block, recompute) if checkpointed else block
+            run_compiled(captured, (x, *args[1:]), kwargs, train, graphs)
     except DseError:
         raise
     except Exception as exc:
-        raise CaptureError(f"model factory '{name}': {_what_failed(exc, block)}") from None
+        raise CaptureError(f"model factory '{name}': {what_failed(exc, block)}") from None
     finally:
         torch._dynamo.reset()
+    return captured_graphs(graphs, f"model factory '{name}': the block's", train, local, dp, tp, parameters, ep)
+
+
+def run_compiled(module: nn.Module, args: tuple, kwargs: dict, train: bool, graphs: dict[str, fx.GraphModule]) -> None:
+    """Compile `module` keeping its forward (and in training backward) graph in `graphs`, and run it once: trained,
+    backward from its output's sum (a loss's own value when it is one)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=_keeping(graphs), fullgraph=True)
+    if not train:
+        with torch.no_grad():
+            compiled(*args, **kwargs)
+        return
+    out = compiled(*args, **kwargs)
+    (out if out.dim() == 0 else out.sum()).backward()
+
+
+def captured_graphs(
+    graphs: dict[str, fx.GraphModule],
+    what: str,
+    train: bool,
+    local: tuple[int, ...],
+    dp: int,
+    tp: int,
+    parameters: int,
+    ep: int = 1,
+) -> CapturedLayer:
+    """The captured piece, with its collectives' process groups told by axis; a CaptureError naming `what` when a
+    graph is missing."""
     if set(graphs) != ({"forward", "backward"} if train else {"forward"}):
-        raise CaptureError(f"model factory '{name}': the block's graphs were not captured ({sorted(graphs)})")
+        raise CaptureError(f"{what} graphs were not captured ({sorted(graphs)})")
     groups = {n.args[-1] for g in graphs.values() for n in g.graph.nodes if "_c10d_functional" in str(n.target)}
-    axes = {name: axis_of(name, dp, tp, ep) for name in groups if isinstance(name, str)}
+    axes = {group: axis_of(group, dp, tp, ep) for group in groups if isinstance(group, str)}
     return CapturedLayer(graphs["forward"], graphs.get("backward"), local, axes, parameters)
 
 
@@ -287,7 +280,7 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
     )
 
 
-def _what_failed(exc: BaseException, block: nn.Module | None) -> str:
+def what_failed(exc: BaseException, block: nn.Module | None) -> str:
     """One line: the model's own error (the innermost of dynamo's wrappers: 'Observed exception', 'RuntimeError
     when making fake tensor call'), where in the user's code it arose and the submodule that code is in."""
     chain = [exc]

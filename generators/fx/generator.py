@@ -1,40 +1,47 @@
-"""The fx generator: a step whose transformer layers are captured from the model's own PyTorch code.
+"""The fx generator: a step whose transformer layers, embedding and head are captured from the model's own PyTorch
+code.
 
-Only the layers' forward and backward blocks come from the captured graphs (`capture`, `lower`); everything the
-graphs do not show is the symbolic generator's, assembled by its builder exactly as for a symbolic point: the
-embedding and the head, the data-parallel gradient sync (and ZeRO's), the pipeline stages with their sends and
-receives and their schedule, the optimizer step and the model states, and ZeRO-3's weight gathers and gradient
-reduce-scatters with FSDP's copies (`fsdp`: fully_shard runs in hooks the graph does not show). The builder traces
-its own layer as usual; `_CapturedModules` then swaps that layer's forward and backward blocks for the lowered ones
-and its saved activation bytes for the captured forward's, so the schedule keeps those activations alive from each
-forward call to its backward (liveness memory) as it does a symbolic layer's.
+The layers' forward and backward blocks come from the captured graphs of one block of each kind the model has (a
+MoE model's dense first layers and its MoE ones: `capture`, `lower`), the embedding's and the head's (with the loss)
+from those of the model's prologue and epilogue (`ends`); everything the graphs do not show is the symbolic
+generator's, assembled by its builder exactly as for a symbolic point: the data-parallel gradient sync (and
+ZeRO's), the pipeline stages with their sends and receives and their schedule, the optimizer step and the model
+states, and ZeRO-3's weight gathers and gradient reduce-scatters with FSDP's copies (`fsdp`: fully_shard runs in
+hooks the graph does not show). The builder traces its own modules as usual; `_CapturedModules` then swaps each
+one's forward and backward blocks for the lowered ones and its saved activation bytes for the captured forward's,
+so the schedule keeps those activations alive from each forward call to its backward (liveness memory) as it does a
+symbolic module's.
 
-A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's shape and
-whether the layer is recomputed (full recompute: captured under activation checkpointing), not on dp, pp, ZeRO,
-the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`) and reused by every point that
-shares those, so a study pays it once per distinct layer shape. Micro-batches above 3 are scaled from the captures
-at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures.
+A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's
+shape and, for a layer, its recompute policy (captured under activation checkpointing with that policy,
+`recompute`), not on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`)
+and reused by every point that shares those, so a study pays it once per distinct shape. Micro-batches above 3 are
+scaled from the captures at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures of each
+piece.
 """
 
 import time
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from dse.errors import InfeasibleError
 from dse.modelstats import LayerKind, layer_kinds
 from dse.spec import DesignPoint
-from dse.workload import Workload
+from dse.workload import Block, Workload
 from generators.fx.capture import capture_layer
+from generators.fx.ends import EPILOGUE, PROLOGUE, capture_end
 from generators.fx.factories import factory_name, resolve
 from generators.fx.fsdp import with_fsdp
 from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
 from generators.fx.scaling import HIGH, LOW, along_batch
-from generators.symbolic.blocks import LayerKey, Modules, split_weight_gradients
+from generators.symbolic.blocks import LayerKey, Modules, Traced, split_weight_gradients
 from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
 from generators.symbolic.skeleton import schedule_affinity
 from generators.symbolic.tracing import ModuleTracer
 
 CAPTURE_CACHE_SIZE = 32
+LAYER, PLAIN_LAYER = "layer", "layer.plain"
+"""The pieces besides the ends (`generators.fx.ends`): a layer, and a layer without recompute."""
 
 
 def unsupported(point: DesignPoint) -> str | None:
@@ -43,8 +50,6 @@ def unsupported(point: DesignPoint) -> str | None:
     checks = {
         "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
-        "parallel.recompute": (p.recompute not in ("none", "full"), "none or full (activation checkpointing)"),
-        "parallel.recompute_every": (p.recompute_every > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
         "model.family": (m.ssm is not None or m.mla is not None, "a dense or mixture-of-experts transformer"),
@@ -52,50 +57,70 @@ def unsupported(point: DesignPoint) -> str | None:
     for field, (bad, fix) in checks.items():
         if bad:
             return f"field '{field}': the fx generator does not build this yet; use {fix}, or generator symbolic"
-    if m.n_kv_heads % p.tp:
-        return (
-            f"field 'parallel.tp': {p.tp} would split model.kv_heads={m.n_kv_heads} key/value heads, and the TP plan "
-            "splits whole heads; use a tp that divides kv_heads, or generator symbolic (which replicates them)"
-        )
     return None
 
 
-class _CapturedModules(ModuleTracer):
-    """The symbolic tracer whose layer blocks are the captured layers', each of its kind."""
+@dataclass(frozen=True)
+class CapturedPieces:
+    """A point's captured pieces, lowered: a layer of each kind, the model's prologue (the embedding) and its
+    epilogue (the final norm, the output projection and the loss)."""
 
-    def __init__(self, point: DesignPoint, layers: dict[LayerKind, LoweredLayer]) -> None:
+    layers: dict[LayerKind, LoweredLayer]
+    prologue: LoweredLayer
+    epilogue: LoweredLayer
+    plain_layers: dict[LayerKind, LoweredLayer] | None = None
+    """With `recompute_every` > 1, the layers captured without recompute, for the layers the policy skips."""
+
+
+def _swapped(blocks: list[Block], traced: Traced, lowered: LoweredLayer, done: set[int]) -> Traced:
+    """A symbolic module's blocks in `blocks` replaced by the lowered ones: the forward and backward, and the variants
+    some ZeRO-3 schedules run (a forward that finds the weights still gathered, a backward that leaves its gradients
+    unreduced until the step's last), each with the symbolic block's FSDP ops; its saved activations the
+    captured forward's. `done`: the blocks already swapped (a layer and its unrecomputed variant share their
+    forward), which it adds to."""
+    forward = lowered.forward.block
+    backward = None if lowered.backward is None else lowered.backward.block
+    variants = ((traced.forward, forward), (traced.held_forward, forward))
+    variants += ((traced.backward, backward), (traced.unsynced, backward))
+    for index, captured in variants:
+        if index is not None and captured is not None and index not in done:
+            blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
+            done.add(index)
+    if traced.backward_weight is not None:  # a zero-bubble schedule: the backward as its two halves
+        assert traced.backward is not None
+        halves = split_weight_gradients(blocks[traced.backward])
+        for index, half in zip((traced.backward, traced.backward_weight), halves, strict=True):
+            if half is not None:
+                blocks[index] = replace(half, name=blocks[index].name)
+    return replace(traced, saved_bytes=lowered.forward.saved_bytes)
+
+
+class _CapturedModules(ModuleTracer):
+    """The symbolic tracer whose layer (each of its kind), embedding and head blocks are the captured pieces'."""
+
+    def __init__(self, point: DesignPoint, pieces: CapturedPieces) -> None:
         super().__init__(point)
-        self.captured = layers
+        self.pieces = pieces
 
     def modules(self, keys: list[LayerKey]) -> Modules:
         modules = super().modules(keys)
-        blocks = list(modules.blocks)
+        blocks, done, pieces = list(modules.blocks), set(), self.pieces
         layers = {}
         for key, traced in modules.layers.items():
-            layer = self.captured[key[0]]
-            forward = layer.forward.block
-            backward = None if layer.backward is None else layer.backward.block
-            # the forward and backward, and the variants some ZeRO-3 schedules run: a forward that finds the
-            # weights still gathered, a backward that leaves its gradients unreduced until the step's last
-            variants = ((traced.forward, forward), (traced.held_forward, forward))
-            variants += ((traced.backward, backward), (traced.unsynced, backward))
-            for index, captured in variants:
-                if index is not None and captured is not None:
-                    blocks[index] = with_fsdp(blocks[index], captured, blocks[index].name)
-            if traced.backward_weight is not None:  # a zero-bubble schedule: the backward as its two halves
-                assert traced.backward is not None
-                halves = split_weight_gradients(blocks[traced.backward])
-                for index, half in zip((traced.backward, traced.backward_weight), halves, strict=True):
-                    if half is not None:
-                        blocks[index] = replace(half, name=blocks[index].name)
-            layers[key] = replace(traced, saved_bytes=layer.forward.saved_bytes)
-        return replace(modules, blocks=blocks, layers=layers)
+            layers[key] = _swapped(blocks, traced, pieces.layers[key[0]], done)
+            if traced.unrecomputed is not None:
+                assert pieces.plain_layers is not None
+                plain = _swapped(blocks, traced.unrecomputed, pieces.plain_layers[key[0]], done)
+                layers[key] = replace(layers[key], unrecomputed=plain)
+        embedding = _swapped(blocks, modules.embedding, pieces.prologue, done)
+        head = _swapped(blocks, modules.head, pieces.epilogue, done)
+        return replace(modules, blocks=blocks, layers=layers, embedding=embedding, head=head)
 
 
 class _FxBuilder(_Builder):
-    def __init__(self, point: DesignPoint, layers: dict[LayerKind, LoweredLayer]) -> None:
+    def __init__(self, point: DesignPoint, pieces: CapturedPieces) -> None:
         super().__init__(point)
-        self.tracing = _CapturedModules(point, layers)
+        self.tracing = _CapturedModules(point, pieces)
 
 
 class FxGenerator:
@@ -105,7 +130,7 @@ class FxGenerator:
     name = "fx"
 
     def __init__(self) -> None:
-        self._layers: OrderedDict[tuple, LoweredLayer] = OrderedDict()
+        self._pieces: OrderedDict[tuple, LoweredLayer] = OrderedDict()
         self._workloads: OrderedDict[str, Workload] = OrderedDict()
         self.last_capture_s = 0.0
 
@@ -115,56 +140,71 @@ class FxGenerator:
             raise InfeasibleError(reason)
         workload = self._workloads.get(point.workload_key)
         if workload is None:
-            workload = _FxBuilder(point, self.layers(point)).build()
+            self.last_capture_s = 0.0
+            pieces = CapturedPieces(
+                self._layers(point, LAYER), *(self._piece(point, end) for end in (PROLOGUE, EPILOGUE))
+            )
+            p = point.parallel
+            if p.recompute_every > 1 and p.recompute != "none":
+                pieces = replace(pieces, plain_layers=self._layers(point, PLAIN_LAYER))
+            workload = _FxBuilder(point, pieces).build()
             self._workloads[point.workload_key] = workload
             if len(self._workloads) > WORKLOAD_CACHE_SIZE:
                 self._workloads.popitem(last=False)
         return replace(workload, point_key=point.key)
 
-    def layers(self, point: DesignPoint) -> dict[LayerKind, LoweredLayer]:
-        """The lowered layer of each kind the model has (a MoE model's dense first layers and its MoE ones), each
-        from the first block of its kind."""
-        kinds = layer_kinds(point.model)
-        layers, spent = {}, 0.0
-        for kind in dict.fromkeys(kinds):
-            layers[kind] = self.layer(point, kinds.index(kind))
-            spent += self.last_capture_s
-        self.last_capture_s = spent
-        return layers
-
     def layer(self, point: DesignPoint, index: int = 0) -> LoweredLayer:
-        """The lowered block `index` of the point: captured at its micro-batch up to HIGH, beyond that scaled from
-        the captures at LOW and HIGH where they agree in structure (`scaling`), else captured at it."""
+        """The lowered block `index` of the point's layer stack."""
         self.last_capture_s = 0.0
+        return self._piece(point, LAYER, index)
+
+    def _layers(self, point: DesignPoint, piece: str) -> dict[LayerKind, LoweredLayer]:
+        """The lowered layer (LAYER or PLAIN_LAYER) of each kind the model has, from the first block of its kind."""
+        kinds = layer_kinds(point.model)
+        return {kind: self._piece(point, piece, kinds.index(kind)) for kind in dict.fromkeys(kinds)}
+
+    def _piece(self, point: DesignPoint, piece: str, index: int = 0) -> LoweredLayer:
+        """The lowered piece (LAYER, PLAIN_LAYER with block `index`; PROLOGUE, EPILOGUE) of the point: captured at its
+        micro-batch up to HIGH, beyond that scaled from the captures at LOW and HIGH where they agree in structure
+        (`scaling`), else captured at it."""
         batch = point.workload.micro_batch
         if batch <= HIGH:
-            return self._captured(point, batch, index)
-        scaled = along_batch(self._captured(point, LOW, index), self._captured(point, HIGH, index), batch)
-        return scaled if scaled is not None else self._captured(point, batch, index)
+            return self._captured(point, batch, piece, index)
+        low, high = self._captured(point, LOW, piece, index), self._captured(point, HIGH, piece, index)
+        scaled = along_batch(low, high, batch)
+        return scaled if scaled is not None else self._captured(point, batch, piece, index)
 
-    def _captured(self, point: DesignPoint, batch: int, index: int = 0) -> LoweredLayer:
-        """Block `index` captured at micro-batch `batch`, kept by its capture key."""
+    def _captured(self, point: DesignPoint, batch: int, piece: str, index: int = 0) -> LoweredLayer:
+        """The piece captured at micro-batch `batch`, kept by its capture key (the ends' without the recompute
+        policy, which only a layer is captured under; the plain layer's is the layer's without recompute)."""
         p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
         name = factory_name(point.model)
-        fuse, recompute, train = w.kernels == "fused", p.recompute == "full", w.mode == "train"
-        sp = p.sp and p.tp > 1
-        key = (name, point.model.model_dump_json(), index, p.tp, sp, p.ep, batch, w.seq_len, fuse, recompute, train)
-        layer = self._layers.get(key)
-        if layer is None:
+        fuse, train = w.kernels == "fused", w.mode == "train"
+        layer = piece in (LAYER, PLAIN_LAYER)
+        recompute = p.recompute if piece == LAYER else "none"  # the ends are never recomputed
+        ep = p.ep if layer else 1  # the ends hold no experts
+        key = (LAYER if layer else piece, name, point.model.model_dump_json(), index, p.tp, p.sp and p.tp > 1, ep)
+        key += (batch, w.seq_len, fuse, recompute, train)
+        lowered = self._pieces.get(key)
+        if lowered is None:
             start = time.perf_counter()
-            captured = capture_layer(
-                resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep, index
-            )
+            if layer:
+                captured = capture_layer(
+                    resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep, index
+                )
+            else:
+                captured = capture_end(piece, resolve(name), name, point.model, w, p.tp, p.dp, p.sp, train)
             shape, axes = captured.input_shape, captured.axes
-            forward = lower_forward(captured.forward, "layer.forward", axes, shape, fuse)
+            label = LAYER if layer else piece
+            forward = lower_forward(captured.forward, f"{label}.forward", axes, shape, fuse)
             backward = None
             if captured.backward is not None:
-                backward = lower_backward(captured.backward, captured.forward, "layer.backward", axes, shape, fuse)
-            layer = self._layers[key] = LoweredLayer(forward, backward, captured)
+                backward = lower_backward(captured.backward, captured.forward, f"{label}.backward", axes, shape, fuse)
+            lowered = self._pieces[key] = LoweredLayer(forward, backward, captured)
             self.last_capture_s += time.perf_counter() - start
-            if len(self._layers) > CAPTURE_CACHE_SIZE:
-                self._layers.popitem(last=False)
-        return layer
+            if len(self._pieces) > CAPTURE_CACHE_SIZE:
+                self._pieces.popitem(last=False)
+        return lowered
 
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:

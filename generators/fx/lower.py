@@ -54,7 +54,10 @@ NORMS = {  # FLOPs per element of the normalised tensor (symbolic's NORM_FLOPS; 
     aten.rms_norm: NORM_FLOPS["rmsnorm"],
     aten.native_layer_norm: NORM_FLOPS["layernorm"], aten.native_layer_norm_backward: 2 * NORM_FLOPS["layernorm"],
 }  # fmt: skip
-PER_ELEMENT = {aten._softmax: SOFTMAX_FLOPS, aten._softmax_backward_data: SOFTMAX_BACKWARD_FLOPS}
+PER_ELEMENT = {  # a log-softmax (the loss's) costs what a softmax does
+    aten._softmax: SOFTMAX_FLOPS, aten._softmax_backward_data: SOFTMAX_BACKWARD_FLOPS,
+    aten._log_softmax: SOFTMAX_FLOPS, aten._log_softmax_backward_data: SOFTMAX_BACKWARD_FLOPS,
+}  # fmt: skip
 COPIES = {aten.clone, aten._to_copy, aten.cat, aten.copy, aten.copy_, aten.empty, aten.zeros, aten.full, aten.fill}
 EMBEDDINGS = {aten.embedding, aten.embedding_dense_backward}
 FUSIBLE = ("elementwise", "norm")

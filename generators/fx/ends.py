@@ -1,0 +1,202 @@
+"""Capturing the two ends of a user's model: what its forward runs before the first block (the prologue: the token
+embedding, positions added, any scaling) and after the last (the epilogue: the final norm, the output projection,
+and in training the cross-entropy loss over the vocabulary), as forward and backward ATen graphs like the layer's
+(`capture`).
+
+Both run the model's own forward with its block stack replaced by one seam module (`_Seam`), so whatever the
+model does around its blocks is captured, not assumed: the prologue returns what reaches the seam, the epilogue
+feeds the seam its input and takes the logits; what the other end computes is dead there and pruned from the
+graphs. Under tensor parallelism the ends get torchtitan's plan: the embedding vocabulary-parallel (RowwiseParallel:
+each rank looks up its vocabulary shard, partial sums reduced, scattered over the sequence with `sp`), the final
+norm sequence-parallel with `sp`, the output projection column-parallel over the vocabulary with its logits left
+sharded, and the loss computed on the shards (Megatron's vocab-parallel cross-entropy: the max, the sum of
+exponentials and the target's logit all-reduced per token).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from dse.errors import DseError
+from dse.spec import ModelSpec, WorkloadSpec
+from generators.fx.attention import fused_attention
+from generators.fx.capture import (
+    CapturedLayer,
+    CaptureError,
+    captured_graphs,
+    fake_world,
+    run_compiled,
+    what_failed,
+)
+from generators.fx.recompute import Checkpointed, needs_checkpoint
+
+PROLOGUE, EPILOGUE = "prologue", "epilogue"
+
+
+class _Seam(nn.Module):
+    """The block stack's stand-in: keeps the hidden state that reaches it and hands on `given` when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached: list[torch.Tensor] = []
+        self.given: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self.given is not None:  # the epilogue: x, the embedding's output, is left unread and pruned
+            return self.given
+        self.reached.append(x)
+        return x
+
+
+class _Prologue(nn.Module):
+    def __init__(self, model: nn.Module, seam: _Seam) -> None:
+        super().__init__()
+        self.model, self.seam = model, seam
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.model(tokens)
+        return self.seam.reached[-1]
+
+
+class _Epilogue(nn.Module):
+    def __init__(self, model: nn.Module, train: bool, tp_group: str | None) -> None:
+        super().__init__()
+        self.model, self.train_loss, self.tp_group = model, train, tp_group
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """`hidden` is the seam's `given` too, set before the call: a graph input the seam hands on (set here, it
+        would be a side effect, which checkpointing refuses)."""
+        logits = self.model(tokens)
+        if not self.train_loss:
+            return logits
+        return cross_entropy(logits, tokens, self.tp_group)  # the tokens stand for the targets
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp_group: str | None) -> torch.Tensor:
+    """torchtitan's loss (`cross_entropy_loss`: the logits in fp32, mean over the tokens); on vocabulary shards
+    (`tp_group`), Megatron's vocab-parallel cross-entropy (`_VocabParallelCrossEntropy`)."""
+    logits, targets = logits.flatten(0, 1).float(), targets.flatten()
+    if tp_group is not None:
+        return _VocabParallelCrossEntropy.apply(logits, targets, tp_group)
+    # log-softmax and nll_loss_forward, as F.cross_entropy decomposes on a GPU: on the meta device F.cross_entropy
+    # goes through a kernel without autograd, and its captured backward would be empty
+    log_probs = F.log_softmax(logits, dim=-1)
+    return torch.ops.aten.nll_loss_forward(log_probs, targets, None, 1, -100)[0]
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron's cross-entropy over logits split by vocabulary (tensor_parallel/cross_entropy.py), on the rank
+    holding the first shard: per token the max, the sum of exponentials and the target's logit all-reduced over tp
+    (fp32, one value each); the backward is local (softmax minus the one-hot target), with no collective. It is
+    what DTensor's `loss_parallel` computes too, whose handlers capture unreliably after a layer's capture in the
+    same process."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor, group: str) -> torch.Tensor:
+        vocab = logits.shape[-1]
+        outside = targets >= vocab  # this rank's shard is the vocabulary's first
+        local = targets.masked_fill(outside, 0)
+        top = funcol.all_reduce(logits.amax(dim=-1), "max", group)
+        picked = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        picked = funcol.all_reduce(picked, "sum", group)
+        exp = (logits - top.unsqueeze(-1)).exp()
+        total = funcol.all_reduce(exp.sum(dim=-1), "sum", group)
+        ctx.save_for_backward(exp / total.unsqueeze(-1), local, outside)
+        return (total.log() + top - picked).mean()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        """(softmax - one-hot target) x grad / tokens, the one-hot subtracted in place of a one-hot tensor."""
+        probs, local, outside = ctx.saved_tensors
+        scale = grad / local.numel()
+        hit = (~outside).to(probs.dtype) * -scale
+        return (probs * scale).scatter_add(-1, local.unsqueeze(-1), hit.unsqueeze(-1)), None, None
+
+
+def ends_plan(model: nn.Module, end: str, sp: bool) -> dict[str, ParallelStyle]:
+    """torchtitan's plan for the model's embedding (prologue) or its final norm and output (epilogue)."""
+    names = dict(model.named_modules())
+    sequence = Shard(1) if sp else Replicate()
+    if end == PROLOGUE:
+        plan: dict[str, ParallelStyle] = {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence)
+        }
+    else:
+        plan = {"output": ColwiseParallel(input_layouts=sequence, output_layouts=Shard(-1))}
+        if sp:
+            plan["norm"] = SequenceParallel()
+    missing = sorted(name for name in plan if name not in names)
+    if missing:
+        raise CaptureError(
+            f"tensor parallelism needs torchtitan's module names at the model's ends; {type(model).__name__} has "
+            f"no {missing[0]}"
+        )
+    return plan
+
+
+def capture_end(
+    end: str,
+    factory: Callable[..., nn.Module],
+    name: str,
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    tp: int,
+    dp: int,
+    sp: bool,
+    train: bool = True,
+) -> CapturedLayer:
+    """The model's `end` (PROLOGUE or EPILOGUE) of `factory(model, workload)`, tp-way parallel, on a micro-batch of
+    the workload; its input_shape is its input's local shape (the tokens', the last block output's)."""
+    fake_world(dp * tp)
+    mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    graphs: dict[str, fx.GraphModule] = {}
+    built: nn.Module | None = None
+    try:
+        with torch.device("meta"):
+            built = factory(model, workload)
+        layers = getattr(built, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or not len(layers):
+            raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
+        parameters = sum(p.numel() for p in built.parameters())
+        seam = _Seam()
+        del layers[1:]
+        layers[0] = seam
+        tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
+        if tp > 1:
+            parallelize_module(built, mesh["tp"], ends_plan(built, end, sp))
+        with fused_attention():
+            if end == PROLOGUE:
+                captured: nn.Module = _Prologue(built, seam)
+                inputs: tuple = (tokens,)
+                local: tuple[int, ...] = tuple(tokens.shape)
+            else:
+                dtype = next(p for p in built.parameters()).dtype
+                seq = workload.seq_len // tp if sp and tp > 1 else workload.seq_len
+                local = (workload.micro_batch, seq, model.hidden)
+                hidden = torch.empty(local, dtype=dtype, device="meta", requires_grad=train)
+                group = mesh["tp"].get_group().group_name if tp > 1 else None
+                captured, inputs = _Epilogue(built, train, group), (hidden, tokens)
+                seam.given = hidden
+                if train and needs_checkpoint("none", regather=sp and tp > 1):
+                    captured = Checkpointed(captured, "none")  # the final norm's output gathered again in backward
+            run_compiled(captured, inputs, {}, train, graphs)
+    except DseError:
+        raise
+    except Exception as exc:
+        raise CaptureError(f"model factory '{name}', the model's {end}: {what_failed(exc, built)}") from None
+    finally:
+        torch._dynamo.reset()
+    return captured_graphs(graphs, f"model factory '{name}': the model's {end}", train, local, dp, tp, parameters)

@@ -1,0 +1,37 @@
+"""Key/value heads replicated over the tensor-parallel ranks when there are fewer of them than ranks.
+
+With tp > kv_heads, column parallelism cannot split the key and value projections by whole heads. Megatron-LM and
+torchtitan (and the symbolic generator: its kv-head dimension is max(kv_heads, tp), split over tp) replicate each
+key/value head on tp / kv_heads consecutive ranks instead, so that every rank holds one kv head beside its
+heads / tp query heads: a rank's wk and wv are the d_head rows of its head, its key and value GEMMs h -> d_head.
+`ReplicatedKeyValue` builds that layout: it repeats each head's rows of the weight (and bias) tp / kv_heads times
+before sharding them column-wise, so rank r holds head r // (tp / kv_heads). The replicas' weight gradients are
+each rank's own, as the symbolic generator has them.
+"""
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+
+class ReplicatedKeyValue(ColwiseParallel):
+    """ColwiseParallel for a key or value projection of `kv_heads` heads: whole heads per rank, each head repeated
+    on tp / kv_heads ranks when there are more ranks than heads (plain ColwiseParallel otherwise)."""
+
+    def __init__(self, kv_heads: int) -> None:
+        super().__init__()
+        self.kv_heads = kv_heads
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        copies = device_mesh.size() // self.kv_heads
+        if copies > 1:
+            for name, param in list(module.named_parameters(recurse=False)):
+                module.register_parameter(name, nn.Parameter(_repeated(param, self.kv_heads, copies)))
+        return super()._apply(module, device_mesh)
+
+
+def _repeated(param: torch.Tensor, heads: int, copies: int) -> torch.Tensor:
+    """Each head's rows (dim 0 is heads x head_dim) `copies` times in a row."""
+    rows = param.detach().reshape(heads, -1, *param.shape[1:])
+    return rows.repeat_interleave(copies, dim=0).reshape(-1, *param.shape[1:]).requires_grad_(param.requires_grad)

@@ -16,6 +16,7 @@ import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.distributed_c10d import _resolve_process_group
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -42,6 +43,7 @@ from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
 from generators.fx.kv_heads import ReplicatedKeyValue
+from generators.fx.layouts import in_names_of
 from generators.fx.moe_plan import moe_plan
 from generators.fx.recompute import Checkpointed, needs_checkpoint
 
@@ -122,7 +124,7 @@ def tp_plan(block: nn.Module, sp: bool, kv_heads: int, ep_mesh: DeviceMesh | Non
     `kv_heads` key/value heads replicated when the tp ranks outnumber them (`ReplicatedKeyValue`); a MoE block's
     MLP by `moe_plan` (expert parallel too over `ep_mesh`)."""
     names = dict(block.named_modules())
-    plan: dict[str, ParallelStyle] = {}
+    plan: dict[str, ParallelStyle | partial] = {}
     output = Shard(1) if sp else Replicate()
     moe = "moe" in names
     mlp = () if moe else ("feed_forward",)
@@ -137,26 +139,33 @@ def tp_plan(block: nn.Module, sp: bool, kv_heads: int, ep_mesh: DeviceMesh | Non
     for norm, module in (("attention_norm", "attention"), ("ffn_norm", "moe" if moe else "feed_forward")):
         if sp:
             plan[norm] = SequenceParallel()
-        if module == "moe":
-            continue
-        rest = (None,) * (_positional(names.get(module)) - 1)  # rotary tables, masks: left as they are
-        layout = Shard(1) if sp else Replicate()
-        plan[module] = PrepareModuleInput(input_layouts=(layout, *rest), desired_input_layouts=(Replicate(), *rest))
+        if module != "moe":
+            plan[module] = partial(BranchInput, Shard(1) if sp else Replicate())  # made for the module, once named
     plan |= moe_plan(block, ep_mesh, tensor_parallel=True, sp=sp)
-    missing = sorted(name for name in plan if name not in names)
+    plan, missing = in_names_of(plan, names)
     if missing:
         raise CaptureError(
             f"tensor parallelism needs the LLaMA layout in each block; {type(block).__name__} has no {missing[0]}"
         )
-    return plan
+    return {name: style(names[name]) if isinstance(style, partial) else style for name, style in plan.items()}
 
 
-def _positional(module: nn.Module | None) -> int:
-    """Positional parameters of a module's forward (1 when it has none to tell)."""
-    if module is None:
-        return 1
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return max(1, sum(p.kind in kinds for p in inspect.signature(module.forward).parameters.values()))
+class BranchInput(PrepareModuleInput):
+    """A branch's hidden-state input made a replicated DTensor at its entry, whether it comes positionally
+    (torchtitan's `attention(x, freqs_cis)`) or by keyword (Hugging Face's `self_attn(hidden_states=...)`, the
+    forward's first parameter); its other inputs (rotary tables, masks) left as they are."""
+
+    def __init__(self, layout: Placement, module: nn.Module) -> None:
+        name = next(iter(inspect.signature(module.forward).parameters), "x")
+        super().__init__(
+            input_layouts=(layout,),
+            desired_input_layouts=(Replicate(),),
+            input_kwarg_layouts={name: layout},
+            desired_input_kwarg_layouts={name: Replicate()},
+        )
+
+    def _prepare_input_fn(self, inputs: Any, device_mesh: DeviceMesh) -> Any:
+        return (*super()._prepare_input_fn(inputs[:1], device_mesh), *inputs[1:]) if inputs else inputs
 
 
 def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tuple[tuple, dict]:

@@ -41,6 +41,7 @@ from generators.fx.capture import (
     run_compiled,
     what_failed,
 )
+from generators.fx.layouts import in_names_of
 from generators.fx.recompute import Checkpointed, needs_checkpoint
 
 PROLOGUE, EPILOGUE = "prologue", "epilogue"
@@ -138,7 +139,7 @@ def ends_plan(model: nn.Module, end: str, sp: bool) -> dict[str, ParallelStyle]:
         plan = {"output": ColwiseParallel(input_layouts=sequence, output_layouts=Shard(-1))}
         if sp:
             plan["norm"] = SequenceParallel()
-    missing = sorted(name for name in plan if name not in names)
+    plan, missing = in_names_of(plan, names)
     if missing:
         raise CaptureError(
             f"tensor parallelism needs torchtitan's module names at the model's ends; {type(model).__name__} has "

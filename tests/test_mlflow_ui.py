@@ -15,6 +15,8 @@ from pathlib import Path
 from conftest import ROOT, skip_without
 from mlflow import MlflowClient
 
+from dse.results.tracking import logged_trials, read_parquet
+
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -112,7 +114,9 @@ def test_dse_run_links_to_the_trials_table_with_the_objectives_as_columns(mlflow
     client = MlflowClient(mlflow_server.uri)
     experiment = client.get_experiment_by_name("ui-study").experiment_id
     children = client.search_runs([experiment], "tags.trial_number != ''")
-    assert len(children) == 8
+    trials = read_parquet(out)
+    assert int(trials["evaluation"].sum()) == 8, "the study's budget: 8 evaluations"
+    assert len(children) == len(logged_trials(trials)), "a child run per trial, but none for a repeated point"
 
     runs_png = tmp_path / "mlflow-runs.png"
     chromium(page, tmp_path / "profile-runs", f"--screenshot={runs_png}")

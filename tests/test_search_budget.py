@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 import ray.cloudpickle
 import yaml
+from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from dse.cli.main import main
@@ -82,14 +83,19 @@ def test_duplicate_trials_do_not_reduce_the_distinct_points_evaluated_below_the_
 
 
 def test_a_budget_beyond_the_space_stops_when_the_space_is_exhausted_and_says_so(tmp_path, capsys):
+    """... and MLflow gets a child run per evaluated point, none for a repeat (the trials table keeps those)."""
     out = tmp_path / "out"
-    assert main(["run", str(study_file(tmp_path)), "--trials", "20", "--out", str(out), "--inline"]) == 0
+    tracked = study_file(tmp_path, tracking={"child_runs": "all"})
+    assert main(["run", str(tracked), "--trials", "20", "--out", str(out), "--inline"]) == 0
     printed = capsys.readouterr().out
     assert "stopped before 20 evaluations: the space is exhausted" in printed
     frame = pd.read_parquet(out / "trials.parquet")
     duplicates = int(frame["duplicate_of"].notna().sum())
     assert frame["evaluation"].sum() == frame["point_key"].nunique() == 12
     assert f"{len(frame)} trials: 12 evaluations, {duplicates} repeats of an evaluated point, 0 pruned" in printed
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    children = client.search_runs([client.get_experiment_by_name("twelve").experiment_id], "tags.trial_number != ''")
+    assert duplicates and len(children) == 12
     # A resume finds the space exhausted at once: nothing is evaluated again.
     assert main(["run", str(study_file(tmp_path)), "--trials", "20", "--out", str(out), "--inline"]) == 0
     assert "the space is exhausted" in capsys.readouterr().out

@@ -278,6 +278,13 @@ def parent_tags(spec: StudySpec) -> dict[str, str]:
     }
 
 
+def logged_trials(frame: pd.DataFrame) -> set[int]:
+    """The trials that get a child run with `child_runs: all`: every one but a repeat of an evaluated point, whose
+    figures are its original's (the trials table keeps it, marked `duplicate_of`; MLflow would show the row twice)."""
+    kept = frame[frame[DUPLICATE_OF].isna()] if DUPLICATE_OF in frame else frame
+    return {int(n) for n in kept["number"]}
+
+
 class Tracker:
     """MLflow writes for one study: start, record each finished trial, finish. Only `finish` waits for MLflow.
 
@@ -320,7 +327,8 @@ class Tracker:
             study.set_user_attr(STUDY_UID_ATTR, uid)
         self._study = study
         self._stored_parent = study.user_attrs.get(PARENT_RUN_ATTR)
-        earlier = study.get_trials(deepcopy=False, states=FINISHED) if self.mode == "all" else []
+        finished = study.get_trials(deepcopy=False, states=FINISHED) if self.mode == "all" else []
+        earlier = [trial for trial in finished if DUPLICATE_OF not in trial.user_attrs]
         self._recorded.update(trial.number for trial in earlier)
         try:
             self._spawn()
@@ -365,7 +373,7 @@ class Tracker:
 
     def record(self, trial: FrozenTrial) -> None:
         self._hear()
-        if self.mode == "all" and self._process is not None:
+        if self.mode == "all" and self._process is not None and DUPLICATE_OF not in trial.user_attrs:
             self._recorded.add(trial.number)
             self._orders.put(trial_record(trial))
 
@@ -388,7 +396,7 @@ class Tracker:
 
         Returns how many child runs MLflow still lacks (0 unless it failed; `error` then says why)."""
         front = {int(n) for n in results.front["number"]}
-        wanted = {"all": {int(n) for n in results.frame["number"]}, "pareto": front, "none": set()}[self.mode]
+        wanted = {"all": logged_trials(results.frame), "pareto": front, "none": set()}[self.mode]
         if self._process is None or self._reports is None:
             return len(wanted)
         trials = study.get_trials(deepcopy=False)

@@ -28,21 +28,22 @@ What depends on times, and how each is handled:
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
-from dse.workload import OpKind, Workload
-from simulators.analytical.intervals import Busy
+from dse.workload import OpKind, SteadyForm, Workload
+from simulators.analytical.batch_busy import BusyMany
+from simulators.analytical.batch_steady import Extension, StageArrays, extend
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
 from simulators.analytical.tape import INF, MAX_ADD, SHARED, Tape, record
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
-"""Node values kept at once: systems are evaluated in chunks whose values fit (about 40 for Llama-3-70B's step)."""
+"""Node values kept at once: systems are evaluated in chunks whose values fit."""
 
 _TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})
 """Accelerator fields no op duration reads: systems that differ only in them share one schedule."""
@@ -53,7 +54,7 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
     timeline); a system with fewer NPUs than the workload has ranks gets the InfeasibleError the simulation raises.
     """
     out: list[SimResult | InfeasibleError | None] = [None] * len(systems)
-    shapes: dict[tuple, list[int]] = {}
+    shapes: dict[tuple[int, ...], list[int]] = {}
     for index, system in enumerate(systems):
         if workload.layout.world > system.npus:
             out[index] = InfeasibleError(
@@ -61,17 +62,15 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
                 f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
             )
         else:
-            shapes.setdefault(_shape(system), []).append(index)
-    for members in shapes.values():
-        chosen = [systems[i] for i in members]
-        for index, result in zip(members, _price_shape(workload, chosen), strict=True):
-            out[index] = result
+            shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
+    for members in shapes.values():  # which dimensions a group or a send spans: the tape's decisions
+        timings: dict[tuple[str, str], int] = {}
+        timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
+        distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
+        figures = _price_timings(workload, distinct)
+        for index, timing in zip(members, timing_of, strict=True):
+            out[index] = _result(workload, figures[timing], systems[index])
     return out  # type: ignore[return-value]
-
-
-def _shape(system: SystemSpec) -> tuple:
-    """What the scheduler's decisions depend on besides the workload: which dimensions a group or a send spans."""
-    return tuple(dim.npus for dim in system.network)
 
 
 def _timing_key(system: SystemSpec) -> tuple[str, str]:
@@ -81,62 +80,133 @@ def _timing_key(system: SystemSpec) -> tuple[str, str]:
 
 
 @dataclass(slots=True)
-class _Timelines:
-    """One rank class's figures on many systems (arrays over systems), before the accelerator's corrections."""
+class _Figures:
+    """One rank class's figures on one system, before the accelerator's corrections."""
 
-    end: np.ndarray
-    compute: np.ndarray
-    comm: np.ndarray
-    exposed: np.ndarray
-    categories: dict[str, np.ndarray]
-    peak: list[tuple[float, dict[str, float]]]
-
-
-def _price_shape(workload: Workload, systems: list[SystemSpec]) -> list[SimResult]:
-    """Systems of one network shape: one tape, evaluated once per distinct timing, in chunks."""
-    tape = record(workload, systems[0])
-    timings: dict[tuple[str, str], int] = {}
-    timing_of = [timings.setdefault(_timing_key(s), len(timings)) for s in systems]
-    distinct = [systems[timing_of.index(t)] for t in range(len(timings))]
-    levels = _Levels.of(tape)
-    liveness = [Liveness.of(program, workload.blocks) for program in workload.programs]
-    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * len(tape.kind)))
-    per_class: list[list[_Timelines]] = []
-    for lo in range(0, len(distinct), chunk):
-        part = distinct[lo : lo + chunk]
-        durations = _durations(workload, tape, part)
-        values = levels.evaluate(durations.durations)
-        per_class.append([_figures(tape, c, values, durations, liveness[c]) for c in range(len(tape.classes))])
-    ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
-    results = []
-    for system, timing in zip(systems, timing_of, strict=True):
-        part, column = divmod(timing, chunk)
-        classes = [
-            _class_result(workload.programs[c].name, int(ranks[c]), figures, column, system)
-            for c, figures in enumerate(per_class[part])
-        ]
-        results.append(SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes))
-    return results
+    end: float
+    compute: float
+    comm: float
+    exposed: float
+    categories: dict[str, float]
+    peak: tuple[float, dict[str, float]]
 
 
-def _class_result(name: str, ranks: int, figures: _Timelines, column: int, system: SystemSpec) -> ClassResult:
-    """The per-point ClassResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures."""
+def _result(workload: Workload, figures: list[_Figures], system: SystemSpec) -> SimResult:
+    """The per-point SimResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures."""
     accelerator = system.accelerator
-    comm, exposed = float(figures.comm[column]), float(figures.exposed[column])
-    slowed = accelerator.overlap_slowdown * (comm - exposed)
-    peak, at_peak = figures.peak[column]
-    at_peak = dict(at_peak)
-    return ClassResult(
-        name=name,
-        ranks=ranks,
-        end_s=float(figures.end[column]) + slowed,
-        compute_s=float(figures.compute[column]) + slowed,
-        comm_s=comm,
-        exposed_comm_s=exposed,
-        peak_memory_bytes=with_runtime_reserve(peak, at_peak, accelerator),
-        memory_at_peak=at_peak,
-        time_by_category={name: float(seconds[column]) for name, seconds in figures.categories.items()},
+    ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
+    classes = []
+    for program, count, own in zip(workload.programs, ranks, figures, strict=True):
+        slowed = accelerator.overlap_slowdown * (own.comm - own.exposed)
+        at_peak = dict(own.peak[1])
+        classes.append(
+            ClassResult(
+                name=program.name,
+                ranks=int(count),
+                end_s=own.end + slowed,
+                compute_s=own.compute + slowed,
+                comm_s=own.comm,
+                exposed_comm_s=own.exposed,
+                peak_memory_bytes=with_runtime_reserve(own.peak[0], at_peak, accelerator),
+                memory_at_peak=at_peak,
+                time_by_category=dict(own.categories),
+            )
+        )
+    return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
+
+
+def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_Figures]]:
+    """Per system (of one network shape, each of a distinct timing), per rank class, its figures.
+
+    A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
+    the systems whose timelines are not periodic are evaluated on the whole step."""
+    form = workload.steady
+    steady = form is not None and SteadyForm.holds(workload.programs)
+    evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
+    tape = record(evaluated, systems[0])
+    levels = _Levels.of(tape)
+    liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
+    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * levels.size))
+    out: list[list[_Figures]] = []
+    redo: list[int] = []
+    for lo in range(0, len(systems), chunk):
+        part = systems[lo : lo + chunk]
+        priced = _durations(evaluated, tape, part)
+        values = levels.evaluate(priced.durations)
+        stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
+        extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
+        for c, stage in enumerate(stages):
+            _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None, out, lo)
+        redo.extend(lo + i for i in np.flatnonzero(~valid))
+    if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
+        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo])
+        for index, figures in zip(redo, whole, strict=True):
+            out[index] = figures
+    return out
+
+
+def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, priced: "_Priced") -> StageArrays:
+    """One rank class's times on every system of a chunk, from its nodes' values."""
+    recorded = tape.classes[rank_class]
+    compute_nodes = np.array([node for node, _ in recorded.compute], dtype=np.intp)
+    compute_columns = np.array([column for _, column in recorded.compute], dtype=np.intp)
+    compute_ends = values[compute_nodes]
+    comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
+    comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
+    transfers = recorded.transfers
+    return StageArrays(
+        program=workload.programs[rank_class],
+        call_start=values[recorded.call_start],
+        call_end=values[recorded.call_end],
+        busy=BusyMany.of(compute_ends - priced.durations[compute_columns], compute_ends, comm_starts, comm_ends),
+        plan_of_call=np.array(recorded.priced, dtype=np.intp),
+        plan_categories=priced.plan_categories,
+        transfers=(
+            np.array([call for _, call, _, _ in transfers], dtype=np.intp),
+            np.array([category for category, _, _, _ in transfers], dtype=np.intp),
+            values[[stop for _, _, _, stop in transfers]] - values[[start for _, _, start, _ in transfers]],
+        ),
     )
+
+
+def _figures_of(
+    tape: Tape,
+    rank_class: int,
+    stage: StageArrays,
+    liveness: Liveness,
+    extension: Extension | None,
+    out: list[list[_Figures]],
+    lo: int,
+) -> None:
+    """Write one rank class's figures for every system of a chunk (starting at system `lo`) into `out`."""
+    recorded = tape.classes[rank_class]
+    systems = stage.call_start.shape[1]
+    end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
+    compute, comm, exposed = stage.busy.totals()
+    counts = np.bincount(stage.plan_of_call, minlength=len(tape.plans)).astype(float)
+    by_category = np.tensordot(counts, stage.plan_categories, axes=1)
+    calls, categories, seconds = stage.transfers
+    if len(calls):
+        np.add.at(by_category, categories, seconds)
+    if extension is not None:
+        end = end + extension.end
+        compute, comm, exposed = compute + extension.compute, comm + extension.comm, exposed + extension.exposed
+        by_category = by_category + extension.categories
+    used = sorted(set().union(*(tape.plans[p].categories for p in set(recorded.priced))))
+    peaks = _peaks(liveness, liveness.times(stage.call_start, stage.call_end))
+    for system in range(systems):
+        if rank_class == 0:
+            out.append([])
+        out[lo + system].append(
+            _Figures(
+                end=float(end[system]),
+                compute=float(compute[system]),
+                comm=float(comm[system]),
+                exposed=float(exposed[system]),
+                categories={tape.categories[i]: float(by_category[i, system]) for i in used},
+                peak=peaks[system],
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,20 +285,24 @@ class _Levels:
 
     @classmethod
     def of(cls, tape: Tape) -> "_Levels":
-        level = [0] * len(tape.kind)
-        found: dict[tuple[int, int, int], list[int]] = {}
-        none = len(tape.columns)  # the zero row of the durations
-        for node in range(2, len(tape.kind)):
-            args = tape.args[node]
-            depth = 1 + max(level[a] for a in args)
-            level[node] = depth
-            found.setdefault((depth, tape.kind[node], len(args)), []).append(node)
+        """Nodes grouped by depth and kind; a group's argument lists are padded to its longest with their own first
+        argument (which changes neither a max nor a min), so that a depth costs one or two numpy passes."""
+        count = len(tape.kind)
+        width = max(map(len, tape.args[2:]), default=1)
+        args = np.array([(*a, *(a[0],) * (width - len(a))) for a in tape.args[2:]], dtype=np.intp).reshape(-1, width)
+        needed = np.array([len(a) for a in tape.args[2:]], dtype=np.intp)
+        kind = np.array(tape.kind[2:], dtype=np.intp)
+        depth = np.array(tape.depth[2:], dtype=np.intp)
+        column = np.array(tape.column[2:], dtype=np.intp)
+        column[column < 0] = len(tape.columns)  # the zero row of the durations
+        order = np.lexsort((kind, depth))
+        key = depth[order] * 4 + kind[order]
+        bounds = np.flatnonzero(np.diff(key)) + 1
         groups = []
-        for (_, kind, _), nodes in sorted(found.items()):
-            columns = [tape.column[n] if tape.column[n] >= 0 else none for n in nodes]
-            args = np.array([tape.args[n] for n in nodes], dtype=np.intp)
-            groups.append(_Group(kind, np.array(nodes, dtype=np.intp), args, np.array(columns, dtype=np.intp)))
-        return cls(groups, len(tape.kind))
+        for rows in np.split(order, bounds):
+            used = int(needed[rows].max())
+            groups.append(_Group(int(kind[rows[0]]), rows + 2, args[rows, :used], column[rows]))
+        return cls(groups, count)
 
     def evaluate(self, durations: np.ndarray) -> np.ndarray:
         """nodes x systems: every node's time on every system (durations: `_durations`)."""
@@ -252,91 +326,6 @@ class _Levels:
                     first += durations[group.columns]
             values[group.nodes] = first
         return values
-
-
-def _figures(tape: Tape, rank_class: int, values: np.ndarray, priced: _Priced, liveness: Liveness) -> _Timelines:
-    """One rank class's figures on every system of a chunk, from its nodes' values."""
-    recorded = tape.classes[rank_class]
-    durations = priced.durations
-    systems = values.shape[1]
-    end = values[recorded.stream_ends].max(axis=0) if recorded.stream_ends else np.zeros(systems)
-    compute_nodes = np.array([node for node, _ in recorded.compute], dtype=np.intp)
-    compute_columns = np.array([column for _, column in recorded.compute], dtype=np.intp)
-    compute_seconds = durations[compute_columns]
-    compute_ends = values[compute_nodes]
-    comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
-    comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
-    comm, exposed = _busy(compute_ends - compute_seconds, compute_ends, comm_starts, comm_ends)
-    counts = np.bincount(recorded.priced, minlength=len(tape.plans)).astype(float)
-    by_category = np.tensordot(counts, priced.plan_categories, axes=1)
-    for category, start, stop in recorded.transfers:
-        by_category[category] += values[stop] - values[start]
-    used = sorted(set().union(*(tape.plans[p].categories for p in set(recorded.priced))))
-    call_start, call_end = values[recorded.call_start], values[recorded.call_end]
-    return _Timelines(
-        end=end,
-        compute=compute_seconds.sum(axis=0),
-        comm=comm,
-        exposed=exposed,
-        categories={tape.categories[i]: by_category[i] for i in used},
-        peak=_peaks(liveness, liveness.times(call_start, call_end)),
-    )
-
-
-def _busy(
-    compute_starts: np.ndarray, compute_ends: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Communication seconds (the union of its intervals) and those no compute overlaps, per system (a column).
-
-    `intervals.Busy` sorts each timeline; here the intervals are sorted once, by the first system's starts, and
-    the union is the sum of what each interval adds past the furthest end before it. The compute seconds inside
-    that union are read off the compute intervals (in stream order, so sorted on every system) at the position the
-    first system finds each point at. A system where the communication starts fall out of that order, or a point
-    lands in another compute interval or gap, is measured by `intervals.Busy` on its own times."""
-    systems = comm_starts.shape[1] if comm_starts.ndim == 2 else compute_starts.shape[1]
-    if not len(comm_starts):
-        return np.zeros(systems), np.zeros(systems)
-    order = np.argsort(comm_starts[:, 0], kind="stable")
-    starts, ends = comm_starts[order], comm_ends[order]
-    keeps = (np.diff(starts, axis=0) >= 0).all(axis=0)
-    reach = np.maximum.accumulate(ends, axis=0)
-    before = np.vstack((np.full((1, systems), -np.inf), reach[:-1]))
-    opened, closed = np.maximum(starts, before), np.maximum(ends, before)
-    comm = (closed - opened).sum(axis=0)
-    exposed = comm.copy()
-    if len(compute_starts):
-        knots = np.empty((2 * len(compute_starts), systems))
-        knots[0::2], knots[1::2] = compute_starts, compute_ends
-        done = np.cumsum(compute_ends - compute_starts, axis=0)
-        hidden = np.zeros(systems)
-        for points, sign in ((closed, 1.0), (opened, -1.0)):
-            seen, inside = _compute_before(knots, done, points)
-            hidden += sign * seen.sum(axis=0)
-            keeps &= inside
-        exposed = np.maximum(0.0, comm - hidden)
-    for system in np.flatnonzero(~keeps):
-        _, comm[system], exposed[system] = Busy.of(
-            compute_starts[:, system], compute_ends[:, system], comm_starts[:, system], comm_ends[:, system]
-        ).totals
-    return comm, exposed
-
-
-def _compute_before(knots: np.ndarray, done: np.ndarray, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Compute seconds before each point (points x systems), and per system whether every point lies where the
-    first system's does (between the same two knots)."""
-    position = np.searchsorted(knots[:, 0], points[:, 0], side="right")  # knots[position - 1] <= point
-    count = len(knots)
-    below = knots[np.maximum(position - 1, 0)]
-    above = knots[np.minimum(position, count - 1)]
-    inside = ((position == 0)[:, None] | (below <= points)) & ((position == count)[:, None] | (points <= above))
-    # by knot k: done before it (a start, even k: the intervals before) or by it (an end, odd k)
-    k = np.maximum(position - 1, 0)
-    interval = k // 2
-    finished = np.where(interval[:, None] > 0, done[np.maximum(interval - 1, 0)], 0.0)
-    in_interval = (k % 2 == 0)[:, None]
-    seen = np.where(in_interval, finished + (points - below), done[interval])
-    seen = np.where((position == 0)[:, None], 0.0, seen)
-    return seen, inside.all(axis=0)
 
 
 def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:

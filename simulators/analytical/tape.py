@@ -49,8 +49,8 @@ class ClassTape:
     """(end node, column) of every compute op: its start is the end less the column, its intervals never overlap."""
     comm: list[tuple[int, int]]
     """(start node, end node) of every communication op."""
-    transfers: list[tuple[int, int, int]]
-    """(category, start node, end node) of every p2p transfer."""
+    transfers: list[tuple[int, int, int, int]]
+    """(category, call, start node, end node) of every p2p transfer."""
     priced: list[int]
     """Per call, the plan its block runs as (an index into `Tape.plans`)."""
 
@@ -60,6 +60,8 @@ class Tape:
     kind: list[int] = field(default_factory=lambda: [MAX_ADD, MAX_ADD])
     args: list[tuple[int, ...]] = field(default_factory=lambda: [(), ()])
     column: list[int] = field(default_factory=lambda: [-1, -1])
+    depth: list[int] = field(default_factory=lambda: [0, 0])
+    """1 + the deepest argument's depth: nodes of one depth can be evaluated together."""
     columns: list[Column] = field(default_factory=list)
     classes: list[ClassTape] = field(default_factory=list)
     plans: list[Plan] = field(default_factory=list)
@@ -72,6 +74,8 @@ class Tape:
         self.kind.append(kind)
         self.args.append(args)
         self.column.append(column)
+        depth = self.depth
+        self.depth.append(1 + max([depth[a] for a in args]))
         return len(self.kind) - 1
 
     def latest(self, args: list[int], column: int = -1) -> int:
@@ -97,7 +101,7 @@ class _Run:
     local: list[int] = field(default_factory=list)
     compute: list[tuple[int, int]] = field(default_factory=list)
     comm: list[tuple[int, int]] = field(default_factory=list)
-    transfers: list[tuple[int, int, int]] = field(default_factory=list)
+    transfers: list[tuple[int, int, int, int]] = field(default_factory=list)
     call: int = 0
     op: int = 0
     queued: bool = True
@@ -276,7 +280,7 @@ class _Recorder:
             run.stream_end[r] = self._tape.latest([run.stream_end[r], end])
         if side.output:
             run.out_end[side.call] = end
-        run.transfers.append((side.category, start, end))
+        run.transfers.append((side.category, side.call, start, end))
         run.comm.append((start, end))
         run.starts[side.call].setdefault(side.stream, start)
         run.ends[side.call][side.stream] = end

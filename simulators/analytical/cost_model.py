@@ -11,6 +11,7 @@ from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
 from simulators.analytical import network
+from simulators.analytical.batch import price_many
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
@@ -66,6 +67,20 @@ class AnalyticalCostModel:
             return self._simulate(workload, system)
         key = (workload.point_key, system.model_dump_json(), self.exact)
         return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
+
+    def simulate_many(self, workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
+        """The step on each system (dse.interfaces.BatchCostModel): the reference schedule evaluated for all of
+        them at once (`batch.price_many`), the figures of `exact` point by point whichever way this model is set;
+        with a timeline, every system is simulated by itself."""
+        if self.timeline:
+            out: list[SimResult | InfeasibleError] = []
+            for system in systems:
+                try:
+                    out.append(self.simulate(workload, system))
+                except InfeasibleError as error:
+                    out.append(error)
+            return out
+        return price_many(workload, systems)
 
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
         """The closed form the simulation prices the collective with (dse.interfaces.CollectiveCostModel)."""

@@ -148,9 +148,9 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
 def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, priced: "_Priced") -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values."""
     recorded = tape.classes[rank_class]
-    compute_nodes = np.array([node for node, _ in recorded.compute], dtype=np.intp)
-    compute_columns = np.array([column for _, column in recorded.compute], dtype=np.intp)
-    compute_ends = values[compute_nodes]
+    first_ends, first_columns, last_ends = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T
+    compute_starts = values[first_ends] - priced.durations[first_columns]
+    compute_ends = values[last_ends]
     comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
     comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
     transfers = recorded.transfers
@@ -158,7 +158,7 @@ def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, 
         program=workload.programs[rank_class],
         call_start=values[recorded.call_start],
         call_end=values[recorded.call_end],
-        busy=BusyMany.of(compute_ends - priced.durations[compute_columns], compute_ends, comm_starts, comm_ends),
+        busy=BusyMany.of(compute_starts, compute_ends, comm_starts, comm_ends),
         plan_of_call=np.array(recorded.priced, dtype=np.intp),
         plan_categories=priced.plan_categories,
         transfers=(

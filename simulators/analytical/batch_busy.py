@@ -9,6 +9,7 @@ intervals before it and the part of the one it falls in, found by a binary searc
 """
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -28,6 +29,9 @@ class BusyMany:
     hidden_open: np.ndarray
     hidden_close: np.ndarray
     """Compute seconds before each piece's start and end."""
+    comm_done: np.ndarray
+    hidden_done: np.ndarray
+    """Communication seconds, and compute seconds inside them, by the end of each piece."""
 
     @classmethod
     def of(
@@ -46,44 +50,59 @@ class BusyMany:
         offset = done - compute_ends
         hidden_open = _compute_before(compute_starts, done, offset, opened, _positions(compute_starts, opened))
         hidden_close = _compute_before(compute_starts, done, offset, closed, _positions(compute_starts, closed))
-        return cls(compute_starts, done, offset, opened, closed, hidden_open, hidden_close)
+        comm_done = np.cumsum(closed - opened, axis=1)
+        hidden_done = np.cumsum(hidden_close - hidden_open, axis=1)
+        return cls(compute_starts, done, offset, opened, closed, hidden_open, hidden_close, comm_done, hidden_done)
 
     def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
         systems = len(self.done)
         compute = self.done[:, -1] if self.done.shape[1] else np.zeros(systems)
-        comm = (self.closed - self.opened).sum(axis=1)
+        comm = self.comm_done[:, -1] if self.comm_done.shape[1] else np.zeros(systems)
         if not self.done.shape[1] or not self.opened.shape[1]:
             return compute, comm, comm
-        return compute, comm, np.maximum(0.0, comm - (self.hidden_close - self.hidden_open).sum(axis=1))
+        return compute, comm, np.maximum(0.0, comm - self.hidden_done[:, -1])
 
-    def between(self, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per system, (compute, communication, exposed communication) seconds from `start` to `end` (one moment
-        per system each), as `Busy.between`."""
-        compute_a, comm_a, hidden_a = self._before(start)
-        compute_b, comm_b, hidden_b = self._before(end)
-        comm = comm_b - comm_a
-        return compute_b - compute_a, comm, np.maximum(0.0, comm - (hidden_b - hidden_a))
+    def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
+        """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
+        communication) seconds in it per system, as `Busy.between`."""
+        before = [self._before(start + k * length) for k in range(count + 1)]
+        out = []
+        for (compute_a, comm_a, hidden_a), (compute_b, comm_b, hidden_b) in pairwise(before):
+            comm = comm_b - comm_a
+            out.append((compute_b - compute_a, comm, np.maximum(0.0, comm - (hidden_b - hidden_a))))
+        return out
 
     def _before(self, moment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Compute, communication and hidden communication seconds before `moment` (one per system), as
-        `Busy._before`: whole pieces, and the part of the one under way."""
+        `Busy._before`: the pieces that opened before it, the last of them only up to it."""
         at = moment[:, None]
-        position = (self.compute_starts <= at).sum(axis=1, keepdims=True)
-        compute = _compute_before(self.compute_starts, self.done, self.offset, at, position)
-        comm = np.clip(at - self.opened, 0.0, self.closed - self.opened).sum(axis=1)
-        whole = self.closed <= at
-        under_way = ~whole & (self.opened < at)
-        hidden = np.where(whole, self.hidden_close - self.hidden_open, 0.0)
-        hidden += np.where(under_way, compute - self.hidden_open, 0.0)
-        return compute[:, 0], comm, hidden.sum(axis=1)
+        compute = _compute_before(self.compute_starts, self.done, self.offset, at, _positions(self.compute_starts, at))
+        systems = len(moment)
+        if not self.opened.shape[1]:
+            return compute[:, 0], np.zeros(systems), np.zeros(systems)
+        opened = _positions(self.opened, at, side="left")  # pieces opened before the moment
+        last = np.maximum(opened - 1, 0)
+        began = opened > 0
+
+        def at_last(values: np.ndarray) -> np.ndarray:
+            return np.take_along_axis(values, last, axis=1)
+
+        def before_last(values: np.ndarray) -> np.ndarray:
+            return np.where(opened > 1, np.take_along_axis(values, np.maximum(opened - 2, 0), axis=1), 0.0)
+
+        closed = at_last(self.closed)
+        comm = before_last(self.comm_done) + np.minimum(at, closed) - at_last(self.opened)
+        inside = np.where(closed <= at, at_last(self.hidden_close), compute) - at_last(self.hidden_open)
+        hidden = before_last(self.hidden_done) + inside
+        return compute[:, 0], np.where(began, comm, 0.0)[:, 0], np.where(began, hidden, 0.0)[:, 0]
 
 
-def _positions(compute_starts: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """Per system and point (rows sorted), how many of the system's compute intervals start at or before it."""
+def _positions(sorted_rows: np.ndarray, points: np.ndarray, side: str = "right") -> np.ndarray:
+    """Per system (a row), where each of its points falls among its sorted values (`np.searchsorted`)."""
     position = np.empty(points.shape, dtype=np.intp)
-    for system, (row, at) in enumerate(zip(compute_starts, points, strict=True)):
-        position[system] = np.searchsorted(row, at, side="right")
+    for system, (row, at) in enumerate(zip(sorted_rows, points, strict=True)):
+        position[system] = np.searchsorted(row, at, side=side)
     return position
 
 

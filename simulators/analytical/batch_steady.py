@@ -59,7 +59,7 @@ def extend(form: SteadyForm, stages: list[StageArrays]) -> tuple[list[Extension]
     for stage, (length, first, _) in zip(stages, found, strict=True):
         calls = _period_calls(stage.program, form.period)
         at = np.take_along_axis(stage.call_start, first[None, :], axis=0)[0]
-        once, twice = stage.busy.between(at, at + length), stage.busy.between(at + length, at + 2 * length)
+        once, twice = stage.busy.windows(at, length, 2)
         for a, b in zip(once, twice, strict=True):
             valid &= np.abs(a - b) <= TOLERANCE_S
         compute, comm, exposed = once

@@ -45,8 +45,10 @@ class ClassTape:
     stream_ends: list[int]
     call_start: list[int]
     call_end: list[int]
-    compute: list[tuple[int, int]]
-    """(end node, column) of every compute op: its start is the end less the column, its intervals never overlap."""
+    compute: list[tuple[int, int, int]]
+    """(end node of its first op, that op's column, end node) of every compute interval: its start is the first
+    op's end less its column. Ops that run back to back on every system (one waits for the other alone) make one
+    interval; on one stream, the intervals never overlap."""
     comm: list[tuple[int, int]]
     """(start node, end node) of every communication op."""
     transfers: list[tuple[int, int, int, int]]
@@ -79,11 +81,26 @@ class Tape:
         return len(self.kind) - 1
 
     def latest(self, args: list[int], column: int = -1) -> int:
-        """The node max(args) + column, reusing an existing node for a plain max of one distinct argument."""
-        distinct = tuple(dict.fromkeys(a for a in args if a != ZERO)) or (ZERO,)
+        """The node max(args) + column, reusing an existing node for a plain max of one argument. An argument that
+        another one is built on (`_below`) is left out: durations are never negative, so it is never the latest,
+        on any system. An op after a collective that waited for the op before it waits for the collective alone."""
+        distinct = list(dict.fromkeys(a for a in args if a != ZERO))
+        if len(distinct) > 1:
+            below = {b for a in distinct for b in self._below(a)}
+            distinct = [a for a in distinct if a not in below] or distinct[:1]
         if column < 0 and len(distinct) == 1:
             return distinct[0]
-        return self.node(MAX_ADD, distinct, column)
+        return self.node(MAX_ADD, tuple(distinct) or (ZERO,), column)
+
+    def _below(self, node: int) -> list[int]:
+        """Nodes no later than `node` on every system, two steps back: the arguments of a max plus a duration, and
+        the start of a shared transfer (which ends after it, but not necessarily after the link's busy time)."""
+        kind = self.kind
+        out: list[int] = []
+        for a in _under(kind[node], self.args[node]):
+            out.append(a)
+            out.extend(_under(kind[a], self.args[a]))
+        return out
 
 
 @dataclass(slots=True, eq=False)
@@ -99,7 +116,7 @@ class _Run:
     ends: list[dict[int, int]]
     """Per call and stream, the end of the call's last op on it."""
     local: list[int] = field(default_factory=list)
-    compute: list[tuple[int, int]] = field(default_factory=list)
+    compute: list[tuple[int, int, int]] = field(default_factory=list)
     comm: list[tuple[int, int]] = field(default_factory=list)
     transfers: list[tuple[int, int, int, int]] = field(default_factory=list)
     call: int = 0
@@ -120,6 +137,13 @@ class _Side:
     category: int
     shares: tuple[int, ...]
     output: bool
+
+
+def _under(kind: int, args: tuple[int, ...]) -> tuple[int, ...]:
+    """The arguments a node of this kind is never earlier than."""
+    if kind == MAX_ADD:
+        return args
+    return args[:1] if kind == SHARED else ()
 
 
 def record(workload: Workload, system: SystemSpec) -> Tape:
@@ -234,7 +258,11 @@ class _Recorder:
                 for r in shares:
                     stream_end[r] = end
                 if kind == COMPUTE:
-                    run.compute.append((end, columns[j]))
+                    last = run.compute[-1] if run.compute else None
+                    if last is not None and self._tape.args[end] == (last[2],) and self._tape.kind[end] == MAX_ADD:
+                        run.compute[-1] = (last[0], last[1], end)
+                    else:
+                        run.compute.append((end, columns[j], end))
                     if stream not in run.starts[c]:  # a stream runs in order: its first op of the call starts first
                         run.starts[c][stream] = tape.latest(args)
                 else:

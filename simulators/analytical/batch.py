@@ -42,7 +42,7 @@ from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
 from simulators.analytical.tape import INF, MAX_ADD, SHARED, Tape, record
 
-MEMORY_BUDGET_BYTES = 256 * 2**20
+MEMORY_BUDGET_BYTES = 64 * 2**20
 """Node values kept at once: systems are evaluated in chunks whose values fit."""
 
 _TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})

@@ -1,11 +1,13 @@
-"""`intervals.Busy` for many timelines of one schedule at once: a row per system.
+"""`intervals.Busy` for many timelines of one schedule at once: a row per system, a block of systems at a time.
 
-Each system's communication intervals are sorted by start (a stable sort, fast on what the tape yields: a few
-streams' runs, each already in order) and each interval contributes the piece [max(start, reach), max(end, reach)]
-past the furthest end before it (`reach`): the pieces are disjoint and in order, and they add up to the union, as
-`intervals.merge`'s merged intervals do. The compute intervals run on one in-order stream, so they are in order on
-every system; the compute seconds before each end of each piece (what `Busy` interpolates over its knots) are the
-intervals before it and the part of the one it falls in, found by a binary search per system.
+The communication no compute hides is the union of all intervals less the compute: |comm \\ compute| =
+|comm U compute| - |compute| (compute runs on one stream, so its intervals never overlap and add up). So two unions
+are all that is measured: of the communication intervals, and of every interval. Each system's intervals are
+sorted by start (a stable sort, fast on what the tape yields: a few streams' runs, each already in order) and each
+contributes the piece [max(start, reach), max(end, reach)] past the furthest end before it (`reach`): the pieces
+are disjoint and in order, and add up to the union, as `intervals.merge`'s merged intervals do. `Busy` measures
+the hidden communication by interpolating compute time over each merged interval instead; the two agree to
+rounding.
 """
 
 from dataclasses import dataclass
@@ -13,25 +15,15 @@ from itertools import pairwise
 
 import numpy as np
 
+BLOCK = 16
+"""Systems handled together: a block's arrays stay in the processor's cache (twice as fast as 250 at once)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BusyMany:
-    compute_starts: np.ndarray
-    """systems x compute intervals: each system's compute interval starts (in order: one in-order stream)."""
-    done: np.ndarray
-    """systems x compute intervals: compute seconds by the end of each compute interval."""
-    offset: np.ndarray
-    """Compute seconds by each compute interval's start, less that start: inside interval k, the compute
-    seconds before t are offset[k] + t, and past its end done[k]."""
-    opened: np.ndarray
-    closed: np.ndarray
-    """systems x communication intervals: the pieces (see the module docstring)."""
-    hidden_open: np.ndarray
-    hidden_close: np.ndarray
-    """Compute seconds before each piece's start and end."""
-    comm_done: np.ndarray
-    hidden_done: np.ndarray
-    """Communication seconds, and compute seconds inside them, by the end of each piece."""
+    """The busy figures of many systems, a block of systems at a time."""
+
+    blocks: list["_Block"]
 
     @classmethod
     def of(
@@ -39,80 +31,99 @@ class BusyMany:
     ) -> "BusyMany":
         """From arrays of intervals x systems (the tape's values)."""
         systems = compute_starts.shape[1]
-        starts, ends = np.ascontiguousarray(comm_starts.T), np.ascontiguousarray(comm_ends.T)
-        order = np.argsort(starts, axis=1, kind="stable")
-        starts, ends = np.take_along_axis(starts, order, axis=1), np.take_along_axis(ends, order, axis=1)
-        reach = np.maximum.accumulate(ends, axis=1)
-        before = np.hstack((np.full((systems, 1), -np.inf), reach[:, :-1]))[:, : starts.shape[1]]
-        opened, closed = np.maximum(starts, before), np.maximum(ends, before)
-        compute_starts, compute_ends = np.ascontiguousarray(compute_starts.T), compute_ends.T
-        done = np.cumsum(compute_ends - compute_starts, axis=1)
-        offset = done - compute_ends
-        hidden_open = _compute_before(compute_starts, done, offset, opened, _positions(compute_starts, opened))
-        hidden_close = _compute_before(compute_starts, done, offset, closed, _positions(compute_starts, closed))
-        comm_done = np.cumsum(closed - opened, axis=1)
-        hidden_done = np.cumsum(hidden_close - hidden_open, axis=1)
-        return cls(compute_starts, done, offset, opened, closed, hidden_open, hidden_close, comm_done, hidden_done)
+        return cls(
+            [
+                _Block.of(*(a[:, lo : lo + BLOCK] for a in (compute_starts, compute_ends, comm_starts, comm_ends)))
+                for lo in range(0, systems, BLOCK)
+            ]
+        )
 
     def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
-        systems = len(self.done)
-        compute = self.done[:, -1] if self.done.shape[1] else np.zeros(systems)
-        comm = self.comm_done[:, -1] if self.comm_done.shape[1] else np.zeros(systems)
-        if not self.done.shape[1] or not self.opened.shape[1]:
-            return compute, comm, comm
-        return compute, comm, np.maximum(0.0, comm - self.hidden_done[:, -1])
+        compute, comm, exposed = zip(*(b.totals() for b in self.blocks), strict=True)
+        return np.concatenate(compute), np.concatenate(comm), np.concatenate(exposed)
 
     def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
         """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
         communication) seconds in it per system, as `Busy.between`."""
-        before = [self._before(start + k * length) for k in range(count + 1)]
-        out = []
-        for (compute_a, comm_a, hidden_a), (compute_b, comm_b, hidden_b) in pairwise(before):
-            comm = comm_b - comm_a
-            out.append((compute_b - compute_a, comm, np.maximum(0.0, comm - (hidden_b - hidden_a))))
-        return out
+        parts = []
+        lo = 0
+        for block in self.blocks:
+            size = len(block.every.done)
+            parts.append(block.windows(start[lo : lo + size], length[lo : lo + size], count))
+            lo += size
+        return [tuple(np.concatenate([p[k][figure] for p in parts]) for figure in range(3)) for k in range(count)]
 
-    def _before(self, moment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Compute, communication and hidden communication seconds before `moment` (one per system), as
-        `Busy._before`: the pieces that opened before it, the last of them only up to it."""
-        at = moment[:, None]
-        compute = _compute_before(self.compute_starts, self.done, self.offset, at, _positions(self.compute_starts, at))
-        systems = len(moment)
+
+@dataclass(frozen=True, slots=True)
+class _Union:
+    """A union of intervals, per system, as pieces (see the module docstring)."""
+
+    opened: np.ndarray
+    closed: np.ndarray
+    """systems x intervals."""
+    done: np.ndarray
+    """Seconds covered by the end of each piece."""
+
+    @classmethod
+    def of(cls, starts: np.ndarray, ends: np.ndarray) -> "_Union":
+        """From intervals as rows of systems."""
+        order = np.argsort(starts, axis=1, kind="stable")
+        starts, ends = np.take_along_axis(starts, order, axis=1), np.take_along_axis(ends, order, axis=1)
+        reach = np.maximum.accumulate(ends, axis=1)
+        before = np.empty_like(reach)
+        before[:, :1], before[:, 1:] = -np.inf, reach[:, :-1]
+        opened, closed = np.maximum(starts, before), np.maximum(ends, before)
+        return cls(opened, closed, np.cumsum(closed - opened, axis=1))
+
+    def total(self) -> np.ndarray:
+        return self.done[:, -1] if self.done.shape[1] else np.zeros(len(self.done))
+
+    def before(self, moment: np.ndarray) -> np.ndarray:
+        """Seconds covered before `moment` (one per system): the pieces opened before it, the last only up to it."""
         if not self.opened.shape[1]:
-            return compute[:, 0], np.zeros(systems), np.zeros(systems)
-        opened = _positions(self.opened, at, side="left")  # pieces opened before the moment
+            return np.zeros(len(moment))
+        at = moment[:, None]
+        opened = (self.opened < at).sum(axis=1, keepdims=True)
         last = np.maximum(opened - 1, 0)
-        began = opened > 0
-
-        def at_last(values: np.ndarray) -> np.ndarray:
-            return np.take_along_axis(values, last, axis=1)
-
-        def before_last(values: np.ndarray) -> np.ndarray:
-            return np.where(opened > 1, np.take_along_axis(values, np.maximum(opened - 2, 0), axis=1), 0.0)
-
-        closed = at_last(self.closed)
-        comm = before_last(self.comm_done) + np.minimum(at, closed) - at_last(self.opened)
-        inside = np.where(closed <= at, at_last(self.hidden_close), compute) - at_last(self.hidden_open)
-        hidden = before_last(self.hidden_done) + inside
-        return compute[:, 0], np.where(began, comm, 0.0)[:, 0], np.where(began, hidden, 0.0)[:, 0]
+        earlier = np.where(opened > 1, np.take_along_axis(self.done, np.maximum(opened - 2, 0), axis=1), 0.0)
+        part = np.minimum(at, np.take_along_axis(self.closed, last, axis=1)) - np.take_along_axis(self.opened, last, 1)
+        return np.where(opened > 0, earlier + part, 0.0)[:, 0]
 
 
-def _positions(sorted_rows: np.ndarray, points: np.ndarray, side: str = "right") -> np.ndarray:
-    """Per system (a row), where each of its points falls among its sorted values (`np.searchsorted`)."""
-    position = np.empty(points.shape, dtype=np.intp)
-    for system, (row, at) in enumerate(zip(sorted_rows, points, strict=True)):
-        position[system] = np.searchsorted(row, at, side=side)
-    return position
+@dataclass(frozen=True, slots=True)
+class _Block:
+    compute: _Union
+    comm: _Union
+    every: _Union
+    """The union of compute and communication intervals."""
 
+    @classmethod
+    def of(
+        cls, compute_starts: np.ndarray, compute_ends: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray
+    ) -> "_Block":
+        starts = np.vstack((compute_starts, comm_starts)).T.copy()
+        ends = np.vstack((compute_ends, comm_ends)).T.copy()
+        split = len(compute_starts)
+        own_starts, own_ends = starts[:, :split], ends[:, :split]  # one stream's: disjoint and in order already
+        return cls(
+            compute=_Union(own_starts, own_ends, np.cumsum(own_ends - own_starts, axis=1)),
+            comm=_Union.of(starts[:, split:], ends[:, split:]),
+            every=_Union.of(starts, ends),
+        )
 
-def _compute_before(
-    compute_starts: np.ndarray, done: np.ndarray, offset: np.ndarray, points: np.ndarray, position: np.ndarray
-) -> np.ndarray:
-    """Compute seconds before each point, given how many compute intervals start at or before it: all of those
-    but the last, and of the last as much as lies before the point."""
-    if not compute_starts.shape[1]:
-        return np.zeros(points.shape)
-    last = np.maximum(position - 1, 0)
-    seen = np.minimum(np.take_along_axis(offset, last, axis=1) + points, np.take_along_axis(done, last, axis=1))
-    return np.where(position == 0, 0.0, seen)
+    def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
+        compute, comm = self.compute.total(), self.comm.total()
+        return compute, comm, np.maximum(0.0, self.every.total() - compute)
+
+    def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
+        """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
+        communication) seconds in it per system, as `Busy.between`."""
+        moments = [start + k * length for k in range(count + 1)]
+        before = [(self.compute.before(m), self.comm.before(m), self.every.before(m)) for m in moments]
+        out = []
+        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(before):
+            compute = compute_b - compute_a
+            out.append((compute, comm_b - comm_a, np.maximum(0.0, every_b - every_a - compute)))
+        return out

@@ -63,13 +63,15 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
             )
         else:
             shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
+    ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
+    classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
     for members in shapes.values():  # which dimensions a group or a send spans: the tape's decisions
         timings: dict[tuple[str, str], int] = {}
         timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
         distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
         figures = _price_timings(workload, distinct)
         for index, timing in zip(members, timing_of, strict=True):
-            out[index] = _result(workload, figures[timing], systems[index])
+            out[index] = _result(classes_of, figures[timing], systems[index])
     return out  # type: ignore[return-value]
 
 
@@ -91,18 +93,18 @@ class _Figures:
     peak: tuple[float, dict[str, float]]
 
 
-def _result(workload: Workload, figures: list[_Figures], system: SystemSpec) -> SimResult:
-    """The per-point SimResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures."""
+def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: SystemSpec) -> SimResult:
+    """The per-point SimResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures;
+    classes_of: each rank class's name and rank count."""
     accelerator = system.accelerator
-    ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
     classes = []
-    for program, count, own in zip(workload.programs, ranks, figures, strict=True):
+    for (name, count), own in zip(classes_of, figures, strict=True):
         slowed = accelerator.overlap_slowdown * (own.comm - own.exposed)
         at_peak = dict(own.peak[1])
         classes.append(
             ClassResult(
-                name=program.name,
-                ranks=int(count),
+                name=name,
+                ranks=count,
                 end_s=own.end + slowed,
                 compute_s=own.compute + slowed,
                 comm_s=own.comm,

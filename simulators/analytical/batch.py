@@ -4,9 +4,15 @@ A hardware-planning sweep prices one generated workload (one parallel configurat
 accelerator FLOP/s and bandwidth, link bandwidths and latencies. The ops, their FLOPs and bytes and their order are
 the same on every one; only durations differ. `price_many` records the reference scheduler's decisions once per
 network shape as a tape (`tape.record`), prices every op's duration per distinct accelerator and per distinct
-network (the per-point code, `pricing.BlockPricer`, run once per distinct one), and evaluates the tape level by
-level with a column per system. The figures are those `AnalyticalCostModel(exact=True)` gives point by point
-(`tests/test_analytical_batch.py` pins the agreement); the default fast path agrees with that within its 1%.
+network (the per-point code, `pricing.BlockPricer`, run once per distinct one), and evaluates the tape depth by
+depth with a column per system, a chunk of systems at a time. The figures are those
+`AnalyticalCostModel(exact=True)` gives point by point (`tests/test_analytical_batch.py` pins the agreement, to
+about 1e-13); the default fast path agrees with that within its 1%.
+
+A workload with a steady form (a 1F1B pipeline with many micro-batches) is evaluated on its shorter step and
+extended by its period, per system, after `steady`'s checks (`batch_steady`); the systems whose timeline does not
+show the period are evaluated on the whole step. Systems that differ only in what no duration reads (HBM size,
+runtime reserve, fragmentation, the overlap slowdown applied after scheduling) are evaluated once.
 
 What depends on times, and how each is handled:
 - The scheduler's decisions do not (see `tape`): stream order, dependencies, the programs' round-robin, parking
@@ -16,15 +22,14 @@ What depends on times, and how each is handled:
 - Link sharing (`plans.PlanOp` shares, `engine._rendezvous`): a collective queues behind what holds a dimension,
   which is a max; a transfer next to a collective is stretched by min(s, busy - start), which the tape carries
   as such. Neither chooses between branches.
-- Communication time and its exposed share are unions of intervals, which depend on the intervals' order in time.
-  They are computed in the order of the first system of a batch, and each system is checked to keep that order
-  (every start no earlier than the one before, every point where compute is read inside the same compute
-  interval); a system that does not is measured on its own times by `intervals.Busy`, the per-point code.
+- Communication time and its exposed share are unions of intervals, whose order in time differs between systems:
+  each system's intervals are sorted on their own (`batch_busy`).
 - Peak memory is a sweep over allocation and free events in time order: a system whose events keep the first
-  system's order has its peak and breakdown; another is swept on its own times (`memory.peak_memory`).
-- What the per-point default path decides on times (the fast path's clamped segment keys, rounded to a
-  nanosecond; `steady`'s periodicity check) is not part of the reference schedule and is not reproduced: the
-  batch gives the reference figures, which the fast path approximates within 1%.
+  system's order shares its peak and breakdown; another is swept on its own times (`memory.Liveness`).
+- The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
+- What the per-point default path decides on times besides (the fast path's clamped segment keys, rounded to a
+  nanosecond) is not part of the reference schedule and is not reproduced: the batch gives the reference figures,
+  which the fast path approximates within 1%.
 """
 
 from collections.abc import Sequence
@@ -137,8 +142,11 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
         values = levels.evaluate(priced.durations)
         stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
         extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
-        for c, stage in enumerate(stages):
-            _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None, out, lo)
+        by_class = [
+            _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None)
+            for c, stage in enumerate(stages)
+        ]
+        out.extend(map(list, zip(*by_class, strict=True)))
         redo.extend(lo + i for i in np.flatnonzero(~valid))
     if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
         whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo])
@@ -177,10 +185,8 @@ def _figures_of(
     stage: StageArrays,
     liveness: Liveness,
     extension: Extension | None,
-    out: list[list[_Figures]],
-    lo: int,
-) -> None:
-    """Write one rank class's figures for every system of a chunk (starting at system `lo`) into `out`."""
+) -> list[_Figures]:
+    """One rank class's figures on every system of a chunk."""
     recorded = tape.classes[rank_class]
     systems = stage.call_start.shape[1]
     end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
@@ -196,19 +202,17 @@ def _figures_of(
         by_category = by_category + extension.categories
     used = sorted(set().union(*(tape.plans[p].categories for p in set(recorded.priced))))
     peaks = _peaks(liveness, liveness.times(stage.call_start, stage.call_end))
-    for system in range(systems):
-        if rank_class == 0:
-            out.append([])
-        out[lo + system].append(
-            _Figures(
-                end=float(end[system]),
-                compute=float(compute[system]),
-                comm=float(comm[system]),
-                exposed=float(exposed[system]),
-                categories={tape.categories[i]: float(by_category[i, system]) for i in used},
-                peak=peaks[system],
-            )
+    return [
+        _Figures(
+            end=float(end[system]),
+            compute=float(compute[system]),
+            comm=float(comm[system]),
+            exposed=float(exposed[system]),
+            categories={tape.categories[i]: float(by_category[i, system]) for i in used},
+            peak=peaks[system],
         )
+        for system in range(systems)
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,6 @@ class Column:
 class ClassTape:
     """What one rank class's figures are read from: node ids of its times."""
 
-    stream_ends: list[int]
     call_start: list[int]
     call_end: list[int]
     compute: list[tuple[int, int, int]]
@@ -187,7 +186,6 @@ class _Recorder:
         for run in runs:
             tape.classes.append(
                 ClassTape(
-                    stream_ends=run.stream_end,
                     call_start=[_earliest(tape, [*s.values()]) for s in run.starts],
                     call_end=[tape.latest([*e.values()]) for e in run.ends],
                     compute=run.compute,

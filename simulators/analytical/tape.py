@@ -13,6 +13,14 @@ Node values: `MAX_ADD` is max(args) + column (column -1 adds nothing), `MIN` is 
 start + s + min(s, busy - start) with args (start, busy) and s the column. Columns are the plan ops' durations
 (a fused kernel run's total), the offsets of the kernels marked inside fused runs, and nothing else: the tape holds
 no figure of any system. Nodes 0 and 1 are the constants 0 and inf.
+
+Durations are never negative, so an argument that another argument of the same max was built on can never be the
+latest and is left out (`Tape.latest`): an op after a collective that itself waited for the op before it waits for
+the collective alone. That keeps a fifth of the nodes out and most maxes down to one argument.
+
+`_Recorder` walks `engine._Scheduler`'s rules step for step (its hot loop cannot carry node ids, and slowing it to
+share code would slow every per-point simulation); `tests/test_analytical_batch.py` compares the two on every
+schedule kind, so a rule changed in one and not the other fails there.
 """
 
 from collections import deque

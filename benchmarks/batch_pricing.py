@@ -51,16 +51,18 @@ GRIDS = {
     "HBM x NVLink x IB x peak (250 timings)": list(
         itertools.product([80, 96, 141, 192], [300, 450, 600, 900, 1800], [25, 50, 100, 200, 400], PEAKS)
     ),
-    "NVLink x IB x peak (1,000 timings)": itertools.product(
-        [80],
-        [200, 300, 450, 600, 750, 900, 1200, 1500, 1800, 3600],
-        [12.5, 25, 50, 75, 100, 150, 200, 300, 400, 800],
-        PEAKS,
+    "NVLink x IB x peak (1,000 timings)": list(
+        itertools.product(
+            [80],
+            [200, 300, 450, 600, 750, 900, 1200, 1500, 1800, 3600],
+            [12.5, 25, 50, 75, 100, 150, 200, 300, 400, 800],
+            PEAKS,
+        )
     ),
 }
 
 
-def _systems(base: dict, grid) -> list[SystemSpec]:
+def _systems(base: dict, grid: list[tuple[float, float, float, float]]) -> list[SystemSpec]:
     systems = []
     for hbm, nvlink, ib, peak in grid:
         raw = expand(base)

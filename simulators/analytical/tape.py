@@ -70,6 +70,7 @@ class Tape:
     kind: list[int] = field(default_factory=lambda: [MAX_ADD, MAX_ADD])
     args: list[tuple[int, ...]] = field(default_factory=lambda: [(), ()])
     column: list[int] = field(default_factory=lambda: [-1, -1])
+    under: list[tuple[int, ...]] = field(default_factory=lambda: [(), ()])
     depth: list[int] = field(default_factory=lambda: [0, 0])
     """1 + the deepest argument's depth: nodes of one depth can be evaluated together."""
     columns: list[Column] = field(default_factory=list)
@@ -84,31 +85,30 @@ class Tape:
         self.kind.append(kind)
         self.args.append(args)
         self.column.append(column)
+        # what the node is never earlier than: a max's arguments, a shared transfer's start (not the link's time)
+        self.under.append(args if kind == MAX_ADD else args[:1] if kind == SHARED else ())
         depth = self.depth
         self.depth.append(1 + max([depth[a] for a in args]))
         return len(self.kind) - 1
 
     def latest(self, args: list[int], column: int = -1) -> int:
         """The node max(args) + column, reusing an existing node for a plain max of one argument. An argument that
-        another one is built on (`_below`) is left out: durations are never negative, so it is never the latest,
-        on any system. An op after a collective that waited for the op before it waits for the collective alone."""
-        distinct = list(dict.fromkeys(a for a in args if a != ZERO))
+        another one is built on, two steps back, is left out (see the module docstring)."""
+        distinct = list(dict.fromkeys(args)) or [ZERO]
         if len(distinct) > 1:
-            below = {b for a in distinct for b in self._below(a)}
-            distinct = [a for a in distinct if a not in below] or distinct[:1]
+            if ZERO in distinct:
+                distinct.remove(ZERO)
+            if len(distinct) > 1:
+                under = self.under
+                below: set[int] = set()
+                for a in distinct:
+                    for b in under[a]:
+                        below.add(b)
+                        below.update(under[b])
+                distinct = [a for a in distinct if a not in below] or distinct[:1]
         if column < 0 and len(distinct) == 1:
             return distinct[0]
-        return self.node(MAX_ADD, tuple(distinct) or (ZERO,), column)
-
-    def _below(self, node: int) -> list[int]:
-        """Nodes no later than `node` on every system, two steps back: the arguments of a max plus a duration, and
-        the start of a shared transfer (which ends after it, but not necessarily after the link's busy time)."""
-        kind = self.kind
-        out: list[int] = []
-        for a in _under(kind[node], self.args[node]):
-            out.append(a)
-            out.extend(_under(kind[a], self.args[a]))
-        return out
+        return self.node(MAX_ADD, tuple(distinct), column)
 
 
 @dataclass(slots=True, eq=False)
@@ -145,13 +145,6 @@ class _Side:
     category: int
     shares: tuple[int, ...]
     output: bool
-
-
-def _under(kind: int, args: tuple[int, ...]) -> tuple[int, ...]:
-    """The arguments a node of this kind is never earlier than."""
-    if kind == MAX_ADD:
-        return args
-    return args[:1] if kind == SHARED else ()
 
 
 def record(workload: Workload, system: SystemSpec) -> Tape:

@@ -63,11 +63,8 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
     out: list[SimResult | InfeasibleError | None] = [None] * len(systems)
     shapes: dict[tuple[int, ...], list[int]] = {}
     for index, system in enumerate(systems):
-        if workload.layout.world > system.npus:
-            out[index] = InfeasibleError(
-                f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
-                f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
-            )
+        if (error := too_small(workload, system)) is not None:
+            out[index] = error
         else:
             shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
     ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
@@ -80,6 +77,16 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
         for index, timing in zip(members, timing_of, strict=True):
             out[index] = _result(classes_of, figures[timing], systems[index])
     return out  # type: ignore[return-value]
+
+
+def too_small(workload: Workload, system: SystemSpec) -> InfeasibleError | None:
+    """The error of a system with fewer NPUs than the workload has ranks, or None."""
+    if workload.layout.world <= system.npus:
+        return None
+    return InfeasibleError(
+        f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
+        f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
+    )
 
 
 def _timing_key(system: SystemSpec) -> tuple[str, str]:
@@ -276,7 +283,7 @@ def _block_seconds(
 
 @dataclass(frozen=True, slots=True)
 class _Group:
-    """Nodes of one level, kind and argument count: evaluated together, a row per node and a column per system."""
+    """Nodes of one depth and kind: evaluated together, a row per node and a column per system."""
 
     kind: int
     nodes: np.ndarray

@@ -11,7 +11,7 @@ from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
 from simulators.analytical import network
-from simulators.analytical.batch import price_many
+from simulators.analytical.batch import price_many, too_small
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
@@ -91,11 +91,8 @@ class AnalyticalCostModel:
         return network.p2p_time(size, src, dst, system.network)
 
     def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
-        if workload.layout.world > system.npus:
-            raise InfeasibleError(
-                f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
-                f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
-            )
+        if (error := too_small(workload, system)) is not None:
+            raise error
         programs = workload.programs
         if self.timeline or self.exact:
             schedules = schedule(workload, system, timeline=self.timeline)

@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from dse.errors import InfeasibleError
 from dse.spec import DesignPoint
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
@@ -107,6 +108,19 @@ class CollectiveCostModel(CostModel, Protocol):
 
     def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
         """Seconds of a send of `size` bytes from NPU src to NPU dst."""
+        ...
+
+
+@runtime_checkable
+class BatchCostModel(CostModel, Protocol):
+    """A cost model that prices one workload on many systems in one call, much faster than one call per system.
+
+    An optional capability for hardware-planning sweeps, where one parallel configuration is priced on a grid of
+    systems (HBM size, FLOP/s, link bandwidths): the workload's structure is shared and only durations differ."""
+
+    def simulate_many(self, workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
+        """Per system, what `simulate` would give (within the model's stated tolerance), or the InfeasibleError
+        it would raise for that system."""
         ...
 
 

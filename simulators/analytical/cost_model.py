@@ -11,6 +11,7 @@ from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
 from dse.workload import Collective, Workload
 from simulators.analytical import network
+from simulators.analytical.batch import price_many, too_small
 from simulators.analytical.engine import schedule
 from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
@@ -67,6 +68,20 @@ class AnalyticalCostModel:
         key = (workload.point_key, system.model_dump_json(), self.exact)
         return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
 
+    def simulate_many(self, workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
+        """The step on each system (dse.interfaces.BatchCostModel): the reference schedule evaluated for all of
+        them at once (`batch.price_many`), the figures of `exact` point by point whichever way this model is set;
+        with a timeline, every system is simulated by itself."""
+        if self.timeline:
+            out: list[SimResult | InfeasibleError] = []
+            for system in systems:
+                try:
+                    out.append(self.simulate(workload, system))
+                except InfeasibleError as error:
+                    out.append(error)
+            return out
+        return price_many(workload, systems)
+
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
         """The closed form the simulation prices the collective with (dse.interfaces.CollectiveCostModel)."""
         return network.collective_time(kind, size, network.group_span(ranks, system.network))
@@ -76,11 +91,8 @@ class AnalyticalCostModel:
         return network.p2p_time(size, src, dst, system.network)
 
     def _simulate(self, workload: Workload, system: SystemSpec) -> SimResult:
-        if workload.layout.world > system.npus:
-            raise InfeasibleError(
-                f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
-                f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
-            )
+        if (error := too_small(workload, system)) is not None:
+            raise error
         programs = workload.programs
         if self.timeline or self.exact:
             schedules = schedule(workload, system, timeline=self.timeline)

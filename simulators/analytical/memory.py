@@ -7,6 +7,7 @@ fewer micro-batches of activations than GPipe.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,34 +25,67 @@ def peak_memory(
     """The peak bytes and, at the moment of the peak, the bytes by tensor kind (block working memory counts as
     temporary). Frees at an instant go before allocations at that instant: a call that starts as another ends
     reuses the memory the other released."""
-    producer, consumer, kind, size = columns_of(program.tensors)
-    call_start = np.asarray(call_start, dtype=float)
-    call_end = np.asarray(call_end, dtype=float)
-    made = producer >= 0
-    allocated = np.zeros(len(producer))
-    allocated[made] = call_start[producer[made]]
-    freed = consumer >= 0
-    block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
-    temp = block_temp[call_array(program, "block")]
-    held = np.flatnonzero(temp)
-    times_all = np.concatenate((allocated, call_end[consumer[freed]], call_start[held], call_end[held]))
-    deltas_all = np.concatenate((size, -size[freed], temp[held], -temp[held]))
-    kinds_all = np.concatenate((kind, kind[freed], np.full(2 * len(held), _TEMPORARY, dtype=np.intp)))
-    at_peak = dict.fromkeys((kind.value for kind in TENSOR_KINDS), 0.0)
-    if not len(times_all):
-        return 0.0, at_peak
-    # Instants closer than a nanosecond are one: a free and an allocation that the schedule puts at the same
-    # time must not be ordered by floating-point noise (the fast path shifts cached times by its t0).
-    order = np.lexsort((deltas_all > 0, np.round(times_all, 9)))
-    level = np.cumsum(deltas_all[order])
-    peak = int(np.argmax(level))
-    if level[peak] <= 0:
-        return 0.0, at_peak
-    upto = order[: peak + 1]
-    by_kind = np.bincount(kinds_all[upto], weights=deltas_all[upto], minlength=len(TENSOR_KINDS))
-    for kind, held_bytes in zip(TENSOR_KINDS, by_kind, strict=True):
-        at_peak[kind.value] = float(held_bytes)
-    return float(level[peak]), at_peak
+    events = Liveness.of(program, blocks)
+    return events.peak(events.times(np.asarray(call_start, dtype=float), np.asarray(call_end, dtype=float)))
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """A program's allocation and free events, apart from when they happen: each event's time is a call's start or
+    end (`times`), so one program's events serve every timeline of it (`batch` sweeps many at once)."""
+
+    at_start: np.ndarray
+    """Per event, the call whose start it happens at (-1: at the step's start), or -1 if it happens at an end."""
+    at_end: np.ndarray
+    """Per event, the call whose end it happens at, or -1."""
+    deltas: np.ndarray
+    kinds: np.ndarray
+
+    @classmethod
+    def of(cls, program: Program, blocks: Sequence[Block]) -> "Liveness":
+        producer, consumer, kind, size = columns_of(program.tensors)
+        freed = consumer >= 0
+        block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
+        temp = block_temp[call_array(program, "block")]
+        held = np.flatnonzero(temp)
+        frees, temps = int(freed.sum()), len(held)
+        nowhere = np.full(max(len(producer), frees, temps), -1, dtype=np.intp)
+        return cls(
+            at_start=np.concatenate((producer, nowhere[:frees], held, nowhere[:temps])).astype(np.intp),
+            at_end=np.concatenate((nowhere[: len(producer)], consumer[freed], nowhere[:temps], held)).astype(np.intp),
+            deltas=np.concatenate((size, -size[freed], temp[held], -temp[held])),
+            kinds=np.concatenate((kind, kind[freed], np.full(2 * len(held), _TEMPORARY, dtype=np.intp))),
+        )
+
+    def times(self, call_start: np.ndarray, call_end: np.ndarray) -> np.ndarray:
+        """Each event's time, from the calls' times: arrays by call, or (calls x timelines) for many timelines."""
+        times = np.zeros((len(self.deltas), *call_start.shape[1:]))
+        starts, ends = self.at_start >= 0, self.at_end >= 0
+        times[starts] = call_start[self.at_start[starts]]
+        times[ends] = call_end[self.at_end[ends]]
+        return times
+
+    def order(self, times: np.ndarray) -> np.ndarray:
+        """The events in sweep order. Instants closer than a nanosecond are one: a free and an allocation that the
+        schedule puts at the same time must not be ordered by floating-point noise (the fast path shifts cached
+        times by its t0); at one instant frees go first."""
+        return np.lexsort((self.deltas > 0, np.round(times, 9)))
+
+    def peak(self, times: np.ndarray, order: np.ndarray | None = None) -> tuple[float, dict[str, float]]:
+        """The peak bytes and the bytes by kind at its moment, for one timeline's event times."""
+        at_peak = dict.fromkeys((kind.value for kind in TENSOR_KINDS), 0.0)
+        if not len(times):
+            return 0.0, at_peak
+        order = self.order(times) if order is None else order
+        level = np.cumsum(self.deltas[order])
+        peak = int(np.argmax(level))
+        if level[peak] <= 0:
+            return 0.0, at_peak
+        upto = order[: peak + 1]
+        by_kind = np.bincount(self.kinds[upto], weights=self.deltas[upto], minlength=len(TENSOR_KINDS))
+        for kind, held_bytes in zip(TENSOR_KINDS, by_kind, strict=True):
+            at_peak[kind.value] = float(held_bytes)
+        return float(level[peak]), at_peak
 
 
 RESERVE, FRAGMENTATION = "reserve", "fragmentation"

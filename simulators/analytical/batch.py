@@ -1,0 +1,359 @@
+"""Many systems priced at once for one workload: the reference schedule's tape (`tape`) evaluated with numpy.
+
+A hardware-planning sweep prices one generated workload (one parallel configuration) on many systems: HBM size,
+accelerator FLOP/s and bandwidth, link bandwidths and latencies. The ops, their FLOPs and bytes and their order are
+the same on every one; only durations differ. `price_many` records the reference scheduler's decisions once per
+network shape as a tape (`tape.record`), prices every op's duration per distinct accelerator and per distinct
+network (the per-point code, `pricing.BlockPricer`, run once per distinct one), and evaluates the tape depth by
+depth with a column per system, a chunk of systems at a time. The figures are those
+`AnalyticalCostModel(exact=True)` gives point by point (`tests/test_analytical_batch.py` pins the agreement, to
+about 1e-13); the default fast path agrees with that within its 1%.
+
+A workload with a steady form (a 1F1B pipeline with many micro-batches) is evaluated on its shorter step and
+extended by its period, per system, after `steady`'s checks (`batch_steady`); the systems whose timeline does not
+show the period are evaluated on the whole step. Systems that differ only in what no duration reads (HBM size,
+runtime reserve, fragmentation, the overlap slowdown applied after scheduling) are evaluated once.
+
+What depends on times, and how each is handled:
+- The scheduler's decisions do not (see `tape`): stream order, dependencies, the programs' round-robin, parking
+  on an unmatched p2p op and first-in-first-out matching are fixed by the workload and the network's shape
+  (dimensions' sizes, which decide which links a collective and a transfer occupy). Systems of different shapes
+  get a tape each.
+- Link sharing (`plans.PlanOp` shares, `engine._rendezvous`): a collective queues behind what holds a dimension,
+  which is a max; a transfer next to a collective is stretched by min(s, busy - start), which the tape carries
+  as such. Neither chooses between branches.
+- Communication time and its exposed share are unions of intervals, whose order in time differs between systems:
+  each system's intervals are sorted on their own (`batch_busy`).
+- Peak memory is a sweep over allocation and free events in time order: a system whose events keep the first
+  system's order shares its peak and breakdown; another is swept on its own times (`memory.Liveness`).
+- The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
+- What the per-point default path decides on times besides (the fast path's clamped segment keys, rounded to a
+  nanosecond) is not part of the reference schedule and is not reproduced: the batch gives the reference figures,
+  which the fast path approximates within 1%.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dse.errors import InfeasibleError
+from dse.interfaces import ClassResult, SimResult
+from dse.system import SystemSpec
+from dse.workload import OpKind, SteadyForm, Workload
+from simulators.analytical.batch_busy import BusyMany
+from simulators.analytical.batch_steady import Extension, StageArrays, extend
+from simulators.analytical.memory import Liveness, with_runtime_reserve
+from simulators.analytical.pricing import BlockPricer
+from simulators.analytical.tape import INF, MAX_ADD, SHARED, Tape, record
+
+MEMORY_BUDGET_BYTES = 256 * 2**20
+"""Node values kept at once: systems are evaluated in chunks whose values fit (about 360 systems for Llama-3-70B's
+steady form). Each chunk walks the tape's ~12k depth groups once, so fewer, larger chunks pay less per numpy call:
+measured on 1,000 systems of 250 timings, 470 points per CPU-second with 64 MiB, 700 with 128 and 800 with 256."""
+
+_TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})
+"""Accelerator fields no op duration reads: systems that differ only in them share one schedule."""
+
+
+def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
+    """The step on each system, as `AnalyticalCostModel(exact=True).simulate` prices it one by one (without the
+    timeline); a system with fewer NPUs than the workload has ranks gets the InfeasibleError the simulation raises.
+    """
+    out: list[SimResult | InfeasibleError | None] = [None] * len(systems)
+    shapes: dict[tuple[int, ...], list[int]] = {}
+    for index, system in enumerate(systems):
+        if (error := too_small(workload, system)) is not None:
+            out[index] = error
+        else:
+            shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
+    ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
+    classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
+    for members in shapes.values():  # which dimensions a group or a send spans: the tape's decisions
+        timings: dict[tuple[str, str], int] = {}
+        timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
+        distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
+        figures = _price_timings(workload, distinct)
+        for index, timing in zip(members, timing_of, strict=True):
+            out[index] = _result(classes_of, figures[timing], systems[index])
+    return out  # type: ignore[return-value]
+
+
+def too_small(workload: Workload, system: SystemSpec) -> InfeasibleError | None:
+    """The error of a system with fewer NPUs than the workload has ranks, or None."""
+    if workload.layout.world <= system.npus:
+        return None
+    return InfeasibleError(
+        f"the workload has {workload.layout.world} ranks but system '{system.name}' has "
+        f"{system.npus} NPUs; enlarge system.network or lower the parallel degrees"
+    )
+
+
+def _timing_key(system: SystemSpec) -> tuple[str, str]:
+    """What every op duration depends on: the accelerator's speeds and the network."""
+    accelerator = system.accelerator.model_dump_json(exclude=set(_TIMELESS))
+    return accelerator, "[" + ",".join(dim.model_dump_json() for dim in system.network) + "]"
+
+
+@dataclass(slots=True)
+class _Figures:
+    """One rank class's figures on one system, before the accelerator's corrections."""
+
+    end: float
+    compute: float
+    comm: float
+    exposed: float
+    categories: dict[str, float]
+    peak: tuple[float, dict[str, float]]
+
+
+def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: SystemSpec) -> SimResult:
+    """The per-point SimResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures;
+    classes_of: each rank class's name and rank count."""
+    accelerator = system.accelerator
+    classes = []
+    for (name, count), own in zip(classes_of, figures, strict=True):
+        slowed = accelerator.overlap_slowdown * (own.comm - own.exposed)
+        at_peak = dict(own.peak[1])
+        classes.append(
+            ClassResult(
+                name=name,
+                ranks=count,
+                end_s=own.end + slowed,
+                compute_s=own.compute + slowed,
+                comm_s=own.comm,
+                exposed_comm_s=own.exposed,
+                peak_memory_bytes=with_runtime_reserve(own.peak[0], at_peak, accelerator),
+                memory_at_peak=at_peak,
+                time_by_category=dict(own.categories),
+            )
+        )
+    return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
+
+
+def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_Figures]]:
+    """Per system (of one network shape, each of a distinct timing), per rank class, its figures.
+
+    A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
+    the systems whose timelines are not periodic are evaluated on the whole step."""
+    form = workload.steady
+    steady = form is not None and SteadyForm.holds(workload.programs)
+    evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
+    tape = record(evaluated, systems[0])
+    levels = _Levels.of(tape)
+    liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
+    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * levels.size))
+    out: list[list[_Figures]] = []
+    redo: list[int] = []
+    every = _durations(evaluated, tape, systems)
+    for lo in range(0, len(systems), chunk):
+        part = systems[lo : lo + chunk]
+        priced = _Priced(every.durations[:, lo : lo + chunk], every.plan_categories[:, :, lo : lo + chunk])
+        values = levels.evaluate(priced.durations)
+        stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
+        extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
+        by_class = [
+            _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None)
+            for c, stage in enumerate(stages)
+        ]
+        out.extend(map(list, zip(*by_class, strict=True)))
+        redo.extend(lo + i for i in np.flatnonzero(~valid))
+    if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
+        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo])
+        for index, figures in zip(redo, whole, strict=True):
+            out[index] = figures
+    return out
+
+
+def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, priced: "_Priced") -> StageArrays:
+    """One rank class's times on every system of a chunk, from its nodes' values."""
+    recorded = tape.classes[rank_class]
+    first_ends, first_columns, last_ends = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T
+    compute_starts = values[first_ends] - priced.durations[first_columns]
+    compute_ends = values[last_ends]
+    comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
+    comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
+    transfers = recorded.transfers
+    return StageArrays(
+        program=workload.programs[rank_class],
+        call_start=values[recorded.call_start],
+        call_end=values[recorded.call_end],
+        busy=BusyMany.of(compute_starts, compute_ends, comm_starts, comm_ends),
+        plan_of_call=np.array(recorded.priced, dtype=np.intp),
+        plan_categories=priced.plan_categories,
+        transfers=(
+            np.array([call for _, call, _, _ in transfers], dtype=np.intp),
+            np.array([category for category, _, _, _ in transfers], dtype=np.intp),
+            values[[stop for _, _, _, stop in transfers]] - values[[start for _, _, start, _ in transfers]],
+        ),
+    )
+
+
+def _figures_of(
+    tape: Tape,
+    rank_class: int,
+    stage: StageArrays,
+    liveness: Liveness,
+    extension: Extension | None,
+) -> list[_Figures]:
+    """One rank class's figures on every system of a chunk."""
+    recorded = tape.classes[rank_class]
+    systems = stage.call_start.shape[1]
+    end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
+    compute, comm, exposed = stage.busy.totals()
+    counts = np.bincount(stage.plan_of_call, minlength=len(tape.plans)).astype(float)
+    by_category = np.tensordot(counts, stage.plan_categories, axes=1)
+    calls, categories, seconds = stage.transfers
+    if len(calls):
+        np.add.at(by_category, categories, seconds)
+    if extension is not None:
+        end = end + extension.end
+        compute, comm, exposed = compute + extension.compute, comm + extension.comm, exposed + extension.exposed
+        by_category = by_category + extension.categories
+    used = sorted(set().union(*(tape.plans[p].categories for p in set(recorded.priced))))
+    peaks = _peaks(liveness, liveness.times(stage.call_start, stage.call_end))
+    return [
+        _Figures(
+            end=float(end[system]),
+            compute=float(compute[system]),
+            comm=float(comm[system]),
+            exposed=float(exposed[system]),
+            categories={tape.categories[i]: float(by_category[i, system]) for i in used},
+            peak=peaks[system],
+        )
+        for system in range(systems)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    durations: np.ndarray
+    """(columns + 1) x systems: every tape column's seconds on every system, and a row of zeros for 'no column'."""
+    plan_categories: np.ndarray
+    """plans x categories x systems: busy seconds per category of one call of each plan, p2p transfers left out
+    (their time is known only once paired), as `plans.Plan.category_seconds`."""
+
+
+def _durations(workload: Workload, tape: Tape, systems: list[SystemSpec]) -> _Priced:
+    """Every duration the tape reads, on every system.
+
+    Block ops are priced by the per-point code, once per distinct accelerator (compute ops) and once per distinct
+    network (communication), and summed per column as the planner sums a fused run."""
+    accelerators: dict[str, int] = {}
+    networks: dict[str, int] = {}
+    acc_of = np.array([accelerators.setdefault(_timing_key(s)[0], len(accelerators)) for s in systems])
+    net_of = np.array([networks.setdefault(_timing_key(s)[1], len(networks)) for s in systems])
+    acc_pricers = [BlockPricer(workload, systems[int(np.argmax(acc_of == a))]) for a in range(len(accelerators))]
+    net_pricers = [BlockPricer(workload, systems[int(np.argmax(net_of == n))]) for n in range(len(networks))]
+    ops: dict[tuple[int, int], np.ndarray] = {}
+
+    def seconds_of(pair: tuple[int, int]) -> np.ndarray:
+        found = ops.get(pair)
+        if found is None:
+            found = ops[pair] = _block_seconds(workload, pair, acc_pricers, net_pricers, acc_of, net_of)
+        return found
+
+    durations = np.zeros((len(tape.columns) + 1, len(systems)))
+    for index, column in enumerate(tape.columns):
+        durations[index] = seconds_of((column.block, column.rank_class))[column.lo : column.hi + 1].sum(axis=0)
+    categories = {name: index for index, name in enumerate(tape.categories)}
+    plan_categories = np.zeros((len(tape.plans), len(categories), len(systems)))
+    for index, pair in enumerate(zip(tape.plan_block, tape.plan_class, strict=True)):
+        seconds = seconds_of(pair)
+        for op, row in zip(workload.blocks[pair[0]].ops, seconds, strict=True):
+            if op.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE):
+                plan_categories[index, categories[op.category]] += row
+    return _Priced(durations, plan_categories)
+
+
+def _block_seconds(
+    workload: Workload,
+    pair: tuple[int, int],
+    acc_pricers: list[BlockPricer],
+    net_pricers: list[BlockPricer],
+    acc_of: np.ndarray,
+    net_of: np.ndarray,
+) -> np.ndarray:
+    """ops x systems: each block op's seconds on each system (`BlockPricer.durations`)."""
+    compute = np.array([op.kind is OpKind.COMPUTE for op in workload.blocks[pair[0]].ops])
+    by_acc = np.array([pricer.durations(*pair) for pricer in acc_pricers]) * compute
+    by_net = np.array([pricer.durations(*pair) for pricer in net_pricers]) * ~compute
+    return (by_acc[acc_of] + by_net[net_of]).T
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Nodes of one depth and kind: evaluated together, a row per node and a column per system."""
+
+    kind: int
+    nodes: np.ndarray
+    args: np.ndarray
+    """nodes x arguments."""
+    columns: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class _Levels:
+    """The tape's nodes grouped so that every group depends only on groups before it."""
+
+    groups: list[_Group]
+    size: int
+
+    @classmethod
+    def of(cls, tape: Tape) -> "_Levels":
+        """Nodes grouped by depth and kind; a group's argument lists are padded to its longest with their own first
+        argument (which changes neither a max nor a min), so that a depth costs one or two numpy passes."""
+        count = len(tape.kind)
+        width = max(map(len, tape.args[2:]), default=1)
+        args = np.array([(*a, *(a[0],) * (width - len(a))) for a in tape.args[2:]], dtype=np.intp).reshape(-1, width)
+        needed = np.array([len(a) for a in tape.args[2:]], dtype=np.intp)
+        kind = np.array(tape.kind[2:], dtype=np.intp)
+        depth = np.array(tape.depth[2:], dtype=np.intp)
+        column = np.array(tape.column[2:], dtype=np.intp)
+        column[column < 0] = len(tape.columns)  # the zero row of the durations
+        order = np.lexsort((kind, depth))
+        key = depth[order] * 4 + kind[order]
+        bounds = np.flatnonzero(np.diff(key)) + 1
+        groups = []
+        for rows in np.split(order, bounds):
+            used = int(needed[rows].max())
+            groups.append(_Group(int(kind[rows[0]]), rows + 2, args[rows, :used], column[rows]))
+        return cls(groups, count)
+
+    def evaluate(self, durations: np.ndarray) -> np.ndarray:
+        """nodes x systems: every node's time on every system (durations: `_durations`)."""
+        values = np.empty((self.size, durations.shape[1]))
+        values[0], values[INF] = 0.0, np.inf
+        for group in self.groups:
+            args = group.args
+            first = values[args[:, 0]]
+            if group.kind == SHARED:
+                seconds = durations[group.columns]
+                busy = values[args[:, 1]]
+                busy -= first
+                np.minimum(busy, seconds, out=busy)
+                first += seconds
+                first += busy
+            else:
+                combine = np.maximum if group.kind == MAX_ADD else np.minimum
+                for j in range(1, args.shape[1]):
+                    combine(first, values[args[:, j]], out=first)
+                if group.kind == MAX_ADD:
+                    first += durations[group.columns]
+            values[group.nodes] = first
+        return values
+
+
+def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:
+    """Peak memory and its breakdown per system (times: events x systems). Systems whose events sort as the first
+    system's share its sweep; another is swept on its own."""
+    if not len(times):
+        return [liveness.peak(np.zeros(0))] * times.shape[1]
+    order = liveness.order(times[:, 0])
+    first = liveness.peak(times[:, 0], order)
+    when = np.round(times[order], 9)
+    allocates = (liveness.deltas > 0)[order][:, None]
+    later = when[1:] > when[:-1]
+    tied = (when[1:] == when[:-1]) & (allocates[1:] >= allocates[:-1])
+    keeps = (later | tied).all(axis=0)
+    return [first if keeps[s] else liveness.peak(times[:, s]) for s in range(times.shape[1])]

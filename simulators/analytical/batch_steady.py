@@ -1,0 +1,128 @@
+"""`steady` for many systems at once: a pipeline's period found on each system's timeline of the shorter step,
+and added on as many times as the step has more micro-batches.
+
+The checks are `steady`'s, made per system on arrays (systems as columns): every stage repeats its calls with one
+and the same period for long enough, and its busy seconds over one period recur in the next. A system that fails
+any check is reported, not extended: the caller prices it on the whole step.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dse.workload import Program, SteadyForm
+from simulators.analytical.batch_busy import BusyMany
+from simulators.analytical.calls import call_reach, memoised
+from simulators.analytical.steady import TOLERANCE_S, _runs, _twins
+
+
+@dataclass(frozen=True, slots=True)
+class StageArrays:
+    """One rank class's shorter step on every system, as the period search and the extension read it."""
+
+    program: Program
+    call_start: np.ndarray
+    call_end: np.ndarray
+    """calls x systems."""
+    busy: BusyMany
+    plan_of_call: np.ndarray
+    """Per call, its plan (an index into plan_categories)."""
+    plan_categories: np.ndarray
+    """plans x categories x systems: busy seconds per category of one call of each plan, p2p left out."""
+    transfers: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(call, category, seconds per system) of every p2p transfer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """What `repeats` more periods add to one rank class, per system."""
+
+    end: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    exposed: np.ndarray
+    categories: np.ndarray
+    """categories x systems."""
+
+
+def extend(form: SteadyForm, stages: list[StageArrays]) -> tuple[list[Extension], np.ndarray]:
+    """Per stage what the step's further periods add, and per system whether its timeline is periodic (where it
+    is not, the extensions hold nothing meaningful)."""
+    systems = stages[0].call_start.shape[1]
+    valid = np.ones(systems, dtype=bool)
+    found = [_period(stage.program, stage.call_start, stage.call_end, form.period) for stage in stages]
+    for _, _, ok in found:
+        valid &= ok
+    lengths = np.array([length for length, _, _ in found])
+    valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
+    extensions = []
+    for stage, (length, first, _) in zip(stages, found, strict=True):
+        calls = _period_calls(stage.program, form.period)
+        at = np.take_along_axis(stage.call_start, first[None, :], axis=0)[0]
+        once, twice = stage.busy.windows(at, length, 2)
+        for a, b in zip(once, twice, strict=True):
+            valid &= np.abs(a - b) <= TOLERANCE_S
+        compute, comm, exposed = once
+        repeats = form.repeats
+        extensions.append(
+            Extension(
+                end=repeats * length,
+                compute=repeats * compute,
+                comm=repeats * comm,
+                exposed=repeats * exposed,
+                categories=repeats * _categories(stage, first, calls),
+            )
+        )
+    return extensions, valid
+
+
+def _period_calls(program: Program, period: int) -> int:
+    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    return found[0] if found else 0
+
+
+def _period(
+    program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per system: the period's length, a call one period into the steady state, and whether there is one
+    (`steady._period`)."""
+    systems = call_start.shape[1]
+    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    if not found:
+        return np.zeros(systems), np.zeros(systems, dtype=np.intp), np.zeros(systems, dtype=bool)
+    distance, twin, middle = found
+    here, there = slice(0, len(twin)), slice(distance, len(twin) + distance)
+    shift = call_start[there] - call_start[here]
+    length = shift[middle].copy()
+    steady = (
+        twin[:, None]
+        & (np.abs(shift - length) <= TOLERANCE_S)
+        & (np.abs(call_end[there] - call_end[here] - length) <= TOLERANCE_S)
+    )
+    reach = call_reach(program)
+    first = np.zeros(systems, dtype=np.intp)
+    ok = length > 0
+    for system in np.flatnonzero(ok):
+        runs = _runs(steady[:, system])
+        if not runs:
+            ok[system] = False
+            continue
+        lo, hi = max(runs, key=lambda run: run[1] - run[0])
+        ok[system] = hi - lo >= max(int(reach[lo : hi + distance].max()), 2 * distance)
+        first[system] = lo + distance
+    return length, first, ok
+
+
+def _categories(stage: StageArrays, first: np.ndarray, calls: int) -> np.ndarray:
+    """categories x systems: busy seconds per category of the `calls` calls from `first` on (per system)."""
+    plans, _, systems = stage.plan_categories.shape
+    counts = np.zeros((plans, systems))
+    for system in range(systems):
+        window = stage.plan_of_call[first[system] : first[system] + calls]
+        counts[:, system] = np.bincount(window, minlength=plans)
+    out = np.einsum("ps,pcs->cs", counts, stage.plan_categories)
+    call, category, seconds = stage.transfers
+    if len(call):
+        inside = (call[:, None] >= first) & (call[:, None] < first + calls)
+        np.add.at(out, category, np.where(inside, seconds, 0.0))
+    return out

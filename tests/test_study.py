@@ -22,7 +22,7 @@ from mlflow import MlflowClient
 from optuna.trial import TrialState
 
 from dse.cli.main import main
-from dse.results.tracking import PARENT_RUN_ATTR
+from dse.results.tracking import PARENT_RUN_ATTR, logged_trials
 from dse.search import study as studies
 from dse.search.executor import (
     FIRST_BATCH,
@@ -457,8 +457,8 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
 
     frame = pd.read_parquet(out / "trials.parquet")
     runs = child_runs(out, "small")
-    assert len(frame) == len(runs) and frame["evaluation"].sum() == 8, "the budget counts evaluations"
-    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(len(frame)))
+    assert frame["evaluation"].sum() == 8, "the budget counts evaluations"
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == sorted(logged_trials(frame)), "none for a repeat"
     assert {r.data.tags["state"] for r in runs} == set(frame["state"])
     complete = frame[frame["state"] == "COMPLETE"]
     assert complete["step_time_s"].gt(0).all() and complete["peak_memory_bytes"].gt(0).all()
@@ -485,15 +485,15 @@ def test_study_end_to_end_then_resume(ray_address, tmp_path, capsys):
     assert main(["run", str(SMALL), "--out", str(out), "--trials", "12"]) == 0
     frame = pd.read_parquet(out / "trials.parquet")
     runs = child_runs(out, "small")
-    assert len(frame) == len(runs) and frame["evaluation"].sum() == 12
-    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == list(range(len(frame))), "no duplicate runs"
+    assert frame["evaluation"].sum() == 12
+    assert sorted(int(r.data.tags["trial_number"]) for r in runs) == sorted(logged_trials(frame)), "no duplicate runs"
     trials = optuna.load_study(study_name="small", storage=journal(out)).trials
     assert [t.params for t in trials[: len(first_params)]] == first_params
     assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
     assert frame.attrs["objectives"] == {"step_time_s": "minimize", "peak_memory_bytes": "minimize"}
     client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
     everything = client.search_runs([client.get_experiment_by_name("small").experiment_id], max_results=1000)
-    assert len(everything) == len(frame) + 1, "one parent run, reused by the resume"
+    assert len(everything) == len(logged_trials(frame)) + 1, "one parent run, reused by the resume"
 
 
 def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_evaluate_it_again(tmp_path):

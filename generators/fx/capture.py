@@ -187,6 +187,18 @@ def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tupl
     return kept["args"], kept["kwargs"]
 
 
+def built_on_meta(
+    factory: Callable[..., nn.Module], model: ModelSpec, workload: WorkloadSpec, blocks: int = 1
+) -> tuple[nn.Module, nn.ModuleList]:
+    """The factory's model on the meta device (no weights), with its block stack (`layers`, at least `blocks`)."""
+    with torch.device("meta"):
+        built = factory(model, workload)
+    layers = getattr(built, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) < blocks:
+        raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks) of {blocks}")
+    return built, layers
+
+
 def capture_layer(
     factory: Callable[..., nn.Module],
     name: str,
@@ -209,13 +221,7 @@ def capture_layer(
     graphs: dict[str, fx.GraphModule] = {}
     block: nn.Module | None = None
     try:
-        with torch.device("meta"):
-            built = factory(model, workload)
-        layers = getattr(built, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or len(layers) <= index:
-            raise CaptureError(
-                f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks) of {index + 1}"
-            )
+        built, layers = built_on_meta(factory, model, workload, index + 1)
         parameters = sum(p.numel() for p in built.parameters())
         block = layers[index]
         tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")

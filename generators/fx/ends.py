@@ -20,7 +20,6 @@ import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import fx, nn
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -36,8 +35,10 @@ from generators.fx.attention import fused_attention
 from generators.fx.capture import (
     CapturedLayer,
     CaptureError,
+    built_on_meta,
     captured_graphs,
     fake_world,
+    mesh_of,
     run_compiled,
     what_failed,
 )
@@ -162,15 +163,11 @@ def capture_end(
     """The model's `end` (PROLOGUE or EPILOGUE) of `factory(model, workload)`, tp-way parallel, on a micro-batch of
     the workload; its input_shape is its input's local shape (the tokens', the last block output's)."""
     fake_world(dp * tp)
-    mesh = DeviceMesh("cpu", torch.arange(dp * tp).reshape(dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = mesh_of(tp, dp, 1)
     graphs: dict[str, fx.GraphModule] = {}
     built: nn.Module | None = None
     try:
-        with torch.device("meta"):
-            built = factory(model, workload)
-        layers = getattr(built, "layers", None)
-        if not isinstance(layers, nn.ModuleList) or not len(layers):
-            raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks)")
+        built, layers = built_on_meta(factory, model, workload)
         parameters = sum(p.numel() for p in built.parameters())
         seam = _Seam()
         del layers[1:]

@@ -150,7 +150,7 @@ class StudySpec(BaseModel):
         min_length=1, description="objective name -> minimize | maximize (empty: the objective's default)"
     )
     constraints: list[str] = Field(default_factory=lambda: ["fits_memory"])
-    sampler: Literal["nsga2", "nsga3", "tpe", "gp", "random", "grid"] = "nsga2"
+    sampler: Literal["nsga2", "nsga3", "tpe", "gp", "random", "grid", "local"] = "nsga2"
     population_size: Annotated[Count, Ge(2), Le(MAX_TRIALS)] | None = Field(
         None, description="trials per generation of nsga2 and nsga3 (default: Optuna's 50)"
     )
@@ -306,9 +306,16 @@ GA_SAMPLERS = ("nsga2", "nsga3")
 
 
 def _check_sampler(spec: StudySpec) -> None:
-    """The sampler's own requirements: grid needs choices everywhere, gp needs torch, and only the evolutionary
-    samplers take a population size."""
+    """The sampler's own requirements: grid needs choices everywhere, local a discrete space, gp needs torch, and
+    only the evolutionary samplers take a population size."""
     where = f"{spec.source}: field"
+    if spec.sampler == "local":
+        ranged = [name for name, param in spec.space.items() if param.choices is None and not param.is_int]
+        if ranged:
+            raise SpecError(
+                f"{where} 'space.{ranged[0]}': the local sampler walks a discrete space and this is a float "
+                f"range; list its values as 'choices' or make it an integer range, or use sampler tpe or nsga2"
+            )
     if spec.sampler == "grid":
         ranged = [name for name, param in spec.space.items() if param.choices is None]
         if ranged:
@@ -319,7 +326,7 @@ def _check_sampler(spec: StudySpec) -> None:
     if spec.sampler == "gp" and importlib.util.find_spec("torch") is None:
         raise SpecError(
             f"{where} 'sampler': gp (Optuna's GPSampler) needs torch, which is not installed; "
-            "pip install 'dse-orchestrator[gp]', or use sampler tpe, nsga2, nsga3, random or grid"
+            "pip install 'dse-orchestrator[gp]', or use sampler tpe, nsga2, nsga3, local, random or grid"
         )
     if spec.population_size is not None and spec.sampler not in GA_SAMPLERS:
         raise SpecError(

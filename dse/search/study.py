@@ -32,6 +32,7 @@ from dse.search import capacity
 from dse.search.executor import NODE, Executor, Result
 from dse.search.generations import GenerationGate
 from dse.search.journal import JournalMirror
+from dse.search.local_search import ParetoLocalSampler
 from dse.search.space import (
     SUMMARY_FIELDS,
     StudySpec,
@@ -128,6 +129,8 @@ def _sampler(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed)
     if spec.sampler == "random":
         return RandomSampler(seed=seed)
+    if spec.sampler == "local":
+        return ParetoLocalSampler(optuna_distributions(spec), seed=seed)
     population = {} if spec.population_size is None else {"population_size": spec.population_size}
     if spec.sampler == "nsga3":
         with warnings.catch_warnings():  # Optuna marks it experimental; the study file chose it

@@ -45,7 +45,8 @@ from simulators.analytical.batch_busy import BusyMany
 from simulators.analytical.batch_steady import Extension, StageArrays, extend
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
-from simulators.analytical.tape import INF, MAX_ADD, SHARED, Tape, record
+from simulators.analytical.tape import Tape, record
+from simulators.analytical.tape_program import TapeProgram
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
 """Node values kept at once: systems are evaluated in chunks whose values fit (about 360 systems for Llama-3-70B's
@@ -140,16 +141,16 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     steady = form is not None and SteadyForm.holds(workload.programs)
     evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
     tape = record(evaluated, systems[0])
-    levels = _Levels.of(tape)
+    program = TapeProgram.of(tape, _read(tape))
     liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
-    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * levels.size))
+    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
     redo: list[int] = []
     every = _durations(evaluated, tape, systems)
     for lo in range(0, len(systems), chunk):
         part = systems[lo : lo + chunk]
         priced = _Priced(every.durations[:, lo : lo + chunk], every.plan_categories[:, :, lo : lo + chunk])
-        values = levels.evaluate(priced.durations)
+        values = _Values(program.evaluate(priced.durations), program.row_of)
         stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
         extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
         by_class = [
@@ -165,7 +166,7 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     return out
 
 
-def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, priced: "_Priced") -> StageArrays:
+def _stage(workload: Workload, tape: Tape, rank_class: int, values: "_Values", priced: "_Priced") -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values."""
     recorded = tape.classes[rank_class]
     first_ends, first_columns, last_ends = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T
@@ -282,66 +283,25 @@ def _block_seconds(
 
 
 @dataclass(frozen=True, slots=True)
-class _Group:
-    """Nodes of one depth and kind: evaluated together, a row per node and a column per system."""
+class _Values:
+    """The tape program's values (`TapeProgram.evaluate`), read by tape node id."""
 
-    kind: int
-    nodes: np.ndarray
-    args: np.ndarray
-    """nodes x arguments."""
-    columns: np.ndarray
+    rows: np.ndarray
+    row_of: np.ndarray
+
+    def __getitem__(self, nodes: np.ndarray | list[int]) -> np.ndarray:
+        return self.rows[self.row_of[np.asarray(nodes, dtype=np.intp)]]
 
 
-@dataclass(frozen=True, slots=True)
-class _Levels:
-    """The tape's nodes grouped so that every group depends only on groups before it."""
-
-    groups: list[_Group]
-    size: int
-
-    @classmethod
-    def of(cls, tape: Tape) -> "_Levels":
-        """Nodes grouped by depth and kind; a group's argument lists are padded to its longest with their own first
-        argument (which changes neither a max nor a min), so that a depth costs one or two numpy passes."""
-        count = len(tape.kind)
-        width = max(map(len, tape.args[2:]), default=1)
-        args = np.array([(*a, *(a[0],) * (width - len(a))) for a in tape.args[2:]], dtype=np.intp).reshape(-1, width)
-        needed = np.array([len(a) for a in tape.args[2:]], dtype=np.intp)
-        kind = np.array(tape.kind[2:], dtype=np.intp)
-        depth = np.array(tape.depth[2:], dtype=np.intp)
-        column = np.array(tape.column[2:], dtype=np.intp)
-        column[column < 0] = len(tape.columns)  # the zero row of the durations
-        order = np.lexsort((kind, depth))
-        key = depth[order] * 4 + kind[order]
-        bounds = np.flatnonzero(np.diff(key)) + 1
-        groups = []
-        for rows in np.split(order, bounds):
-            used = int(needed[rows].max())
-            groups.append(_Group(int(kind[rows[0]]), rows + 2, args[rows, :used], column[rows]))
-        return cls(groups, count)
-
-    def evaluate(self, durations: np.ndarray) -> np.ndarray:
-        """nodes x systems: every node's time on every system (durations: `_durations`)."""
-        values = np.empty((self.size, durations.shape[1]))
-        values[0], values[INF] = 0.0, np.inf
-        for group in self.groups:
-            args = group.args
-            first = values[args[:, 0]]
-            if group.kind == SHARED:
-                seconds = durations[group.columns]
-                busy = values[args[:, 1]]
-                busy -= first
-                np.minimum(busy, seconds, out=busy)
-                first += seconds
-                first += busy
-            else:
-                combine = np.maximum if group.kind == MAX_ADD else np.minimum
-                for j in range(1, args.shape[1]):
-                    combine(first, values[args[:, j]], out=first)
-                if group.kind == MAX_ADD:
-                    first += durations[group.columns]
-            values[group.nodes] = first
-        return values
+def _read(tape: Tape) -> np.ndarray:
+    """Every node the figures read."""
+    read: list[int] = []
+    for recorded in tape.classes:
+        read += recorded.call_start + recorded.call_end
+        read += [node for first, _, last in recorded.compute for node in (first, last)]
+        read += [node for interval in recorded.comm for node in interval]
+        read += [node for _, _, start, stop in recorded.transfers for node in (start, stop)]
+    return np.array(read, dtype=np.intp)
 
 
 def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:

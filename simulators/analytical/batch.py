@@ -41,8 +41,8 @@ from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
 from dse.workload import OpKind, SteadyForm, Workload
-from simulators.analytical.batch_busy import BusyMany
-from simulators.analytical.batch_steady import Extension, StageArrays, extend
+from simulators.analytical.batch_busy import BusyMany, Spans
+from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
 from simulators.analytical.tape import Tape, record
@@ -142,6 +142,8 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
     tape = record(evaluated, systems[0])
     program = TapeProgram.of(tape, _read(tape))
+    spans = [Spans.of(tape, recorded).rows(program.row_of) for recorded in tape.classes]
+    ordered = False
     liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
     chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
@@ -151,7 +153,14 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
         part = systems[lo : lo + chunk]
         priced = _Priced(every.durations[:, lo : lo + chunk], every.plan_categories[:, :, lo : lo + chunk])
         values = _Values(program.evaluate(priced.durations), program.row_of)
-        stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
+        if not ordered:
+            spans = [s.ordered(values.rows[:, 0], priced.durations[:, 0]) for s in spans]
+            ordered = True
+        stages = [
+            _stage(evaluated, tape, c, spans[c], values, priced, form.period if steady else None)
+            for c in range(len(tape.classes))
+        ]
+        del values  # the largest array of a batch: gone before the figures are read
         extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
         by_class = [
             _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None)
@@ -166,20 +175,28 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     return out
 
 
-def _stage(workload: Workload, tape: Tape, rank_class: int, values: "_Values", priced: "_Priced") -> StageArrays:
-    """One rank class's times on every system of a chunk, from its nodes' values."""
+def _stage(
+    workload: Workload,
+    tape: Tape,
+    rank_class: int,
+    spans: Spans,
+    values: "_Values",
+    priced: "_Priced",
+    period: int | None,
+) -> StageArrays:
+    """One rank class's times on every system of a chunk, from its nodes' values; spans: its busy intervals, in
+    rows of the values; period: the steady form's, if the step is its shorter one."""
     recorded = tape.classes[rank_class]
-    first_ends, first_columns, last_ends = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T
-    compute_starts = values[first_ends] - priced.durations[first_columns]
-    compute_ends = values[last_ends]
-    comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
-    comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
+    program = workload.programs[rank_class]
+    call_start, call_end = values[recorded.call_start], values[recorded.call_end]
+    busy = BusyMany.of(values.rows, priced.durations, spans)
     transfers = recorded.transfers
     return StageArrays(
-        program=workload.programs[rank_class],
-        call_start=values[recorded.call_start],
-        call_end=values[recorded.call_end],
-        busy=BusyMany.of(compute_starts, compute_ends, comm_starts, comm_ends),
+        program=program,
+        call_start=call_start,
+        call_end=call_end,
+        busy=busy.totals(),
+        period=None if period is None else Period.of(program, call_start, call_end, busy, period),
         plan_of_call=np.array(recorded.priced, dtype=np.intp),
         plan_categories=priced.plan_categories,
         transfers=(
@@ -201,7 +218,7 @@ def _figures_of(
     recorded = tape.classes[rank_class]
     systems = stage.call_start.shape[1]
     end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
-    compute, comm, exposed = stage.busy.totals()
+    compute, comm, exposed = stage.busy
     counts = np.bincount(stage.plan_of_call, minlength=len(tape.plans)).astype(float)
     by_category = np.tensordot(counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers

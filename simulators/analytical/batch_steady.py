@@ -24,13 +24,38 @@ class StageArrays:
     call_start: np.ndarray
     call_end: np.ndarray
     """calls x systems."""
-    busy: BusyMany
+    busy: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(compute, communication, exposed communication) seconds per system (`BusyMany.totals`)."""
+    period: "Period | None"
+    """Where the workload has a steady form."""
     plan_of_call: np.ndarray
     """Per call, its plan (an index into plan_categories)."""
     plan_categories: np.ndarray
     """plans x categories x systems: busy seconds per category of one call of each plan, p2p left out."""
     transfers: tuple[np.ndarray, np.ndarray, np.ndarray]
     """(call, category, seconds per system) of every p2p transfer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """One stage's period on each system (`steady._period`) and its busy seconds over the first two periods from
+    `first` on, (compute, communication, exposed communication) each: what `extend` checks and adds."""
+
+    length: np.ndarray
+    first: np.ndarray
+    """A call one period into the steady state."""
+    ok: np.ndarray
+    """Whether the timeline shows a period."""
+    windows: list[tuple[np.ndarray, ...]]
+
+    @classmethod
+    def of(
+        cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, busy: BusyMany, period: int
+    ) -> "Period":
+        """Measured while the busy intervals are at hand (they are the largest arrays of a batch, kept no longer)."""
+        length, first, ok = _period(program, call_start, call_end, period)
+        at = np.take_along_axis(call_start, first[None, :], axis=0)[0]
+        return cls(length, first, ok, busy.windows(at, length, 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +75,16 @@ def extend(form: SteadyForm, stages: list[StageArrays]) -> tuple[list[Extension]
     is not, the extensions hold nothing meaningful)."""
     systems = stages[0].call_start.shape[1]
     valid = np.ones(systems, dtype=bool)
-    found = [_period(stage.program, stage.call_start, stage.call_end, form.period) for stage in stages]
-    for _, _, ok in found:
-        valid &= ok
-    lengths = np.array([length for length, _, _ in found])
+    found = [stage.period for stage in stages if stage.period is not None]
+    for period in found:
+        valid &= period.ok
+    lengths = np.array([period.length for period in found])
     valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
     extensions = []
-    for stage, (length, first, _) in zip(stages, found, strict=True):
+    for stage, period in zip(stages, found, strict=True):
         calls = _period_calls(stage.program, form.period)
-        at = np.take_along_axis(stage.call_start, first[None, :], axis=0)[0]
-        once, twice = stage.busy.windows(at, length, 2)
+        length, first = period.length, period.first
+        once, twice = period.windows
         for a, b in zip(once, twice, strict=True):
             valid &= np.abs(a - b) <= TOLERANCE_S
         compute, comm, exposed = once

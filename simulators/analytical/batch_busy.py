@@ -36,14 +36,15 @@ class Spans:
     @classmethod
     def of(cls, tape: Tape, recorded: ClassTape) -> "Spans":
         zero = len(tape.columns)  # the zero row of the durations
-        compute = []
-        for first, column, end in recorded.compute:  # a first op that waited for one node alone starts at it
-            args = tape.args[first]
-            exact = tape.kind[first] == MAX_ADD and len(args) == 1
-            compute.append((args[0], zero, end) if exact else (first, column, end))
-        comm = [(start, zero, end) for start, end in recorded.comm]
-        joined = (_joined(spans, zero) for spans in (compute, comm, compute + comm))
-        return cls(*(np.array(spans, dtype=np.intp).reshape(-1, 3).T for spans in joined))
+        compute = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T.copy()
+        args, kinds = tape.args, tape.kind
+        exact = [len(args[f]) == 1 and kinds[f] == MAX_ADD for f in compute[0].tolist()]
+        if any(exact):  # a first op that waited for one node alone starts at it
+            at = np.flatnonzero(exact)
+            compute[0, at] = [args[f][0] for f in compute[0, at].tolist()]
+            compute[1, at] = zero
+        comm = np.array([(start, zero, end) for start, end in recorded.comm], dtype=np.intp).reshape(-1, 3).T
+        return cls(_joined(compute, zero), _joined(comm, zero), _joined(np.hstack((compute, comm)), zero))
 
     def rows(self, row_of: np.ndarray) -> "Spans":
         """The spans with their nodes mapped to rows of values (`tape_program.TapeProgram.row_of`)."""
@@ -51,7 +52,7 @@ class Spans:
 
     def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
         """The spans (in rows) in order of their starts on one system (values and durations: a column each), the
-        order most systems' intervals keep: those are then unions without a sort (`_Union.of`)."""
+        order most systems' intervals keep but for a few (timsort is fast on that: `_Union.of`)."""
 
         def by_start(span: np.ndarray) -> np.ndarray:
             return span[:, np.argsort(values[span[0]] - durations[span[1]], kind="stable")]
@@ -59,27 +60,29 @@ class Spans:
         return Spans(self.compute, by_start(self.comm), by_start(self.every))
 
 
-def _joined(spans: list[tuple[int, int, int]], zero: int) -> list[tuple[int, int, int]]:
+def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
     """The spans with every chain of one ending at the node the next starts at (its column the zero row) made one
-    span. Node ids grow along a chain (an end comes after its start), so chains never loop."""
-    ending: dict[int, list[int]] = {}
-    for index, (_, _, end) in enumerate(spans):
-        ending.setdefault(end, []).append(index)
-    after: dict[int, int] = {}
-    for index, (start, column, _) in enumerate(spans):
-        before = ending.get(start) if column == zero else None
-        if before:
-            after[before.pop()] = index
-    follows = set(after.values())
-    out = []
-    for index, (start, column, end) in enumerate(spans):
-        if index in follows:
-            continue
-        while index in after:
-            index = after[index]
-            end = spans[index][2]
-        out.append((start, column, end))
-    return out
+    span, in the order of their first spans. Only an end no other span shares is joined on, and a span follows
+    one span at most. Node ids grow along a chain (an end comes after its start), so chains never loop."""
+    start, column, end = spans
+    if not len(start):
+        return spans
+    ends, first_at, count = np.unique(end, return_index=True, return_counts=True)
+    at = np.minimum(np.searchsorted(ends, start), len(ends) - 1)
+    follows = np.flatnonzero((column == zero) & (ends[at] == start) & (count[at] == 1))
+    before = first_at[at[follows]]
+    before, unique = np.unique(before, return_index=True)  # a span ending where two start is followed by one
+    follows = follows[unique]
+    tail = np.arange(len(start))
+    tail[before] = follows
+    while True:  # pointer jumping: each pass doubles how far along its chain a span's tail is
+        further = tail[tail]
+        if np.array_equal(further, tail):
+            break
+        tail = further
+    heads = np.ones(len(start), dtype=bool)
+    heads[follows] = False
+    return np.stack((start[heads], column[heads], end[tail[heads]]))
 
 
 @dataclass(frozen=True, slots=True)

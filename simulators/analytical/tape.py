@@ -88,13 +88,26 @@ class Tape:
         # what the node is never earlier than: a max's arguments, a shared transfer's start (not the link's time)
         self.under.append(args if kind == MAX_ADD else args[:1] if kind == SHARED else ())
         depth = self.depth
-        self.depth.append(1 + max([depth[a] for a in args]))
-        return len(self.kind) - 1
+        depth.append(depth[args[0]] + 1 if len(args) == 1 else 1 + max([depth[a] for a in args]))
+        return len(depth) - 1
 
     def latest(self, args: list[int], column: int = -1) -> int:
-        """The node max(args) + column, reusing an existing node for a plain max of one argument. An argument that
-        another one is built on, two steps back, is left out (see the module docstring)."""
-        distinct = list(dict.fromkeys(args)) or [ZERO]
+        """The node max(args) + column (`after`, `needed`)."""
+        return self.after(self.needed(args), column)
+
+    def after(self, needed: tuple[int, ...], column: int = -1) -> int:
+        """The node max(needed) + column, reusing an existing node for a plain max of one argument."""
+        if column < 0 and len(needed) == 1:
+            return needed[0]
+        return self.node(MAX_ADD, needed, column)
+
+    def needed(self, args: list[int]) -> tuple[int, ...]:
+        """The arguments a max of `args` needs: each once, ZERO beside others left out, and an argument that another
+        one is built on, two steps back, left out (see the module docstring). Ops of a stream read the same
+        arguments for their start and their end: they work this out once for both."""
+        if len(args) == 1:
+            return (args[0],)
+        distinct = list(dict.fromkeys(args))
         if len(distinct) > 1:
             if ZERO in distinct:
                 distinct.remove(ZERO)
@@ -106,9 +119,7 @@ class Tape:
                         below.add(b)
                         below.update(under[b])
                 distinct = [a for a in distinct if a not in below] or distinct[:1]
-        if column < 0 and len(distinct) == 1:
-            return distinct[0]
-        return self.node(MAX_ADD, tuple(distinct), column)
+        return tuple(distinct) if distinct else (ZERO,)
 
 
 @dataclass(slots=True, eq=False)
@@ -250,10 +261,11 @@ class _Recorder:
                 run.op = j
                 return False
             if link is None:
-                end = tape.latest(args, columns[j])
+                needed = tape.needed(args)
+                end = tape.after(needed, columns[j])
                 local[slot] = end
                 for k, _ in marks:
-                    local[k] = tape.latest(args, self._mark_columns[(plan_id, k)])
+                    local[k] = tape.after(needed, self._mark_columns[(plan_id, k)])
                 stream_end[stream] = end
                 for r in shares:
                     stream_end[r] = end
@@ -264,9 +276,9 @@ class _Recorder:
                     else:
                         run.compute.append((end, columns[j], end))
                     if stream not in run.starts[c]:  # a stream runs in order: its first op of the call starts first
-                        run.starts[c][stream] = tape.latest(args)
+                        run.starts[c][stream] = tape.after(needed)
                 else:
-                    start = tape.latest(args)
+                    start = tape.after(needed)
                     run.comm.append((start, end))
                     run.starts[c].setdefault(stream, start)
                 run.ends[c][stream] = end

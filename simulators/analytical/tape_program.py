@@ -14,7 +14,7 @@ path's to the last bit wherever the per-point path adds the same way.
 """
 
 from dataclasses import dataclass
-from itertools import chain, pairwise
+from itertools import chain
 
 import numpy as np
 
@@ -55,25 +55,31 @@ class TapeProgram:
         flat = np.fromiter(chain.from_iterable(tape.args), np.intp, int(lengths.sum()))
         width = int(lengths.max(initial=1))
         first = np.cumsum(lengths) - lengths
-        slot = np.minimum(np.arange(width), np.maximum(lengths, 1)[:, None] - 1)
-        args = flat[np.minimum(first[:, None] + slot, len(flat) - 1)] if len(flat) else np.zeros((count, width), int)
-        args[lengths == 0] = ZERO
-        kept = _kept(args, lengths, read, count)
-        kept[[ZERO, INF]] = True
+        last = np.maximum(lengths, 1)[:, None] - 1
+        args = np.full((count, width), ZERO, dtype=np.intp)
+        if len(flat):
+            args = flat[np.minimum(first[:, None] + np.minimum(np.arange(width), last), len(flat) - 1)]
+            args[lengths == 0] = ZERO
         kind = np.array(tape.kind, dtype=np.intp)
         depth = np.array(tape.depth, dtype=np.intp)
-        nodes = np.flatnonzero(kept)
+        nodes = np.flatnonzero(_kept(tape, read))
         nodes = nodes[np.lexsort((kind[nodes], depth[nodes]))]
         row_of = np.full(count, -1, dtype=np.intp)
         row_of[nodes] = np.arange(len(nodes))
         column = np.array(tape.column, dtype=np.intp)[nodes]
         column[column < 0] = len(tape.columns)  # the zero row of the durations
         key = depth[nodes] * 4 + kind[nodes]
-        bounds = [2, *(np.flatnonzero(np.diff(key[2:])) + 3), len(nodes)]  # rows 0 and 1 are the constants
-        groups = []
-        for lo, hi in pairwise(bounds):
-            used = int(lengths[nodes[lo:hi]].max())
-            groups.append(_Group(int(kind[nodes[lo]]), lo, hi, row_of[args[nodes[lo:hi], :used]]))
+        if len(nodes) == 2:  # the constants alone
+            return cls([], column, row_of)
+        bounds = np.array([2, *(np.flatnonzero(np.diff(key[2:])) + 3)])  # rows 0 and 1 are the constants
+        used = np.maximum.reduceat(lengths[nodes], bounds).tolist()
+        rows = row_of[args[nodes]]
+        groups = [
+            _Group(group_kind, lo, hi, rows[lo:hi, :width])
+            for group_kind, lo, hi, width in zip(
+                kind[nodes[bounds]].tolist(), bounds.tolist(), [*bounds[1:].tolist(), len(nodes)], used, strict=True
+            )
+        ]
         return cls(groups, column, row_of)
 
     def evaluate(self, durations: np.ndarray) -> np.ndarray:
@@ -102,16 +108,16 @@ class TapeProgram:
         return values
 
 
-def _kept(args: np.ndarray, lengths: np.ndarray, read: np.ndarray, count: int) -> np.ndarray:
-    """Which nodes `read` depends on, itself included: a sweep from the last node down, as every node's arguments
-    come before it."""
-    kept = np.zeros(count, dtype=bool)
-    kept[read] = True
-    flags = kept.tolist()
-    rows = args.tolist()
-    sizes = lengths.tolist()
-    for node in range(count - 1, 1, -1):
+def _kept(tape: Tape, read: np.ndarray) -> np.ndarray:
+    """Which nodes `read` depends on, itself included, ZERO and INF too: a sweep from the last node down, as every
+    node's arguments come before it."""
+    flags = bytearray(len(tape.kind))
+    for node in read.tolist():
+        flags[node] = 1
+    flags[ZERO] = flags[INF] = 1
+    args = tape.args
+    for node in range(len(flags) - 1, 1, -1):
         if flags[node]:
-            for a in rows[node][: sizes[node]]:
-                flags[a] = True
-    return np.array(flags, dtype=bool)
+            for a in args[node]:
+                flags[a] = 1
+    return np.frombuffer(flags, dtype=np.bool_)

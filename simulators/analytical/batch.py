@@ -43,10 +43,10 @@ from dse.system import SystemSpec
 from dse.workload import OpKind, SteadyForm, Workload
 from simulators.analytical.batch_busy import BusyMany, Spans
 from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
+from simulators.analytical.batch_structure import structure
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
-from simulators.analytical.tape import Tape, record
-from simulators.analytical.tape_program import TapeProgram
+from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
 """Node values kept at once: systems are evaluated in chunks whose values fit (about 360 systems for Llama-3-70B's
@@ -140,11 +140,9 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     form = workload.steady
     steady = form is not None and SteadyForm.holds(workload.programs)
     evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
-    tape = record(evaluated, systems[0])
-    program = TapeProgram.of(tape, _read(tape))
-    spans = [Spans.of(tape, recorded).rows(program.row_of) for recorded in tape.classes]
+    built = structure(evaluated, systems[0])
+    tape, program, spans, liveness = built.tape, built.program, built.spans, built.liveness
     ordered = False
-    liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
     chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
     redo: list[int] = []
@@ -189,14 +187,15 @@ def _stage(
     recorded = tape.classes[rank_class]
     program = workload.programs[rank_class]
     call_start, call_end = values[recorded.call_start], values[recorded.call_end]
-    busy = BusyMany.of(values.rows, priced.durations, spans)
+    found = None if period is None else Period.find(program, call_start, call_end, period)
+    busy = BusyMany.of(values.rows, priced.durations, spans, [] if found is None else found.moments(call_start))
     transfers = recorded.transfers
     return StageArrays(
         program=program,
         call_start=call_start,
         call_end=call_end,
-        busy=busy.totals(),
-        period=None if period is None else Period.of(program, call_start, call_end, busy, period),
+        busy=busy.totals,
+        period=None if found is None else replace(found, windows=busy.windows()),
         plan_of_call=np.array(recorded.priced, dtype=np.intp),
         plan_categories=priced.plan_categories,
         transfers=(
@@ -308,17 +307,6 @@ class _Values:
 
     def __getitem__(self, nodes: np.ndarray | list[int]) -> np.ndarray:
         return self.rows[self.row_of[np.asarray(nodes, dtype=np.intp)]]
-
-
-def _read(tape: Tape) -> np.ndarray:
-    """Every node the figures read."""
-    read: list[int] = []
-    for recorded in tape.classes:
-        read += recorded.call_start + recorded.call_end
-        read += [node for first, _, last in recorded.compute for node in (first, last)]
-        read += [node for interval in recorded.comm for node in interval]
-        read += [node for _, _, start, stop in recorded.transfers for node in (start, stop)]
-    return np.array(read, dtype=np.intp)
 
 
 def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:

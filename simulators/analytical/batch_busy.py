@@ -85,82 +85,81 @@ def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
     return np.stack((start[heads], column[heads], end[tail[heads]]))
 
 
+BLOCK = 32
+"""Systems measured together: a block's intervals stay in the processor's cache while they are sorted and summed
+(the intervals of all systems at once do not, and every pass over them then waits on memory)."""
+
+
 @dataclass(frozen=True, slots=True)
 class BusyMany:
-    """The busy figures of many systems: each union's arrays are intervals x systems, as the values are."""
+    """The busy figures of many systems: `Busy.totals`, and the seconds covered before given moments, from which
+    `windows` reads `Busy.between`."""
 
-    compute: "_Union"
-    comm: "_Union"
-    every: "_Union"
-    """The union of compute and communication intervals."""
+    totals: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(compute, communication, exposed communication) seconds per system."""
+    covered: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    """Per moment, the (compute, communication, any) seconds covered before it, per system."""
 
     @classmethod
-    def of(cls, values: np.ndarray, durations: np.ndarray, spans: Spans) -> "BusyMany":
-        """From the values of the tape program's rows and the durations (rows x systems both), `spans` in rows."""
+    def of(cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray]) -> "BusyMany":
+        """From the values of the tape program's rows and the durations (rows x systems both), `spans` in rows;
+        moments: arrays of one time per system."""
 
-        def intervals(span: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            start = values[span[0]]
-            start -= durations[span[1]]
-            return start, values[span[2]]
+        def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+            starts = values[span[0]]
+            starts -= durations[span[1]]
+            return _measure(starts, values[span[2]], ordered, moments)
 
+        compute, compute_before = measured(spans.compute, True)  # one stream's: disjoint and in order already
+        comm, comm_before = measured(spans.comm, False)
+        every, every_before = measured(spans.every, False)
         return cls(
-            compute=_Union.of(*intervals(spans.compute), ordered=True),  # one stream's: disjoint and in order
-            comm=_Union.of(*intervals(spans.comm)),
-            every=_Union.of(*intervals(spans.every)),
+            (compute, comm, np.maximum(0.0, every - compute)),
+            list(zip(compute_before, comm_before, every_before, strict=True)),
         )
 
-    def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
-        compute, comm = self.compute.total(), self.comm.total()
-        return compute, comm, np.maximum(0.0, self.every.total() - compute)
-
-    def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
-        """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
-        communication) seconds in it per system, as `Busy.between`."""
-        moments = [start + k * length for k in range(count + 1)]
-        before = [(self.compute.before(m), self.comm.before(m), self.every.before(m)) for m in moments]
+    def windows(self) -> list[tuple[np.ndarray, ...]]:
+        """Between each moment and the next, the (compute, communication, exposed communication) seconds per
+        system, as `Busy.between`."""
         out = []
-        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(before):
+        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(self.covered):
             compute = compute_b - compute_a
             out.append((compute, comm_b - comm_a, np.maximum(0.0, every_b - every_a - compute)))
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Union:
-    """A union of intervals, per system (see the module docstring)."""
-
-    starts: np.ndarray
-    ends: np.ndarray
-    """systems x intervals, each sorted on its own."""
-    gaps: np.ndarray
-    """Seconds not covered between the first start and each start."""
-
-    @classmethod
-    def of(cls, starts: np.ndarray, ends: np.ndarray, ordered: bool = False) -> "_Union":
-        """From intervals x systems; `ordered`: sorted by start and disjoint already."""
+def _measure(
+    starts: np.ndarray, ends: np.ndarray, ordered: bool, moments: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The union of intervals x systems (see the module docstring): its seconds per system, and per moment the
+    seconds of it before the moment. `ordered`: sorted by start and disjoint already."""
+    count, systems = starts.shape
+    total = np.zeros(systems)
+    before = [np.zeros(systems) for _ in moments]
+    if not count:
+        return total, before
+    for lo in range(0, systems, BLOCK):
+        part = slice(lo, lo + BLOCK)
         if ordered:
-            starts, ends = np.ascontiguousarray(starts.T), np.ascontiguousarray(ends.T)
-        else:  # timsort: fast on what the spans' order leaves (`Spans.ordered`), runs with a few intervals astray
-            starts, ends = np.sort(starts.T, axis=1, kind="stable"), np.sort(ends.T, axis=1, kind="stable")
-        gaps = np.empty_like(starts)
+            first, last = np.ascontiguousarray(starts[:, part].T), np.ascontiguousarray(ends[:, part].T)
+        else:  # timsort: fast on what `Spans.ordered` leaves, one system's order but for a few intervals
+            first, last = (
+                np.sort(starts[:, part].T, axis=1, kind="stable"),
+                np.sort(ends[:, part].T, axis=1, kind="stable"),
+            )
+        gaps = np.empty_like(first)
         gaps[:, :1] = 0.0
-        np.subtract(starts[:, 1:], ends[:, :-1], out=gaps[:, 1:])
+        np.subtract(first[:, 1:], last[:, :-1], out=gaps[:, 1:])
         np.maximum(gaps, 0.0, out=gaps)
         np.cumsum(gaps, axis=1, out=gaps)
-        return cls(starts, ends, gaps)
-
-    def total(self) -> np.ndarray:
-        if not self.starts.shape[1]:
-            return np.zeros(len(self.starts))
-        return self.ends[:, -1] - self.starts[:, 0] - self.gaps[:, -1]
-
-    def before(self, moment: np.ndarray) -> np.ndarray:
-        """Seconds covered before `moment` (one per system): from the first start to the moment, less the gaps
-        before the last start before it and the part of the gap after it that comes before the moment."""
-        if not self.starts.shape[1]:
-            return np.zeros(len(moment))
-        started = (self.starts < moment[:, None]).sum(axis=1)
-        last = np.arange(len(moment)), np.maximum(started - 1, 0)
-        idle = np.maximum(moment - self.ends[last], 0.0)
-        return np.where(started > 0, moment - self.starts[:, 0] - self.gaps[last] - idle, 0.0)
+        total[part] = last[:, -1] - first[:, 0] - gaps[:, -1]
+        rows = np.arange(len(first))
+        for moment, out in zip(moments, before, strict=True):
+            # up to the last start before the moment: from the first start to the moment, less the gaps before that
+            # start and the part of the gap after it that comes before the moment
+            at = moment[part]
+            started = (first < at[:, None]).sum(axis=1)
+            latest = rows, np.maximum(started - 1, 0)
+            idle = np.maximum(at - last[latest], 0.0)
+            out[part] = np.where(started > 0, at - first[:, 0] - gaps[latest] - idle, 0.0)
+    return total, before

@@ -6,12 +6,11 @@ and the same period for long enough, and its busy seconds over one period recur 
 any check is reported, not extended: the caller prices it on the whole step.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dse.workload import Program, SteadyForm
-from simulators.analytical.batch_busy import BusyMany
 from simulators.analytical.calls import call_reach, memoised
 from simulators.analytical.steady import TOLERANCE_S, _runs, _twins
 
@@ -46,16 +45,17 @@ class Period:
     """A call one period into the steady state."""
     ok: np.ndarray
     """Whether the timeline shows a period."""
-    windows: list[tuple[np.ndarray, ...]]
+    windows: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    """Filled in once the busy intervals are measured at `moments` (`BusyMany.windows`)."""
 
     @classmethod
-    def of(
-        cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, busy: BusyMany, period: int
-    ) -> "Period":
-        """Measured while the busy intervals are at hand (they are the largest arrays of a batch, kept no longer)."""
-        length, first, ok = _period(program, call_start, call_end, period)
-        at = np.take_along_axis(call_start, first[None, :], axis=0)[0]
-        return cls(length, first, ok, busy.windows(at, length, 2))
+    def find(cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int) -> "Period":
+        return cls(*_period(program, call_start, call_end, period))
+
+    def moments(self, call_start: np.ndarray) -> list[np.ndarray]:
+        """The bounds of the two periods from `first` on, per system."""
+        at = np.take_along_axis(call_start, self.first[None, :], axis=0)[0]
+        return [at + k * self.length for k in range(3)]
 
 
 @dataclass(frozen=True, slots=True)

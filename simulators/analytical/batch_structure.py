@@ -58,6 +58,11 @@ def structure(workload: Workload, system: SystemSpec) -> Structure:
     return built
 
 
+def forget() -> None:
+    """Drop every kept structure (a benchmark measuring the recording)."""
+    _kept.clear()
+
+
 def _read(tape: Tape) -> np.ndarray:
     """Every node the figures read."""
     read: list[int] = []

@@ -107,6 +107,13 @@ class Tape:
         arguments for their start and their end: they work this out once for both."""
         if len(args) == 1:
             return (args[0],)
+        if len(args) == 2:  # most maxes: the same as below, without sets
+            a, b = args
+            if a == b or b == ZERO:
+                return (a,)
+            if a == ZERO or self._beneath(a, b):
+                return (b,)
+            return (a,) if self._beneath(b, a) else (a, b)
         distinct = list(dict.fromkeys(args))
         if len(distinct) > 1:
             if ZERO in distinct:
@@ -120,6 +127,12 @@ class Tape:
                         below.update(under[b])
                 distinct = [a for a in distinct if a not in below] or distinct[:1]
         return tuple(distinct) if distinct else (ZERO,)
+
+    def _beneath(self, low: int, high: int) -> bool:
+        """Whether `high` is built on `low`, one or two steps back."""
+        under = self.under
+        above = under[high]
+        return low in above or any(low in under[b] for b in above)
 
 
 @dataclass(slots=True, eq=False)
@@ -254,9 +267,9 @@ class _Recorder:
             args = [stream_end[stream]]
             if waits_on_inputs:
                 args.append(inputs_ready)
-            args.extend(local[d] for d in deps)
+            args += [local[d] for d in deps]
             if link is None:
-                args.extend(stream_end[r] for r in shares)
+                args += [stream_end[r] for r in shares]
             if _PARKED in args:
                 run.op = j
                 return False

@@ -74,7 +74,7 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
         timings: dict[tuple[str, str], int] = {}
         timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
         distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
-        figures = _price_timings(workload, distinct)
+        figures = _price_timings(workload, distinct, list(timings))
         for index, timing in zip(members, timing_of, strict=True):
             out[index] = _result(classes_of, figures[timing], systems[index])
     return out  # type: ignore[return-value]
@@ -132,8 +132,11 @@ def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: 
     return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
 
 
-def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_Figures]]:
-    """Per system (of one network shape, each of a distinct timing), per rank class, its figures.
+def _price_timings(
+    workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]
+) -> list[list[_Figures]]:
+    """Per system (of one network shape, each of a distinct timing: `timings`, their `_timing_key`s), per rank
+    class, its figures.
 
     A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
     the systems whose timelines are not periodic are evaluated on the whole step."""
@@ -146,7 +149,7 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
     chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
     redo: list[int] = []
-    every = _durations(evaluated, tape, systems)
+    every = _durations(evaluated, tape, systems, timings)
     for lo in range(0, len(systems), chunk):
         part = systems[lo : lo + chunk]
         priced = _Priced(every.durations[:, lo : lo + chunk], every.plan_categories[:, :, lo : lo + chunk])
@@ -167,7 +170,7 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
         out.extend(map(list, zip(*by_class, strict=True)))
         redo.extend(lo + i for i in np.flatnonzero(~valid))
     if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
-        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo])
+        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo], [timings[i] for i in redo])
         for index, figures in zip(redo, whole, strict=True):
             out[index] = figures
     return out
@@ -251,15 +254,15 @@ class _Priced:
     (their time is known only once paired), as `plans.Plan.category_seconds`."""
 
 
-def _durations(workload: Workload, tape: Tape, systems: list[SystemSpec]) -> _Priced:
+def _durations(workload: Workload, tape: Tape, systems: list[SystemSpec], timings: list[tuple[str, str]]) -> _Priced:
     """Every duration the tape reads, on every system.
 
     Block ops are priced by the per-point code, once per distinct accelerator (compute ops) and once per distinct
     network (communication), and summed per column as the planner sums a fused run."""
     accelerators: dict[str, int] = {}
     networks: dict[str, int] = {}
-    acc_of = np.array([accelerators.setdefault(_timing_key(s)[0], len(accelerators)) for s in systems])
-    net_of = np.array([networks.setdefault(_timing_key(s)[1], len(networks)) for s in systems])
+    acc_of = np.array([accelerators.setdefault(accelerator, len(accelerators)) for accelerator, _ in timings])
+    net_of = np.array([networks.setdefault(network, len(networks)) for _, network in timings])
     acc_pricers = [BlockPricer(workload, systems[int(np.argmax(acc_of == a))]) for a in range(len(accelerators))]
     net_pricers = [BlockPricer(workload, systems[int(np.argmax(net_of == n))]) for n in range(len(networks))]
     ops: dict[tuple[int, int], np.ndarray] = {}

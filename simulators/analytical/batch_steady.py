@@ -12,7 +12,7 @@ import numpy as np
 
 from dse.workload import Program, SteadyForm
 from simulators.analytical.calls import call_reach, memoised
-from simulators.analytical.steady import TOLERANCE_S, _runs, _twins
+from simulators.analytical.steady import TOLERANCE_S, _twins
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,18 +124,34 @@ def _period(
         & (np.abs(shift - length) <= TOLERANCE_S)
         & (np.abs(call_end[there] - call_end[here] - length) <= TOLERANCE_S)
     )
-    reach = call_reach(program)
-    first = np.zeros(systems, dtype=np.intp)
-    ok = length > 0
-    for system in np.flatnonzero(ok):
-        runs = _runs(steady[:, system])
-        if not runs:
-            ok[system] = False
-            continue
-        lo, hi = max(runs, key=lambda run: run[1] - run[0])
-        ok[system] = hi - lo >= max(int(reach[lo : hi + distance].max()), 2 * distance)
-        first[system] = lo + distance
+    reach = call_reach(program).tolist()
+    lo, hi, ok = _longest_runs(steady)
+    ok &= length > 0
+    first = lo + distance
+    for system in np.flatnonzero(ok).tolist():
+        a, b = int(lo[system]), int(hi[system])
+        ok[system] = b - a >= max(max(reach[a : b + distance]), 2 * distance)
     return length, first, ok
+
+
+def _longest_runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column of `flags` (rows x columns), [lo, hi) of its first longest run of True (`steady._runs`, the
+    longest by `max`), and whether it has one."""
+    rows, columns = flags.shape
+    lo, hi = np.zeros(columns, dtype=np.intp), np.zeros(columns, dtype=np.intp)
+    padded = np.zeros((columns, rows + 2), dtype=np.int8)
+    padded[:, 1:-1] = flags.T
+    edges = np.diff(padded, axis=1)
+    column, start = np.nonzero(edges == 1)  # by column, then in order: runs pair up with their ends
+    stop = np.nonzero(edges == -1)[1]
+    if not len(start):
+        return lo, hi, np.zeros(columns, dtype=bool)
+    order = np.lexsort((start, start - stop, column))  # by column, longest first, then earliest
+    first = order[np.r_[True, column[order][1:] != column[order][:-1]]]
+    lo[column[first]], hi[column[first]] = start[first], stop[first]
+    found = np.zeros(columns, dtype=bool)
+    found[column[first]] = True
+    return lo, hi, found
 
 
 def _categories(stage: StageArrays, first: np.ndarray, calls: int) -> np.ndarray:

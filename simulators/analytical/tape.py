@@ -360,4 +360,5 @@ def _earliest(tape: Tape, starts: list[int]) -> int:
     """min(starts); inf for a call without ops, as the engine leaves it."""
     if not starts:
         return INF
-    return starts[0] if len(starts) == 1 else tape.node(MIN, tuple(dict.fromkeys(starts)))
+    distinct = tuple(dict.fromkeys(starts))
+    return distinct[0] if len(distinct) == 1 else tape.node(MIN, distinct)

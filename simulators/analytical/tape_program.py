@@ -63,6 +63,10 @@ class TapeProgram:
         kind = np.array(tape.kind, dtype=np.intp)
         depth = np.array(tape.depth, dtype=np.intp)
         nodes = np.flatnonzero(_kept(tape, read))
+        consumed = np.zeros(count, dtype=bool)
+        consumed[args[nodes[lengths[nodes] > 0]]] = True
+        depth[~consumed] = depth.max(initial=0) + 1  # what no node reads waits for the last group of its kind
+        depth[[ZERO, INF]] = 0
         nodes = nodes[np.lexsort((kind[nodes], depth[nodes]))]
         row_of = np.full(count, -1, dtype=np.intp)
         row_of[nodes] = np.arange(len(nodes))

@@ -107,7 +107,8 @@ class BusyMany:
 
         def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, list[np.ndarray]]:
             starts = values[span[0]]
-            starts -= durations[span[1]]
+            taken = np.flatnonzero(span[1] != len(durations) - 1)  # the last row of durations is zeros
+            starts[taken] -= durations[span[1, taken]]
             return _measure(starts, values[span[2]], ordered, moments)
 
         compute, compute_before = measured(spans.compute, True)  # one stream's: disjoint and in order already
@@ -135,31 +136,41 @@ def _measure(
     seconds of it before the moment. `ordered`: sorted by start and disjoint already."""
     count, systems = starts.shape
     total = np.zeros(systems)
-    before = [np.zeros(systems) for _ in moments]
-    if not count:
-        return total, before
-    for lo in range(0, systems, BLOCK):
-        part = slice(lo, lo + BLOCK)
-        if ordered:
+    before = np.zeros((systems, len(moments)))
+    if count:
+        at = np.stack(moments, axis=1) if moments else before
+        for lo in range(0, systems, BLOCK):
+            part = slice(lo, lo + BLOCK)
             first, last = np.ascontiguousarray(starts[:, part].T), np.ascontiguousarray(ends[:, part].T)
-        else:  # timsort: fast on what `Spans.ordered` leaves, one system's order but for a few intervals
-            first, last = (
-                np.sort(starts[:, part].T, axis=1, kind="stable"),
-                np.sort(ends[:, part].T, axis=1, kind="stable"),
-            )
-        gaps = np.empty_like(first)
-        gaps[:, :1] = 0.0
-        np.subtract(first[:, 1:], last[:, :-1], out=gaps[:, 1:])
-        np.maximum(gaps, 0.0, out=gaps)
-        np.cumsum(gaps, axis=1, out=gaps)
-        total[part] = last[:, -1] - first[:, 0] - gaps[:, -1]
-        rows = np.arange(len(first))
-        for moment, out in zip(moments, before, strict=True):
-            # up to the last start before the moment: from the first start to the moment, less the gaps before that
-            # start and the part of the gap after it that comes before the moment
-            at = moment[part]
-            started = (first < at[:, None]).sum(axis=1)
-            latest = rows, np.maximum(started - 1, 0)
-            idle = np.maximum(at - last[latest], 0.0)
-            out[part] = np.where(started > 0, at - first[:, 0] - gaps[latest] - idle, 0.0)
-    return total, before
+            if not ordered:  # timsort: fast on what `Spans.ordered` leaves, one system's order but a few intervals
+                first.sort(axis=1, kind="stable")
+                last.sort(axis=1, kind="stable")
+            gaps = np.empty_like(first)
+            gaps[:, :1] = 0.0
+            np.subtract(first[:, 1:], last[:, :-1], out=gaps[:, 1:])
+            np.maximum(gaps, 0.0, out=gaps)
+            np.cumsum(gaps, axis=1, out=gaps)
+            total[part] = last[:, -1] - first[:, 0] - gaps[:, -1]
+            if moments:
+                before[part] = _covered(first, last, gaps, at[part])
+    return total, list(before.T)
+
+
+def _covered(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """systems x moments: the seconds covered before each moment (`at`, systems x moments), from a block's sorted
+    starts and ends and its gaps' running sum. Up to the last start before the moment: from the first start to the
+    moment, less the gaps before that start and the part of the gap after it that comes before the moment.
+
+    The starts before each moment are counted by one search over the block: each system's starts, less its first,
+    placed one span apart, in order. A moment within rounding (~1e-13 s) of a start may count it or not; the
+    seconds covered are continuous there, so either gives the same to that rounding."""
+    systems, count = first.shape
+    origin = first[:, :1]
+    span = float((last[:, -1:] - origin).max()) + 1.0
+    offset = np.arange(systems)[:, None] * span
+    placed = (first - origin + offset).ravel()
+    wanted = np.clip(at - origin, -0.5, span - 0.5) + offset
+    started = np.searchsorted(placed, wanted.ravel()).reshape(at.shape) - np.arange(systems)[:, None] * count
+    latest = np.arange(systems)[:, None], np.maximum(started - 1, 0)
+    idle = np.maximum(at - last[latest], 0.0)
+    return np.where(started > 0, at - origin - gaps[latest] - idle, 0.0)

@@ -3,9 +3,10 @@
 A hardware-planning sweep prices one generated workload (one parallel configuration) on many systems: HBM size,
 accelerator FLOP/s and bandwidth, link bandwidths and latencies. The ops, their FLOPs and bytes and their order are
 the same on every one; only durations differ. `price_many` records the reference scheduler's decisions once per
-network shape as a tape (`tape.record`), prices every op's duration per distinct accelerator and per distinct
-network (the per-point code, `pricing.BlockPricer`, run once per distinct one), and evaluates the tape depth by
-depth with a column per system, a chunk of systems at a time. The figures are those
+network shape as a tape (`tape.record`, kept for the workload's later batches: `batch_structure`), prices every
+op's duration per distinct accelerator and per distinct network (the per-point code, `pricing.BlockPricer`, run
+once per distinct one), and evaluates the tape depth by depth with a column per system (`tape_program`), a chunk
+of systems at a time. The figures are those
 `AnalyticalCostModel(exact=True)` gives point by point (`tests/test_analytical_batch.py` pins the agreement, to
 about 1e-13); the default fast path agrees with that within its 1%.
 
@@ -49,9 +50,9 @@ from simulators.analytical.pricing import BlockPricer
 from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
-"""Node values kept at once: systems are evaluated in chunks whose values fit (about 360 systems for Llama-3-70B's
-steady form). Each chunk walks the tape's ~12k depth groups once, so fewer, larger chunks pay less per numpy call:
-measured on 1,000 systems of 250 timings, 470 points per CPU-second with 64 MiB, 700 with 128 and 800 with 256."""
+"""Node values kept at once: systems are evaluated in chunks whose values fit (about 450 systems for Llama-3-70B's
+steady form, 73k nodes). Each chunk walks the program's ~9k groups once, ~35 ms of numpy calls whatever its
+width, so fewer, larger chunks pay less; a larger budget would only add memory a fresh process first touches."""
 
 _TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})
 """Accelerator fields no op duration reads: systems that differ only in them share one schedule."""

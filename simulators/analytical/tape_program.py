@@ -3,10 +3,11 @@
 Evaluating the tape node by node in Python would cost microseconds per node and system; evaluating it depth by
 depth costs a few numpy calls per depth, whatever the number of systems. This module makes those calls as few and
 as cheap as it can, since Llama-3-70B's steady form is ~9k depths deep:
-- only the nodes the figures read, and what they are built on, are kept (a sixth of the tape is starts of
-  calls and ops that nothing reads);
+- only the nodes the figures read, and what they are built on, are kept;
 - the kept nodes are renumbered depth by depth (and kind by kind within a depth), so a group of nodes is one slice
-  of the values: results are written into it in place rather than scattered;
+  of the values: results are written into it in place rather than scattered; a node no other node reads (a
+  call's earliest start, an op's last end) waits for the last group of its kind, so that its kind adds no group
+  at its own depth (Llama-3-70B's steady form: 8.9k groups instead of 10.7k);
 - the values start as every node's own duration (one gather for the whole tape), so a max-plus node is a gather of
   its arguments and an addition into its slice, and a shared transfer (`SHARED`) reads its seconds in place.
 Additions happen in the order `tape` defines them (duration + latest argument), so the values are the per-point

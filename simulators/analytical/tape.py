@@ -111,7 +111,7 @@ class Tape:
         arguments for their start and their end: they work this out once for both."""
         if len(args) == 1:
             return (args[0],)
-        if len(args) == 2:  # most maxes: the same as below, without sets
+        if len(args) == 2:  # most maxes
             a, b = args
             if a == b or b == ZERO:
                 return (a,)
@@ -119,21 +119,17 @@ class Tape:
                 return (b,)
             return (a,) if self._beneath(b, a) else (a, b)
         distinct = list(dict.fromkeys(args))
-        if len(distinct) > 1:
-            if ZERO in distinct:
-                distinct.remove(ZERO)
-            if len(distinct) > 1:
-                under = self.under
-                below: set[int] = set()
-                for a in distinct:
-                    for b in under[a]:
-                        below.add(b)
-                        below.update(under[b])
-                distinct = [a for a in distinct if a not in below] or distinct[:1]
-        return tuple(distinct) if distinct else (ZERO,)
+        if len(distinct) > 1 and ZERO in distinct:
+            distinct.remove(ZERO)
+        if len(distinct) <= 1:
+            return tuple(distinct) or (ZERO,)
+        beneath = self._beneath
+        return tuple(a for a in distinct if not any(beneath(a, b) for b in distinct))
 
     def _beneath(self, low: int, high: int) -> bool:
-        """Whether `high` is built on `low`, one or two steps back."""
+        """Whether `high` is built on `low`, one or two steps back (what a node is built on comes before it)."""
+        if low >= high:
+            return False
         under = self.under
         above = under[high]
         return low in above or any(low in under[b] for b in above)

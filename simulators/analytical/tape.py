@@ -264,16 +264,18 @@ class _Recorder:
         ready = [run.out_end[i] for i in inputs]
         inputs_ready = _PARKED if _PARKED in ready else tape.latest(ready)
         ops = plan.ops
+        starts, ends, compute = run.starts[c], run.ends[c], run.compute
         j = run.op
         while j < len(ops):
             kind, stream, _, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
             args = [stream_end[stream]]
             if waits_on_inputs:
                 args.append(inputs_ready)
-            ends = [local[d] for d in deps]
-            if _MARKED in ends:
-                ends = [self._marked_end(run, d) for d in deps]
-            args += ends
+            if deps:
+                read = [local[d] for d in deps]
+                if _MARKED in read:
+                    read = [self._marked_end(run, d) for d in deps]
+                args += read
             if link is None:
                 args += [stream_end[r] for r in shares]
             if _PARKED in args:
@@ -290,18 +292,17 @@ class _Recorder:
                 for r in shares:
                     stream_end[r] = end
                 if kind == COMPUTE:
-                    last = run.compute[-1] if run.compute else None
-                    if last is not None and self._tape.args[end] == (last[2],) and self._tape.kind[end] == MAX_ADD:
-                        run.compute[-1] = (last[0], last[1], end)
+                    if compute and needed == (compute[-1][2],):  # waits for the last compute alone: one interval
+                        compute[-1] = (compute[-1][0], compute[-1][1], end)
                     else:
-                        run.compute.append((end, columns[j], end))
-                    if stream not in run.starts[c]:  # a stream runs in order: its first op of the call starts first
-                        run.starts[c][stream] = tape.after(needed)
+                        compute.append((end, columns[j], end))
+                    if stream not in starts:  # a stream runs in order: its first op of the call starts first
+                        starts[stream] = tape.after(needed)
                 else:
                     start = tape.after(needed)
                     run.comm.append((start, end))
-                    run.starts[c].setdefault(stream, start)
-                run.ends[c][stream] = end
+                    starts.setdefault(stream, start)
+                ends[stream] = end
             else:
                 side = _Side(run, c, slot, kind, stream, tape.latest(args), columns[j], local, category, shares,
                              slot == plan.output)  # fmt: skip

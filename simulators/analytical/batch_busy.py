@@ -52,7 +52,7 @@ class Spans:
 
     def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
         """The spans (in rows) in order of their starts on one system (values and durations: a column each), the
-        order most systems' intervals keep but for a few (timsort is fast on that: `_Union.of`)."""
+        order most systems' intervals keep but for a few (timsort is fast on that: `_measure`)."""
 
         def by_start(span: np.ndarray) -> np.ndarray:
             return span[:, np.argsort(values[span[0]] - durations[span[1]], kind="stable")]

@@ -132,3 +132,45 @@ def test_systems_whose_timeline_is_not_periodic_are_priced_on_the_whole_step(mon
     exact = AnalyticalCostModel(exact=True)
     for system, priced in zip(systems, AnalyticalCostModel().simulate_many(workload, systems), strict=True):
         _same(priced, exact.simulate(workload, system), rel=1e-9)
+
+
+def test_a_workload_priced_again_reuses_its_recorded_structure_unless_it_changed():
+    """The tape and what is built on it are kept per workload and network shape (`batch_structure`): a sweep's
+    later batches of one workload skip the recording, and give the same figures."""
+    from dataclasses import replace
+
+    from simulators.analytical.batch_structure import structure
+
+    case = CASES["tp2-pp4-1f1b-microbatches"]
+    workload = SymbolicGenerator().generate(make_point(**case))
+    systems = _systems(case, 3, seed=3)
+    shorter = replace(workload, programs=workload.steady.programs, steady=None)
+    kept = structure(shorter, systems[0])
+    assert structure(shorter, systems[1]) is kept
+    assert structure(replace(workload, steady=None), systems[0]) is not kept  # the whole step: a tape of its own
+    assert structure(shorter, systems[0]) is kept
+    assert structure(replace(shorter, tokens=shorter.tokens + 1), systems[0]) is not kept  # not the same workload
+    wider = make_point(**{**case, "system": {"base": "dgx-h100", "network": {1: {"npus": 4}}}}).system
+    assert structure(shorter, wider) is not structure(shorter, systems[0])  # another network shape
+    first, again = (AnalyticalCostModel().simulate_many(workload, systems) for _ in range(2))
+    for a, b in zip(first, again, strict=True):
+        assert a == b
+
+
+def test_the_longest_steady_run_is_found_per_system_as_the_per_point_search_finds_it():
+    """`batch_steady._longest_runs` finds every system's period window at once; `steady` takes the first longest
+    run of one timeline."""
+    import numpy as np
+
+    from simulators.analytical.batch_steady import _longest_runs
+    from simulators.analytical.steady import _runs
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        flags = rng.random((int(rng.integers(1, 40)), int(rng.integers(1, 8)))) < rng.random()
+        lo, hi, found = _longest_runs(flags)
+        for system in range(flags.shape[1]):
+            runs = _runs(flags[:, system])
+            assert found[system] == bool(runs)
+            if runs:
+                assert (lo[system], hi[system]) == max(runs, key=lambda run: run[1] - run[0])

@@ -3,9 +3,10 @@
 A hardware-planning sweep prices one generated workload (one parallel configuration) on many systems: HBM size,
 accelerator FLOP/s and bandwidth, link bandwidths and latencies. The ops, their FLOPs and bytes and their order are
 the same on every one; only durations differ. `price_many` records the reference scheduler's decisions once per
-network shape as a tape (`tape.record`), prices every op's duration per distinct accelerator and per distinct
-network (the per-point code, `pricing.BlockPricer`, run once per distinct one), and evaluates the tape depth by
-depth with a column per system, a chunk of systems at a time. The figures are those
+network shape as a tape (`tape.record`, kept for the workload's later batches: `batch_structure`), prices every
+op's duration per distinct accelerator and per distinct network (the per-point code, `pricing.BlockPricer`, run
+once per distinct one), and evaluates the tape depth by depth with a column per system (`tape_program`), a chunk
+of systems at a time. The figures are those
 `AnalyticalCostModel(exact=True)` gives point by point (`tests/test_analytical_batch.py` pins the agreement, to
 about 1e-13); the default fast path agrees with that within its 1%.
 
@@ -41,16 +42,17 @@ from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
 from dse.workload import OpKind, SteadyForm, Workload
-from simulators.analytical.batch_busy import BusyMany
-from simulators.analytical.batch_steady import Extension, StageArrays, extend
+from simulators.analytical.batch_busy import BusyMany, Spans
+from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
+from simulators.analytical.batch_structure import structure
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
-from simulators.analytical.tape import INF, MAX_ADD, SHARED, Tape, record
+from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
-"""Node values kept at once: systems are evaluated in chunks whose values fit (about 360 systems for Llama-3-70B's
-steady form). Each chunk walks the tape's ~12k depth groups once, so fewer, larger chunks pay less per numpy call:
-measured on 1,000 systems of 250 timings, 470 points per CPU-second with 64 MiB, 700 with 128 and 800 with 256."""
+"""Node values kept at once: systems are evaluated in chunks whose values fit (about 450 systems for Llama-3-70B's
+steady form, 73k nodes). Each chunk walks the program's ~9k groups once, ~35 ms of numpy calls whatever its
+width, so fewer, larger chunks pay less; a larger budget would only add memory a fresh process first touches."""
 
 _TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})
 """Accelerator fields no op duration reads: systems that differ only in them share one schedule."""
@@ -73,7 +75,7 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
         timings: dict[tuple[str, str], int] = {}
         timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
         distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
-        figures = _price_timings(workload, distinct)
+        figures = _price_timings(workload, distinct, list(timings))
         for index, timing in zip(members, timing_of, strict=True):
             out[index] = _result(classes_of, figures[timing], systems[index])
     return out  # type: ignore[return-value]
@@ -131,26 +133,36 @@ def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: 
     return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
 
 
-def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_Figures]]:
-    """Per system (of one network shape, each of a distinct timing), per rank class, its figures.
+def _price_timings(
+    workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]
+) -> list[list[_Figures]]:
+    """Per system (of one network shape, each of a distinct timing: `timings`, their `_timing_key`s), per rank
+    class, its figures.
 
     A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
     the systems whose timelines are not periodic are evaluated on the whole step."""
     form = workload.steady
     steady = form is not None and SteadyForm.holds(workload.programs)
     evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
-    tape = record(evaluated, systems[0])
-    levels = _Levels.of(tape)
-    liveness = [Liveness.of(program, evaluated.blocks) for program in evaluated.programs]
-    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * levels.size))
+    built = structure(evaluated, systems[0])
+    tape, program, spans, liveness = built.tape, built.program, built.spans, built.liveness
+    ordered = False
+    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
     redo: list[int] = []
-    every = _durations(evaluated, tape, systems)
+    every = _durations(evaluated, tape, systems, timings)
     for lo in range(0, len(systems), chunk):
         part = systems[lo : lo + chunk]
         priced = _Priced(every.durations[:, lo : lo + chunk], every.plan_categories[:, :, lo : lo + chunk])
-        values = levels.evaluate(priced.durations)
-        stages = [_stage(evaluated, tape, c, values, priced) for c in range(len(tape.classes))]
+        values = _Values(program.evaluate(priced.durations), program.row_of)
+        if not ordered:
+            spans = [s.ordered(values.rows[:, 0], priced.durations[:, 0]) for s in spans]
+            ordered = True
+        stages = [
+            _stage(evaluated, tape, c, spans[c], values, priced, form.period if steady else None)
+            for c in range(len(tape.classes))
+        ]
+        del values  # the largest array of a batch: gone before the figures are read
         extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
         by_class = [
             _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None)
@@ -159,26 +171,35 @@ def _price_timings(workload: Workload, systems: list[SystemSpec]) -> list[list[_
         out.extend(map(list, zip(*by_class, strict=True)))
         redo.extend(lo + i for i in np.flatnonzero(~valid))
     if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
-        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo])
+        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo], [timings[i] for i in redo])
         for index, figures in zip(redo, whole, strict=True):
             out[index] = figures
     return out
 
 
-def _stage(workload: Workload, tape: Tape, rank_class: int, values: np.ndarray, priced: "_Priced") -> StageArrays:
-    """One rank class's times on every system of a chunk, from its nodes' values."""
+def _stage(
+    workload: Workload,
+    tape: Tape,
+    rank_class: int,
+    spans: Spans,
+    values: "_Values",
+    priced: "_Priced",
+    period: int | None,
+) -> StageArrays:
+    """One rank class's times on every system of a chunk, from its nodes' values; spans: its busy intervals, in
+    rows of the values; period: the steady form's, if the step is its shorter one."""
     recorded = tape.classes[rank_class]
-    first_ends, first_columns, last_ends = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T
-    compute_starts = values[first_ends] - priced.durations[first_columns]
-    compute_ends = values[last_ends]
-    comm_starts = values[np.array([start for start, _ in recorded.comm], dtype=np.intp)]
-    comm_ends = values[np.array([end for _, end in recorded.comm], dtype=np.intp)]
+    program = workload.programs[rank_class]
+    call_start, call_end = values[recorded.call_start], values[recorded.call_end]
+    found = None if period is None else Period.find(program, call_start, call_end, period)
+    busy = BusyMany.of(values.rows, priced.durations, spans, [] if found is None else found.moments(call_start))
     transfers = recorded.transfers
     return StageArrays(
-        program=workload.programs[rank_class],
-        call_start=values[recorded.call_start],
-        call_end=values[recorded.call_end],
-        busy=BusyMany.of(compute_starts, compute_ends, comm_starts, comm_ends),
+        program=program,
+        call_start=call_start,
+        call_end=call_end,
+        busy=busy.totals,
+        period=None if found is None else replace(found, windows=busy.windows()),
         plan_of_call=np.array(recorded.priced, dtype=np.intp),
         plan_categories=priced.plan_categories,
         transfers=(
@@ -200,7 +221,7 @@ def _figures_of(
     recorded = tape.classes[rank_class]
     systems = stage.call_start.shape[1]
     end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
-    compute, comm, exposed = stage.busy.totals()
+    compute, comm, exposed = stage.busy
     counts = np.bincount(stage.plan_of_call, minlength=len(tape.plans)).astype(float)
     by_category = np.tensordot(counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers
@@ -234,15 +255,15 @@ class _Priced:
     (their time is known only once paired), as `plans.Plan.category_seconds`."""
 
 
-def _durations(workload: Workload, tape: Tape, systems: list[SystemSpec]) -> _Priced:
+def _durations(workload: Workload, tape: Tape, systems: list[SystemSpec], timings: list[tuple[str, str]]) -> _Priced:
     """Every duration the tape reads, on every system.
 
     Block ops are priced by the per-point code, once per distinct accelerator (compute ops) and once per distinct
     network (communication), and summed per column as the planner sums a fused run."""
     accelerators: dict[str, int] = {}
     networks: dict[str, int] = {}
-    acc_of = np.array([accelerators.setdefault(_timing_key(s)[0], len(accelerators)) for s in systems])
-    net_of = np.array([networks.setdefault(_timing_key(s)[1], len(networks)) for s in systems])
+    acc_of = np.array([accelerators.setdefault(accelerator, len(accelerators)) for accelerator, _ in timings])
+    net_of = np.array([networks.setdefault(network, len(networks)) for _, network in timings])
     acc_pricers = [BlockPricer(workload, systems[int(np.argmax(acc_of == a))]) for a in range(len(accelerators))]
     net_pricers = [BlockPricer(workload, systems[int(np.argmax(net_of == n))]) for n in range(len(networks))]
     ops: dict[tuple[int, int], np.ndarray] = {}
@@ -282,66 +303,14 @@ def _block_seconds(
 
 
 @dataclass(frozen=True, slots=True)
-class _Group:
-    """Nodes of one depth and kind: evaluated together, a row per node and a column per system."""
+class _Values:
+    """The tape program's values (`TapeProgram.evaluate`), read by tape node id."""
 
-    kind: int
-    nodes: np.ndarray
-    args: np.ndarray
-    """nodes x arguments."""
-    columns: np.ndarray
+    rows: np.ndarray
+    row_of: np.ndarray
 
-
-@dataclass(frozen=True, slots=True)
-class _Levels:
-    """The tape's nodes grouped so that every group depends only on groups before it."""
-
-    groups: list[_Group]
-    size: int
-
-    @classmethod
-    def of(cls, tape: Tape) -> "_Levels":
-        """Nodes grouped by depth and kind; a group's argument lists are padded to its longest with their own first
-        argument (which changes neither a max nor a min), so that a depth costs one or two numpy passes."""
-        count = len(tape.kind)
-        width = max(map(len, tape.args[2:]), default=1)
-        args = np.array([(*a, *(a[0],) * (width - len(a))) for a in tape.args[2:]], dtype=np.intp).reshape(-1, width)
-        needed = np.array([len(a) for a in tape.args[2:]], dtype=np.intp)
-        kind = np.array(tape.kind[2:], dtype=np.intp)
-        depth = np.array(tape.depth[2:], dtype=np.intp)
-        column = np.array(tape.column[2:], dtype=np.intp)
-        column[column < 0] = len(tape.columns)  # the zero row of the durations
-        order = np.lexsort((kind, depth))
-        key = depth[order] * 4 + kind[order]
-        bounds = np.flatnonzero(np.diff(key)) + 1
-        groups = []
-        for rows in np.split(order, bounds):
-            used = int(needed[rows].max())
-            groups.append(_Group(int(kind[rows[0]]), rows + 2, args[rows, :used], column[rows]))
-        return cls(groups, count)
-
-    def evaluate(self, durations: np.ndarray) -> np.ndarray:
-        """nodes x systems: every node's time on every system (durations: `_durations`)."""
-        values = np.empty((self.size, durations.shape[1]))
-        values[0], values[INF] = 0.0, np.inf
-        for group in self.groups:
-            args = group.args
-            first = values[args[:, 0]]
-            if group.kind == SHARED:
-                seconds = durations[group.columns]
-                busy = values[args[:, 1]]
-                busy -= first
-                np.minimum(busy, seconds, out=busy)
-                first += seconds
-                first += busy
-            else:
-                combine = np.maximum if group.kind == MAX_ADD else np.minimum
-                for j in range(1, args.shape[1]):
-                    combine(first, values[args[:, j]], out=first)
-                if group.kind == MAX_ADD:
-                    first += durations[group.columns]
-            values[group.nodes] = first
-        return values
+    def __getitem__(self, nodes: np.ndarray | list[int]) -> np.ndarray:
+        return self.rows[self.row_of[np.asarray(nodes, dtype=np.intp)]]
 
 
 def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:

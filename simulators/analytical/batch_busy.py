@@ -1,13 +1,18 @@
-"""`intervals.Busy` for many timelines of one schedule at once: a row per system, a block of systems at a time.
+"""`intervals.Busy` for many timelines of one schedule at once, intervals x systems as the tape's values are.
 
 The communication no compute hides is the union of all intervals less the compute: |comm \\ compute| =
 |comm U compute| - |compute| (compute runs on one stream, so its intervals never overlap and add up). So two unions
-are all that is measured: of the communication intervals, and of every interval. Each system's intervals are
-sorted by start (a stable sort, fast on what the tape yields: a few streams' runs, each already in order) and each
-contributes the piece [max(start, reach), max(end, reach)] past the furthest end before it (`reach`): the pieces
-are disjoint and in order, and add up to the union, as `intervals.merge`'s merged intervals do. `Busy` measures
-the hidden communication by interpolating compute time over each merged interval instead; the two agree to
-rounding.
+are all that is measured: of the communication intervals, and of every interval.
+
+Before any system is looked at, intervals that follow each other on every system are joined (`Spans`): one that
+starts at the very node another ends at (a collective the compute stream waits for, then the compute that waited)
+makes one interval with it, which keeps a third of Llama-3-70B's intervals out of the sorts. A union is then read
+from each system's starts and ends sorted each on its own: with both sorted, the i-th start opens a gap exactly when
+the i earliest ends all come before it, and the gap runs from the i-th end (every interval started before it has
+ended by then, and no other has). So the union covers [first start, last end] less max(0, start[i] - end[i - 1])
+summed over i: no sort of intervals by start, no running maximum, only two sorts of numbers (timsort, fast on what
+`Spans.ordered` leaves: one system's order, which others keep but for a few intervals). `Busy` measures the hidden
+communication by interpolating compute time over each merged interval instead; the two agree to rounding.
 """
 
 from dataclasses import dataclass
@@ -15,115 +20,157 @@ from itertools import pairwise
 
 import numpy as np
 
-BLOCK = 16
-"""Systems handled together: a block's arrays stay in the processor's cache (twice as fast as 250 at once)."""
+from simulators.analytical.tape import MAX_ADD, ClassTape, Tape
+
+
+@dataclass(frozen=True, slots=True)
+class Spans:
+    """A rank class's busy intervals as tape nodes, each 3 x intervals: the start's node, a duration column taken
+    from it (the zero row where the node is the start itself), the end's node."""
+
+    compute: np.ndarray
+    comm: np.ndarray
+    every: np.ndarray
+    """Compute and communication, joined where one starts where another ends."""
+
+    @classmethod
+    def of(cls, tape: Tape, recorded: ClassTape) -> "Spans":
+        zero = len(tape.columns)  # the zero row of the durations
+        compute = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T.copy()
+        args, kinds = tape.args, tape.kind
+        exact = [len(args[f]) == 1 and kinds[f] == MAX_ADD for f in compute[0].tolist()]
+        if any(exact):  # a first op that waited for one node alone starts at it
+            at = np.flatnonzero(exact)
+            compute[0, at] = [args[f][0] for f in compute[0, at].tolist()]
+            compute[1, at] = zero
+        comm = np.array([(start, zero, end) for start, end in recorded.comm], dtype=np.intp).reshape(-1, 3).T
+        return cls(_joined(compute, zero), _joined(comm, zero), _joined(np.hstack((compute, comm)), zero))
+
+    def rows(self, row_of: np.ndarray) -> "Spans":
+        """The spans with their nodes mapped to rows of values (`tape_program.TapeProgram.row_of`)."""
+        return Spans(*(np.stack((row_of[s[0]], s[1], row_of[s[2]])) for s in (self.compute, self.comm, self.every)))
+
+    def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
+        """The spans (in rows) in order of their starts on one system (values and durations: a column each), the
+        order most systems' intervals keep but for a few (timsort is fast on that: `_measure`)."""
+
+        def by_start(span: np.ndarray) -> np.ndarray:
+            return span[:, np.argsort(values[span[0]] - durations[span[1]], kind="stable")]
+
+        return Spans(self.compute, by_start(self.comm), by_start(self.every))
+
+
+def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
+    """The spans with every chain of one ending at the node the next starts at (its column the zero row) made one
+    span, in the order of their first spans. Only an end no other span shares is joined on, and a span follows
+    one span at most. Node ids grow along a chain (an end comes after its start), so chains never loop."""
+    start, column, end = spans
+    if not len(start):
+        return spans
+    ends, first_at, count = np.unique(end, return_index=True, return_counts=True)
+    at = np.minimum(np.searchsorted(ends, start), len(ends) - 1)
+    follows = np.flatnonzero((column == zero) & (ends[at] == start) & (count[at] == 1))
+    before = first_at[at[follows]]
+    before, unique = np.unique(before, return_index=True)  # a span ending where two start is followed by one
+    follows = follows[unique]
+    tail = np.arange(len(start))
+    tail[before] = follows
+    while True:  # pointer jumping: each pass doubles how far along its chain a span's tail is
+        further = tail[tail]
+        if np.array_equal(further, tail):
+            break
+        tail = further
+    heads = np.ones(len(start), dtype=bool)
+    heads[follows] = False
+    return np.stack((start[heads], column[heads], end[tail[heads]]))
+
+
+BLOCK = 32
+"""Systems measured together: a block's intervals stay in the processor's cache while they are sorted and summed
+(the intervals of all systems at once do not, and every pass over them then waits on memory)."""
 
 
 @dataclass(frozen=True, slots=True)
 class BusyMany:
-    """The busy figures of many systems, a block of systems at a time."""
+    """The busy figures of many systems: `Busy.totals`, and the seconds covered before given moments, from which
+    `windows` reads `Busy.between`."""
 
-    blocks: list["_Block"]
+    totals: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(compute, communication, exposed communication) seconds per system."""
+    covered: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    """Per moment, the (compute, communication, any) seconds covered before it, per system."""
 
     @classmethod
-    def of(
-        cls, compute_starts: np.ndarray, compute_ends: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray
-    ) -> "BusyMany":
-        """From arrays of intervals x systems (the tape's values)."""
-        systems = compute_starts.shape[1]
+    def of(cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray]) -> "BusyMany":
+        """From the values of the tape program's rows and the durations (rows x systems both), `spans` in rows;
+        moments: arrays of one time per system."""
+
+        def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+            starts = values[span[0]]
+            taken = np.flatnonzero(span[1] != len(durations) - 1)  # the last row of durations is zeros
+            starts[taken] -= durations[span[1, taken]]
+            return _measure(starts, values[span[2]], ordered, moments)
+
+        compute, compute_before = measured(spans.compute, True)  # one stream's: disjoint and in order already
+        comm, comm_before = measured(spans.comm, False)
+        every, every_before = measured(spans.every, False)
         return cls(
-            [
-                _Block.of(*(a[:, lo : lo + BLOCK] for a in (compute_starts, compute_ends, comm_starts, comm_ends)))
-                for lo in range(0, systems, BLOCK)
-            ]
+            (compute, comm, np.maximum(0.0, every - compute)),
+            list(zip(compute_before, comm_before, every_before, strict=True)),
         )
 
-    def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
-        compute, comm, exposed = zip(*(b.totals() for b in self.blocks), strict=True)
-        return np.concatenate(compute), np.concatenate(comm), np.concatenate(exposed)
-
-    def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
-        """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
-        communication) seconds in it per system, as `Busy.between`."""
-        parts = []
-        lo = 0
-        for block in self.blocks:
-            size = len(block.every.done)
-            parts.append(block.windows(start[lo : lo + size], length[lo : lo + size], count))
-            lo += size
-        return [tuple(np.concatenate([p[k][figure] for p in parts]) for figure in range(3)) for k in range(count)]
-
-
-@dataclass(frozen=True, slots=True)
-class _Union:
-    """A union of intervals, per system, as pieces (see the module docstring)."""
-
-    opened: np.ndarray
-    closed: np.ndarray
-    """systems x intervals."""
-    done: np.ndarray
-    """Seconds covered by the end of each piece."""
-
-    @classmethod
-    def of(cls, starts: np.ndarray, ends: np.ndarray) -> "_Union":
-        """From intervals as rows of systems."""
-        order = np.argsort(starts, axis=1, kind="stable")
-        starts, ends = np.take_along_axis(starts, order, axis=1), np.take_along_axis(ends, order, axis=1)
-        reach = np.maximum.accumulate(ends, axis=1)
-        before = np.empty_like(reach)
-        before[:, :1], before[:, 1:] = -np.inf, reach[:, :-1]
-        opened, closed = np.maximum(starts, before), np.maximum(ends, before)
-        return cls(opened, closed, np.cumsum(closed - opened, axis=1))
-
-    def total(self) -> np.ndarray:
-        return self.done[:, -1] if self.done.shape[1] else np.zeros(len(self.done))
-
-    def before(self, moment: np.ndarray) -> np.ndarray:
-        """Seconds covered before `moment` (one per system): the pieces opened before it, the last only up to it."""
-        if not self.opened.shape[1]:
-            return np.zeros(len(moment))
-        at = moment[:, None]
-        opened = (self.opened < at).sum(axis=1, keepdims=True)
-        last = np.maximum(opened - 1, 0)
-        earlier = np.where(opened > 1, np.take_along_axis(self.done, np.maximum(opened - 2, 0), axis=1), 0.0)
-        part = np.minimum(at, np.take_along_axis(self.closed, last, axis=1)) - np.take_along_axis(self.opened, last, 1)
-        return np.where(opened > 0, earlier + part, 0.0)[:, 0]
-
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    compute: _Union
-    comm: _Union
-    every: _Union
-    """The union of compute and communication intervals."""
-
-    @classmethod
-    def of(
-        cls, compute_starts: np.ndarray, compute_ends: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray
-    ) -> "_Block":
-        starts = np.vstack((compute_starts, comm_starts)).T.copy()
-        ends = np.vstack((compute_ends, comm_ends)).T.copy()
-        split = len(compute_starts)
-        own_starts, own_ends = starts[:, :split], ends[:, :split]  # one stream's: disjoint and in order already
-        return cls(
-            compute=_Union(own_starts, own_ends, np.cumsum(own_ends - own_starts, axis=1)),
-            comm=_Union.of(starts[:, split:], ends[:, split:]),
-            every=_Union.of(starts, ends),
-        )
-
-    def totals(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(compute, communication, exposed communication) seconds per system, as `Busy.totals`."""
-        compute, comm = self.compute.total(), self.comm.total()
-        return compute, comm, np.maximum(0.0, self.every.total() - compute)
-
-    def windows(self, start: np.ndarray, length: np.ndarray, count: int) -> list[tuple[np.ndarray, ...]]:
-        """Per window [start + k length, start + (k + 1) length), k < count, the (compute, communication, exposed
-        communication) seconds in it per system, as `Busy.between`."""
-        moments = [start + k * length for k in range(count + 1)]
-        before = [(self.compute.before(m), self.comm.before(m), self.every.before(m)) for m in moments]
+    def windows(self) -> list[tuple[np.ndarray, ...]]:
+        """Between each moment and the next, the (compute, communication, exposed communication) seconds per
+        system, as `Busy.between`."""
         out = []
-        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(before):
+        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(self.covered):
             compute = compute_b - compute_a
             out.append((compute, comm_b - comm_a, np.maximum(0.0, every_b - every_a - compute)))
         return out
+
+
+def _measure(
+    starts: np.ndarray, ends: np.ndarray, ordered: bool, moments: list[np.ndarray]
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The union of intervals x systems (see the module docstring): its seconds per system, and per moment the
+    seconds of it before the moment. `ordered`: sorted by start and disjoint already."""
+    count, systems = starts.shape
+    total = np.zeros(systems)
+    before = np.zeros((systems, len(moments)))
+    if count:
+        at = np.stack(moments, axis=1) if moments else before
+        for lo in range(0, systems, BLOCK):
+            part = slice(lo, lo + BLOCK)
+            first, last = np.ascontiguousarray(starts[:, part].T), np.ascontiguousarray(ends[:, part].T)
+            if not ordered:  # timsort: fast on what `Spans.ordered` leaves, one system's order but a few intervals
+                first.sort(axis=1, kind="stable")
+                last.sort(axis=1, kind="stable")
+            gaps = np.empty_like(first)
+            gaps[:, :1] = 0.0
+            np.subtract(first[:, 1:], last[:, :-1], out=gaps[:, 1:])
+            np.maximum(gaps, 0.0, out=gaps)
+            np.cumsum(gaps, axis=1, out=gaps)
+            total[part] = last[:, -1] - first[:, 0] - gaps[:, -1]
+            if moments:
+                before[part] = _covered(first, last, gaps, at[part])
+    return total, list(before.T)
+
+
+def _covered(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """systems x moments: the seconds covered before each moment (`at`, systems x moments), from a block's sorted
+    starts and ends and its gaps' running sum. Up to the last start before the moment: from the first start to the
+    moment, less the gaps before that start and the part of the gap after it that comes before the moment.
+
+    The starts before each moment are counted by one search over the block: each system's starts, less its first,
+    placed one span apart, in order. A moment within rounding (~1e-13 s) of a start may count it or not; the
+    seconds covered are continuous there, so either gives the same to that rounding."""
+    systems, count = first.shape
+    origin = first[:, :1]
+    span = float((last[:, -1:] - origin).max()) + 1.0
+    offset = np.arange(systems)[:, None] * span
+    placed = (first - origin + offset).ravel()
+    wanted = np.clip(at - origin, -0.5, span - 0.5) + offset
+    started = np.searchsorted(placed, wanted.ravel()).reshape(at.shape) - np.arange(systems)[:, None] * count
+    latest = np.arange(systems)[:, None], np.maximum(started - 1, 0)
+    idle = np.maximum(at - last[latest], 0.0)
+    return np.where(started > 0, at - origin - gaps[latest] - idle, 0.0)

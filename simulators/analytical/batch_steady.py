@@ -6,14 +6,13 @@ and the same period for long enough, and its busy seconds over one period recur 
 any check is reported, not extended: the caller prices it on the whole step.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dse.workload import Program, SteadyForm
-from simulators.analytical.batch_busy import BusyMany
 from simulators.analytical.calls import call_reach, memoised
-from simulators.analytical.steady import TOLERANCE_S, _runs, _twins
+from simulators.analytical.steady import TOLERANCE_S, _twins
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +23,39 @@ class StageArrays:
     call_start: np.ndarray
     call_end: np.ndarray
     """calls x systems."""
-    busy: BusyMany
+    busy: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(compute, communication, exposed communication) seconds per system (`BusyMany.totals`)."""
+    period: "Period | None"
+    """Where the workload has a steady form."""
     plan_of_call: np.ndarray
     """Per call, its plan (an index into plan_categories)."""
     plan_categories: np.ndarray
     """plans x categories x systems: busy seconds per category of one call of each plan, p2p left out."""
     transfers: tuple[np.ndarray, np.ndarray, np.ndarray]
     """(call, category, seconds per system) of every p2p transfer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Period:
+    """One stage's period on each system (`steady._period`) and its busy seconds over the first two periods from
+    `first` on, (compute, communication, exposed communication) each: what `extend` checks and adds."""
+
+    length: np.ndarray
+    first: np.ndarray
+    """A call one period into the steady state."""
+    ok: np.ndarray
+    """Whether the timeline shows a period."""
+    windows: list[tuple[np.ndarray, ...]] = field(default_factory=list)
+    """Filled in once the busy intervals are measured at `moments` (`BusyMany.windows`)."""
+
+    @classmethod
+    def find(cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int) -> "Period":
+        return cls(*_period(program, call_start, call_end, period))
+
+    def moments(self, call_start: np.ndarray) -> list[np.ndarray]:
+        """The bounds of the two periods from `first` on, per system."""
+        at = np.take_along_axis(call_start, self.first[None, :], axis=0)[0]
+        return [at + k * self.length for k in range(3)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +75,16 @@ def extend(form: SteadyForm, stages: list[StageArrays]) -> tuple[list[Extension]
     is not, the extensions hold nothing meaningful)."""
     systems = stages[0].call_start.shape[1]
     valid = np.ones(systems, dtype=bool)
-    found = [_period(stage.program, stage.call_start, stage.call_end, form.period) for stage in stages]
-    for _, _, ok in found:
-        valid &= ok
-    lengths = np.array([length for length, _, _ in found])
+    found = [stage.period for stage in stages if stage.period is not None]
+    for period in found:
+        valid &= period.ok
+    lengths = np.array([period.length for period in found])
     valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
     extensions = []
-    for stage, (length, first, _) in zip(stages, found, strict=True):
+    for stage, period in zip(stages, found, strict=True):
         calls = _period_calls(stage.program, form.period)
-        at = np.take_along_axis(stage.call_start, first[None, :], axis=0)[0]
-        once, twice = stage.busy.windows(at, length, 2)
+        length, first = period.length, period.first
+        once, twice = period.windows
         for a, b in zip(once, twice, strict=True):
             valid &= np.abs(a - b) <= TOLERANCE_S
         compute, comm, exposed = once
@@ -99,18 +124,34 @@ def _period(
         & (np.abs(shift - length) <= TOLERANCE_S)
         & (np.abs(call_end[there] - call_end[here] - length) <= TOLERANCE_S)
     )
-    reach = call_reach(program)
-    first = np.zeros(systems, dtype=np.intp)
-    ok = length > 0
-    for system in np.flatnonzero(ok):
-        runs = _runs(steady[:, system])
-        if not runs:
-            ok[system] = False
-            continue
-        lo, hi = max(runs, key=lambda run: run[1] - run[0])
-        ok[system] = hi - lo >= max(int(reach[lo : hi + distance].max()), 2 * distance)
-        first[system] = lo + distance
+    reach = call_reach(program).tolist()
+    lo, hi, ok = _longest_runs(steady)
+    ok &= length > 0
+    first = lo + distance
+    for system in np.flatnonzero(ok).tolist():
+        a, b = int(lo[system]), int(hi[system])
+        ok[system] = b - a >= max(max(reach[a : b + distance]), 2 * distance)
     return length, first, ok
+
+
+def _longest_runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column of `flags` (rows x columns), [lo, hi) of its first longest run of True (`steady._runs`, the
+    longest by `max`), and whether it has one."""
+    rows, columns = flags.shape
+    lo, hi = np.zeros(columns, dtype=np.intp), np.zeros(columns, dtype=np.intp)
+    padded = np.zeros((columns, rows + 2), dtype=np.int8)
+    padded[:, 1:-1] = flags.T
+    edges = np.diff(padded, axis=1)
+    column, start = np.nonzero(edges == 1)  # by column, then in order: runs pair up with their ends
+    stop = np.nonzero(edges == -1)[1]
+    if not len(start):
+        return lo, hi, np.zeros(columns, dtype=bool)
+    order = np.lexsort((start, start - stop, column))  # by column, longest first, then earliest
+    first = order[np.r_[True, column[order][1:] != column[order][:-1]]]
+    lo[column[first]], hi[column[first]] = start[first], stop[first]
+    found = np.zeros(columns, dtype=bool)
+    found[column[first]] = True
+    return lo, hi, found
 
 
 def _categories(stage: StageArrays, first: np.ndarray, calls: int) -> np.ndarray:

@@ -16,8 +16,9 @@ no figure of any system. Nodes 0 and 1 are the constants 0 and inf.
 
 Durations are never negative, so an argument that another argument of the same max was built on can never be the
 latest and is left out (`Tape.latest`): an op after a collective that itself waited for the op before it waits for
-the collective alone. That keeps about a sixth of the nodes out (Llama-3-70B's steady form: 110k to 91k) and
-most maxes down to one argument.
+the collective alone. That keeps about a sixth of the nodes out and most maxes down to one argument; making a
+marked kernel's node only once an op reads its end (`_MARKED`) keeps out as many again (Llama-3-70B's steady
+form: 110k to 73k nodes).
 
 `_Recorder` walks `engine._Scheduler`'s rules step for step (its hot loop cannot carry node ids, and slowing it to
 share code would slow every per-point simulation); `tests/test_analytical_batch.py` compares the two on every
@@ -35,6 +36,9 @@ MAX_ADD, MIN, SHARED = range(3)
 ZERO, INF = 0, 1
 _PARKED = -1
 """A time the engine holds as inf: an op waiting on a transfer that has not paired yet."""
+_MARKED = -2
+"""A kernel marked inside a fused run whose end no op has read yet: its node is made when one does (`_Run.marked`),
+as most are never read (Llama-3-70B's steady form: 16k of 25k)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,27 +92,47 @@ class Tape:
         # what the node is never earlier than: a max's arguments, a shared transfer's start (not the link's time)
         self.under.append(args if kind == MAX_ADD else args[:1] if kind == SHARED else ())
         depth = self.depth
-        self.depth.append(1 + max([depth[a] for a in args]))
-        return len(self.kind) - 1
+        depth.append(depth[args[0]] + 1 if len(args) == 1 else 1 + max([depth[a] for a in args]))
+        return len(depth) - 1
 
     def latest(self, args: list[int], column: int = -1) -> int:
-        """The node max(args) + column, reusing an existing node for a plain max of one argument. An argument that
-        another one is built on, two steps back, is left out (see the module docstring)."""
-        distinct = list(dict.fromkeys(args)) or [ZERO]
-        if len(distinct) > 1:
-            if ZERO in distinct:
-                distinct.remove(ZERO)
-            if len(distinct) > 1:
-                under = self.under
-                below: set[int] = set()
-                for a in distinct:
-                    for b in under[a]:
-                        below.add(b)
-                        below.update(under[b])
-                distinct = [a for a in distinct if a not in below] or distinct[:1]
-        if column < 0 and len(distinct) == 1:
-            return distinct[0]
-        return self.node(MAX_ADD, tuple(distinct), column)
+        """The node max(args) + column (`after`, `needed`)."""
+        return self.after(self.needed(args), column)
+
+    def after(self, needed: tuple[int, ...], column: int = -1) -> int:
+        """The node max(needed) + column, reusing an existing node for a plain max of one argument."""
+        if column < 0 and len(needed) == 1:
+            return needed[0]
+        return self.node(MAX_ADD, needed, column)
+
+    def needed(self, args: list[int]) -> tuple[int, ...]:
+        """The arguments a max of `args` needs: each once, ZERO beside others left out, and an argument that another
+        one is built on, two steps back, left out (see the module docstring). Ops of a stream read the same
+        arguments for their start and their end: they work this out once for both."""
+        if len(args) == 1:
+            return (args[0],)
+        if len(args) == 2:  # most maxes
+            a, b = args
+            if a == b or b == ZERO:
+                return (a,)
+            if a == ZERO or self._beneath(a, b):
+                return (b,)
+            return (a,) if self._beneath(b, a) else (a, b)
+        distinct = list(dict.fromkeys(args))
+        if len(distinct) > 1 and ZERO in distinct:
+            distinct.remove(ZERO)
+        if len(distinct) <= 1:
+            return tuple(distinct) or (ZERO,)
+        beneath = self._beneath
+        return tuple(a for a in distinct if not any(beneath(a, b) for b in distinct))
+
+    def _beneath(self, low: int, high: int) -> bool:
+        """Whether `high` is built on `low`, one or two steps back (what a node is built on comes before it)."""
+        if low >= high:
+            return False
+        under = self.under
+        above = under[high]
+        return low in above or any(low in under[b] for b in above)
 
 
 @dataclass(slots=True, eq=False)
@@ -124,6 +148,8 @@ class _Run:
     ends: list[dict[int, int]]
     """Per call and stream, the end of the call's last op on it."""
     local: list[int] = field(default_factory=list)
+    marked: dict[int, tuple[tuple[int, ...], int]] = field(default_factory=dict)
+    """Per marked slot of the current call (`_MARKED` in `local`), the arguments and column of its node."""
     compute: list[tuple[int, int, int]] = field(default_factory=list)
     comm: list[tuple[int, int]] = field(default_factory=list)
     transfers: list[tuple[int, int, int, int]] = field(default_factory=list)
@@ -232,52 +258,66 @@ class _Recorder:
         columns = self._op_columns[plan_id]
         if run.op == 0:
             run.local = [ZERO] * len(plan.block.ops)
+            run.marked = {}
         stream_end, local = run.stream_end, run.local
         inputs = self._workload.programs[run.index].calls[c].inputs
         ready = [run.out_end[i] for i in inputs]
         inputs_ready = _PARKED if _PARKED in ready else tape.latest(ready)
         ops = plan.ops
+        starts, ends, compute = run.starts[c], run.ends[c], run.compute
         j = run.op
         while j < len(ops):
             kind, stream, _, deps, waits_on_inputs, slot, marks, category, link, shares = ops[j]
             args = [stream_end[stream]]
             if waits_on_inputs:
                 args.append(inputs_ready)
-            args.extend(local[d] for d in deps)
+            if deps:
+                read = [local[d] for d in deps]
+                if _MARKED in read:
+                    read = [self._marked_end(run, d) for d in deps]
+                args += read
             if link is None:
-                args.extend(stream_end[r] for r in shares)
+                args += [stream_end[r] for r in shares]
             if _PARKED in args:
                 run.op = j
                 return False
             if link is None:
-                end = tape.latest(args, columns[j])
+                needed = tape.needed(args)
+                end = tape.after(needed, columns[j])
                 local[slot] = end
                 for k, _ in marks:
-                    local[k] = tape.latest(args, self._mark_columns[(plan_id, k)])
+                    local[k] = _MARKED
+                    run.marked[k] = (needed, self._mark_columns[(plan_id, k)])
                 stream_end[stream] = end
                 for r in shares:
                     stream_end[r] = end
                 if kind == COMPUTE:
-                    last = run.compute[-1] if run.compute else None
-                    if last is not None and self._tape.args[end] == (last[2],) and self._tape.kind[end] == MAX_ADD:
-                        run.compute[-1] = (last[0], last[1], end)
+                    if compute and needed == (compute[-1][2],):  # waits for the last compute alone: one interval
+                        compute[-1] = (compute[-1][0], compute[-1][1], end)
                     else:
-                        run.compute.append((end, columns[j], end))
-                    if stream not in run.starts[c]:  # a stream runs in order: its first op of the call starts first
-                        run.starts[c][stream] = tape.latest(args)
+                        compute.append((end, columns[j], end))
+                    if stream not in starts:  # a stream runs in order: its first op of the call starts first
+                        starts[stream] = tape.after(needed)
                 else:
-                    start = tape.latest(args)
+                    start = tape.after(needed)
                     run.comm.append((start, end))
-                    run.starts[c].setdefault(stream, start)
-                run.ends[c][stream] = end
+                    starts.setdefault(stream, start)
+                ends[stream] = end
             else:
                 side = _Side(run, c, slot, kind, stream, tape.latest(args), columns[j], local, category, shares,
                              slot == plan.output)  # fmt: skip
                 self._rendezvous(side, (link, self._workload.programs[run.index].calls[c].tag))
             j += 1
-        run.out_end[c] = local[plan.output]
+        run.out_end[c] = self._marked_end(run, plan.output)
         run.call, run.op = c + 1, 0
         return True
+
+    def _marked_end(self, run: _Run, slot: int) -> int:
+        """The end of the current call's op or marked kernel at `slot`, a marked kernel's node made on first read."""
+        end = run.local[slot]
+        if end == _MARKED:
+            end = run.local[slot] = self._tape.after(*run.marked[slot])
+        return end
 
     def _rendezvous(self, side: _Side, key: tuple[Link, int]) -> None:
         queue = self._mailbox.get(key)
@@ -318,4 +358,5 @@ def _earliest(tape: Tape, starts: list[int]) -> int:
     """min(starts); inf for a call without ops, as the engine leaves it."""
     if not starts:
         return INF
-    return starts[0] if len(starts) == 1 else tape.node(MIN, tuple(dict.fromkeys(starts)))
+    distinct = tuple(dict.fromkeys(starts))
+    return distinct[0] if len(distinct) == 1 else tape.node(MIN, distinct)

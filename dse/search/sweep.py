@@ -47,7 +47,7 @@ class InlinePool:
     workers = 1
 
     def __init__(self, spec: StudySpec) -> None:
-        self._pricer = SweepPricer(spec.model_dump(mode="json"), spec.source)
+        self._pricer = SweepPricer(spec.model_dump(), spec.source)
 
     def results(self, tasks: list[Task], stop: Callable[[], bool]) -> Iterator[pa.Table]:
         for task in tasks:
@@ -95,7 +95,7 @@ class RayPool:
         cpus = ray.cluster_resources().get("CPU", 1.0)
         self.workers = workers or max(1, int(cpus))
         actor = ray.remote(max_restarts=-1, max_task_retries=0, num_cpus=min(1.0, cpus / self.workers))(SweepActor)
-        data = spec.model_dump(mode="json")
+        data = spec.model_dump()
         self._actors = [actor.remote(data, spec.source) for _ in range(self.workers)]
 
     def results(self, tasks: list[Task], stop: Callable[[], bool]) -> Iterator[pa.Table]:

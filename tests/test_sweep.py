@@ -12,12 +12,12 @@ from helpers import run_cli
 
 from dse.errors import SpecError
 from dse.results import pareto
-from dse.results.sweep_parts import PartStore
 from dse.results.sweep_results import write_tables
 from dse.search import sweep
 from dse.search.executor import PluginEvaluation
 from dse.search.space import decode, load_study
 from dse.search.sweep_grid import SweepGrid
+from dse.search.sweep_parts import PartStore
 
 STUDY = """\
 name: tiny-sweep

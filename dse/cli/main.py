@@ -33,7 +33,6 @@ from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
 from dse.results import pareto, refinement, report, tracking
-from dse.results.sweep_parts import MANIFEST
 from dse.results.tracking import EVALUATION
 from dse.search import refine
 from dse.search import study as studies
@@ -41,6 +40,7 @@ from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayE
 from dse.search.inline_first import InlineFirstExecutor
 from dse.search.space import StudySpec, load_study
 from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM
+from dse.search.sweep_parts import MANIFEST
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""

@@ -15,10 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dse.cli import ui
 from dse.results import sweep_results, tracking
-from dse.results.sweep_parts import PartStore, open_manifest
 from dse.search import sweep
 from dse.search.space import StudySpec
 from dse.search.sweep_grid import SweepGrid
+from dse.search.sweep_parts import PartStore, open_manifest
 
 INLINE_POINTS = 10_000
 """A sweep of at most this many points runs in the driver unless --ray or --address says otherwise: at a few

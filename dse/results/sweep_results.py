@@ -17,10 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dse.results import browse, mlflow_runs, pareto, tracking
-from dse.results.sweep_parts import PartStore, save_manifest
 from dse.search.space import StudySpec
 from dse.search.study import POINT_KEY
 from dse.search.sweep_grid import SweepGrid
+from dse.search.sweep_parts import PartStore, save_manifest
 
 ROW_GROUP_ROWS = 65_536
 PANDAS_ATTRS = b"PANDAS_ATTRS"

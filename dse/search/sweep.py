@@ -17,10 +17,10 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from dse.errors import DseError
-from dse.results.sweep_parts import PartStore
 from dse.search.executor import connect, tune_gc
 from dse.search.space import StudySpec
 from dse.search.sweep_grid import SweepGrid, Task
+from dse.search.sweep_parts import PartStore
 from dse.search.sweep_pricer import SweepPricer, failed_table
 
 FLUSH_S = 10.0

@@ -13,7 +13,6 @@ Every point becomes a row, as a study's trial would: COMPLETE with its metrics, 
 """
 
 import math
-import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -44,6 +43,8 @@ from dse.system import SystemSpec
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 LEADING_COLUMNS = ("number", "state", "reason", "feasible", POINT_KEY, "evaluation", NODE)
 """The first columns of every row, as the study's trials table has them."""
+KEY_SECTIONS = ("model", "parallel", "system", "workload")
+"""The sections of a point key, in the order `DesignPoint.key` joins them."""
 STRUCTURE_SECTIONS = ("model", "parallel", "workload")
 """The sections a structure fixes; with the system's they make the point key (`DesignPoint.key`)."""
 TASK_COLUMN_META = b"dse.sweep.task"
@@ -107,7 +108,6 @@ class SweepPricer:
 
     def price(self, task: Task) -> pa.Table:
         """The task's rows as a table (its id in the schema metadata, TASK_COLUMN_META)."""
-        start = time.perf_counter()
         rows = _Rows()
         indices = np.arange(task.first, task.stop)
         numbers = self.grid.numbers(task.structure, indices)
@@ -124,10 +124,7 @@ class SweepPricer:
         for world, members in worlds.items():
             structure = self._structure(task.structure, structure_params, first_of_world[world])
             self._price_world(rows, structure, members)
-        table = self._table(rows)
-        seconds = time.perf_counter() - start
-        meta = {TASK_COLUMN_META: str(task.id).encode(), b"dse.sweep.seconds": f"{seconds:.6f}".encode()}
-        return table.replace_schema_metadata(meta)
+        return self._table(rows).replace_schema_metadata({TASK_COLUMN_META: str(task.id).encode()})
 
     def _system(self, index: int) -> _System | str:
         """The decoded system at an index of the system grid, or why it cannot be decoded."""
@@ -207,15 +204,8 @@ class SweepPricer:
 
     def _key(self, structure: _Structure, system: _System) -> str:
         """The point key (`DesignPoint.key`) from the sections' texts, each made once."""
-        texts = structure.texts
-        return digest(
-            {
-                "model": texts["model"],
-                "parallel": texts["parallel"],
-                "system": system.text,
-                "workload": texts["workload"],
-            }
-        )
+        sections = {**structure.texts, "system": system.text}
+        return digest({name: sections[name] for name in KEY_SECTIONS})
 
     def _row(
         self,

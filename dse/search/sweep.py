@@ -167,7 +167,6 @@ def _first_line(exc: BaseException) -> str:
 class SweepRun:
     """What a run of a sweep did: points on disk before it and priced by it, and whether it finished the grid."""
 
-    points: int
     before: int
     priced: int
     complete: bool
@@ -202,4 +201,4 @@ def run(
     finally:
         store.write(buffer)
     complete = len(store.done_tasks()) == len(grid.tasks())
-    return SweepRun(grid.size, before, priced, complete, time.monotonic() - start)
+    return SweepRun(before, priced, complete, time.monotonic() - start)

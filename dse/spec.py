@@ -7,7 +7,7 @@ Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -371,25 +371,29 @@ class ParallelSpec(Spec):
 def _digest(spec: "DesignPoint", fields: tuple[str, ...]) -> str:
     """A short hash of the canonical JSON of the point's `fields` (sorted): json.dumps(the fields' model_dump,
     sort_keys=True, separators=(",", ":")). Stable across processes, runs and versions: a resumed study finds its
-    evaluated points by it, and `dse compare` matches fronts by it. Built field by field from `_canonical`, the
+    evaluated points by it, and `dse compare` matches fronts by it. Built field by field from `canonical`, the
     same text, since json.dumps nests a sorted object's text as it is."""
-    canonical = "{" + ",".join(f'"{name}":{_canonical(getattr(spec, name))}' for name in fields) + "}"
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return digest({name: canonical(getattr(spec, name)) for name in fields})
 
 
-def _canonical(section: Spec) -> str:
+def digest(texts: Mapping[str, str]) -> str:
+    """The key of sections given by their canonical texts (`canonical`), in sorted order: what a point's key is
+    made of, for a caller that holds the texts of sections shared by many points (a sweep's systems)."""
+    joined = "{" + ",".join(f'"{name}":{text}' for name, text in texts.items()) + "}"
+    return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+
+def canonical(section: Spec) -> str:
     """json.dumps(section.model_dump(mode="json"), sort_keys=True, separators=(",", ":")), kept by pydantic's own
     JSON of the section (equal for equal sections, and a tenth of the cost): a study's points share their model,
     system and workload, and sorting their keys was a twentieth of the driver's time per trial."""
     text = section.model_dump_json()
-    canonical = _CANONICAL.get(text)
-    if canonical is None:
+    ordered = _CANONICAL.get(text)
+    if ordered is None:
         if len(_CANONICAL) >= CANONICAL_CACHE_SIZE:
             _CANONICAL.clear()
-        canonical = _CANONICAL[text] = json.dumps(
-            section.model_dump(mode="json"), sort_keys=True, separators=(",", ":")
-        )
-    return canonical
+        ordered = _CANONICAL[text] = json.dumps(section.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return ordered
 
 
 CANONICAL_CACHE_SIZE = 4096

@@ -56,9 +56,9 @@ def _check_study(path: Path, console: Console) -> None:
     spec = load_study(path)
     size = space_size(spec)
     shown = "a continuous space" if size is None else f"{size:,} points in the space"
+    budget = "every point priced (a sweep)" if spec.sweep else f"{spec.trials} evaluations ({spec.sampler})"
     console.print(
-        f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {spec.trials} evaluations "
-        f"({spec.sampler})",
+        f"{path}: a valid study: {spec.name}, {len(spec.space)} parameters, {shown}, {budget}",
         soft_wrap=True,
         highlight=False,
     )

@@ -78,6 +78,8 @@ def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
 def sync(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tracking.load_saved_spec(args.out)
+    if spec.sweep:
+        raise DseError(f"{args.out}: a sweep has no child runs to sync; `dse run` on its study again logs its run")
     study = studies.open_study(spec, args.out)
     uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
     tracker = tracking.Tracker(uri, spec, args.out)
@@ -97,6 +99,11 @@ def sync(args: argparse.Namespace, console: Console) -> int:
 def timeline(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = tracking.load_saved_spec(args.out)
+    if spec.sweep:
+        raise DseError(
+            f"{args.out}: a sweep keeps no trials to trace; run `dse evaluate "
+            f"{args.out / tracking.BEST_DIR}/trial-N.yaml --trace FILE` on a front point"
+        )
     frame = tracking.read_parquet(args.out)
     numbers = set(args.trial or pareto.front(frame)["number"])
     complete = set(frame.loc[frame["state"] == "COMPLETE", "number"])

@@ -25,6 +25,7 @@ from rich.table import Table
 from dse import plugins
 from dse.cli import check, ui
 from dse.cli import commands as commands_module
+from dse.cli import sweep as sweep_command
 from dse.errors import DseError
 from dse.fields import GiB
 from dse.interfaces import TimelineCostModel
@@ -39,6 +40,7 @@ from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayE
 from dse.search.inline_first import InlineFirstExecutor
 from dse.search.space import StudySpec, load_study
 from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM
+from dse.search.sweep_parts import MANIFEST
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
@@ -87,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         "start Ray only when the study's remaining work pays for its start)",
     )
     run.add_argument(
+        "--sweep",
+        action="store_true",
+        help="price every point of the grid in batches, without an Optuna trial per point (as `sweep: true` in the "
+        "file; needs sampler grid and no trials)",
+    )
+    run.add_argument(
         "--storage",
         help="Optuna storage URL: postgresql://..., redis://..., sqlite:///... or a journal file "
         "(default: the file's storage, else OUT/optuna-journal.log)",
@@ -133,9 +141,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage)
+    overrides = {"sweep": True} if args.sweep else {}
+    spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage, **overrides)
     out = args.out or Path("runs") / spec.name
     _make_out(out)
+    if spec.sweep:
+        return sweep_command.run(args, spec, out, console, _stop_on_interrupt, _print_summary)
+    if (out / MANIFEST).exists():
+        raise DseError(f"--out {out}: the folder holds a sweep ({MANIFEST}); run the study with another --out")
     study = studies.open_study(spec, out)
     tracking.save_spec(spec, out)
     uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(out)

@@ -31,6 +31,15 @@ def evaluate(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostM
     t1 = time.perf_counter()
     result = cost_model.simulate(workload, point.system)
     t2 = time.perf_counter()
+    metrics, violations = metrics_of(point, workload, result)
+    return Evaluation(metrics, violations, t1 - t0, t2 - t1, workload, result)
+
+
+def metrics_of(
+    point: DesignPoint, workload: Workload, result: SimResult
+) -> tuple[dict[str, float | bool], dict[str, float]]:
+    """The metrics (the contract above) and constraint violations of a priced point: what `evaluate` reports, for a
+    caller that prices many points at once (a sweep)."""
     metrics: dict[str, float | bool] = {
         "step_time_s": result.step_time_s,
         "compute_time_s": result.compute_time_s,
@@ -48,4 +57,4 @@ def evaluate(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostM
         if isinstance(item, Constraint):
             violations[item.name] = value
     metrics["fits_memory"] = all(v <= 0 for v in violations.values())
-    return Evaluation(metrics, violations, t1 - t0, t2 - t1, workload, result)
+    return metrics, violations

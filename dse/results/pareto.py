@@ -16,11 +16,22 @@ from dse.fields import GiB
 
 
 def non_dominated(costs: np.ndarray) -> np.ndarray:
-    """Mask of rows no other row dominates; every column is minimised (negate maximised ones first)."""
-    keep = np.ones(len(costs), dtype=bool)
-    for i, row in enumerate(costs):
-        dominated_by = np.all(costs <= row, axis=1) & np.any(costs < row, axis=1)
-        keep[i] = not dominated_by.any()
+    """Mask of rows no other row dominates; every column is minimised (negate maximised ones first). Equal rows
+    do not dominate one another.
+
+    The first of the rows left in lexicographic order is dominated by none (one that dominated it would come
+    before it, and would have been dropped only for a row that dominates both): it is kept, and the rows it
+    dominates are dropped, until none is left. Each step is one numpy pass over the rows left, and the rows left
+    shrink fast, so a sweep's million points with a front of hundreds take about a second, where comparing every
+    pair would take hours."""
+    costs = np.asarray(costs, dtype=float)
+    keep = np.zeros(len(costs), dtype=bool)
+    left = np.lexsort(costs.T[::-1])
+    while len(left):
+        first, left = left[0], left[1:]
+        keep[first] = True
+        row, rest = costs[first], costs[left]
+        left = left[~(np.all(rest >= row, axis=1) & np.any(rest > row, axis=1))]
     return keep
 
 

@@ -16,6 +16,9 @@ HTML = "pareto.html"
 X, Y = "peak_memory_bytes", "step_time_s"
 MARKERS = {0: "o", 1: "s", 2: "^", 3: "D"}
 PLOTLY_MARKERS = {0: "circle", 1: "square", 2: "triangle-up", 3: "diamond"}
+MAX_POINTS = 20_000
+"""Points drawn at most (a sample of the table's, the front always whole): a sweep's million would make a PNG take
+minutes and an HTML page of hundreds of megabytes, and show no more than a sample does."""
 LEGEND_COLUMN_IN = 1.7
 """Inches of figure width per legend column (a label like 'tp8 pp8 dp16 zero3' at 7 pt)."""
 
@@ -30,10 +33,13 @@ def _shape(frame: pd.DataFrame) -> pd.Series:
 
 
 def _points(frame: pd.DataFrame) -> pd.DataFrame:
-    """COMPLETE trials with both axes, one per design point, with their shape, ZeRO stage and feasibility."""
+    """COMPLETE trials with both axes, one per design point (MAX_POINTS of them at most), with their shape, ZeRO
+    stage and feasibility."""
     if frame.empty or X not in frame or Y not in frame:
         return pd.DataFrame(columns=[X, Y, "shape", "zero", "feasible", "number"])
     done = frame[(frame["state"] == "COMPLETE") & frame[X].notna() & frame[Y].notna()].drop_duplicates("point_key")
+    if len(done) > MAX_POINTS:
+        done = done.sample(MAX_POINTS, random_state=0)
     out = done[["number", X, Y, "feasible"]].copy()
     out["shape"] = _shape(done)
     out["zero"] = done["parallel.zero"].fillna(0).astype(int) if "parallel.zero" in done else 0

@@ -198,20 +198,27 @@ def write_tables(spec: StudySpec, study: optuna.Study, out_dir: Path) -> Results
     frame["refined_pareto"] = frame["number"].isin(refinement.front(frame)["number"])
     write_parquet(frame, out_dir / PARQUET)
     best.to_csv(out_dir / PARETO_CSV, index=False)
+    members = set(best["number"])
+    trials = study.get_trials(deepcopy=False)
+    points = write_best_points(spec, {t.number: t.params for t in trials if t.number in members}, out_dir)
+    return Results(frame, best, [out_dir / SPEC_FILE, out_dir / PARQUET, out_dir / PARETO_CSV, points])
+
+
+def write_best_points(spec: StudySpec, params: dict[int, dict[str, Any]], out_dir: Path) -> Path:
+    """OUT/best/trial-N.yaml for each front member's params (by trial or sweep row number), a point file that
+    `dse evaluate` takes; those of an earlier front are removed."""
     points = out_dir / BEST_DIR
     points.mkdir(exist_ok=True)
     for stale in points.glob("trial-*.yaml"):
         stale.unlink()
-    members = set(best["number"])
-    for trial in study.get_trials(deepcopy=False):
-        if trial.number in members:
-            point = decode(spec, trial.params)
-            if not isinstance(point, str):
-                point = without_ignored_settings(point)
-                header = f"# trial {trial.number} of study {spec.name}: `dse evaluate` this file\n"
-                body = yaml.safe_dump(point.model_dump(mode="json", exclude_none=True), sort_keys=False)
-                (points / f"trial-{trial.number}.yaml").write_text(header + body)
-    return Results(frame, best, [out_dir / SPEC_FILE, out_dir / PARQUET, out_dir / PARETO_CSV, points])
+    for number, values in params.items():
+        point = decode(spec, values)
+        if not isinstance(point, str):
+            point = without_ignored_settings(point)
+            header = f"# trial {number} of study {spec.name}: `dse evaluate` this file\n"
+            body = yaml.safe_dump(point.model_dump(mode="json", exclude_none=True), sort_keys=False)
+            (points / f"trial-{number}.yaml").write_text(header + body)
+    return points
 
 
 def write_plots(spec: StudySpec, results: Results, out_dir: Path) -> None:

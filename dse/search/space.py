@@ -154,9 +154,15 @@ class StudySpec(BaseModel):
     population_size: Annotated[Count, Ge(2), Le(MAX_TRIALS)] | None = Field(
         None, description="trials per generation of nsga2 and nsga3 (default: Optuna's 50)"
     )
-    trials: Annotated[Count, Le(MAX_TRIALS)] = Field(
+    trials: Annotated[Count, Le(MAX_TRIALS)] | None = Field(
+        None,
         description="the budget: distinct evaluations (a trial that repeats an evaluated point or is pruned before "
-        "evaluation does not count)"
+        "evaluation does not count); required unless `sweep`",
+    )
+    sweep: bool = Field(
+        False,
+        description="with sampler grid: price every point of the grid in batches (dse.search.sweep), without an "
+        "Optuna trial per point; no `trials` budget",
     )
     workers: Annotated[Count, Le(MAX_WORKERS)] | None = Field(
         None, description="evaluations in flight; default: the Ray cluster's CPUs"
@@ -283,6 +289,7 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
     _check_sampler(spec)
+    _check_budget(spec)
     for name, param in spec.space.items():
         if param.choices is None and not param.is_int and _is_integer_field(name):
             raise SpecError(
@@ -316,8 +323,19 @@ def _check_sampler(spec: StudySpec) -> None:
                 f"{where} 'space.{ranged[0]}': the local sampler walks a discrete space and this is a float "
                 f"range; list its values as 'choices' or make it an integer range, or use sampler tpe or nsga2"
             )
+    if spec.sweep and spec.sampler != "grid":
+        raise SpecError(
+            f"{where} 'sweep': a sweep prices every point of a grid, and sampler is {spec.sampler}; set sampler: grid "
+            "(with choices for every parameter) or remove sweep"
+        )
     if spec.sampler == "grid":
         ranged = [name for name, param in spec.space.items() if param.choices is None]
+        if ranged and spec.sweep:
+            low, high = spec.space[ranged[0]].low, spec.space[ranged[0]].high
+            raise SpecError(
+                f"{where} 'space.{ranged[0]}': a sweep enumerates every value, so each parameter needs "
+                f"'choices: [...]', not a range (low {low!r}, high {high!r}); list the values as choices"
+            )
         if ranged:
             raise SpecError(
                 f"{where} 'space.{ranged[0]}': the grid sampler needs 'choices' for every "
@@ -333,6 +351,55 @@ def _check_sampler(spec: StudySpec) -> None:
             f"{where} 'population_size': only the evolutionary samplers ({', '.join(GA_SAMPLERS)}) breed "
             f"generations, not {spec.sampler}; remove it or use sampler nsga2"
         )
+
+
+def is_system_field(path: str) -> bool:
+    """Whether a dotted path is the point's system or within it: what a sweep prices in batches per structure."""
+    return path == "system" or path.startswith("system.")
+
+
+def _check_budget(spec: StudySpec) -> None:
+    """A search needs its budget (`trials`); a sweep has none (the grid is its budget), no Optuna storage, no
+    refinement yet, at most MAX_TRIALS points, and derived values that leave the system alone: it decodes each
+    system once, apart from the rest of the point (`dse.search.sweep_grid`)."""
+    where = f"{spec.source}: field"
+    if not spec.sweep:
+        if spec.trials is None:
+            raise SpecError(
+                f"{where} 'trials': missing; give the budget of evaluations (e.g. trials: 100), or price the whole "
+                "grid with sampler: grid and sweep: true"
+            )
+        return
+    size = space_size(spec) or 0
+    if spec.trials is not None:
+        raise SpecError(
+            f"{where} 'trials': a sweep prices all {size:,} points of the grid, so it takes no budget; remove trials "
+            "(or --trials), or remove sweep to search the grid trial by trial"
+        )
+    if size > MAX_TRIALS:
+        raise SpecError(
+            f"{where} 'space': the grid has {size:,} points, over the sweep limit of {MAX_TRIALS:,} (README: Limits); "
+            "drop choices, or search it with sampler nsga2 and a budget"
+        )
+    for name, value in (("storage", spec.storage), ("refine", spec.refine)):
+        if value is not None:
+            raise SpecError(
+                f"{where} '{name}': a sweep keeps its results in its output folder and does not refine (yet); "
+                f"remove {name} or sweep"
+            )
+    if spec.tracking.timelines != "none":
+        raise SpecError(
+            f"{where} 'tracking.timelines': a sweep writes no child runs to attach timelines to; remove it and run "
+            "`dse evaluate POINT --trace` on the front's point files (OUT/best)"
+        )
+    for path, expr in spec.expressions.items():
+        used = sorted(name for name in expr.names if is_system_field(name))
+        if is_system_field(path) or used:
+            raise SpecError(
+                f"{where} 'derived.{path}': a sweep decodes each system once, apart from the rest of the point, so "
+                f"a derived value may neither set nor use a system field ({path if not used else used[0]}); search "
+                "it as a parameter of its own or remove sweep"
+            )
 
 
 FEASIBILITY_ONLY_FIELDS = ("system.accelerator.hbm_GiB",)
@@ -497,14 +564,35 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     Params may name catalog entries (`model: {choices: [llama3-8b, llama3-70b]}`): the point is expanded again
     after assignment. A malformed combination raises SpecError naming the study file and the field.
     """
+    point = decode_point(spec, params)
+    return point if isinstance(point, str) else infeasibility(point) or point
+
+
+def decode_point(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
+    """`decode` before the feasibility rules: the valid point of a trial's params, or why a derived value has none;
+    raises SpecError as decode does."""
     try:
         raw = _assemble(spec, params)
     except SpecError as exc:  # a catalog name among the params that the catalog lacks
         raise _located(exc, spec.source, spec.source) from None
     if isinstance(raw, str):
         return raw
-    point = build_point(raw, f"{spec.source} (base with space and derived applied)")
-    return infeasibility(point) or point
+    return build_point(raw, f"{spec.source} (base with space and derived applied)")
+
+
+def decode_system(spec: StudySpec, params: Mapping[str, Any]) -> SystemSpec:
+    """The system of the base with `params` (system fields only) applied: what every point with those values runs
+    on, decoded once for all of them by a sweep. Raises SpecError naming the field, as decode does."""
+    try:
+        raw = _assemble(spec, params, derive=False)
+    except SpecError as exc:
+        raise _located(exc, spec.source, spec.source) from None
+    try:
+        return SystemSpec.model_validate(raw.get("system"))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(["system", *(str(part) for part in error["loc"])])
+        raise SpecError(f"{spec.source} (base with space applied): field '{field}': {error_message(error)}") from None
 
 
 def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -> dict[str, Any] | str:
@@ -544,7 +632,11 @@ def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -
 
 def point_fields(point: DesignPoint, paths: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """The values at dotted paths of a point, e.g. {'parallel.tp': 8}; a path the point lacks is left out."""
-    data = point.model_dump(mode="json")
+    return fields_at(point.model_dump(mode="json"), paths)
+
+
+def fields_at(data: dict[str, Any], paths: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The values at dotted paths of a point's (or part of a point's) JSON data; a path it lacks is left out."""
     out = {}
     for path in paths:
         node: Any = data

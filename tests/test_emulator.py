@@ -135,7 +135,10 @@ time.sleep(60)
         fake(code, timeout_s=2).simulate(workload, system)
     assert time.monotonic() - start < 20
     for pid in map(int, pids.read_text().split()):
-        assert not _alive(pid), f"process {pid} outlived the trial"
+        deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously: on a loaded machine a moment later
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), f"process {pid} outlived the trial by 5 s"
 
 
 def test_missing_and_non_executable_commands(case, tmp_path):

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def study_points(path: str, limit: int) -> list[Any]:
     """The feasible points of the study's grid, in grid order, at most `limit`."""
-    from dse.search.space import decode, grid, load_study
+    from dse.search.decoding import decode
+    from dse.search.space import grid, load_study
 
     spec = load_study(path)
     space = grid(spec)

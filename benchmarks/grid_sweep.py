@@ -29,8 +29,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from dse.search.decoding import decode
 from dse.search.executor import PluginEvaluation
-from dse.search.space import decode, load_study
+from dse.search.space import load_study
 from dse.search.sweep_grid import SweepGrid
 
 STUDY = {

@@ -15,7 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dse import plugins
-from dse.search.space import decode, load_study
+from dse.search.decoding import decode
+from dse.search.space import load_study
 from dse.spec import DesignPoint
 from simulators.analytical import AnalyticalCostModel
 from simulators.analytical.steady import schedule_steady

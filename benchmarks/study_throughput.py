@@ -100,7 +100,7 @@ def one(study_file: Path, workers: int, trials: int, out: Path) -> dict[str, flo
 
 
 def _warm_point(spec) -> DesignPoint:
-    from dse.search.space import decode
+    from dse.search.decoding import decode
 
     point = decode(spec, {name: param.first for name, param in spec.space.items()})
     assert isinstance(point, DesignPoint)

@@ -8,7 +8,8 @@ from helpers import make_point, run_cli
 
 from dse.compute import ComputeModel
 from dse.kernels import attention_table, kernel_tflops
-from dse.search.space import decode, load_study
+from dse.search.decoding import decode
+from dse.search.space import load_study
 from dse.workload import AttentionShape, Op, OpKind
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel

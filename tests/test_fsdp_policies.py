@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 from helpers import run_cli
 
-from dse.search.space import decode, load_study
+from dse.search.decoding import decode
+from dse.search.space import load_study
 from dse.workload import Collective, TensorKind
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel

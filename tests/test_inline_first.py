@@ -10,9 +10,10 @@ import pytest
 from conftest import ROOT
 
 from dse.search import inline_first
+from dse.search.decoding import decode
 from dse.search.executor import InlineExecutor
 from dse.search.inline_first import TIMED_OUTCOMES, InlineFirstExecutor
-from dse.search.space import decode, load_study
+from dse.search.space import load_study
 
 
 def sleeper(seconds: float):

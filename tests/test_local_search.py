@@ -16,9 +16,10 @@ from optuna.trial import TrialState
 
 from dse.errors import SpecError
 from dse.results.pareto import non_dominated
+from dse.search.decoding import decode
 from dse.search.executor import InlineExecutor
 from dse.search.local_search import STARTUP
-from dse.search.space import decode, grid, load_study
+from dse.search.space import grid, load_study
 from dse.search.study import evaluations, open_study, run
 from dse.spec import DesignPoint
 

@@ -322,7 +322,8 @@ class TwoSpeeds:
 def test_slow_refinements_after_a_drained_search_move_to_the_pool(monkeypatch):
     """The search alone never paid for a pool and drained the executor; 200 refinements of 20 ms (4 s) pay for a
     0.5 s start with 2 workers once a few are timed, and the rest go to the pool."""
-    from dse.search.space import decode, load_study
+    from dse.search.decoding import decode
+    from dse.search.space import load_study
 
     point = decode(
         load_study(ROOT / "studies" / "small.yaml"),

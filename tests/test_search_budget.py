@@ -19,8 +19,9 @@ from optuna.trial import TrialState
 
 from dse.cli.main import main
 from dse.errors import SpecError
+from dse.search.decoding import decode
 from dse.search.executor import InlineExecutor, PluginEvaluation, RayExecutor
-from dse.search.space import decode, load_study
+from dse.search.space import load_study
 from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM, evaluations, open_study, run
 from dse.spec import DesignPoint
 

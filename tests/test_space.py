@@ -5,7 +5,8 @@ from conftest import ROOT
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from dse.errors import SpecError
-from dse.search.space import decode, load_study, optuna_distributions, parse_expression
+from dse.search.decoding import decode
+from dse.search.space import load_study, optuna_distributions, parse_expression
 
 SMALL = ROOT / "studies" / "small.yaml"
 QUICKSTART = ROOT / "studies" / "quickstart.yaml"

@@ -423,7 +423,7 @@ def test_ray_pool_keeps_each_affinity_on_the_actor_that_ran_it_first(ray_address
 
 
 def spec_point(spec, tp: int) -> DesignPoint:
-    from dse.search.space import decode
+    from dse.search.decoding import decode
 
     point = decode(
         spec, {"parallel.tp": tp, "parallel.pp": 1, "workload.micro_batch": 1, "system.accelerator.hbm_GiB": 80}
@@ -500,7 +500,7 @@ def test_a_driver_killed_after_storing_a_result_but_before_telling_does_not_eval
     """The journal takes a trial's metrics and its tell as separate lines, and another thread's write can put the
     first in the file alone; a SIGKILL then leaves a RUNNING trial whose evaluation is done. The resume fails and
     retries it, and the retry reuses the metrics."""
-    from dse.search.space import decode
+    from dse.search.decoding import decode
     from dse.search.study import METRICS
 
     spec = load_study(SMALL, trials=1, workers=1)

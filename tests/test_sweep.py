@@ -14,8 +14,9 @@ from dse.errors import SpecError
 from dse.results import pareto
 from dse.results.sweep_results import write_tables
 from dse.search import sweep
+from dse.search.decoding import decode
 from dse.search.executor import PluginEvaluation
-from dse.search.space import decode, load_study
+from dse.search.space import load_study
 from dse.search.sweep_grid import SweepGrid
 from dse.search.sweep_parts import PartStore
 

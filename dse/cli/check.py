@@ -14,7 +14,8 @@ from rich.console import Console
 from dse.errors import SpecError
 from dse.modelstats import param_count
 from dse.point.points import POINT_FIELDS, load_point
-from dse.search.space import load_study, space_size, vary
+from dse.search.decoding import vary
+from dse.search.space import load_study, space_size
 from dse.yamlio import load_mapping
 
 STUDY_FIELDS = ("base", "space")

@@ -5,7 +5,8 @@ from pathlib import Path
 from typing import Any
 
 from dse.point.traces import write_trace
-from dse.search.space import StudySpec, decode
+from dse.search.decoding import decode
+from dse.search.space import StudySpec
 
 TIMELINES_DIR = "timelines"
 

@@ -33,8 +33,9 @@ from optuna.trial import FrozenTrial, TrialState
 from dse.errors import DseError, SpecError
 from dse.results import browse, mlflow_runs, pareto, plots, refinement
 from dse.search import refine
+from dse.search.decoding import decode
 from dse.search.executor import NODE
-from dse.search.space import StudySpec, decode, load_study
+from dse.search.space import StudySpec, load_study
 from dse.search.study import (
     DUPLICATE_OF,
     FIELDS,

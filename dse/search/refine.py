@@ -23,8 +23,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.search import study as studies
+from dse.search.decoding import decode
 from dse.search.executor import NODE, Executor
-from dse.search.space import StudySpec, decode
+from dse.search.space import StudySpec
 from dse.search.study import POINT_KEY, STOP_POLL_S, OnTrial, evaluations
 
 REFINED = "refined:"

@@ -29,20 +29,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import SpecError
 from dse.search import capacity
+from dse.search.decoding import decode, point_fields
 from dse.search.executor import NODE, Executor, Result
 from dse.search.generations import GenerationGate
 from dse.search.journal import JournalMirror
 from dse.search.local_search import ParetoLocalSampler
-from dse.search.space import (
-    SUMMARY_FIELDS,
-    StudySpec,
-    decode,
-    feasibility_only,
-    grid,
-    optuna_distributions,
-    point_fields,
-    space_size,
-)
+from dse.search.space import SUMMARY_FIELDS, StudySpec, feasibility_only, grid, optuna_distributions, space_size
 from dse.search.storage import describe, open_storage
 from dse.search.unseen import STALL_ASKS, Unseen
 from dse.spec import DesignPoint

@@ -25,16 +25,9 @@ from dse.errors import SpecError
 from dse.interfaces import BatchCostModel, SimResult
 from dse.point.evaluate import metrics_of
 from dse.point.feasibility import infeasibility
+from dse.search.decoding import decode_point, decode_system, fields_at, point_fields
 from dse.search.executor import NODE, _describe
-from dse.search.space import (
-    SUMMARY_FIELDS,
-    StudySpec,
-    decode_point,
-    decode_system,
-    fields_at,
-    is_system_field,
-    point_fields,
-)
+from dse.search.space import SUMMARY_FIELDS, StudySpec, is_system_field
 from dse.search.study import POINT_KEY
 from dse.search.sweep_grid import SweepGrid, Task
 from dse.spec import DesignPoint, canonical, digest

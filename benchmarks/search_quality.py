@@ -1,11 +1,14 @@
 """How much of the exhaustive Pareto front each sampler finds with a small share of a space's evaluations.
 
-Two spaces, each with its ground truth, every point priced once through the per-point path with the study's own
+Three spaces, each with its ground truth, every point priced once through the per-point path with the study's own
 generator, cost model, objectives and constraints (the evaluation a study's trial runs, without a trial), kept in
 benchmarks/data/<study>_exhaustive.parquet; `--recompute` rebuilds it:
 - studies/quickstart.yaml, 1,296 points, at 5 %, 10 % and 25 % of the space;
 - studies/parallel-13b.yaml, 110,592 points (36,864 configurations times 3 HBM sizes, a feasibility-only
-  dimension), at 0.25 %, 0.5 % and 1 % of the space: Llama-2-13B's execution strategies on 64 H100s.
+  dimension), at 0.25 %, 0.5 % and 1 % of the space: Llama-2-13B's execution strategies on 64 H100s;
+- studies/serving-70b.yaml, 5,040 points, at 2.5 %, 5 % and 10 %: serving Llama-3-70B on 8-32 H100s, one decode step
+  (latency per token against tokens per second per GPU) over the TP/PP split, the sequences in flight, the
+  micro-batch, the number of nodes and HBM size.
 Each sampler then runs the study with the study API (the ask/tell loop `dse run --inline` runs, without MLflow)
 once per seed at the largest budget, scored at each budget on its trials up to that many evaluations; evaluations
 are answered from the table (`TableEvaluation`: the same deterministic figures, so that 5 seeds of every sampler
@@ -21,8 +24,9 @@ are scored against the exhaustive front:
 - evaluations to reach 95 % and 99 % of the exhaustive hypervolume ("-": not reached within the budget);
 - wasted trials: trials that spent no evaluation (repeats of an evaluated point and pruned trials).
 
-Figures are medians over the seeds. A serving space joins when serving lands.
-Run: .venv/bin/python benchmarks/search_quality.py [--spaces quickstart parallel-13b] [--seeds 5] [--recompute]
+Figures are medians over the seeds.
+Run: .venv/bin/python benchmarks/search_quality.py [--spaces quickstart parallel-13b serving-70b] [--seeds 5]
+[--recompute]
 """
 
 import argparse
@@ -45,8 +49,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from dse.results.pareto import non_dominated
 from dse.search import capacity
+from dse.search.decoding import decode
 from dse.search.executor import InlineExecutor, PluginEvaluation, Result
-from dse.search.space import MEMORY_CONSTRAINT, StudySpec, decode, grid, load_study
+from dse.search.space import MEMORY_CONSTRAINT, StudySpec, grid, load_study
 from dse.search.study import evaluations, is_evaluation, open_study, run
 from dse.spec import DesignPoint
 
@@ -69,6 +74,7 @@ class Space:
 SPACES = {
     "quickstart": Space(ROOT / "studies" / "quickstart.yaml", (0.05, 0.10, 0.25)),
     "parallel-13b": Space(ROOT / "studies" / "parallel-13b.yaml", (0.0025, 0.005, 0.01)),
+    "serving-70b": Space(ROOT / "studies" / "serving-70b.yaml", (0.025, 0.05, 0.10)),
 }
 SAMPLERS = ("random", "tpe", "nsga2", "nsga3", "local", "gp")
 DEFAULT_SAMPLERS = ("random", "tpe", "nsga2", "nsga3", "local")
@@ -101,7 +107,7 @@ def exhaustive(spec: StudySpec, processes: int) -> pd.DataFrame:
         results = dict(zip(keys, pool.map(_evaluate, [evaluated[k] for k in keys], chunksize=64), strict=True))
     out = []
     for params, point, canonical in rows:
-        row: dict[str, Any] = {"point_key": None, **params, **dict.fromkeys(COLUMNS, float("nan"))}
+        row: dict[str, Any] = {"point_key": None, **params, **dict.fromkeys(KEPT, float("nan"))}
         row.update(feasible=False, error=None)
         if not isinstance(point, str) and not isinstance(canonical, str):
             result = results[canonical.key]
@@ -110,14 +116,15 @@ def exhaustive(spec: StudySpec, processes: int) -> pd.DataFrame:
                 row["error"] = result
             else:
                 result = capacity.at_capacity(spec, result, point)
-                row.update({metric: result["metrics"][metric] for metric in COLUMNS})
+                row.update({metric: result["metrics"][metric] for metric in KEPT})
                 row["feasible"] = all(v <= 0 for v in result["violations"].values())
         out.append(row)
     return pd.DataFrame(out)
 
 
-COLUMNS = ("step_time_s", "peak_memory_bytes", "memory_excess_bytes")
-"""The metrics kept per point: the benchmark spaces' objectives and their memory constraint's violation."""
+KEPT = ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_bytes", "memory_excess_bytes")
+"""The metrics kept per point: the benchmark spaces' objectives, peak memory and the memory constraint's violation
+(what a result needs to be derived for another HBM size, `capacity.at_capacity`)."""
 _worker: dict[str, Any] = {}
 
 
@@ -144,13 +151,14 @@ class TableEvaluation:
 
     def __init__(self, frame: pd.DataFrame) -> None:
         rows = frame[frame["point_key"].notna()]
-        self._rows = dict(zip(rows["point_key"], rows[[*COLUMNS, "error"]].itertuples(index=False), strict=True))
+        self._kept = [metric for metric in KEPT if metric in frame]
+        self._rows = dict(zip(rows["point_key"], rows[[*self._kept, "error"]].itertuples(index=False), strict=True))
 
     def __call__(self, point: Any) -> Result:
         row = self._rows[point.key]
         if row.error is not None:
             raise RuntimeError(row.error)
-        metrics = {metric: float(getattr(row, metric)) for metric in COLUMNS}
+        metrics = {metric: float(getattr(row, metric)) for metric in self._kept}
         excess = metrics["memory_excess_bytes"]
         return {"metrics": {**metrics, "fits_memory": excess <= 0}, "violations": {MEMORY_CONSTRAINT: excess}}
 

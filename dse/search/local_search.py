@@ -2,8 +2,9 @@
 
 A design space of parallel layouts is a product of a few choices per field, and its Pareto front is a handful of
 configurations that mostly differ from their front neighbours in one or two fields (a micro-batch size, a
-recomputation policy, a ZeRO stage). Model-based samplers spend most of a small budget elsewhere: on
-studies/parallel-13b.yaml (110,592 points), TPE at 1 % of the space finds about half of the front's trade-offs.
+recomputation policy, a ZeRO stage). Other samplers spend most of a small budget elsewhere: on
+studies/parallel-13b.yaml (110,592 points, 40 front trade-offs), with 1 % of the space evaluated, random search finds
+5 of them, TPE 8 and NSGA-II 30; this sampler finds 33 (benchmarks/search_quality.py, medians of 5 seeds; TPE 1).
 Pareto local search (Paquete, Chiarandini and Stützle, "Pareto local optimum sets in the biobjective traveling
 salesman problem", 2004) instead evaluates the untried neighbours of the points on the current front: the
 configurations one field away. A front point whose neighbours are all tried is a local optimum, and when the whole

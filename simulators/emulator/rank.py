@@ -27,10 +27,6 @@ ELEMENT = torch.float32
 at HBM speed; the bytes on the wire are the trace's."""
 
 
-JOIN_GRACE_S = 30.0
-"""Time beyond the run's timeout that a rank waits for the others to join (the parent allows as much, GRACE_S)."""
-
-
 @dataclass
 class _Flight:
     work: dist.Work
@@ -43,15 +39,8 @@ def run_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: flo
     # One intra-op thread: ranks share the host's cores, and each rank's own pool of spinning threads made a 726 KB
     # all-reduce between two ranks take 13-30 ms instead of 2 (4 ranks on 2 cores; replayed steps 2x longer).
     torch.set_num_threads(1)
-    # Joining waits for every rank to start and import torch, which on a loaded host takes seconds (4 ranks on 2
-    # busy cores: over 4 s, a 3 s timeout's rendezvous failed): it gets JOIN_GRACE_S on top of the timeout. A step
-    # that waits past timeout_s is caught by the replay loop's own check, whatever gloo's timeout.
     dist.init_process_group(
-        "gloo",
-        init_method=init_method,
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=timeout_s + JOIN_GRACE_S),
+        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
     )
     groups = {pg: dist.new_group(members) for pg, members in plan.groups.items()}
     dist.barrier()

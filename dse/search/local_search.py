@@ -23,10 +23,12 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution
 from optuna.study import StudyDirection
 from optuna.study._multi_objective import _fast_non_domination_rank
 from optuna.trial import FrozenTrial, TrialState
+
+from dse.search.unseen import values_of
 
 STARTUP = 20
 """Random trials before the walk: enough for a first front of a few points in a space of a dozen fields."""
@@ -76,14 +78,6 @@ class ParetoLocalSampler(optuna.samplers.BaseSampler):
             for value in values:
                 if value != params[name]:
                     yield {**params, name: value}
-
-
-def values_of(distribution: BaseDistribution) -> list[Any]:
-    """Every value of a discrete distribution (load_study refuses the local sampler on a float range)."""
-    if isinstance(distribution, CategoricalDistribution):
-        return list(distribution.choices)
-    assert isinstance(distribution, IntDistribution)
-    return list(range(distribution.low, distribution.high + 1, distribution.step))
 
 
 def _satisfied(trial: FrozenTrial) -> bool:

@@ -50,7 +50,7 @@ class Unseen:
 
     def _every_set(self) -> Iterator[tuple]:
         names = list(self._distributions)
-        for values in itertools.product(*(_values(self._distributions[name]) for name in names)):
+        for values in itertools.product(*(values_of(self._distributions[name]) for name in names)):
             yield tuple(zip(names, values, strict=True))
 
     def _value(self, distribution: BaseDistribution) -> Any:
@@ -69,8 +69,9 @@ class Unseen:
         return self._rng.uniform(low, high)
 
 
-def _values(distribution: BaseDistribution) -> list[Any]:
-    """Every value of a categorical or integer distribution."""
+def values_of(distribution: BaseDistribution) -> list[Any]:
+    """Every value of a categorical or integer distribution (load_study refuses the samplers that list them, grid
+    and local, on a float range)."""
     if isinstance(distribution, CategoricalDistribution):
         return list(distribution.choices)
     assert isinstance(distribution, IntDistribution)

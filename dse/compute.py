@@ -25,14 +25,20 @@ A measured table (CSV: category, dtype, flops, bytes, time_us) is interpolated l
 for ops without FLOPs) between the two nearest rows of the op's category and dtype; outside the measured range
 the kernel table or the roofline prices the op. `ComputeModel.source` says which one priced an op, and the timeline
 carries it.
+
+No table makes a kernel faster than the accelerator: a row faster than its dtype's peak FLOP/s or the HBM bandwidth
+is refused when the point loads (README: Point files), an op is never priced below its FLOPs at peak or its bytes at
+the HBM bandwidth, and a kernel table's rate never above the peak.
 """
 
 import csv
 from bisect import bisect_left
 from math import ceil, exp, isfinite, log
 from pathlib import Path
+from typing import Any, get_args
 
 from dse.errors import SpecError
+from dse.fields import DTYPE_BYTES, OpCategory
 from dse.kernels import attention_table, covers, kernel_rate
 from dse.system import AcceleratorSpec, AttentionKernelSpec
 from dse.workload import Op
@@ -41,49 +47,39 @@ ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free
 SPLIT_K_MIN_DEPTH = 256
 """The least k a split-K slice keeps: a few iterations of a 32-64 deep k tile, so a slice's fixed prologue and
 epilogue stay short beside its main loop."""
+FIELD = "field 'system.accelerator.measured_table'"
+OP_CATEGORIES: tuple[str, ...] = get_args(OpCategory)
+ROUNDING = 1 + 1e-9
+"""A row exactly at a peak, given in microseconds, is at it: its rate in floating point may be a hair above."""
 MAX_TABLE_BYTES = 2**26
 """A measured table's size limit (64 MiB; a thorough sweep is a few thousand rows)."""
 
 
 class MeasuredTable:
-    """Measured kernel times per (category, dtype), sorted along the size they are interpolated on."""
+    """Measured kernel times per (category, dtype), sorted along the size they are interpolated on.
 
-    def __init__(self, path: Path) -> None:
+    Every row is checked against physics when the table is read: its FLOPs no faster than the accelerator's peak
+    for its dtype, its bytes no faster than the HBM bandwidth (a row in microseconds given in seconds, or a size
+    off by 1e3, would otherwise give an MFU of 10^7). Log-log interpolation between two such rows stays within
+    both bounds: the rate it gives runs monotonically between the two rows' rates."""
+
+    def __init__(self, path: Path, accelerator: AcceleratorSpec) -> None:
         self.path = path
         rows: dict[tuple[str, str, bool], list[tuple[float, float]]] = {}
         try:
             if not path.is_file():  # a folder, or a device or pipe that could be read forever
-                raise SpecError(f"system.accelerator.measured_table: {path} is not a file; fix the path")
+                raise SpecError(f"{FIELD}: {path} is not a file; fix the path")
             if path.stat().st_size > MAX_TABLE_BYTES:
-                raise SpecError(
-                    f"system.accelerator.measured_table: {path} is over {MAX_TABLE_BYTES:,} bytes; is it the CSV?"
-                )
+                raise SpecError(f"{FIELD}: {path} is over {MAX_TABLE_BYTES:,} bytes; is it the CSV?")
             with path.open(newline="", encoding="utf-8") as handle:
                 for number, row in enumerate(csv.DictReader(handle), start=2):
-                    try:
-                        flops, nbytes, micros = (
-                            float(row["flops"] or 0),
-                            float(row["bytes"] or 0),
-                            float(row["time_us"]),
-                        )
-                        category, dtype = row["category"].strip(), row["dtype"].strip()
-                    except (KeyError, TypeError, ValueError) as exc:
-                        raise SpecError(
-                            f"{path}: line {number} needs category,dtype,flops,bytes,time_us with numbers ({exc})"
-                        ) from None
-                    by_flops = flops > 0
-                    size = flops if by_flops else nbytes
-                    if not (isfinite(size) and isfinite(micros)) or size <= 0 or micros <= 0:
-                        raise SpecError(f"{path}: line {number} needs a positive, finite size and time_us")
-                    rows.setdefault((category, dtype, by_flops), []).append((size, micros * 1e-6))
+                    key, size, seconds = _row(row, path, number)
+                    _check_physics(row, key, seconds, accelerator, f"{FIELD}: {path}: line {number}")
+                    rows.setdefault(key, []).append((size, seconds))
         except OSError as exc:
-            raise SpecError(
-                f"system.accelerator.measured_table: cannot read {path} ({exc.strerror}); fix the path"
-            ) from None
+            raise SpecError(f"{FIELD}: cannot read {path} ({exc.strerror}); fix the path") from None
         except (UnicodeDecodeError, csv.Error) as exc:
-            raise SpecError(
-                f"system.accelerator.measured_table: {path} is not UTF-8 CSV text ({exc}); fix the file"
-            ) from None
+            raise SpecError(f"{FIELD}: {path} is not UTF-8 CSV text ({exc}); fix the file") from None
         self._rows = {key: sorted(values) for key, values in rows.items()}
 
     def lookup(self, op: Op, dtype: str) -> float | None:
@@ -104,6 +100,45 @@ class MeasuredTable:
         return exp(log(t0) + w * (log(t1) - log(t0)))
 
 
+def _row(row: dict[str, Any], path: Path, number: int) -> tuple[tuple[str, str, bool], float, float]:
+    """One CSV row as ((category, dtype, keyed by FLOPs), the size it is keyed by, seconds)."""
+    where = f"{FIELD}: {path}: line {number}"
+    try:
+        flops, nbytes, micros = float(row["flops"] or 0), float(row["bytes"] or 0), float(row["time_us"])
+        category, dtype = row["category"].strip(), row["dtype"].strip()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"{where} needs category,dtype,flops,bytes,time_us with numbers ({exc})") from None
+    if category not in OP_CATEGORIES:
+        raise SpecError(f"{where}: category {category!r} prices no op; use one of {', '.join(OP_CATEGORIES)}")
+    if dtype not in DTYPE_BYTES:
+        raise SpecError(f"{where}: dtype {dtype!r} prices no op; use one of {', '.join(DTYPE_BYTES)}")
+    by_flops = flops > 0
+    size = flops if by_flops else nbytes
+    if not (isfinite(size) and isfinite(nbytes) and isfinite(micros)) or size <= 0 or nbytes < 0 or micros <= 0:
+        raise SpecError(f"{where} needs a positive, finite size (flops or bytes) and time_us")
+    return (category, dtype, by_flops), size, micros * 1e-6
+
+
+def _check_physics(
+    row: dict[str, Any], key: tuple[str, str, bool], seconds: float, accelerator: AcceleratorSpec, where: str
+) -> None:
+    """A row faster than the accelerator's peak FLOP/s for its dtype or its HBM bandwidth is refused."""
+    _, dtype, _ = key
+    flops, nbytes = float(row["flops"] or 0), float(row["bytes"] or 0)
+    if flops and dtype in accelerator.peak_tflops and flops / seconds > accelerator.peak_flops(dtype) * ROUNDING:
+        raise SpecError(
+            f"{where}: {flops:g} FLOPs in {seconds * 1e6:g} us is {flops / seconds / 1e12:.4g} TFLOP/s, above "
+            f"the peak_tflops.{dtype} of {accelerator.peak_tflops[dtype]:g} of accelerator '{accelerator.name}': no "
+            "kernel runs faster than its peak; fix the row (time_us is in microseconds) or the peak"
+        )
+    if nbytes / seconds > accelerator.hbm_bandwidth * ROUNDING:
+        raise SpecError(
+            f"{where}: {nbytes:g} bytes in {seconds * 1e6:g} us is {nbytes / seconds / 1e9:.4g} GB/s, above "
+            f"the hbm_bandwidth_GBps of {accelerator.hbm_bandwidth_GBps:g} of accelerator '{accelerator.name}': no "
+            "kernel moves bytes faster than its memory; fix the row (time_us is in microseconds) or the bandwidth"
+        )
+
+
 def compute_time(
     op: Op, accelerator: AcceleratorSpec, dtype: str, attention: AttentionKernelSpec | None = None
 ) -> float:
@@ -115,7 +150,11 @@ def compute_time(
     if op.flops:
         executed = op.flops * op.density
         peak = kernel_rate(attention, op)
-        if peak is None:
+        if peak is not None:  # a backward derived from the other mask's may not exceed the peak either
+            kernels = accelerator.attention_kernels
+            scale = kernels.rate_scale(accelerator.peak_tflops[dtype]) if kernels is not None else 1.0
+            peak = min(peak * scale, accelerator.peak_flops(dtype))
+        else:
             efficiency = accelerator.compute_efficiency.get(op.category)
             if efficiency is None:
                 raise SpecError(
@@ -156,19 +195,21 @@ def _ceil(x: float) -> int:
 class ComputeModel:
     """Prices compute ops for one accelerator and dtype, from its measured table first when it has one."""
 
-    def __init__(
-        self, accelerator: AcceleratorSpec, dtype: str, base_dir: Path | None = None, attention_kernel: str = "auto"
-    ) -> None:
+    def __init__(self, accelerator: AcceleratorSpec, dtype: str, attention_kernel: str = "auto") -> None:
         self.accelerator = accelerator
         self.dtype = dtype
         self.attention = attention_table(accelerator, attention_kernel, dtype)
         """The measured table of the workload's attention kernel; None: compute_efficiency.attention prices it."""
         self.table: MeasuredTable | None = None
-        if accelerator.measured_table:
-            path = Path(accelerator.measured_table)
-            if not path.is_absolute() and base_dir is not None:
-                path = base_dir / path
-            self.table = MeasuredTable(path)
+        if accelerator.measured_table:  # load_point made a point file's relative path absolute (its folder's)
+            self.table = MeasuredTable(Path(accelerator.measured_table), accelerator)
+
+    def _physical_floor(self, op: Op) -> float:
+        """The least time the op can take: its FLOPs at the accelerator's peak, its bytes at the HBM bandwidth. A
+        table row holds one kernel's FLOPs or bytes; an op priced by the row's FLOPs may move more bytes than it."""
+        accelerator = self.accelerator
+        flops = op.flops * op.density / accelerator.peak_flops(self.dtype) if op.flops else 0.0
+        return max(flops, op.bytes / accelerator.hbm_bandwidth)
 
     def price(self, op: Op) -> tuple[float, str]:
         """(seconds, source): source is 'table' (the measured CSV), 'kernel_table' (the attention kernel's table),
@@ -178,6 +219,6 @@ class ComputeModel:
         if self.table is not None:
             measured = self.table.lookup(op, self.dtype)
             if measured is not None:
-                return measured, TABLE
+                return max(measured, self._physical_floor(op)), TABLE
         seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
         return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

@@ -1,8 +1,8 @@
 """The contracts between the core and its plugins: generators make Workloads, cost models price them."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from dse.errors import InfeasibleError
 from dse.spec import DesignPoint
@@ -80,7 +80,10 @@ class SimResult:
 class WorkloadGenerator(Protocol):
     """May also define `affinity(point) -> Hashable`: what of a point decides which of the generator's
     per-process caches it reuses. A study's executor sends points of one affinity to the same evaluator process
-    when it can, so that each process warms its caches for its share of the space instead of for all of it."""
+    when it can, so that each process warms its caches for its share of the space instead of for all of it.
+
+    May also define, on the class the entry point names, `unread_fields: Mapping[str, str]`: the dotted point
+    fields it never reads, each with what to do instead (`FieldReadingGenerator`)."""
 
     name: str
 
@@ -91,6 +94,47 @@ class CostModel(Protocol):
     name: str
 
     def simulate(self, workload: Workload, system: SystemSpec) -> SimResult: ...
+
+
+@runtime_checkable
+class FieldReadingGenerator(WorkloadGenerator, Protocol):
+    """A generator that names the point fields it never reads (on its class: they are checked when a point or a
+    study loads, before the generator is built).
+
+    An optional capability: a field that only some generators read (`model.fx_factory`, the fx generator's model
+    code) would be silently ignored by the others, and the README's rule is that an ignored setting is an error.
+    A point or a study that sets one of these fields to anything but its default is refused, naming the field,
+    whatever generator it names; the core keeps no list of which generator reads what."""
+
+    unread_fields: ClassVar[Mapping[str, str]]
+    """Dotted point field (e.g. 'model.fx_factory') -> why it is not read and what to do instead."""
+
+
+@runtime_checkable
+class PreflightGenerator(WorkloadGenerator, Protocol):
+    """A generator that can check, before anything is generated, what would otherwise fail every point it is given.
+
+    An optional capability: `dse check`, `dse run` (before the first trial) and `dse evaluate` (before generating)
+    call it, so that, e.g., a model factory that does not import is one line and exit code 2, not every trial of a
+    study failed with the same reason."""
+
+    def preflight(self, points: Sequence[DesignPoint]) -> None:
+        """Raise a DseError whose one-line message names the field and the fix, for the first of the points
+        (a study's first point and its one-parameter variants, or the one point evaluated) that could not run."""
+        ...
+
+
+@runtime_checkable
+class PreflightCostModel(CostModel, Protocol):
+    """A cost model that can check, before any point is priced, that it can run at all here: its binary exists
+    and its shared libraries load, its command resolves, what it imports is installed.
+
+    An optional capability, called where PreflightGenerator's is; what its options alone decide (a value, a path
+    that is a file or a folder) is checked by its `Options` when the study or point loads."""
+
+    def preflight(self) -> None:
+        """Raise a DseError whose one-line message names the option (or setting) and the fix."""
+        ...
 
 
 @runtime_checkable

@@ -20,13 +20,13 @@ an upper bound on a shorter call's rate).
 from bisect import bisect_left
 from math import log, sqrt
 
-from dse.system import AcceleratorSpec, AttentionKernelSpec, KernelRow
+from dse.system import ATTENTION_TABLE_DTYPES, AcceleratorSpec, AttentionKernelSpec, KernelRow
 from dse.workload import AttentionShape, Op
 
 AUTO_KERNEL = "fa2"
 """What `attention_kernel: auto` runs where the accelerator has its table: PyTorch's SDPA dispatches to
 FlashAttention-2, and the calibration set's runs used it."""
-TABLE_DTYPES = ("bf16", "fp16")
+TABLE_DTYPES = ATTENTION_TABLE_DTYPES
 """The dtypes the kernels' benchmarks ran in; another dtype's attention is priced by the flat efficiency."""
 
 

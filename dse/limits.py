@@ -53,6 +53,19 @@ MAX_SEED = 2**31 - 1
 """Optuna's samplers take seeds below 2**32, and a resumed study offsets the seed by its trials."""
 MAX_CHOICES = 1000
 """Choices of one study parameter (each is checked when the study loads)."""
+MAX_SEARCHED = 100
+"""Parameters of a study's space, and its derived values: each is assigned (or computed) for every point decoded, and
+the load decodes a point per choice (a tenth of a second per 10 parameters); real studies search under 20."""
+MAX_GRID_SEARCH = 10**6
+"""Points of a grid searched trial by trial (sampler grid without sweep): Optuna's grid sampler lists and shuffles
+every point each time the study opens, about 160 MB and 2 s per million points of a dozen parameters (10^11 points
+ran out of memory); a sweep (up to MAX_TRIALS points) lists none."""
+MAX_RANGE_VALUES = 10**7
+"""Values of a stepped float range ((high - low) / step): more than a study could ever try (MAX_TRIALS), so a finer
+step is a continuous range, and Optuna's exact check of the step fails on a step of 1e-300."""
+MAX_LOCAL_VALUES = 10_000
+"""Values over all parameters of a study with sampler local: the neighbours of a point, which it walks (and lists
+once) for every front point at every ask."""
 MAX_EXPRESSION_CHARS = 500
 MAX_EXPRESSION_DEPTH = 32
 """Nesting of a derived expression (operators and parentheses)."""

@@ -5,16 +5,17 @@ by string from a study file beyond a registered name.
 """
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from importlib.metadata import entry_points
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from dse.errors import PluginError, SpecError
-from dse.interfaces import CostModel, WorkloadGenerator
+from dse.errors import DseError, PluginError, SpecError
+from dse.interfaces import CostModel, PreflightCostModel, PreflightGenerator, WorkloadGenerator
 from dse.objective import Constraint, Objective
+from dse.spec import DesignPoint, default_of
 from dse.yamlio import error_field, error_message, load_scalar
 
 GROUPS = {"generator": "dse.generators", "cost model": "dse.simulators", "objective": "dse.objectives"}
@@ -113,6 +114,72 @@ def cost_model_options(
     except ValidationError as exc:
         error = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]  # a misspelt name first
         raise SpecError(f"{where}field '{field}.{error_field(error)}': {error_message(error)}") from None
+
+
+def refuse_repeated_refiner(
+    cost_model: str,
+    options: Mapping[str, Any] | None,
+    refiner: str,
+    refiner_options: Mapping[str, Any] | None,
+    source: str,
+) -> None:
+    """A refinement that prices with the screening cost model and options (the defaults filled in) would only repeat
+    the screening figures: a SpecError naming `refine` and what to change."""
+    if refiner != cost_model:
+        return
+    cls = load("cost model", cost_model)
+    schema = getattr(cls, "Options", None)
+    default = None if schema is None else schema()
+    screening = cost_model_options(cls, cost_model, options, source) or default
+    refining = cost_model_options(cls, refiner, refiner_options, source, "refine.cost_model_options") or default
+    if screening == refining:
+        raise SpecError(
+            f"{source}: field 'refine': it prices with cost model '{refiner}' and the same options as the screening "
+            "(cost_model, cost_model_options), so it would repeat the screened figures; refine with another cost "
+            "model or other options (e.g. the analytical model's exact: true), or remove refine"
+        )
+
+
+def unread_fields(generator_name: str) -> Mapping[str, str]:
+    """The point fields the generator registered as `generator_name` never reads, each with what to do instead
+    (dse.interfaces.FieldReadingGenerator; none for a generator that does not say)."""
+    return getattr(load("generator", generator_name), "unread_fields", {})
+
+
+def refuse_unread_fields(
+    generator_name: str,
+    values_at: Callable[[str], Sequence[Any] | None],
+    source: str,
+    field_of: Callable[[str], str] = str,
+) -> None:
+    """A SpecError if a point or a study sets a field its generator never reads to anything but the default: the
+    setting would change nothing. values_at(path): the values the point (or the study's points) can have there, or
+    None when that is not known before decoding (a derived value); field_of(path): the field as the file names it
+    (e.g. 'base.model.fx_factory')."""
+    for path, instead in unread_fields(generator_name).items():
+        default = default_of(path)
+        given = [value for value in values_at(path) or () if value != default]
+        if given:
+            raise SpecError(
+                f"{source}: field '{field_of(path)}': generator '{generator_name}' never reads it, so {given[0]!r} "
+                f"would change nothing; {instead}"
+            )
+
+
+def preflight(
+    generator: WorkloadGenerator, cost_models: Mapping[str, CostModel], points: Sequence[DesignPoint]
+) -> None:
+    """Each plugin's pre-flight (dse.interfaces.PreflightCostModel, PreflightGenerator): what would fail every
+    evaluation, found before the first one. cost_models: each by where it was named ('--cost-model analytical',
+    'field cost_model'), which the one-line error begins with; the generator's error names its field itself."""
+    for where, model in cost_models.items():
+        if isinstance(model, PreflightCostModel):
+            try:
+                model.preflight()
+            except DseError as error:
+                raise type(error)(f"{where}: {error}") from None
+    if isinstance(generator, PreflightGenerator):
+        generator.preflight(points)
 
 
 def objective(name: str) -> Objective | Constraint:

@@ -1,5 +1,5 @@
-"""The domain model: what a design point is (a model, a workload, its parallelism, and the system of
-`dse.system`), its stable key, and the fields that only mean something beside others (`REFINEMENTS`).
+"""The domain model: what a design point is (a model, a workload, its parallelism of `dse.parallel`, and the
+system of `dse.system`), its stable key, and the fields that only mean something beside others (`IGNORED_RULES`).
 
 Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name; properties give SI units
 (bytes, bytes/s, FLOP/s, seconds), which is all the code inside ever uses. Files are read strictly (`dse.fields`).
@@ -12,39 +12,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from annotated_types import Ge, Gt, Le
-from pydantic import BeforeValidator, Field, model_validator
-from pydantic_core import PydanticCustomError
+from annotated_types import Le
+from pydantic import Field, model_validator
 
 from dse.fields import (
     DTYPE_BYTES,
     Count,
-    Degree,
     Dtype,
     Layers,
     Name,
     Spec,
     Whole,
     Width,
-    as_tuple,
-    as_whole,
     left_out_at_default,
 )
-from dse.limits import MAX_CAPACITY_GIB, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH, MAX_WORLD
+from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH
+from dse.parallel import ParallelSpec
 from dse.system import SystemSpec
-
-
-def _reshard_value(value: Any) -> Any:
-    """parallel.reshard_after_forward: auto, a flag, or a number of ranks, with one message for anything else
-    (the union's own errors would list each member's)."""
-    if value == "auto" or isinstance(value, bool):
-        return value
-    number = as_whole(value) if isinstance(value, int | float) else None
-    if isinstance(number, int) and 1 <= number <= MAX_WORLD:
-        return number
-    raise PydanticCustomError(
-        "reshard_after_forward", "expected auto, true, false or a whole number of ranks to reshard to after forward"
-    )
 
 
 class MoESpec(Spec):
@@ -123,9 +107,10 @@ class ModelSpec(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":
-        if self.head_dim is None and self.hidden % self.heads:
+        attention = self.family != "mamba"  # a Mamba stack's head fields are refused as ignored (REFINEMENTS)
+        if attention and self.head_dim is None and self.hidden % self.heads:
             raise ValueError(f"hidden={self.hidden} is not a multiple of heads={self.heads}; set head_dim")
-        if self.heads % self.n_kv_heads:
+        if attention and self.heads % self.n_kv_heads:
             raise ValueError(f"heads={self.heads} is not a multiple of kv_heads={self.n_kv_heads}")
         if self.position == "learned" and self.max_seq is None:
             raise ValueError("position 'learned' needs max_seq (rows of the position table)")
@@ -206,168 +191,6 @@ class WorkloadSpec(Spec):
         return self.global_batch * self.seq_len
 
 
-class ParallelSpec(Spec):
-    """Degrees and strategies; ranks are laid out tp innermost, then cp, dp, pp (Megatron order)."""
-
-    dp: Degree = 1
-    tp: Degree = 1
-    pp: Degree = 1
-    cp: Degree = 1
-    sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
-    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(as_whole)] = Field(0, description="ZeRO stage; 3 = FSDP")
-    fsdp: Literal["fsdp1", "fsdp2"] = Field(
-        "fsdp2",
-        description="with zero 3, the PyTorch FSDP whose buffer copies are priced: fsdp2 (fully_shard, PyTorch's "
-        "current one, torchtitan's): shards copied into the all-gather input, the gathered buffer copied out into "
-        "the parameters at every gather, gradients copied into the reduce-scatter input; fsdp1 "
-        "(FullyShardedDataParallel with flat parameters, fms-fsdp's): views instead of the copy-out, the flat "
-        "gradient concatenated and divided before the reduce-scatter",
-    )
-    fsdp_reduce_dtype: Literal["bf16", "fp32"] = Field(
-        "bf16",
-        description="with zero 3, the dtype gradients are reduce-scattered in (FSDP's MixedPrecision.reduce_dtype)",
-    )
-    reshard_after_forward: Annotated[Literal["auto"] | bool | Degree, BeforeValidator(_reshard_value)] = (
-        left_out_at_default(
-            "auto",
-            description="with zero 3, FSDP2's fully_shard(reshard_after_forward): true frees each module's gathered "
-            "weights after its forward and gathers them again for its backward; false keeps them from the forward to "
-            "the backward (under pp > 1 for the whole step, as torch.distributed.pipelining keeps them unsharded "
-            "after backward too); an int n keeps a 1/n shard after forward and gathers the backward over n ranks; "
-            "auto: false when pp > 1, else true (torchtitan)",
-        )
-    )
-    grad_reduce: Literal["auto", "per_microbatch", "per_step"] = left_out_at_default(
-        "auto",
-        description="with zero >= 2, when gradients are reduce-scattered: after every micro-batch's backward, or "
-        "once after the last one with the accumulation kept unsharded in between (FSDP2's "
-        "set_requires_gradient_sync(False)); auto: per_step when pp > 1 (torch.distributed.pipelining), else "
-        "per_microbatch (torchtitan, DeepSpeed ZeRO-2)",
-    )
-    dp_shard: Degree | None = left_out_at_default(
-        None,
-        description="HSDP: ZeRO shards over groups of dp_shard consecutive data-parallel ranks and replicates "
-        "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
-        "unset: over all dp ranks",
-    )
-    grad_bucket_mb: Annotated[float, Gt(0), Le(MAX_CAPACITY_GIB * 1024)] | None = left_out_at_default(
-        None,
-        description="with zero 0, 1 or 2 in training, the data-parallel gradient reduction in buckets of this many "
-        "MiB (PyTorch DDP's bucket_cap_mb; Megatron's bucket_size counts elements): parameters' gradients, in the "
-        "order backward makes them, are packed into one collective until it holds at least this much, per collective "
-        "and group (expert gradients on their own), and a bucket's collective starts once the backward of every module "
-        "in it has ended; a module larger than a bucket fills several, split at its parameters as Megatron splits "
-        "them; unset: one bucket per module. ZeRO 3 reduce-scatters each module's gradients in FSDP's post-backward "
-        "instead (fsdp_prefetch is its scheduling knob)",
-    )
-    fsdp_prefetch: Annotated[Whole, Ge(0), Le(MAX_LAYERS)] = left_out_at_default(
-        1,
-        description="with zero 3 in training, how many modules ahead each module's weight all-gather is issued, in "
-        "forward and backward (FSDP2's set_modules_to_forward_prefetch / set_modules_to_backward_prefetch with that "
-        "many modules; 1 is FSDP's implicit prefetch): up to this many + 1 modules' gathered weights are alive at "
-        "once; 0: each module's gather issued as it is about to run, exposed. Weights kept gathered over the step "
-        "(reshard_after_forward false under pp > 1) are all gathered at its start whatever the depth",
-    )
-    pp_schedule: Literal["1f1b", "gpipe", "interleaved", "zb_h1", "dualpipev"] = Field(
-        "1f1b",
-        description="pipeline schedule: 1f1b, gpipe, interleaved (Megatron's interleaved 1F1B, with "
-        "virtual_stages), zb_h1 (Qi et al. 2023's zero-bubble H1: 1F1B with each backward split into its input- and "
-        "weight-gradient halves, weight gradients deferred into the bubbles, 1F1B's peak memory), dualpipev "
-        "(DeepSeek-V3's DualPipe in its V form: two chunks per rank, virtual stages s and 2pp-1-s, backward split as "
-        "zb_h1's; its forward-and-backward pairs run one after the other, without DualPipe's comm overlap)",
-    )
-    recompute: Literal["none", "selective", "full", "selective_op"] = Field(
-        "none",
-        description="activation recomputation: selective = Megatron's (core attention), selective_op = "
-        "torchtitan's per-op policy (keeps matmul outputs but every second one, and attention's; recomputes the "
-        "rest), full = whole layers",
-    )
-    ep: Degree = Field(1, description="expert parallelism: experts split over ep ranks carved from dp")
-    virtual_stages: Layers = Field(1, description="model chunks per pipeline rank (interleaved 1F1B)")
-    microbatch_group: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = left_out_at_default(
-        None,
-        description="interleaved 1F1B: micro-batches a stage runs through one model chunk before the next "
-        "(Megatron's microbatch_group_size_per_vp_stage); between pp and the micro-batches per step, leaving a last "
-        "group of 0 or at least pp micro-batches; unset: pp, Megatron's default",
-    )
-    cp_algorithm: Literal["allgather", "ring"] = Field(
-        "allgather",
-        description="context parallelism: all-gather K/V over cp, or pass K/V chunks around the cp ring beside "
-        "the attention of the chunk held (zigzag causal balance: rank r holds chunks r and 2cp-1-r)",
-    )
-    layer_strategies: Annotated[tuple[Literal["tp", "dp"], ...], BeforeValidator(as_tuple)] = Field(
-        (),
-        max_length=MAX_LAYERS,
-        description="per layer, cycled: tp uses the tp ranks for tensor parallelism, dp as more data-parallel "
-        "ranks (batch split, weights replicated, gradients reduced over tp and dp); empty: every layer tp",
-    )
-    recompute_every: Layers = Field(
-        1,
-        description="apply `recompute` to every n-th layer only (torchtitan's layer-level selective checkpointing, "
-        "the FSDP blog's checkpointing of every n-th block); the other layers keep all their activations",
-    )
-    # Megatron-LM's communication overlaps (megatron/core/distributed, TransformerEngine userbuffers): their defaults
-    # are the step as priced before they existed.
-    overlap_grad_reduce: bool = left_out_at_default(
-        True,
-        description="data-parallel gradients reduced module by module as the last micro-batch's backward fills "
-        "them, beside the rest of that backward (Megatron's --overlap-grad-reduce, whose own default is false; "
-        "PyTorch DDP and FSDP always do, hence true here); false: every reduction (the all-reduce, or the "
-        "distributed optimizer's reduce-scatter under zero 1 and 2) starts once the whole backward has ended, a "
-        "blocking phase before the optimizer",
-    )
-    overlap_param_gather: bool = left_out_at_default(
-        False,
-        description="with zero 1 or 2 (Megatron's distributed optimizer), the updated parameters are all-gathered "
-        "during the next step's forward, each module's just ahead of its first forward (Megatron's "
-        "--overlap-param-gather, default false); false: one all-gather after the optimizer step, ending the step",
-    )
-    tp_comm_overlap: bool = left_out_at_default(
-        False,
-        description="with sp, TransformerEngine userbuffers (Megatron's --tp-comm-overlap, default false): the TP "
-        "all-gathers feeding a GEMM run as a ring exchange of tp chunks beside the GEMM's chunks, and the "
-        "reduce-scatters after a GEMM as tp chunks each following its GEMM chunk; the GEMMs run slower beside them "
-        "by the accelerator's overlap_slowdown",
-    )
-    overlap_p2p_comm: bool = left_out_at_default(
-        True,
-        description="pipeline sends and receives run on their own streams beside the compute; false: each stage "
-        "waits for its batched sends and receives before its next compute (Megatron's --no-overlap-p2p-"
-        "communication; its flag defaults to overlapping, but Megatron turns it off for non-interleaved "
-        "schedules, whose 1F1B runs batched, blocking p2p)",
-    )
-    first_stage_layers: Layers | None = left_out_at_default(
-        None,
-        description="layers on the first pipeline stage, which also holds the embedding (Megatron's "
-        "decoder_first_pipeline_num_layers); unset: an even share",
-    )
-    last_stage_layers: Layers | None = left_out_at_default(
-        None,
-        description="layers on the last pipeline stage, which also holds the output layer and the loss (Megatron's "
-        "decoder_last_pipeline_num_layers; Llama 3 405B ran 126 layers on 16 stages as 7, 8 x 14, 7); unset: an "
-        "even share",
-    )
-
-    def layer_strategy(self, layer: int) -> str:
-        return self.layer_strategies[layer % len(self.layer_strategies)] if self.layer_strategies else "tp"
-
-    def stage_layers(self, layers: int) -> list[int]:
-        """Layers per pipeline stage: first_stage_layers and last_stage_layers where set, the others an even share
-        of the rest (`feasibility` checks that it divides)."""
-        counts: list[int | None] = [None] * self.pp
-        if self.first_stage_layers is not None:
-            counts[0] = self.first_stage_layers
-        if self.last_stage_layers is not None:
-            counts[-1] = self.last_stage_layers
-        unset = counts.count(None)
-        share = (layers - sum(c for c in counts if c is not None)) // unset if unset else 0
-        return [share if c is None else c for c in counts]
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-
 def _digest(spec: "DesignPoint", fields: tuple[str, ...]) -> str:
     """A short hash of the canonical JSON of the point's `fields` (sorted): json.dumps(the fields' model_dump,
     sort_keys=True, separators=(",", ":")). Stable across processes, runs and versions: a resumed study finds its
@@ -425,23 +248,88 @@ class DesignPoint(Spec):
 
 
 @dataclass(frozen=True)
-class Refinement:
-    """A field that only means something while another field has certain values (`fsdp` under ZeRO 3 alone).
-    Set to anything but its default while the other has none of them, it would be silently ignored: a point file
-    that does so is an error, and so is a study in which no point could give it effect."""
+class IgnoredRule:
+    """A field that changes nothing while another field (its partner) has certain values: set away from its default
+    there, it would be silently ignored. A point file that does so is an error (`ignored_setting`), and so is a
+    study in which no point could give it effect (`first_ignored`, dse/search/space.py)."""
 
     field: str
-    """Dotted path of the refining field."""
+    """Dotted path of the field that would be ignored."""
     partner: str
-    """Dotted path of the field it refines."""
-    applies: Callable[[Any], bool]
-    """Whether a value of the partner gives the field effect."""
-    condition: str
-    """The partner values that do, as a person would set them."""
+    """Dotted path of the field that decides whether it is."""
 
     @property
     def default(self) -> Any:
         return default_of(self.field)
+
+    def ignored(self, value: Any, partner: Any) -> bool:
+        """Whether `value` of the field changes nothing beside `partner`'s value."""
+        raise NotImplementedError
+
+    def reason(self, value: Any, partner: Any) -> str:
+        """Why, naming both fields and the fix (a point file's error after its name)."""
+        raise NotImplementedError
+
+    def same_step(self) -> dict[str, Any]:
+        """Fields and values that give the same step without the ignored setting (`without_ignored_settings`)."""
+        return {self.field: self.default}
+
+    def first_ignored(self, values: list[Any], partners: list[Any]) -> Any | None:
+        """The first of a study's `values` of the field that no value of its partner gives effect, or None."""
+        return next((v for v in values if all(self.ignored(v, p) for p in partners)), None)
+
+
+@dataclass(frozen=True)
+class Refinement(IgnoredRule):
+    """A field that only means something while another field has certain values (`fsdp` under ZeRO 3 alone)."""
+
+    applies: Callable[[Any], bool]
+    """Whether a value of the partner gives the field effect."""
+    condition: str
+    """The partner values that do, as a person would set them."""
+    fix: str = ""
+    """The other way out besides removing the field; default: set the condition."""
+
+    def ignored(self, value: Any, partner: Any) -> bool:
+        return value != self.default and not self.applies(partner)
+
+    def reason(self, value: Any, partner: Any) -> str:
+        return (
+            f"field '{self.field}': {_shown(value, 'the section')} only takes effect with {self.condition}, and "
+            f"{self.partner} is {_shown(partner)}; remove {self.field} or {self.fix or f'set {self.condition}'}"
+        )
+
+
+def _shown(value: Any, section: str = "set") -> str:
+    """A value as a message quotes it: a section (model.moe) by the words given, not its every field."""
+    return section if isinstance(value, Spec) else repr(value)
+
+
+@dataclass(frozen=True)
+class Reach(IgnoredRule):
+    """A count that means something only up to another field's value: `recompute_every` n recomputes layers n-1,
+    2n-1, ..., so beyond model.layers it recomputes none of them, and the step is that of recompute none."""
+
+    within: Callable[[Any, Any], bool]
+    """Whether the field's value (first argument) is within the partner's value's reach (second)."""
+    limit: str
+    """The values that are, as a person would set them."""
+    effect: Callable[[Any, Any], str]
+    """What the step would be beyond it, given the field's value and the partner's."""
+    same: tuple[tuple[str, Any], ...]
+    """The fields and values that give that step."""
+
+    def ignored(self, value: Any, partner: Any) -> bool:
+        return value != self.default and not self.within(value, partner)
+
+    def reason(self, value: Any, partner: Any) -> str:
+        return (
+            f"field '{self.field}': {value!r} is beyond {self.partner}={partner!r}: "
+            f"{self.effect(value, partner)}; set it to {self.limit}"
+        )
+
+    def same_step(self) -> dict[str, Any]:
+        return dict(self.same)
 
 
 def default_of(path: str) -> Any:
@@ -450,7 +338,28 @@ def default_of(path: str) -> Any:
     return DesignPoint.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
 
 
+def _training(mode: str) -> bool:
+    return mode == "train"
+
+
+TRAINING = "workload.mode: train"
+NOT_MAMBA = (
+    "a model.family with attention and MLP layers (mamba's are selective scans alone)",
+    "use family hybrid for attention and MLP layers among the scans",
+)
+LATENT = "remove model.mla (latent attention sets its own heads' widths: mla.qk_nope_head_dim, ...)"
+
 REFINEMENTS = (
+    # What the model's own architecture leaves out, first: a Mamba stack's heads, latent attention's head widths.
+    *(
+        Refinement(f"model.{name}", "model.family", lambda family: family != "mamba", *NOT_MAMBA)
+        for name in ("heads", "kv_heads", "head_dim", "ffn", "moe", "mla", "bias", "flash_attention", "rope_impl")
+    ),
+    *(
+        Refinement(f"model.{name}", "model.mla", lambda mla: mla is None, "model.mla unset", LATENT)
+        for name in ("kv_heads", "head_dim")
+    ),
+    Refinement("model.max_seq", "model.position", lambda position: position == "learned", "model.position: learned"),
     Refinement("parallel.fsdp", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
     Refinement("parallel.fsdp_reduce_dtype", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
     Refinement("parallel.reshard_after_forward", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
@@ -465,43 +374,81 @@ REFINEMENTS = (
     ),
     Refinement("parallel.overlap_grad_reduce", "parallel.zero", lambda zero: zero < 3, "parallel.zero 0, 1 or 2"),
     Refinement("parallel.grad_bucket_mb", "parallel.zero", lambda zero: zero < 3, "parallel.zero 0, 1 or 2"),
-    Refinement("parallel.grad_bucket_mb", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
+    Refinement("parallel.grad_bucket_mb", "workload.mode", _training, TRAINING),
     Refinement("parallel.fsdp_prefetch", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
-    Refinement("parallel.fsdp_prefetch", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
+    Refinement("parallel.fsdp_prefetch", "workload.mode", _training, TRAINING),
     Refinement("parallel.overlap_param_gather", "parallel.zero", lambda zero: zero in (1, 2), "parallel.zero 1 or 2"),
     Refinement("parallel.tp_comm_overlap", "parallel.sp", lambda sp: sp, "parallel.sp: true"),
     Refinement("parallel.overlap_p2p_comm", "parallel.pp", lambda pp: pp > 1, "parallel.pp above 1"),
     Refinement("model.rope_impl", "model.position", lambda position: position == "rope", "model.position: rope"),
-    Refinement("workload.grad_clip", "workload.mode", lambda mode: mode == "train", "workload.mode: train"),
+    Refinement("workload.grad_clip", "workload.mode", _training, TRAINING),
     Refinement(
         "workload.attention_kernel", "model.flash_attention", lambda fused: fused, "model.flash_attention: true"
     ),
+    # Found by tests/test_ignored_settings.py, which sets every field where it should take effect and where not.
+    Refinement(
+        "workload.attention_kernel",
+        "model.family",
+        lambda family: family != "mamba",
+        "a model.family with attention layers (not mamba)",
+    ),
+    Refinement(
+        "model.rope_impl",
+        "workload.kernels",
+        lambda kernels: kernels == "eager",
+        "workload.kernels: eager",
+    ),
+    Refinement("model.dropout", "workload.mode", _training, TRAINING),
+    Refinement("parallel.recompute", "workload.mode", _training, TRAINING),
+    Refinement("parallel.overlap_grad_reduce", "workload.mode", _training, TRAINING),
+    Refinement("parallel.tp_comm_overlap", "workload.mode", _training, TRAINING),
+    Refinement("parallel.sp", "parallel.tp", lambda tp: tp > 1, "parallel.tp above 1"),
+    Refinement("parallel.layer_strategies", "parallel.tp", lambda tp: tp > 1, "parallel.tp above 1"),
 )
+REACHES = (
+    Reach(
+        "parallel.recompute_every",
+        "model.layers",
+        lambda every, layers: every <= layers,
+        "at most model.layers, or parallel.recompute to none",
+        lambda every, layers: (
+            f"the layers it recomputes are {every - 1}, {2 * every - 1}, ..., and the model has "
+            f"{layers}, so parallel.recompute would be ignored"
+        ),
+        (("parallel.recompute", "none"), ("parallel.recompute_every", 1)),
+    ),
+)
+IGNORED_RULES: tuple[IgnoredRule, ...] = (*REFINEMENTS, *REACHES)
+"""Every rule by which a field a point sets would change nothing."""
 
 
 def ignored_setting(point: DesignPoint) -> str | None:
-    """Why a field the point sets would be ignored (see Refinement), or None."""
-    for rule in REFINEMENTS:
-        value, partner = (_at(point, path) for path in (rule.field, rule.partner))
-        if value != rule.default and not rule.applies(partner):
-            return (
-                f"field '{rule.field}': {value!r} only takes effect with {rule.condition}, and {rule.partner} is "
-                f"{partner!r}; remove {rule.field} or set {rule.condition}"
-            )
+    """Why a field the point sets would be ignored (see IgnoredRule), or None."""
+    for rule in IGNORED_RULES:
+        value, partner = _at(point, rule.field), _at(point, rule.partner)
+        if rule.ignored(value, partner):
+            return rule.reason(value, partner)
     return None
 
 
 def without_ignored_settings(point: DesignPoint) -> DesignPoint:
-    """The point with every field that would be ignored (see Refinement) back at its default: the same step, as a
-    point file that `ignored_setting` accepts. A study may set such a field for the points that use it (`fsdp:
-    fsdp1` while searching zero over 1 and 3); its other points are written out without it."""
+    """The point with every field that would be ignored (see IgnoredRule) set as gives the same step without it,
+    its default mostly: a point file that `ignored_setting` accepts. A study may set such a field for the points
+    that use it (`fsdp: fsdp1` while searching zero over 1 and 3); its other points are written out without it."""
     sections: dict[str, dict[str, Any]] = {}
-    for rule in REFINEMENTS:
-        if _at(point, rule.field) != rule.default and not rule.applies(_at(point, rule.partner)):
-            section, name = rule.field.split(".")
-            sections.setdefault(section, {})[name] = rule.default
+    for rule in IGNORED_RULES:
+        if rule.ignored(_at(point, rule.field), _at(point, rule.partner)):
+            for path, value in rule.same_step().items():
+                section, name = path.split(".")
+                sections.setdefault(section, {})[name] = value
+    if not sections:
+        return point
     updates = {section: getattr(point, section).model_copy(update=fields) for section, fields in sections.items()}
-    return point.model_copy(update=updates) if updates else point
+    # A new instance, not model_copy, which would carry over the cached key of the point it copies.
+    return DesignPoint.model_construct(**{name: updates.get(name, getattr(point, name)) for name in POINT_SECTIONS})
+
+
+POINT_SECTIONS = tuple(DesignPoint.model_fields)
 
 
 def _at(point: DesignPoint, path: str) -> Any:

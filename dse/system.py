@@ -28,6 +28,11 @@ from dse.fields import (
 )
 from dse.limits import MAX_LAUNCH_US, MAX_NETWORK_DIMS, MAX_RATE, MAX_WORLD
 
+ATTENTION_TABLE_DTYPES = ("bf16", "fp16")
+"""The dtypes the attention kernels' benchmarks ran in, which their tables price (dse.kernels)."""
+GEMM_TILE = (256, 128)
+"""cuBLAS's output tile for a large GEMM, the default of AcceleratorSpec.gemm_tile."""
+
 KernelRow = Annotated[tuple[Width, Width, Rate], BeforeValidator(as_tuple)]
 """[head_dim, seq_len, TFLOP/s]: one bar of a kernel benchmark's figure."""
 
@@ -66,20 +71,34 @@ class AttentionKernelSpec(Spec):
         return self
 
 
+ATTENTION_KERNELS = ("fa2", "fa3", "cudnn")
+"""The fused attention kernels a table can be given for (AttentionKernels' fields of that name)."""
+
+
 class AttentionKernels(Spec):
     """Measured tables of the fused attention kernels a point can name (workload.attention_kernel), each optional."""
 
     fa2: AttentionKernelSpec | None = Field(None, description="FlashAttention-2")
     fa3: AttentionKernelSpec | None = Field(None, description="FlashAttention-3 (Hopper GPUs)")
     cudnn: AttentionKernelSpec | None = Field(None, description="cuDNN fused attention (TransformerEngine's)")
+    measured_peak_tflops: Rate | None = left_out_at_default(
+        None,
+        description="the peak TFLOP/s (of the dtype they price) of the accelerator the tables were measured on: an "
+        "accelerator of another peak (a planner's 'the same chip at 600 TFLOP/s') runs every row scaled by its peak "
+        "over this one, as the compute-bound kernels follow the tensor cores; unset: this accelerator's own peak",
+    )
 
     def table(self, kernel: str) -> AttentionKernelSpec | None:
         return getattr(self, kernel)
 
+    def rate_scale(self, peak_tflops: float) -> float:
+        """What the tables' TFLOP/s are multiplied by on an accelerator of `peak_tflops` (see measured_peak_tflops)."""
+        return 1.0 if self.measured_peak_tflops is None else peak_tflops / self.measured_peak_tflops
+
     @property
     def measured(self) -> list[str]:
         """The kernels with a table."""
-        return [name for name in type(self).model_fields if getattr(self, name) is not None]
+        return [name for name in ATTENTION_KERNELS if getattr(self, name) is not None]
 
 
 class AcceleratorSpec(Spec):
@@ -104,7 +123,7 @@ class AcceleratorSpec(Spec):
         "output tiles fill the SMs over its waves (tile and wave quantization) instead of gemm_half_efficiency_gflop",
     )
     gemm_tile: Annotated[tuple[Width, Width], BeforeValidator(as_tuple)] = left_out_at_default(
-        (256, 128),
+        GEMM_TILE,
         description="output tile (rows, columns) cuBLAS computes per SM for a large GEMM; either way round",
     )
     overlap_slowdown: float = Field(
@@ -133,6 +152,46 @@ class AcceleratorSpec(Spec):
         "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
     )
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
+
+    @model_validator(mode="after")
+    def _check_physics(self) -> "AcceleratorSpec":
+        if self.gemm_tile != GEMM_TILE and self.sm_count is None:
+            raise ValueError(
+                "gemm_tile would be ignored: output tiles are counted against the SMs, and sm_count is unset; set "
+                "sm_count or remove gemm_tile"
+            )
+        if (too_fast := self._kernel_above_peak()) is not None:
+            raise ValueError(too_fast)
+        return self
+
+    def _kernel_above_peak(self) -> str | None:
+        """A measured attention kernel row faster than the peak of a dtype its table prices (a kernel cannot beat
+        its accelerator's peak: a slip such as 3350 for 335 TFLOP/s would give an MFU above 1), or None."""
+        if self.attention_kernels is None:
+            return None
+        peaks = {dtype: self.peak_tflops[dtype] for dtype in ATTENTION_TABLE_DTYPES if dtype in self.peak_tflops}
+        if not peaks:
+            return (
+                "attention_kernels would be ignored: the kernels' tables price bf16 and fp16 attention, and "
+                "peak_tflops has neither; add peak_tflops.bf16 or remove attention_kernels"
+            )
+        dtype, peak = min(peaks.items(), key=lambda item: item[1])
+        what = f"peak_tflops.{dtype}"
+        if (measured := self.attention_kernels.measured_peak_tflops) is not None:  # rows scale from that peak
+            what, peak = "peak they were measured at (attention_kernels.measured_peak_tflops)", measured
+        for kernel in self.attention_kernels.measured:
+            table = self.attention_kernels.table(kernel)
+            assert table is not None
+            for mask in ("causal", "noncausal"):
+                for direction in ("fwd", "bwd"):
+                    for row in getattr(getattr(table, mask), direction):
+                        if row[2] > peak:
+                            return (
+                                f"attention_kernels.{kernel}.{mask}.{direction}: row {list(row)} gives "
+                                f"{row[2]:g} TFLOP/s, above the {what} of {peak:g}: no kernel runs faster than "
+                                "its peak; fix the row or the peak"
+                            )
+        return None
 
     @property
     def hbm_bytes(self) -> float:

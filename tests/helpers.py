@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from conftest import patience
+
 from dse.cli.main import main
 from dse.point.points import assign, build_point, expand
 from dse.spec import DesignPoint
@@ -48,17 +50,21 @@ def make_point(
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
-    """`dse ARGV` in this process: its exit code, stdout and stderr."""
+    """`dse ARGV` in this process: its exit code, stdout and stderr (argparse's usage errors exit through
+    SystemExit, whose code is the exit code a user sees)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
+        try:
+            code = main(list(argv))
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else 1
     return code, out.getvalue(), err.getvalue()
 
 
 def process_running(pid: int) -> bool:
-    """Whether a process still runs after up to 5 s (a killed child not yet reaped by init is a zombie: not
-    running)."""
-    deadline = time.monotonic() + 5
+    """Whether a process still runs after up to 5 s, stretched by the machine's load (a killed child not yet
+    reaped by init is a zombie: not running)."""
+    deadline = time.monotonic() + patience(5)
     while time.monotonic() < deadline:
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

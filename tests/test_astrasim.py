@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import patience
 from helpers import UNIT_ACCELERATOR, make_point, process_running
+from pydantic import ValidationError
 
 from dse.errors import DseError
 from dse.interfaces import CollectiveCostModel, TimelineCostModel
@@ -170,7 +172,7 @@ def test_a_timeline_is_astrasims_schedule_of_each_rank_class(binary, tiny_llama)
 
 def test_a_tiny_llama_step_runs_on_astrasims_own_roofline(binary, tiny_llama):
     point, workload = tiny_llama
-    options = AstraSimOptions(binary=binary, compute="roofline", timeout_s=60)
+    options = AstraSimOptions(binary=binary, compute="roofline", timeout_s=patience(60))
     [rank_class] = AstraSimCostModel(options).simulate(workload, point.system).classes
     assert rank_class.ranks == 8 and rank_class.compute_s > 0 and rank_class.end_s >= rank_class.compute_s
 
@@ -207,8 +209,9 @@ def fake_binary(tmp_path: Path, script: str, executable: bool = True) -> Path:
     return path
 
 
-def failure(binary: Path | None, timeout_s: float = 60) -> str:
-    options = AstraSimOptions(binary=binary, timeout_s=timeout_s)
+def failure(binary: Path | None, timeout_s: float | None = None) -> str:
+    """The one-line error of a simulation; `timeout_s` when the timeout is what is tested, else a hang guard."""
+    options = AstraSimOptions(binary=binary, timeout_s=timeout_s or patience(60))
     with pytest.raises(AstraSimError) as caught:
         AstraSimCostModel(options).simulate(isolated(Collective.ALL_REDUCE, 1e6, 4), RING4)
     message = str(caught.value)
@@ -221,8 +224,14 @@ def test_no_binary_configured_says_how_to_set_one(monkeypatch):
     assert "set ASTRA_SIM_BIN or cost_model_options.binary" in failure(None)
 
 
-def test_a_missing_binary_is_named(tmp_path):
-    message = failure(tmp_path / "nowhere")
+def test_a_missing_binary_is_named(tmp_path, monkeypatch):
+    """In the options it is refused when they are read; through ASTRA_SIM_BIN, by the run (and the pre-flight)."""
+    with pytest.raises(ValidationError, match=f"{tmp_path / 'nowhere'} does not exist"):
+        AstraSimOptions(binary=tmp_path / "nowhere")
+    with pytest.raises(ValidationError, match=f"{tmp_path} is a folder, not a file"):
+        AstraSimOptions(binary=str(tmp_path))
+    monkeypatch.setenv("ASTRA_SIM_BIN", str(tmp_path / "nowhere"))
+    message = failure(None)
     assert f"{tmp_path / 'nowhere'} does not exist" in message and "ASTRA_SIM_BIN" in message
 
 
@@ -276,7 +285,7 @@ def test_a_hang_is_killed_with_its_whole_process_group(tmp_path):
     script = f'sleep 300 &\necho $! > {pids}\necho $$ >> {pids}\necho "[info] simulating"\nwait\n'
     started = time.monotonic()
     message = failure(fake_binary(tmp_path, script), timeout_s=2)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < patience(30)
     assert "did not finish within 2 s" in message and "[info] simulating" in message
     for pid in map(int, pids.read_text().split()):
         assert not process_running(pid), f"process {pid} outlived the timeout"

@@ -102,6 +102,80 @@ def test_bad_point_file_gives_one_line_naming_file_and_field(tmp_path, text, fra
 
 
 @pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        (
+            bad_point("dp: 8", "dp: 8, recompute: full, recompute_every: 5"),
+            ["field 'parallel.recompute_every': 5 is beyond model.layers=4", "set it to at most model.layers"],
+        ),
+        (
+            bad_point("dp: 8", "dp: 8, layer_strategies: [dp]"),
+            ["field 'parallel.layer_strategies'", "parallel.tp above 1, and parallel.tp is 1"],
+        ),
+        (
+            bad_point("tiny-llama", "tiny-mamba").replace(
+                "global_batch: 16", "global_batch: 16, attention_kernel: fa2"
+            ),
+            ["field 'workload.attention_kernel'", "a model.family with attention layers (not mamba)"],
+        ),
+        (bad_point("dp: 8", "dp: 8, sp: true"), ["field 'parallel.sp'", "parallel.tp above 1"]),
+        (
+            bad_point("global_batch: 16", "global_batch: 16, mode: prefill").replace("dp: 8", "dp: 8, recompute: full"),
+            ["field 'parallel.recompute'", "workload.mode: train"],
+        ),
+        (
+            bad_point("tiny-llama", "{base: tiny-llama, dropout: true}").replace("seq_len", "mode: decode, seq_len"),
+            ["field 'model.dropout'", "workload.mode: train"],
+        ),
+        (
+            bad_point("tiny-llama", "{base: tiny-llama, rope_impl: real}"),
+            ["field 'model.rope_impl'", "workload.kernels: eager"],
+        ),
+        (
+            bad_point("tiny-llama", "{base: tiny-mamba, heads: 16}"),
+            ["field 'model.heads'", "model.family is 'mamba'", "use family hybrid"],
+        ),
+        (
+            bad_point("tiny-llama", "{base: tiny-deepseek, kv_heads: 2}"),
+            ["field 'model.kv_heads'", "model.mla is set; remove model.kv_heads or remove model.mla"],
+        ),
+        (
+            bad_point("tiny-llama", "{base: tiny-llama, max_seq: 4096}"),
+            ["field 'model.max_seq'", "only takes effect with model.position: learned"],
+        ),
+        (
+            bad_point("tiny-ring", "{base: tiny-ring, accelerator: {sm_count: null, gemm_tile: [128, 64]}}"),
+            ["field 'system.accelerator'", "gemm_tile would be ignored", "set sm_count"],
+        ),
+        (
+            bad_point(
+                "tiny-ring",
+                "{base: tiny-ring, accelerator: {attention_kernels: {fa2: {causal: {fwd: {0: [64, 512, 18000]}}}}}}",
+            ),
+            ["attention_kernels.fa2.causal.fwd: row [64, 512, 18000.0]", "measured_peak_tflops) of 989.4"],
+        ),
+    ],
+    ids=[
+        "recompute-every-beyond-the-layers",
+        "dp-layers-without-tp",
+        "attention-kernel-on-mamba",
+        "sp-without-tp",
+        "recompute-in-prefill",
+        "dropout-in-decode",
+        "rope-impl-under-fused-kernels",
+        "heads-on-mamba",
+        "kv-heads-with-latent-attention",
+        "max-seq-with-rope",
+        "gemm-tile-without-sm-count",
+        "attention-table-above-peak",
+    ],
+)
+def test_a_setting_that_would_be_ignored_is_refused(tmp_path, text, fragments):
+    """Settings that change nothing (issue 30; tests/test_ignored_settings.py walks every field)."""
+    test_bad_point_file_gives_one_line_naming_file_and_field(tmp_path, text, fragments)
+
+
+@pytest.mark.parametrize(
     ("data", "fragment"),
     [
         (POINT.replace("tiny-llama", "tiny-llama # café").encode("latin-1"), "byte 0xe9 at line 1, column 24"),
@@ -167,6 +241,11 @@ STUDY = (ROOT / "studies" / "small.yaml").read_text()
             "parallel: {zero: 1, fsdp: fsdp1}",
             ["field 'base.parallel.fsdp': 'fsdp1' only takes effect with parallel.zero: 3, which no point"],
         ),
+        (
+            "parallel: {zero: 1}",
+            "parallel: {zero: 1, recompute: full, recompute_every: 1000}",
+            ["field 'base.parallel.recompute_every': no point of the study gives 1000 effect", "model.layers"],
+        ),
         ("world / (parallel.tp * parallel.pp)", "-" * 20000 + "1", ["'derived.parallel.dp'", "limit of 500"]),
         ("world / (parallel.tp * parallel.pp)", "-" * 40 + "1", ["'derived.parallel.dp'", "32 levels"]),
         ("world / (parallel.tp * parallel.pp)", "2 * 1e400", ["too large for a float"]),
@@ -180,6 +259,7 @@ STUDY = (ROOT / "studies" / "small.yaml").read_text()
         "float-range-for-int",
         "step-0",
         "fsdp-no-point-enables",
+        "recompute-every-beyond-every-points-layers",
         "20000-minus-signs",
         "deep-expression",
         "huge-literal",
@@ -225,4 +305,4 @@ def test_check_reports_the_points_that_cannot_run(tmp_path):
 def test_check_a_point(tmp_path):
     code, out, err = run_cli("check", str(ROOT / "studies/points/llama3-70b-dgx-h100.yaml"))
     assert code == 0, err
-    assert "a valid point: llama3-70b (7.06e+10 parameters) on 1024 NPUs of dgx-h100, key d9de6612a0363a22" in out
+    assert "a valid point: llama3-70b (7.06e+10 parameters) on 1024 NPUs of dgx-h100, key f4eb1bc379f7ec14" in out

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, patience
 
 SMALL = ROOT / "studies" / "small.yaml"
 
 
 def dse(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "dse.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "dse.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=patience(120)
     )
 
 
@@ -179,7 +179,7 @@ def test_compare_two_studies(ray_address, tmp_path):
     assert f"{best[0]:.5g} s" in row and f"{best[1]:.5g} s" in row
     assert f"{100 * (best[1] - best[0]) / best[0]:+.2f} %" in row
     assert "front size" in compared.stdout
-    assert_user_error(dse("compare", str(outs[0]), str(tmp_path / "none")), "no trials table here")
+    assert_user_error(dse("compare", str(outs[0]), str(tmp_path / "none")), "none: no such folder", "dse run --out")
 
 
 def test_report_without_a_study(tmp_path):
@@ -208,11 +208,11 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(ray_address, tmp_path):
         text=True,
     )
     journal = out / "optuna-journal.log"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + patience(60)
     while not (journal.exists() and journal.stat().st_size > 50_000) and time.monotonic() < deadline:
         time.sleep(0.2)
     process.send_signal(signal.SIGINT)
-    stdout, stderr = process.communicate(timeout=60)
+    stdout, stderr = process.communicate(timeout=patience(60))
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert stderr.strip().endswith("run the same command again to resume the study (finished trials are kept)")
@@ -284,7 +284,7 @@ def test_run_with_an_address_where_nothing_listens_fails_in_seconds(tmp_path):
         start = time.monotonic()
         result = dse("run", str(SMALL), "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "out"))
     assert_user_error(result, f"--address 127.0.0.1:{port}: no Ray cluster answers there", "ray start --head")
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < patience(30), "the connection is refused at once; the rest is the CLI starting"
 
 
 def test_run_with_out_naming_a_file(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, patience
 
 
 @pytest.mark.parametrize("how", ["dse-run", "ray-job-submit", "ray-client"])
@@ -29,7 +29,7 @@ def test_a_study_on_a_two_node_cluster_runs_trials_on_both_nodes(ray_cluster, tm
         dse = str(Path(sys.executable).parent / "dse")
         command = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", ray_cluster.jobs_address]
         command, env = [*command, "--", dse, *run], ray_cluster.env
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=patience(300))
     assert result.returncode == 0, result.stdout + result.stderr
     frame = pd.read_parquet(out / "trials.parquet")
     assert frame["evaluation"].sum() == 30

@@ -199,3 +199,19 @@ def test_a_journal_that_cannot_be_flushed_says_so(tmp_path, monkeypatch):
     optuna.create_study(storage=mirror, study_name="s")
     with pytest.raises(DseError, match=r"could not flush the study journal to disk: .*Input/output error"):
         mirror.sync()
+
+
+def test_a_damaged_line_is_named_by_its_number_counting_blank_lines(tmp_path):
+    """A line that is not JSON, and a well-formed line Optuna's replay cannot apply, each named by the file's own
+    line number (blank lines count, as an editor shows them) with the reason, never a JSONDecodeError."""
+    path = tmp_path / "journal.log"
+    fill(JournalMirror(str(path)), "s", 3)
+    lines = path.read_text().splitlines()
+    for bad, reason in (("{not json", "not JSON"), ('{"op_code": 4, "worker_id": "w"}', "KeyError: 'study_id'")):
+        path.write_text("\n".join([lines[0], "", bad, *lines[1:]]) + "\n")
+        with pytest.raises(DseError) as error:
+            JournalMirror(str(path))
+        assert str(error.value).startswith(f"{path}: line 3 is not an Optuna journal record (")
+        assert reason in str(error.value) and "delete that line" in str(error.value)
+    path.write_text("\n".join([lines[0], "", *lines[1:]]) + "\n")
+    assert len(JournalMirror(str(path)).get_all_trials(0)) == 3, "a blank line alone is no damage"

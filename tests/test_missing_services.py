@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, patience
 
 TESTS = """
 import shutil
@@ -39,7 +39,7 @@ def session(folder: Path, *args: str) -> subprocess.CompletedProcess:
     (folder / "test_services.py").write_text(TESTS)
     env = {"PATH": str(Path(sys.executable).parent), "HOME": str(folder)}  # no chromium, no redis-server
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
-    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=patience(120))
 
 
 def test_the_summary_names_the_skipped_real_service_tests_and_the_install_command(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from conftest import ROOT, wait_until
+from conftest import ROOT, patience, wait_until
 from mlflow import MlflowClient
 
 from dse.results.tracking import logged_trials
@@ -68,7 +68,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
         # One worker, so that the trials after the stop take a while (see TRIALS).
         path = study_file(tmp_path, "outage", trials=TRIALS, workers=1)
         args = ["run", str(path), "--out", str(out)]
-        result = dse(*args, "--address", ray_address, "--tracking-uri", uri, timeout=300)
+        result = dse(*args, "--address", ray_address, "--tracking-uri", uri, timeout=patience(300))
     finally:
         stopper.join()
         if mlflow_server.process is None:
@@ -86,7 +86,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
     logged = logged_trials(frame)  # every trial but a repeat of an evaluated point
     assert len(written) < len(logged)
 
-    synced = dse("sync", str(out), timeout=300)
+    synced = dse("sync", str(out), timeout=patience(300))
     assert synced.returncode == 0, synced.stderr
     missing = len(logged - written)
     assert f"uploaded {missing} child runs" in synced.stdout
@@ -99,7 +99,7 @@ def test_an_mlflow_outage_mid_study_loses_nothing_and_sync_uploads_exactly_the_m
     artifacts = {a.path for a in MlflowClient(uri).list_artifacts(parents[0].info.run_id)}
     assert {"study.yaml", "trials.parquet", "pareto.csv", "pareto.png", "pareto.html", "best"} <= artifacts
 
-    again = dse("sync", str(out), timeout=300)
+    again = dse("sync", str(out), timeout=patience(300))
     assert again.returncode == 0 and "uploaded 0 child runs" in again.stdout
     assert len(runs(uri, "outage")[1]) == len(logged)
 
@@ -111,7 +111,7 @@ def test_child_runs_pareto_writes_only_the_front_and_none_writes_no_child(mlflow
         started = time.monotonic()
         result = dse("run", str(path), "--out", str(out), "--address", ray_address, "--tracking-uri", mlflow_server.uri)
         assert result.returncode == 0, result.stderr
-        assert time.monotonic() - started < 120
+        assert time.monotonic() - started < patience(120)
         frame = pd.read_parquet(out / "trials.parquet")
         assert frame["evaluation"].sum() == 40 and len(frame) == frame["number"].max() + 1, "every trial"
         parents, children = runs(mlflow_server.uri, f"children-{mode}")

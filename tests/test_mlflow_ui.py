@@ -12,7 +12,7 @@ from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
 
-from conftest import ROOT, skip_without
+from conftest import ROOT, patience, skip_without
 from mlflow import MlflowClient
 
 from dse.results.tracking import logged_trials, read_parquet
@@ -35,7 +35,7 @@ def chromium(url: str, profile: Path, *action: str, size: str = "1800,1100") -> 
     if binary is None:
         skip_without("chromium", "chromium (headless, for the MLflow UI)")
     command = [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={size}", *action, url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    return subprocess.run(command, capture_output=True, text=True, timeout=patience(120), check=True).stdout
 
 
 def visible_text(html: str) -> str:
@@ -104,7 +104,7 @@ def test_dse_run_links_to_the_trials_table_with_the_objectives_as_columns(mlflow
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=patience(300),
     )
     assert run.returncode == 0, run.stderr
     link = re.search(r"^browse +(\S+)$", run.stdout, flags=re.M)

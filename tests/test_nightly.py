@@ -5,6 +5,7 @@ the second night, and it reports the regression and exits non-zero."""
 
 import shutil
 
+import pandas as pd
 import yaml
 from conftest import ROOT
 from mlflow import MlflowClient
@@ -65,3 +66,34 @@ def test_nightly_twice_says_no_change_then_reports_a_catalog_regression(ray_addr
     regressions = [line for line in third.splitlines() if line.endswith("| REGRESSION |")]
     assert any(line.startswith("| best.step_time_s |") for line in regressions)
     assert third in capsys.readouterr().out
+
+
+def test_a_night_run_again_resumes_a_changed_study_is_refused_and_force_runs_it_afresh(ray_address, tmp_path, capsys):
+    """Nothing is deleted without --force: the same night again resumes its (finished) studies with the same
+    figures; a study file changed in what decides its trials is refused, naming both files; --force reruns it."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    spec = yaml.safe_load((SUITE / "dense-tiny.yaml").read_text()) | {"trials": 6}
+    study = suite / "tiny.yaml"
+    study.write_text(yaml.safe_dump(spec))
+    root, uri = tmp_path / "nights", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code, first = nightly(suite, root, "n1", uri, ray_address)
+    assert code == 0, first
+    out = root / "n1" / spec["name"]
+    trials = len(pd.read_parquet(out / "trials.parquet"))
+
+    code, again = nightly(suite, root, "n1", uri, ray_address)
+    assert code == 0 and again == first
+    assert len(pd.read_parquet(out / "trials.parquet")) == trials, "resumed: nothing left to run"
+
+    spec["space"]["parallel.zero"] = {"choices": [0, 1, 2]}
+    study.write_text(yaml.safe_dump(spec))
+    capsys.readouterr()
+    args = ["nightly", str(suite), "--root", str(root), "--night", "n1", "--tracking-uri", uri]
+    assert main([*args, "--address", ray_address]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: {study}: field 'space.parallel.zero.choices': --out {out} holds study")
+    assert "--force to replace it" in error and len(pd.read_parquet(out / "trials.parquet")) == trials
+
+    assert main([*args, "--address", ray_address, "--force"]) == 0
+    assert pd.read_parquet(out / "trials.parquet")["evaluation"].sum() == 6

@@ -304,8 +304,8 @@ def test_a_resume_with_other_screening_options_is_refused(tmp_path):
     assert run_cli("run", str(study_file(tmp_path, trials=2)), "--out", str(out), "--inline")[0] == 0
     path = study_file(tmp_path, trials=2, cost_model_options={"exact": True})
     code, _, err = run_cli("run", str(path), "--out", str(out), "--inline")
-    assert code == 2 and err.startswith(f"error: {path}: field 'cost_model_options': "), err
-    assert "its results would mix the two" in err
+    assert code == 2 and err.startswith(f"error: {path}: field 'cost_model_options.exact': "), err
+    assert "whose results this one's would mix with" in err and "--force" in err
 
 
 class TwoSpeeds:

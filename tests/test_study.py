@@ -32,6 +32,7 @@ from dse.search.executor import (
     QUEUED_BATCHES,
     InlineExecutor,
     RayExecutor,
+    evaluation_seconds,
 )
 from dse.search.space import load_study, optuna_distributions
 from dse.search.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, evaluations, open_study, run
@@ -196,6 +197,23 @@ def test_a_resume_fails_and_retries_trials_a_crashed_driver_left_running(tmp_pat
     assert orphan.number not in {t.number for t in evaluations(trials)} and len(evaluations(trials)) == 6
 
 
+def test_a_trial_left_with_only_some_of_its_params_is_failed_not_retried(tmp_path):
+    """A journal cut while a trial's parameters were being written (a power loss) leaves a RUNNING trial with part
+    of them: it is failed, and the grid study (whose sampler refuses a trial with drawn parameters) resumes."""
+    spec, study = inline_study(tmp_path, 4, sampler="grid")
+    orphan = study.ask()  # asked with one parameter only, then the driver "crashed"
+    orphan.suggest_categorical("parallel.tp", [1, 2, 4, 8])
+    study._storage.flush()
+
+    spec = load_study(SMALL, trials=6, workers=1, sampler="grid")
+    study = open_study(spec, tmp_path)
+    run(spec, study, InlineExecutor(Counting()), spec.trials)
+    trials = study.trials
+    assert trials[orphan.number].state == TrialState.FAIL
+    assert not any(t.user_attrs.get(RETRY_OF) == orphan.number for t in trials)
+    assert len(evaluations(trials)) == 6
+
+
 class InterruptOnThirdCall(Counting):
     def __call__(self, point: DesignPoint) -> dict:
         if len(self.keys) == 2:
@@ -330,11 +348,23 @@ def test_evaluator_actors_collect_garbage_rarely(ray_address):
 
 
 def sleep_on_tp8(point: DesignPoint, seconds: float) -> dict:
-    """`seconds` on a tp=8 point, nothing on the others."""
+    """`seconds` on a tp=8 point, nothing on the others, and says so in its timings as PluginEvaluation says what
+    it measured: the pool sizes its calls by that, so the sizes below do not depend on how busy the machine is."""
     import time
 
-    time.sleep(seconds if point.parallel.tp == 8 else 0.0)
-    return fake_result(point)
+    taken = seconds if point.parallel.tp == 8 else 0.0
+    time.sleep(taken)
+    return {**fake_result(point), "timings": {"evaluate_s": taken}}
+
+
+def test_a_call_is_timed_by_its_evaluations_own_times_when_every_one_reports_one():
+    """Else (an error among the results, a result without timings, a time that is no time) by its wall time."""
+    timed = {"timings": {"evaluate_s": 0.25}}
+    assert evaluation_seconds([timed, timed], elapsed=9.0) == 0.5
+    assert evaluation_seconds([timed, "ValueError: no kernel"], elapsed=9.0) == 9.0
+    assert evaluation_seconds([timed, {"timings": {}}], elapsed=9.0) == 9.0
+    assert evaluation_seconds([{"timings": {"evaluate_s": float("nan")}}], elapsed=9.0) == 9.0
+    assert evaluation_seconds([], elapsed=9.0) == 9.0
 
 
 def test_ray_pool_sizes_its_calls_by_the_evaluation_time_it_measures(ray_address):

@@ -14,7 +14,7 @@ import optuna
 import pandas as pd
 import ray.cloudpickle
 import yaml
-from conftest import ROOT, wait_until
+from conftest import ROOT, patience, wait_until
 from mlflow import MlflowClient
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import TrialState
@@ -132,13 +132,13 @@ def test_a_driver_killed_with_sigkill_resumes_without_losing_or_repeating_a_tria
     wait_until(some_finished, "15 finished trials", timeout=120)
     writers = mlflow_writers(driver.pid)
     driver.send_signal(signal.SIGKILL)
-    driver.wait(timeout=30)
+    driver.wait(timeout=patience(30))
     assert len(writers) == 1, "the driver's MLflow writer process"
     wait_until(lambda: not Path(f"/proc/{writers[0]}").exists(), "the orphaned writer to exit", timeout=60)
     before = journal_trials(out)
     assert 15 <= len(evaluations(before)) < TRIALS, "killed mid-study"
 
-    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=patience(300))
     assert resumed.returncode == 0, resumed.stderr
 
     trials = journal_trials(out)

@@ -1,9 +1,10 @@
 """`dse check FILE`: validate a point or a study file without running it.
 
 For a point: everything `dse evaluate` checks before it generates anything (fields, limits, settings that
-would be ignored, feasibility). For a study: everything `dse run` checks when it loads the file (every choice
-and range end against its field), plus the size of the space and the points that vary one parameter at a time
-from the first, with the reason of each that cannot run. Nothing is generated, priced or written.
+would be ignored, feasibility, and the pre-flight of its generator and cost model, chosen with the same flags).
+For a study: everything `dse run` checks before its first trial (every choice and range end against its field,
+the pre-flight of its plugins and storage), plus the size of the space and the points that vary one parameter at
+a time from the first, with the reason of each that cannot run. Nothing is generated, priced or written.
 """
 
 import argparse
@@ -11,9 +12,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dse import plugins
 from dse.errors import SpecError
 from dse.modelstats import param_count
 from dse.point.points import POINT_FIELDS, load_point
+from dse.search import preflight
 from dse.search.decoding import vary
 from dse.search.space import load_study, space_size
 from dse.yamlio import load_mapping
@@ -28,17 +31,23 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="validate a point or study file without running it",
         description="Validate a design point file (fields, limits, feasibility) or a study file (every choice "
         "and range end, the points varying one parameter at a time from the first, the size of the space), "
-        "without generating or pricing anything. Exit code 0: valid; 2: the one-line error says what to fix.",
+        "and pre-flight what a run would otherwise find trial by trial (the cost model's binary and its "
+        "libraries, an emulator's command, a model factory's import, the storage), without generating or "
+        "pricing anything. Exit code 0: valid; 2: the one-line error says what to fix.",
     )
     check.add_argument("file", type=Path, metavar="FILE.yaml", help="a point file or a study file")
+    plugins.add_arguments(check)
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
     data = load_mapping(args.file)
     if any(field in data for field in STUDY_FIELDS):
+        _refuse_point_flags(args)
         _check_study(args.file, console)
     elif any(field in data for field in POINT_FIELDS):
         point = load_point(args.file)
+        flag = f"--cost-model {args.cost_model}"
+        preflight.check_point(point, str(args.file), args.generator, plugins.cost_model_of(args), flag)
         console.print(
             f"{args.file}: a valid point: {point.model.name} ({param_count(point.model):.3g} parameters) on "
             f"{point.parallel.world} NPUs of {point.system.name}, key {point.key}",
@@ -53,8 +62,24 @@ def main(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _refuse_point_flags(args: argparse.Namespace) -> None:
+    """A study names its own generator and cost model: the flags, which choose them for a point, would be ignored."""
+    given = {
+        "--generator": args.generator != plugins.DEFAULT_GENERATOR,
+        "--cost-model": args.cost_model != plugins.DEFAULT_COST_MODEL,
+        plugins.OPTIONS_FLAG: bool(args.cost_option),
+    }
+    for flag, set_ in given.items():
+        if set_:
+            raise SpecError(
+                f"{flag}: {args.file} is a study file, which names its own generator, cost_model and "
+                "cost_model_options; remove the flag (it is for a point file) or change the study"
+            )
+
+
 def _check_study(path: Path, console: Console) -> None:
     spec = load_study(path)
+    preflight.check_study(spec)
     size = space_size(spec)
     shown = "a continuous space" if size is None else f"{size:,} points in the space"
     budget = "every point priced (a sweep)" if spec.sweep else f"{spec.trials} evaluations ({spec.sampler})"

@@ -5,7 +5,6 @@ cli.py adds their parsers and dispatches to them.
 """
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -15,14 +14,20 @@ from typing import TypeVar
 import optuna
 from rich.console import Console
 
+from dse.cli.arguments import bounded_int
+from dse.cli.outcome import EXIT_CHANGED
 from dse.errors import DseError
-from dse.results import nightly, pareto, report, timelines, tracking
+from dse.limits import MAX_WORKERS
+from dse.results import folders, nightly, pareto, report, timelines, tracking
+from dse.search import preflight
 from dse.search import study as studies
-from dse.search.executor import connect
+from dse.search.executor import check_address, connect
+from dse.search.space import StudySpec
+from dse.search.storage import describe, holds_study
 
 T = TypeVar("T")
-EXIT_CHANGED = 1
-"""`dse nightly`: a tracked figure moved beyond its threshold (user errors exit 2, as everywhere)."""
+MAX_TRIAL_NUMBER = 10**7
+"""Trial numbers `dse timeline --trial` takes: a study has at most 10^7 trials (README: Limits)."""
 
 
 def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
@@ -53,7 +58,11 @@ def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
     )
     timeline.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
     timeline.add_argument(
-        "--trial", type=int, action="append", metavar="N", help="a completed trial to trace instead (repeatable)"
+        "--trial",
+        type=bounded_int(0, MAX_TRIAL_NUMBER, "a trial number"),
+        action="append",
+        metavar="N",
+        help="a completed trial to trace instead (repeatable)",
     )
     timeline.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
 
@@ -66,21 +75,43 @@ def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]")
     )
     night.add_argument("suite", type=Path, metavar="SUITE_DIR", help="folder of study files, e.g. studies/nightly")
     night.add_argument("--root", type=Path, default=Path("runs/nightly"), help="nights' folder (default: runs/nightly)")
-    night.add_argument("--night", default=None, help="this night's name (default: today's date, UTC)")
+    night.add_argument(
+        "--night", type=nightly.night_name, default=None, help="this night's name (default: today's date, UTC)"
+    )
     night.add_argument("--threshold", type=float, default=0.01, help="relative change that counts (default: 0.01)")
     night.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///ROOT/mlflow.db)"
     )
     night.add_argument("--address", help="Ray cluster to join for every study (default: a local Ray)")
-    night.add_argument("--workers", type=int, help="evaluations in flight per study (default: the study's)")
+    night.add_argument(
+        "--workers",
+        type=bounded_int(1, MAX_WORKERS, "a number of workers"),
+        help="evaluations in flight per study (default: the study's)",
+    )
+    night.add_argument(
+        "--force",
+        action="store_true",
+        help="run the night's studies afresh, replacing their results (default: a night run again resumes them)",
+    )
+
+
+def _saved_study(out: Path, spec: StudySpec) -> optuna.Study:
+    """The study run into OUT, from its storage. A storage that does not hold it (a journal emptied, lost or
+    replaced) is refused: opening it would start an empty study, whose empty tables would replace the folder's."""
+    if not holds_study(spec.storage, out, spec.name):
+        raise DseError(
+            f"{describe(spec.storage, out)}: holds no study '{spec.name}', which {out / folders.SPEC_FILE} says was "
+            f"run into {out}; restore the journal (or the storage), or run the study again with `dse run`"
+        )
+    return studies.open_study(spec, out)
 
 
 def sync(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = tracking.load_saved_spec(args.out)
+    spec = folders.load_saved_spec(args.out)
     if spec.sweep:
         raise DseError(f"{args.out}: a sweep has no child runs to sync; `dse run` on its study again logs its run")
-    study = studies.open_study(spec, args.out)
+    study = _saved_study(args.out, spec)
     uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
     tracker = tracking.Tracker(uri, spec, args.out)
     tracker.start(study)
@@ -98,13 +129,13 @@ def sync(args: argparse.Namespace, console: Console) -> int:
 
 def timeline(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    spec = tracking.load_saved_spec(args.out)
+    spec = folders.load_saved_spec(args.out)
     if spec.sweep:
         raise DseError(
             f"{args.out}: a sweep keeps no trials to trace; run `dse evaluate "
             f"{args.out / tracking.BEST_DIR}/trial-N.yaml --trace FILE` on a front point"
         )
-    frame = tracking.read_parquet(args.out)
+    frame = folders.read_parquet(args.out)
     numbers = set(args.trial or pareto.front(frame)["number"])
     complete = set(frame.loc[frame["state"] == "COMPLETE", "number"])
     if missing := sorted(numbers - complete):
@@ -112,12 +143,25 @@ def timeline(args: argparse.Namespace, console: Console) -> int:
             f"--trial {missing[0]}: {args.out} has no completed trial {missing[0]}; give one of the numbers in "
             f"{args.out / tracking.PARQUET} whose state is COMPLETE"
         )
-    study = studies.open_study(spec, args.out)
-    trials = study.get_trials(deepcopy=False)
+    study = _saved_study(args.out, spec)
+    trials = {trial.number: trial for trial in study.get_trials(deepcopy=False)}
+    if unknown := sorted(numbers - set(trials)):
+        raise DseError(
+            f"--trial {unknown[0]}: {args.out / tracking.PARQUET} has trial {unknown[0]} but the study's storage "
+            f"does not: the table is not this study's; `dse sync {args.out}` writes it again from the storage"
+        )
+    if partial := sorted(n for n in numbers if not set(spec.space) <= set(trials[n].params)):
+        raise DseError(
+            f"--trial {partial[0]}: the study's storage ({describe(spec.storage, args.out)}) holds trial "
+            f"{partial[0]} without all its parameters (it ends inside the trial: cut by a crash or a copy), while "
+            f"{args.out / tracking.PARQUET} has it complete; `dse sync {args.out}` writes the table again from the "
+            "storage, or give another --trial"
+        )
+    uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
+    preflight.check_study(spec)  # a cost model or generator that cannot run here: one line, not one per trial
     paths = timelines.write_timelines(spec, {n: trials[n].params for n in numbers}, args.out / timelines.TIMELINES_DIR)
     if numbers and not paths:
         raise DseError(f"cost model '{spec.cost_model}' keeps no timeline; rerun the study with cost_model: analytical")
-    uri = tracking.saved_tracking_uri(study, args.out, args.tracking_uri)
     try:
         attached = tracking.attach_saved_timelines(uri, study, paths)
     except Exception as exc:  # the files are what was asked for; MLflow is where they are also shown
@@ -134,7 +178,7 @@ def timeline(args: argparse.Namespace, console: Console) -> int:
 
 
 def compare(args: argparse.Namespace, console: Console) -> int:
-    a, b = tracking.read_parquet(args.a), tracking.read_parquet(args.b)
+    a, b = folders.read_parquet(args.a), folders.read_parquet(args.b)
     for difference in _study_differences(args.a, args.b):
         console.print(f"warning: {difference}; the changes below compare different things", soft_wrap=True)
     console.print(report.compare(a, b, str(args.a), str(args.b)))
@@ -145,7 +189,7 @@ def _study_differences(a: Path, b: Path) -> list[str]:
     """What makes two studies' figures incomparable: another model, another workload (from the study files they
     ran, as saved in their folders; none when a folder lacks one), other objectives."""
     try:
-        spec_a, spec_b = tracking.load_saved_spec(a), tracking.load_saved_spec(b)
+        spec_a, spec_b = folders.load_saved_spec(a), folders.load_saved_spec(b)
     except DseError:
         return []
     out: list[str] = []
@@ -169,14 +213,17 @@ def _study_differences(a: Path, b: Path) -> list[str]:
 def run_nightly(args: argparse.Namespace, console: Console, run_study: nightly.StudyRunner) -> int:
     if not 0 <= args.threshold < 1:
         raise DseError(f"--threshold {args.threshold}: give a relative change between 0 and 1, e.g. 0.01 for 1 %")
+    check_address(args.address)
     suite = nightly.load_suite(args.suite)
     night = args.night or nightly.default_night()
     root: Path = args.root
-    root.mkdir(parents=True, exist_ok=True)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(root)
-    text, moved = _with_ray(
-        args.address, lambda: nightly.run_suite(suite, root, night, uri, args.workers, args.threshold, run_study)
-    )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DseError(f"--root {root}: a file is in the way, not a folder; give a folder path") from None
+    uri = tracking.tracking_uri(args.tracking_uri, root)
+    night_run = nightly.NightRun(root, night, uri, args.workers, args.threshold, args.force)
+    text, moved = _with_ray(args.address, lambda: nightly.run_suite(suite, night_run, run_study))
     print(text)
     print(f"report: {root / night / nightly.REPORT}", file=sys.stderr)
     return EXIT_CHANGED if moved else 0

@@ -12,7 +12,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 from pathlib import Path
 
@@ -23,29 +23,32 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dse import plugins
-from dse.cli import check, ui
+from dse.cli import check, outcome, ui
 from dse.cli import commands as commands_module
+from dse.cli import generate as generate_command
 from dse.cli import sweep as sweep_command
+from dse.cli.outcome import EXIT_INTERRUPTED, EXIT_USER_ERROR
+from dse.cli.stdout import stdout_to_stderr
 from dse.errors import DseError
 from dse.fields import GiB
 from dse.interfaces import TimelineCostModel
 from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
-from dse.results import pareto, refinement, report, tracking
+from dse.results import folders, pareto, refinement, report, tracking
 from dse.results.tracking import EVALUATION
-from dse.search import refine
+from dse.search import preflight, refine
 from dse.search import study as studies
-from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor
+from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor, check_address
 from dse.search.inline_first import InlineFirstExecutor
 from dse.search.space import StudySpec, load_study
+from dse.search.storage import scheme_of
 from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM
 from dse.search.sweep_parts import MANIFEST
+from dse.spec import DesignPoint
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
 RESUME_HINT = "interrupted; run the same command again to resume the study (finished trials are kept)"
 
 
@@ -72,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
         "repeat an evaluated point or are pruned before evaluation do not count",
     )
     run.add_argument("--workers", type=int, help="evaluations in flight at once (default: the file's)")
-    run.add_argument(
+    where = run.add_mutually_exclusive_group()  # where evaluations run: README's [--address ADDR | --ray | --inline]
+    where.add_argument(
         "--address",
         help="Ray cluster to join, e.g. auto or ray://head:10001 (default: this process, and a local Ray once the "
         "study's remaining work pays for its start)",
@@ -81,8 +85,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///OUT/mlflow.db)"
     )
-    run.add_argument("--inline", action="store_true", help="evaluate in this process only, never start Ray (debugging)")
-    run.add_argument(
+    where.add_argument(
+        "--inline", action="store_true", help="evaluate in this process only, never start Ray (debugging)"
+    )
+    where.add_argument(
         "--ray",
         action="store_true",
         help="start the local Ray pool at once (default without --address: evaluate in this process first and "
@@ -98,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
         "--storage",
         help="Optuna storage URL: postgresql://..., redis://..., sqlite:///... or a journal file "
         "(default: the file's storage, else OUT/optuna-journal.log)",
+    )
+    run.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the results of another study in --out (without it, a folder holding another study's "
+        "results is refused)",
     )
 
     evaluate = commands.add_parser(
@@ -124,18 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     ui.add_parser(commands)
     check.add_parser(commands)
 
-    generate = commands.add_parser(
-        "generate",
-        help="generate one design point's workload (Chakra traces, a summary)",
-        description="Generate the distributed execution graph of one design point; write it as Chakra execution "
-        "traces (one .et file per rank and the communicator groups, for ASTRA-sim) and/or print per rank class "
-        "its op counts, FLOPs, communication bytes, parameters and memory.",
-    )
-    generate.add_argument("point", type=Path, metavar="POINT.yaml", help="design point file")
-    generate.add_argument("--chakra", type=Path, metavar="OUT_DIR", help="write OUT_DIR/<prefix>.<rank>.et files")
-    generate.add_argument("--prefix", default="trace", help="file name prefix of the traces (default: trace)")
-    generate.add_argument("--summary", action="store_true", help="print the per-rank-class summary")
-    plugins.add_arguments(generate, cost_model=False)
+    generate_command.add_parser(commands)
     return parser
 
 
@@ -143,15 +144,22 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     overrides = {"sweep": True} if args.sweep else {}
     spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage, **overrides)
+    preflight.check_study(spec)  # what would fail every trial, before the output folder is touched
     out = args.out or Path("runs") / spec.name
+    uri = tracking.tracking_uri(args.tracking_uri, out)
+    scheme_of(spec.storage, out)
+    check_address(args.address)
     _make_out(out)
+    folders.claim(spec, out, args.force)
     if spec.sweep:
-        return sweep_command.run(args, spec, out, console, _stop_on_interrupt, _print_summary)
+        return sweep_command.run(args, spec, out, uri, console, _stop_on_interrupt, _print_summary)
     if (out / MANIFEST).exists():
-        raise DseError(f"--out {out}: the folder holds a sweep ({MANIFEST}); run the study with another --out")
+        raise DseError(
+            f"--out {out}: the folder holds a sweep ({MANIFEST}); run the study with another --out, or --force to "
+            "replace the sweep"
+        )
+    tracking.save_spec(spec, out)  # before the journal exists: a folder's results always come with their study
     study = studies.open_study(spec, out)
-    tracking.save_spec(spec, out)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(out)
     stop = threading.Event()
     completed = False
     with _stop_on_interrupt(stop, console):
@@ -205,7 +213,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     if not completed:
         print(RESUME_HINT, file=sys.stderr)
         return EXIT_INTERRUPTED
-    return 0
+    return outcome.report_failures(frame)
 
 
 def refining(progress: Progress) -> refine.OnRefined:
@@ -319,7 +327,7 @@ def trial_counts(frame: pd.DataFrame) -> str:
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    frame = tracking.read_parquet(args.out)
+    frame = folders.read_parquet(args.out)
     reasons = frame.loc[frame["state"] == "PRUNED", "reason"].value_counts().head(5)
     best = pareto.front(frame)
     _print_summary(console, frame, best, f"Pareto front of {frame.attrs.get('study', args.out)}")
@@ -334,15 +342,37 @@ def _report(args: argparse.Namespace, console: Console) -> int:
 
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
+    # Under --json stdout holds the one JSON line: what plugins and model factories print goes to stderr.
+    with stdout_to_stderr() if args.json else nullcontext():
+        point, metrics = _evaluated(args)
+    if args.json:
+        print(json.dumps(metrics, allow_nan=False))
+        return 0
+    header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
+    console.print(header, soft_wrap=True, highlight=False)
+    table = Table()
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in metrics.items():
+        table.add_row(name, _human(name, value))
+    console.print(table)
+    return 0
+
+
+def _evaluated(args: argparse.Namespace) -> tuple[DesignPoint, dict[str, float | bool]]:
+    """`dse evaluate`'s point and its metrics: loaded, pre-flighted (before anything is generated), generated and
+    priced, its trace written if asked."""
     point = load_point(args.point)
     cost_model = plugins.cost_model_of(args)
+    flag = f"--cost-model {args.cost_model}"
+    generator = preflight.check_point(point, str(args.point), args.generator, cost_model, flag)
     traced = None
     if args.trace is not None:
         if not isinstance(cost_model, TimelineCostModel):
             raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
         traced, cost_model = cost_model, cost_model.with_timeline()
     try:
-        evaluation = evaluate(point, plugins.generator(args.generator), cost_model)
+        evaluation = evaluate(point, generator, cost_model)
     except DseError as exc:  # raised while generating or pricing: name the file as the loading errors do
         if str(exc).startswith(str(args.point)):
             raise
@@ -360,18 +390,7 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
             f"{args.point}: the evaluation gave {unbounded[0]} = {metrics[unbounded[0]]}, not a finite number; the "
             "point's figures are beyond what the cost model can price: bring them nearer the README's Limits"
         )
-    if args.json:
-        print(json.dumps(metrics, allow_nan=False))
-        return 0
-    header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
-    console.print(header, soft_wrap=True, highlight=False)
-    table = Table()
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in metrics.items():
-        table.add_row(name, _human(name, value))
-    console.print(table)
-    return 0
+    return point, metrics
 
 
 def _human(name: str, value: float | bool) -> str:
@@ -386,46 +405,6 @@ def _human(name: str, value: float | bool) -> str:
     return f"{value:,.4g}"
 
 
-def _generate(args: argparse.Namespace, console: Console) -> int:
-    from dse.modelstats import active_param_count, param_count
-    from dse.point import chakra
-    from dse.point.feasibility import check_feasible
-    from dse.point.summary import summarize
-
-    point = load_point(args.point)
-    check_feasible(point)
-    workload = plugins.generator(args.generator).generate(point)
-    if args.chakra:
-        network = [d.npus for d in point.system.network]
-        paths = chakra.export(
-            workload, args.chakra, network, args.prefix, point.model.dtype_bytes, point.system.accelerator
-        )
-        console.print(f"wrote {len(paths)} traces and {args.prefix}.comm_groups.json to {args.chakra}", soft_wrap=True)
-    if args.summary or not args.chakra:
-        m = point.model
-        console.print(
-            f"{point.model.name}: {param_count(m):,} parameters ({active_param_count(m):,} active per token), "
-            f"{point.parallel.world} ranks in {len(workload.programs)} rank classes, "
-            f"{len(workload.blocks)} blocks",
-            soft_wrap=True,
-        )
-        for s in summarize(workload):
-            table = Table(title=f"rank class {s.rank_class} ({s.name}, {s.ranks} ranks)", title_justify="left")
-            table.add_column("what")
-            table.add_column("value", justify="right")
-            for category, count in sorted(s.ops.items()):
-                table.add_row(f"ops: {category}", f"{count:,}")
-            table.add_row("FLOPs", f"{s.flops:.4g}")
-            for (kind, axis), size in sorted(s.comm_bytes.items()):
-                table.add_row(f"comm: {kind} on {axis}", f"{size / GiB:,.3f} GiB")
-            table.add_row("parameters on a rank", f"{s.parameters / m.dtype_bytes:,.0f}")
-            for kind, size in sorted(s.static_bytes.items()):
-                table.add_row(f"static: {kind}", f"{size / GiB:,.3f} GiB")
-            table.add_row("peak activations", f"{s.peak_activation_bytes / GiB:,.3f} GiB")
-            console.print(table)
-    return 0
-
-
 def run_study(study: Path, out: Path, tracking_uri: str, workers: int | None, console: Console) -> int:
     """`dse run STUDY --out OUT --tracking-uri URI [--workers N]` as a call, every other option at its default:
     what `dse nightly` runs each study with (it is handed this, as a nightly.StudyRunner, not importing the CLI)."""
@@ -434,6 +413,8 @@ def run_study(study: Path, out: Path, tracking_uri: str, workers: int | None, co
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command's exit code (dse.cli.outcome): bad input and the user's environment (an OSError naming a
+    file) print one `error:` line, a bug one `internal error` line naming the file that holds its traceback."""
     args = _parser().parse_args(argv)
     to_stderr = args.command == "evaluate" and args.json
     stream = sys.stderr if to_stderr else sys.stdout
@@ -442,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Nothing dse prints is Rich markup, and names and paths from files may look like it ('[/x]' raised MarkupError).
     console = Console(stderr=to_stderr, width=width, markup=False)
     try:
-        commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": _generate}
+        _refuse_nul_bytes(sys.argv[1:] if argv is None else argv)
+        commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": generate_command.main}
         commands |= commands_module.handlers(partial(run_study, console=console))
         commands["calibrate"] = calibration.main
         commands["ui"] = ui.main
@@ -450,10 +432,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args, console)
     except DseError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return getattr(exc, "exit_code", EXIT_USER_ERROR)
     except KeyboardInterrupt:
         print(f"\n{RESUME_HINT if args.command == 'run' else 'interrupted'}", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout closed early (`dse report OUT | head`): stop quietly, as `cat` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return outcome.EXIT_BROKEN_PIPE
+    except OSError as exc:
+        if line := outcome.environment_error(exc):
+            print(" ".join(line.split()), file=sys.stderr)
+            return EXIT_USER_ERROR
+        print(outcome.internal_error(exc, args.command), file=sys.stderr)
+        return outcome.EXIT_INTERNAL_ERROR
+    except Exception as exc:
+        print(outcome.internal_error(exc, args.command), file=sys.stderr)
+        return outcome.EXIT_INTERNAL_ERROR
+
+
+def _refuse_nul_bytes(argv: Sequence[str]) -> None:
+    """No path or value holds a NUL byte (a shell cannot even pass one); said, naming its option, before any file
+    is touched."""
+    for index, argument in enumerate(argv):
+        if "\0" in argument:
+            if argument.startswith("--") and "=" in argument:
+                name, argument = argument.split("=", 1)
+            elif index and argv[index - 1].startswith("--"):
+                name = argv[index - 1]
+            else:
+                name = "argument"
+            raise DseError(f"{name} {argument!r}: holds a NUL byte, which no path or value may; remove it")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from dse.cli import ui
+from dse.cli.outcome import EXIT_INTERRUPTED, report_failures
 from dse.results import sweep_results, tracking
 from dse.search import sweep
 from dse.search.space import StudySpec
@@ -23,18 +24,22 @@ from dse.search.sweep_parts import PartStore, open_manifest
 INLINE_POINTS = 10_000
 """A sweep of at most this many points runs in the driver unless --ray or --address says otherwise: at a few
 hundred points per CPU-second that is under a minute, about what a local Ray takes to start on a small machine."""
-EXIT_INTERRUPTED = 130
 
 Interrupt = Callable[[threading.Event, Console], AbstractContextManager[None]]
 PrintSummary = Callable[[Console, pd.DataFrame, pd.DataFrame, str], None]
 
 
 def run(
-    args: argparse.Namespace, spec: StudySpec, out: Path, console: Console, interrupt: Interrupt, show: PrintSummary
+    args: argparse.Namespace,
+    spec: StudySpec,
+    out: Path,
+    uri: str,
+    console: Console,
+    interrupt: Interrupt,
+    show: PrintSummary,
 ) -> int:
     manifest = open_manifest(spec, out)
     tracking.save_spec(spec, out)
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or tracking.default_tracking_uri(out)
     grid, store = SweepGrid(spec), PartStore(out)
     stop = threading.Event()
     with interrupt(stop, console):
@@ -82,7 +87,7 @@ def run(
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
-    return 0
+    return report_failures(frame, "points")
 
 
 def _pool(args: argparse.Namespace, spec: StudySpec, grid: SweepGrid, console: Console) -> sweep.Pool:

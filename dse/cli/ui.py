@@ -7,6 +7,7 @@ running a minute later, some of them spinning. So `dse ui` runs it as a process 
 """
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -20,8 +21,9 @@ from pathlib import Path
 from rich.console import Console
 
 from dse.cli import procgroup
+from dse.cli.arguments import bounded_int
 from dse.errors import DseError
-from dse.results import browse, tracking
+from dse.results import browse, folders, sqlite_store, tracking
 
 DEMO_OUT = Path("runs/quickstart")
 """The output folder `make ui` serves (the Makefile's DEMO_OUT)."""
@@ -44,7 +46,9 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     ui.add_argument(
         "out", type=Path, nargs="?", default=DEMO_OUT, metavar="OUT_DIR", help=f"a study's output folder ({DEMO_OUT})"
     )
-    ui.add_argument("--port", type=int, default=PORT, help=f"port to serve on (default: {PORT})")
+    ui.add_argument(
+        "--port", type=bounded_int(1, 65535, "a TCP port"), default=PORT, help=f"port to serve on (default: {PORT})"
+    )
     ui.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: 127.0.0.1, this machine)")
 
 
@@ -77,9 +81,10 @@ def browse_lines(uri: str, experiment_id: str, parent_id: str, out: Path) -> lis
 
 
 def main(args: argparse.Namespace, console: Console) -> int:
-    store = args.out / "mlflow.db"
+    store = folders.output_folder(args.out) / "mlflow.db"
     if not store.is_file():
         raise DseError(f"{store}: no MLflow store here; run `dse run STUDY.yaml --out {args.out}` first")
+    sqlite_store.check(store)
     _check_port(args.host, args.port)
     uri = tracking.default_tracking_uri(args.out)
     host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
@@ -92,14 +97,26 @@ def main(args: argparse.Namespace, console: Console) -> int:
 
 
 def _check_port(host: str, port: int) -> None:
-    """Fail in one line before the server starts, rather than after its start-up logs."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+    """Fail in one line before the server starts, rather than after its start-up logs: a host that is no address
+    of this machine, a port in use or one this user may not serve on."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise DseError(
+            f"--host {host}: not a name or address to serve on ({reason}); give an address of this machine, e.g. "
+            "127.0.0.1, or 0.0.0.0 for every interface"
+        ) from None
+    with socket.socket(family) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:
             probe.bind((host, port))
         except OSError as exc:
             reason = f"cannot serve on {host}:{port} ({exc.strerror})"
-            raise DseError(f"--port {port}: {reason}; stop what serves it or pass another --port") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise DseError(f"--host {host}: {reason}; give an address of this machine, e.g. 127.0.0.1") from None
+            fix = "ports below 1024 need root" if exc.errno == errno.EACCES else "stop what serves it"
+            raise DseError(f"--port {port}: {reason}; {fix}, or pass another --port") from None
 
 
 def _announce(base: str, console: Console) -> None:

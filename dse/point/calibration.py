@@ -312,6 +312,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 def main(args: argparse.Namespace, console: Console) -> int:
     generator, cost_model = plugins.generator(args.generator), plugins.cost_model_of(args)
+    plugins.preflight(generator, {f"--cost-model {args.cost_model}": cost_model}, [])  # not found case by case
     rows = run(generator, cost_model)
     held_out = run(generator, cost_model, HELD_OUT)
     collectives = run_collectives(cost_model)

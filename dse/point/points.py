@@ -8,12 +8,14 @@ HBM, while `accelerator: h200` or `accelerator: {base: h200, ...}` replaces it.
 """
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from dse import catalog
+from dse.compute import MeasuredTable
 from dse.errors import InfeasibleError, SpecError
 from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
@@ -127,18 +129,53 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
 
 
 def load_point(path: str | Path) -> DesignPoint:
-    """A point file as a runnable point: valid, setting nothing that would be ignored, and feasible; every error
-    names the file."""
+    """A point file as a runnable point: valid, setting nothing that would be ignored, its tables within physics,
+    and feasible; every error names the file. A relative file path in it is the point file's folder's."""
     raw = load_mapping(path)
     try:
-        expanded = expand(raw)
+        expanded = with_paths_from(Path(path).parent, expand(raw))
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
     point = build_point(expanded, str(path))
     ignored = ignored_setting(point)
     if ignored:
         raise SpecError(f"{path}: {ignored}")
+    try:
+        check_tables(point)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
     reason = infeasibility(point)
     if reason:
         raise InfeasibleError(f"{path}: {reason}")
     return point
+
+
+FILE_FIELDS = ("system.accelerator.measured_table",)
+"""The fields of a point that name a file: a relative path in a point or study file is relative to its folder."""
+
+
+def with_paths_from(folder: Path, expanded: dict[str, Any]) -> dict[str, Any]:
+    """Expanded point data (`expand`) with each relative path of FILE_FIELDS made absolute against `folder`, the
+    folder of the file that names it, so that the point reads the same file from any working directory (and on a
+    Ray worker elsewhere). What is not a path is left for validation to name."""
+    system = expanded.get("system")
+    accelerator = system.get("accelerator") if isinstance(system, dict) else None
+    table = accelerator.get("measured_table") if isinstance(accelerator, dict) else None
+    if not isinstance(table, str) or not table or Path(table).is_absolute():
+        return expanded
+    assert isinstance(system, dict) and isinstance(accelerator, dict)
+    resolved = {**accelerator, "measured_table": file_path_from(folder, table)}
+    return {**expanded, "system": {**system, "accelerator": resolved}}
+
+
+def file_path_from(folder: Path, path: str) -> str:
+    """`path` as a file named in a file of `folder` reads it: relative to that folder, absolute, normalised."""
+    return os.path.normpath(os.path.join(os.path.abspath(folder), path))
+
+
+def check_tables(point: DesignPoint) -> None:
+    """Read the point's measured kernel table now, not trial by trial: a missing file, a bad row or a row faster
+    than the accelerator's peak is a SpecError naming the field and the line."""
+    accelerator = point.system.accelerator
+    if accelerator.measured_table:
+        MeasuredTable(Path(accelerator.measured_table), accelerator)

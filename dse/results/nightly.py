@@ -8,9 +8,10 @@ outage) it comes from the last complete night's trials tables on disk. Studies u
 cost model and catalog give identical figures, and any move beyond the threshold is a change worth a look.
 """
 
+import argparse
 import json
 import logging
-import shutil
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,8 +20,10 @@ from typing import Protocol
 import pandas as pd
 
 from dse.errors import DseError
-from dse.results import pareto, report
-from dse.results.tracking import PARENT_RUN_ATTR, PARQUET, load_saved_spec, read_parquet
+from dse.limits import MAX_NAME_CHARS
+from dse.results import folders, pareto, report
+from dse.results.folders import PARQUET, load_saved_spec, read_parquet
+from dse.results.tracking import PARENT_RUN_ATTR
 from dse.search.space import StudySpec, load_study
 from dse.search.study import open_study
 
@@ -31,6 +34,26 @@ EXPERIMENT = "dse-nightly"
 NIGHT_TAG = "dse.night"
 METRIC_PREFIX = "nightly."
 LOG = logging.getLogger(__name__)
+NIGHT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+"""A night names a folder under the root: one plain file name, never a path ('a/b', '..')."""
+
+
+class StudyFailed(DseError):
+    """A study of the night did not end well; the night ends with the study's own exit code."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def night_name(text: str) -> str:
+    """`--night`'s type: a plain folder name."""
+    if not NIGHT_NAME.match(text) or len(text) > MAX_NAME_CHARS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a night's name: give a plain folder name of letters, digits, '.', '_' and '-' "
+            f"(up to {MAX_NAME_CHARS} characters), e.g. 2025-01-31"
+        )
+    return text
 
 
 class StudyRunner(Protocol):
@@ -80,15 +103,22 @@ def _baseline_from_mlflow(client, spec: StudySpec, night: str) -> tuple[dict[str
 
 
 def _baseline_from_disk(root: Path, spec: StudySpec, night: str) -> tuple[dict[str, float], str] | None:
-    nights = sorted(
-        (p for p in root.glob(f"*/{NIGHT_FILE}") if p.parent.name != night),
-        key=lambda p: json.loads(p.read_text())["finished"],
-        reverse=True,
-    )
-    for marker in nights:
+    """The figures of the latest other complete night whose table of this study reads (a damaged night is passed
+    over with a warning: it is history, not tonight's input)."""
+    finished = {}
+    for marker in root.glob(f"*/{NIGHT_FILE}"):
+        if marker.parent.name != night:
+            try:
+                finished[marker] = str(json.loads(marker.read_text())["finished"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                LOG.warning("%s is not a night's record (%s); passed over as a baseline", marker, exc)
+    for marker in sorted(finished, key=finished.__getitem__, reverse=True):
         out = marker.parent / spec.name
         if (out / PARQUET).is_file():
-            return figures(read_parquet(out)), f"trials table of night {marker.parent.name}"
+            try:
+                return figures(read_parquet(out)), f"trials table of night {marker.parent.name}"
+            except DseError as exc:
+                LOG.warning("%s; passed over as a baseline", exc)
     return None
 
 
@@ -141,45 +171,64 @@ def _verdict(name: str, before: float | None, now: float | None, moved: bool) ->
 
 
 def load_suite(suite: Path) -> list[tuple[Path, StudySpec]]:
-    """Every study file of the suite, checked before anything runs."""
+    """Every study file of the suite, checked before anything runs (two studies of one name would share a
+    folder)."""
+    if suite.is_file():
+        raise DseError(f"{suite}: a file, not a suite's folder; give the folder of study files (one study: dse run)")
     files = sorted(suite.glob("*.yaml"))
     if not files:
-        raise DseError(f"{suite}: no study files (*.yaml) here; give the folder of the nightly suite")
-    return [(path, load_study(path)) for path in files]
+        where = "" if suite.is_dir() else " (no such folder)"
+        raise DseError(f"{suite}: no study files (*.yaml) here{where}; give the folder of the nightly suite")
+    loaded = [(path, load_study(path)) for path in files]
+    first: dict[str, Path] = {}
+    for path, spec in loaded:
+        if spec.name in first:
+            raise DseError(
+                f"{path}: field 'name': study '{spec.name}' is also {first[spec.name]}'s, and a night runs each study "
+                "into a folder of its name; give each study its own name"
+            )
+        first[spec.name] = path
+    return loaded
 
 
-def run_suite(
-    suite: list[tuple[Path, StudySpec]],
-    root: Path,
-    night: str,
-    uri: str,
-    workers: int | None,
-    threshold: float,
-    run_study: StudyRunner,
-) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class NightRun:
+    """Where and how a night runs its suite."""
+
+    root: Path
+    night: str
+    uri: str
+    workers: int | None
+    threshold: float
+    force: bool
+    """Start every study afresh, replacing its results; without it, a night run again resumes its studies (a
+    finished one has nothing left to run and gives the same figures)."""
+
+
+def run_suite(suite: list[tuple[Path, StudySpec]], run: NightRun, run_study: StudyRunner) -> tuple[str, bool]:
     """Run every study of the suite for this night and write the report; returns it and whether anything moved.
 
-    Ray is joined once by the caller. A night run again starts its studies afresh."""
+    Ray is joined once by the caller."""
     from mlflow import MlflowClient
 
+    root, night = run.root, run.night
     night_dir = root / night
-    client = MlflowClient(uri)
+    client = MlflowClient(run.uri)
     results = []
     for path, spec in suite:
         out = night_dir / spec.name
-        if out.exists():
-            shutil.rmtree(out)
-        code = run_study(path, out, uri, workers)
+        if run.force and out.is_dir():
+            folders.clear(out)
+        code = run_study(path, out, run.uri, run.workers)
         if code != 0:
-            raise DseError(f"{path}: the study failed (exit code {code}); the night is incomplete, see above")
+            raise StudyFailed(f"{path}: the study failed (exit code {code}); the night is incomplete, see above", code)
         now = figures(read_parquet(out))
         found = _baseline_from_mlflow_safely(client, spec, night) or _baseline_from_disk(root, spec, night)
         baseline, source = found if found else (None, "none (first night)")
-        results.append(
-            StudyNight(spec.name, now, baseline, source, compare(now, baseline, threshold) if baseline else [])
-        )
+        moved = compare(now, baseline, run.threshold) if baseline else []
+        results.append(StudyNight(spec.name, now, baseline, source, moved))
         _tag_night(client, out, night, now)
-    text = markdown(night, results, threshold)
+    text = markdown(night, results, run.threshold)
     (night_dir / REPORT).write_text(text)
     moved = any(r.moved for r in results)
     (night_dir / NIGHT_FILE).write_text(

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from dse.errors import DseError
+
 _FILES: set[str] = set()
 _LOCK = threading.Lock()
 
@@ -27,6 +29,32 @@ def speed_up(database: Path) -> None:
         if not _FILES:
             event.listen(Engine, "connect", _on_connect)
         _FILES.add(str(database.resolve()))
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""How every SQLite database file begins (an empty file is one MLflow has yet to write)."""
+
+
+def check(database: Path, source: str = "") -> None:
+    """Refuse a file that is not an SQLite database (a missing one is fine: MLflow creates it). MLflow would retry
+    such a file for about 100 s (ten attempts, doubling waits) before failing. source: the option that named the
+    store (`--tracking-uri`), if one did; the fix then offers another."""
+    if not database.exists():
+        return
+    try:
+        with database.open("rb") as file:  # SQLite reads a file shorter than its header as an empty database
+            header = file.read(len(SQLITE_HEADER))
+        if header and header != SQLITE_HEADER:
+            raise sqlite3.DatabaseError("file is not a database")  # as SQLite says it of a longer file
+        with sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True) as db:
+            db.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+    except sqlite3.Error as exc:
+        given = f"{source} sqlite:///{database}: " if source else ""
+        other = f", or give another {source}" if source else ""
+        raise DseError(
+            f"{given}{database}: not a readable MLflow store ({exc}); move it aside (`dse sync` writes a study's "
+            f"runs to a new one){other}"
+        ) from None
 
 
 def _on_connect(connection: Any, record: Any) -> None:

@@ -24,18 +24,21 @@ from datetime import datetime
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import optuna
 import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from dse.errors import DseError, SpecError
-from dse.results import browse, mlflow_runs, pareto, plots, refinement
+from dse.errors import DseError
+from dse.results import browse, mlflow_runs, pareto, plots, refinement, sqlite_store
+from dse.results.folders import BEST_DIR, PARETO_CSV, PARQUET, SPEC_FILE
+from dse.results.folders import read_parquet as read_parquet  # the trials table's reader, where tests look for it
 from dse.search import refine
 from dse.search.decoding import decode
 from dse.search.executor import NODE
-from dse.search.space import StudySpec, load_study
+from dse.search.space import StudySpec
 from dse.search.study import (
     DUPLICATE_OF,
     FIELDS,
@@ -50,16 +53,18 @@ from dse.search.study import (
 )
 from dse.spec import without_ignored_settings
 
-PARQUET = "trials.parquet"
-PARETO_CSV = "pareto.csv"
-SPEC_FILE = "study.yaml"
-"""The study file as run (with command-line overrides), so `dse sync` and `dse nightly` can reopen the study."""
-BEST_DIR = "best"
 PARENT_RUN_ATTR = "mlflow_parent_run_id"
 TRACKING_URI_ATTR = "mlflow_tracking_uri"
+LOCAL_STORE_ATTR = "mlflow_local_store"
+"""True when the study logs to its output folder's own store (OUT/mlflow.db): a copied or moved folder's `dse sync`
+then writes to the store beside it, not to the one at the path it was run in."""
 STUDY_UID_ATTR = mlflow_runs.STUDY_UID_TAG
 """A random id the study keeps and its MLflow parent run carries as a tag: the writer process creates the parent
 run, and a driver killed before it could store the run's id in the study finds the run again by this tag."""
+
+
+TRACKING_SCHEMES = ("http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+"""Tracking URI schemes MLflow logs runs to (its folder store, a path or file:, is read-only since MLflow 3)."""
 
 
 def default_tracking_uri(out_dir: Path) -> str:
@@ -72,16 +77,37 @@ def save_spec(spec: StudySpec, out_dir: Path) -> Path:
     return path
 
 
-def load_saved_spec(out_dir: Path) -> StudySpec:
-    if not (out_dir / SPEC_FILE).is_file():
-        raise SpecError(f"{out_dir / SPEC_FILE}: no study was run into {out_dir}; give the folder `dse run --out` used")
-    return load_study(out_dir / SPEC_FILE)
-
-
 def saved_tracking_uri(study: optuna.Study, out_dir: Path, given: str | None) -> str:
     """The tracking URI of a study run before: the one given, else the one the study ran with, else its local
     store."""
-    return given or study.user_attrs.get(TRACKING_URI_ATTR) or default_tracking_uri(out_dir)
+    if given:
+        return checked_uri(given, "--tracking-uri")
+    if study.user_attrs.get(LOCAL_STORE_ATTR):  # the folder's own store, wherever the folder has moved since
+        return checked_uri(default_tracking_uri(out_dir))
+    return checked_uri(study.user_attrs.get(TRACKING_URI_ATTR) or default_tracking_uri(out_dir))
+
+
+def tracking_uri(given: str | None, out_dir: Path) -> str:
+    """The tracking URI a run logs to: --tracking-uri, else $MLFLOW_TRACKING_URI, else OUT_DIR's local store."""
+    if given:
+        return checked_uri(given, "--tracking-uri")
+    if from_env := os.environ.get("MLFLOW_TRACKING_URI"):
+        return checked_uri(from_env, "MLFLOW_TRACKING_URI")
+    return checked_uri(default_tracking_uri(out_dir))
+
+
+def checked_uri(uri: str, source: str = "") -> str:
+    """`uri` when MLflow can log to it; a path or a file: URI (MLflow 3 no longer writes its folder store) or an
+    unknown scheme is refused, naming where it came from, rather than found by the MLflow writer later."""
+    scheme = urlsplit(uri).scheme.split("+")[0].lower()
+    if scheme not in TRACKING_SCHEMES:
+        raise DseError(
+            f"{source} {uri}: not a tracking URI MLflow can log to (a folder or an unknown scheme); give "
+            "http(s)://HOST:PORT, sqlite:///PATH/mlflow.db or postgresql://..."
+        )
+    if scheme == "sqlite":
+        sqlite_store.check(Path(uri.removeprefix("sqlite:///")), source)
+    return uri
 
 
 def _feasible(trial: FrozenTrial) -> bool | None:
@@ -165,13 +191,6 @@ def write_parquet(frame: pd.DataFrame, path: Path) -> None:
         if len(kinds) > 1 or kinds & {dict, list}:
             out[column] = out[column].astype("str")
     out.to_parquet(path, index=False)
-
-
-def read_parquet(out_dir: Path) -> pd.DataFrame:
-    path = out_dir / PARQUET
-    if not path.is_file():
-        raise DseError(f"{path}: no trials table here; run `dse run STUDY.yaml --out {out_dir}` first")
-    return pd.read_parquet(path)
 
 
 @dataclass
@@ -319,6 +338,8 @@ class Tracker:
         self._process: subprocess.Popen[bytes] | None = None
         self._pipe: Connection | None = None
         self._reports: Connection | None = None
+        self._writer_ended = False
+        """The writer closed its end of the reports pipe before reporting a parent run."""
         self._recorded: set[int] = set()
         """Trials handed to the writer."""
         self._study: optuna.Study | None = None
@@ -329,6 +350,9 @@ class Tracker:
         """Start the writer process, which connects, finds or creates the experiment and the parent run, finds the
         child runs already written and (child_runs: all) writes the finished trials without one."""
         study.set_user_attr(TRACKING_URI_ATTR, self.uri)
+        local = self.uri == default_tracking_uri(self.out_dir)
+        if study.user_attrs.get(LOCAL_STORE_ATTR, False) != local:
+            study.set_user_attr(LOCAL_STORE_ATTR, local)
         uid = study.user_attrs.get(STUDY_UID_ATTR)
         if uid is None:
             uid = uuid.uuid4().hex
@@ -388,8 +412,11 @@ class Tracker:
     def _hear(self) -> None:
         """Take the writer's report that it connected, if it came, and keep the parent run's id in the study (in
         the driver's thread: the storage is the driver's): a resume and `dse sync` find the run by it."""
-        if self._reports is not None and not self.parent_id and self._reports.poll():
-            self._take(self._reports.recv())
+        if self._reports is not None and not self.parent_id and not self._writer_ended and self._reports.poll():
+            try:
+                self._take(self._reports.recv())
+            except EOFError:  # the writer ended without a parent run (an MLflow it could not reach); finish() tells
+                self._writer_ended = True
         if self.parent_id and self.parent_id != self._stored_parent and self._study is not None:
             self._study.set_user_attr(PARENT_RUN_ATTR, self.parent_id)
             self._stored_parent = self.parent_id

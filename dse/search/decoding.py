@@ -153,22 +153,32 @@ def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -
     if any("world" in expr.names for expr in spec.expressions.values()):
         env["world"] = _world(raw, spec.source)
     for path, expr in spec.expressions.items():
-        value = expr.evaluate(env)
+        value = derived_value(path, expr, env)
         if isinstance(value, str):
-            return f"derived {path} = {expr.text}: {value}"
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"derived {path} = {expr.text} is {value}, not a finite number"
-        if isinstance(value, float) and is_integer_field(path):
-            shown = ", ".join(f"{name}={env[name]}" for name in sorted(expr.names))
-            return f"derived {path} = {expr.text} = {value:.3g} ({shown}) is not a whole number"
+            return value
         env[path] = value
         try:
             assign(raw, path, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'derived.{path}': {exc}") from None
     return raw
+
+
+def derived_value(path: str, expr: Expression, env: Mapping[str, Any]) -> int | float | str:
+    """The value of the derived value at `path` given the parameters (and earlier derived values, and `world`) in
+    `env`, or the reason it has none: a division by zero, a non-finite result, a fraction for a field of whole
+    numbers. A whole float is returned as an int."""
+    value = expr.evaluate(env)
+    if isinstance(value, str):
+        return f"derived {path} = {expr.text}: {value}"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"derived {path} = {expr.text} is {value}, not a finite number"
+    if isinstance(value, float) and is_integer_field(path):
+        shown = ", ".join(f"{name}={env[name]}" for name in sorted(expr.names))
+        return f"derived {path} = {expr.text} = {value:.3g} ({shown}) is not a whole number"
+    return value
 
 
 def point_fields(point: DesignPoint, paths: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ restarted actor, and a point that kills its worker twice fails instead of taking
 
 import gc
 import logging
+import math
 import os
 import pickle
 import socket
@@ -92,6 +93,17 @@ class PluginEvaluation:
                 "evaluate_s": time.perf_counter() - t0,
             },
         }
+
+
+def evaluation_seconds(results: list[Result | str], elapsed: float) -> float:
+    """The evaluation time of a call's results: the sum of their own `timings.evaluate_s` when every one reports
+    it (PluginEvaluation measures it around generating and pricing each point), else the call's `elapsed` wall
+    time. Calls aim at CALL_S of evaluation, and this leaves out the call's own work around it (unpickling the
+    points, building the result dicts)."""
+    reported = [r.get("timings", {}).get("evaluate_s") if isinstance(r, dict) else None for r in results]
+    if not results or not all(isinstance(s, int | float) and math.isfinite(s) and s >= 0 for s in reported):
+        return elapsed
+    return float(sum(reported))  # type: ignore[arg-type]
 
 
 PLAIN_STATE = ("generator", "cost_model", "cost_model_options", "refiner", "refiner_options")
@@ -201,6 +213,7 @@ def connect(address: str | None) -> bool:
     """
     import ray
 
+    check_address(address)
     if ray.is_initialized():
         return False
     # The token-auth notice comes with every local start; it is advice, not a problem with the study.
@@ -220,6 +233,20 @@ def connect(address: str | None) -> bool:
             f"--address out to start a local Ray"
         ) from None
     return True
+
+
+def check_address(address: str | None) -> None:
+    """A Ray address as `--address` takes it: auto, local, HOST:PORT or ray://HOST:PORT; else a one-line DseError,
+    where Ray's own is a ValueError from deep inside ray.init. (RAY_ADDRESS is Ray's to read: job submission sets
+    it in forms of its own.)"""
+    if not address or address in ("auto", "local"):
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not (colon and host.strip("[]") and port.isdigit() and 0 < int(port) < 65536) or any(c.isspace() for c in host):
+        raise DseError(
+            f"--address {address}: not a Ray address; give auto (the cluster of this machine), HOST:PORT (a cluster's "
+            "head, e.g. 10.0.0.1:6379) or ray://HOST:PORT (its Ray Client server, e.g. ray://head:10001)"
+        )
 
 
 REACH_TIMEOUT_S = 5.0
@@ -545,7 +572,8 @@ class Evaluator:
 
     def evaluate(self, points: bytes) -> tuple[list[Result | str], float]:
         """Each (point, refine) pair's result (`run_one`), or the one-line error its evaluation raised (one point's
-        error does not cost the others their results), and the seconds the call took: the pool sizes its calls by it.
+        error does not cost the others their results), and the seconds of evaluation the call held: the pool sizes
+        its calls by it (`evaluation_seconds`).
 
         The points come pickled by the driver: Ray would pickle them with cloudpickle, whose dispatch table is a
         Python ChainMap looked up for every object of every point (4% of the driver's instructions per trial)."""
@@ -556,7 +584,7 @@ class Evaluator:
                 results.append({**run_one(self._fn, point, refine), NODE: self._node})
             except Exception as exc:
                 results.append(_describe(exc))
-        return results, time.perf_counter() - start
+        return results, evaluation_seconds(results, time.perf_counter() - start)
 
     def ping(self) -> None:
         """Answers once the actor is up (again)."""

@@ -6,8 +6,8 @@ minus signs long before they would say so politely.
 """
 
 import ast
-import math
 import operator
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +83,7 @@ def _check(node: ast.expr, names: set[str], depth: int) -> None:
     elif isinstance(node, ast.Constant):
         if not is_number(node.value):
             raise ValueError(f"{node.value!r} is not a number; use {_ALLOWED}")
-        if not math.isfinite(node.value):
+        if not abs(node.value) <= sys.float_info.max:  # an int is compared exactly: math.isfinite would overflow
             raise ValueError("a number in it is too large for a float; use a smaller one")
     elif isinstance(node, ast.Name | ast.Attribute) and (name := _dotted(node)) is not None:
         names.add(name)

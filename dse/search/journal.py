@@ -31,8 +31,8 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, distribution_to_json
 from optuna.storages import InMemoryStorage
-from optuna.storages.journal import BaseJournalBackend, JournalStorage
-from optuna.storages.journal._storage import JournalOperation
+from optuna.storages.journal import BaseJournalBackend
+from optuna.storages.journal._storage import JournalOperation, JournalStorageReplayResult
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
@@ -47,6 +47,10 @@ FLUSHING_OPS = DURABLE_OPS | {JournalOperation.SET_STUDY_USER_ATTR, JournalOpera
 attributes (rare, and a resume reads them)."""
 
 
+OP_CODES = frozenset(int(op) for op in JournalOperation)
+"""The op_code of every line Optuna's journal format has."""
+RECORD_START = b'{"op_code":'
+"""How every line of the journal begins, this module's and Optuna's own backend's alike."""
 FSYNC_INTERVAL_S = 0.2
 """Least time between the starts of two fsyncs of a journal: requests in between are served by one flush."""
 
@@ -184,14 +188,61 @@ class JournalFile(BaseJournalBackend):
         return len(self._logs) - seen
 
     def _catch_up(self) -> None:
-        """Parse the whole lines other processes appended since the last look."""
+        """Parse the whole lines other processes appended since the last look; a line that is not a journal
+        record raises a DseError naming its number."""
         size = os.fstat(self._fd).st_size
         if size <= self._offset:
             return
         data = os.pread(self._fd, size - self._offset, self._offset)
         end = data.rfind(b"\n") + 1
-        self._logs.extend(json.loads(line) for line in data[:end].splitlines() if line.strip())
+        tail = data[end:].lstrip()
+        if tail and not (tail.startswith(RECORD_START) or RECORD_START.startswith(tail)):
+            # What follows the last line is cut off before the next append only when a crashed writer left it
+            # (the start of a record); anything else is damage, which the cut would silently erase.
+            number = os.pread(self._fd, self._offset, 0).count(b"\n") + data.count(b"\n") + 1
+            raise self.bad_line(number, "not the start of a record, nor ended by a newline")
+        lines = data[:end].splitlines()
+        try:
+            logs = [json.loads(line) for line in lines if line.strip()]
+        except ValueError:  # JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+            logs = None
+        if logs is None or not all(type(log) is dict and log.get("op_code") in OP_CODES for log in logs):
+            raise self._first_bad_line(lines)
+        self._logs.extend(logs)
         self._offset += end
+
+    def _first_bad_line(self, lines: list[bytes]) -> DseError:
+        """The error for the first of `lines` (those after the parsed part) that is not a journal record."""
+        number = os.pread(self._fd, self._offset, 0).count(b"\n")
+        for line in lines:
+            number += 1
+            if not line.strip():
+                continue
+            try:
+                log = json.loads(line)
+            except ValueError as exc:
+                return self.bad_line(number, f"not JSON: {exc}")
+            if type(log) is not dict:
+                return self.bad_line(number, f"a JSON {type(log).__name__}, not an object")
+            if log.get("op_code") not in OP_CODES:
+                return self.bad_line(number, f"op_code {log.get('op_code')!r} is none of Optuna's")
+        return self.bad_line(number, "unreadable")
+
+    def bad_line(self, number: int, reason: str) -> DseError:
+        return DseError(
+            f"{self._path}: line {number} is not an Optuna journal record ({reason[:200]}); the file is damaged: "
+            "restore it from a copy, or delete that line to resume with the rest"
+        )
+
+    def line_of(self, index: int) -> int:
+        """The file's line number (from 1) of the index-th record (blank lines hold none)."""
+        data = os.pread(self._fd, self._offset, 0)
+        seen = -1
+        for number, line in enumerate(data.splitlines(), 1):
+            seen += bool(line.strip())
+            if seen == index:
+                return number
+        return data.count(b"\n")
 
 
 class JournalMirror(InMemoryStorage):
@@ -216,7 +267,14 @@ class JournalMirror(InMemoryStorage):
         self._path = path
         self._file = JournalFile(path)
         self._worker = f"{uuid.uuid4()}-{threading.get_ident()}"
-        replay = JournalStorage(self._file)._replay_result
+        replay = JournalStorageReplayResult(f"{uuid.uuid4()}-")
+        try:
+            replay.apply_logs(self._file.read_logs(0))
+        except DseError:
+            raise
+        except Exception as exc:  # a well-formed line Optuna's replay cannot apply (a field missing, a wrong type)
+            number = self._file.line_of(replay.log_number_read - 1)
+            raise self._file.bad_line(number, f"{type(exc).__name__}: {exc}") from None
         self._study_ids: dict[int, int] = {}
         self._trial_ids: dict[int, int] = {}
         for study in sorted(replay.get_all_studies(), key=lambda s: s._study_id):

@@ -6,24 +6,34 @@ as its reason (a string) so the study can tell Optuna at once, without spending 
 """
 
 import importlib.util
-from functools import cached_property
+from functools import cached_property, partial
 from math import prod
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import optuna
 from annotated_types import Ge, Gt, Le
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 
 from dse import plugins
 from dse.errors import SpecError
 from dse.fields import Count, Whole
-from dse.limits import MAX_CHOICES, MAX_NAME_CHARS, MAX_SEED, MAX_TRIALS, MAX_WORKERS
+from dse.limits import MAX_CHOICES, MAX_NAME_CHARS, MAX_SEARCHED, MAX_SEED, MAX_TRIALS, MAX_WORKERS
 from dse.objective import Constraint, Direction, Objective
-from dse.point.points import expand
-from dse.search.decoding import Value, decode, is_integer_field, vary
+from dse.point.points import FILE_FIELDS, check_tables, expand, file_path_from, with_paths_from
+from dse.search import bounds
+from dse.search.bounds import is_system_field
+from dse.search.decoding import Value, decode, vary
 from dse.search.expressions import Expression, is_number, parse_expression
-from dse.spec import REFINEMENTS, default_of
+from dse.spec import IGNORED_RULES, DesignPoint, Refinement, default_of
 from dse.yamlio import describe_validation_error, load_mapping
 
 SUMMARY_FIELDS = (
@@ -54,6 +64,7 @@ class Param(BaseModel):
     feasibility_only: bool = False
     """The field only decides whether a point fits, never its objectives: the study evaluates each configuration
     once, at the largest value, and derives the result for every other value (`dse.search.capacity`)."""
+    _repeated: list[Value] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _check(self) -> "Param":
@@ -89,6 +100,50 @@ class Param(BaseModel):
     @property
     def is_int(self) -> bool:
         return all(isinstance(v, int) for v in (self.low, self.high, self.step) if v is not None)
+
+    @property
+    def size(self) -> int | None:
+        """Distinct values: the choices, or the steps of an integer range (load_study has checked that the step fits
+        the range); None for a float range."""
+        if self.choices is not None:
+            return len(self.choices)
+        if not self.is_int:
+            return None
+        return (int(self.high) - int(self.low)) // int(self.step or 1) + 1  # type: ignore[arg-type]
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _distinct_choices(cls, data: Any, handler: ModelWrapValidatorHandler["Param"]) -> "Param":
+        """Each choice once, the first kept: a repeat would be searched (and counted) twice. The repeats are kept
+        aside (`repeated`) for load_study's warning, which can name the file and the field."""
+        param = handler(data)
+        if param.choices is None:
+            return param
+        distinct: dict[tuple[str, Value], Value] = {}
+        repeated = []
+        for choice in param.choices:
+            if (key := _choice_key(choice)) in distinct:
+                repeated.append(choice)
+            else:
+                distinct[key] = choice
+        if not repeated:
+            return param
+        out = param.model_copy(update={"choices": list(distinct.values())})
+        out._repeated = repeated
+        return out
+
+    @property
+    def repeated(self) -> list[Value]:
+        """Choices the file gave more than once, each after its first, as they were dropped."""
+        return self._repeated
+
+
+def _choice_key(choice: Value) -> tuple[str, Value]:
+    """What makes two choices one: numbers by value (1, 1.0 and 1e0 give the same point), booleans and strings as
+    written (true is not 1: a field takes one or the other, and the other is refused by name)."""
+    if isinstance(choice, bool | str):
+        return type(choice).__name__, choice
+    return "number", int(choice) if isinstance(choice, float) and choice.is_integer() else choice
 
 
 class TrackingSpec(BaseModel):
@@ -257,13 +312,19 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     (`vary`), so that unknown paths and names, and values their fields reject, fail here rather than prune
     every trial that draws them.
     """
-    raw = load_mapping(path)
+    raw = _with_absolute_paths(load_mapping(path), Path(path).parent)
     raw.update({key: value for key, value in overrides.items() if value is not None})
     try:
         spec = StudySpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, str(path))) from None
     spec._source = str(path)
+    for field, entries in (("space", spec.space), ("derived", spec.derived)):
+        if len(entries) > MAX_SEARCHED:
+            raise SpecError(
+                f"{path}: field '{field}': {len(entries):,} entries is over the limit of {MAX_SEARCHED} (README: "
+                "Limits); search fewer fields, and set the rest in base"
+            )
     models = [("generator", spec.generator, None), ("cost_model", spec.cost_model, spec.cost_model_options)]
     if spec.refine is not None:
         models.append(("refine.cost_model", spec.refine.cost_model, spec.refine.cost_model_options))
@@ -276,28 +337,40 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
             )
         if options is not None:  # checked now, not by every evaluation (and every Ray worker) later
             plugins.cost_model_options(plugins.load("cost model", name), name, options, str(path), f"{field}_options")
+    if (refine := spec.refine) is not None:
+        plugins.refuse_repeated_refiner(
+            spec.cost_model, spec.cost_model_options, refine.cost_model, refine.cost_model_options, str(path)
+        )
     _ = spec.objective_list, spec.constraint_list, spec.expressions  # resolved now so errors surface at load
     try:
         expand(spec.base, where="base.")
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
+    plugins.refuse_unread_fields(  # a field the generator never reads, set in base or searched in space
+        spec.generator,
+        partial(_possible, spec),
+        str(path),
+        lambda at: f"{'space' if at in spec.space else 'base'}.{at}",
+    )
+    bounds.check_ranges(spec)
+    bounds.check_overlaps(spec)
     _check_sampler(spec)
     _check_budget(spec)
-    for name, param in spec.space.items():
-        if param.choices is None and not param.is_int and is_integer_field(name):
-            raise SpecError(
-                f"{path}: field 'space.{name}': {name} holds whole numbers, so a range of it needs whole low and "
-                f"high (and step), not {param.low!r} and {param.high!r}"
-            )
     if (values := sum(len(param.values) for param in spec.space.values())) > MAX_CHOICES:
         raise SpecError(
             f"{path}: field 'space': {values:,} choices and range ends over all parameters is over the limit of "
             f"{MAX_CHOICES:,} (README: Limits); use ranges for the long ones"
         )
     _check_feasibility_only(spec)
-    decode(spec, {name: param.first for name, param in spec.space.items()})
-    vary(spec)
+    bounds.check_derived_values(spec)
+    first = decode(spec, {name: param.first for name, param in spec.space.items()})
+    points = [first, *(outcome for _, _, outcome in vary(spec))]
+    tables = {point.system.accelerator.measured_table: point for point in points if isinstance(point, DesignPoint)}
+    for point in tables.values():  # each measured kernel table read once now, not by every trial
+        check_tables(point)
     _check_refinements(spec)
+    for warning in bounds.repeated_choices(spec):  # on stdout, as the commands print theirs: stderr is for errors
+        print(warning)
     return spec
 
 
@@ -339,16 +412,12 @@ def _check_sampler(spec: StudySpec) -> None:
             f"{where} 'sampler': gp (Optuna's GPSampler) needs torch, which is not installed; "
             "pip install 'dse-orchestrator[gp]', or use sampler tpe, nsga2, nsga3, local, random or grid"
         )
+    bounds.check_sampler_sizes(spec, space_size(spec))
     if spec.population_size is not None and spec.sampler not in GA_SAMPLERS:
         raise SpecError(
             f"{where} 'population_size': only the evolutionary samplers ({', '.join(GA_SAMPLERS)}) breed "
             f"generations, not {spec.sampler}; remove it or use sampler nsga2"
         )
-
-
-def is_system_field(path: str) -> bool:
-    """Whether a dotted path is the point's system or within it: what a sweep prices in batches per structure."""
-    return path == "system" or path.startswith("system.")
 
 
 def _check_budget(spec: StudySpec) -> None:
@@ -432,34 +501,51 @@ def _check_feasibility_only(spec: StudySpec) -> None:
             )
 
 
+def _with_absolute_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """A study file's data with each relative file path (FILE_FIELDS, in base or among a parameter's choices)
+    made absolute against the study file's folder: the study then reads the same files from any working
+    directory, on any Ray worker, and as saved into its output folder."""
+    if isinstance(raw.get("base"), dict):
+        raw["base"] = with_paths_from(folder, raw["base"])
+    space = raw.get("space")
+    for field in FILE_FIELDS:
+        param = space.get(field) if isinstance(space, dict) else None
+        choices = param.get("choices") if isinstance(param, dict) else None
+        if isinstance(choices, list):
+            relative = [isinstance(c, str) and c != "" and not Path(c).is_absolute() for c in choices]
+            resolved = [file_path_from(folder, c) if r else c for c, r in zip(choices, relative, strict=True)]
+            space[field] = {**param, "choices": resolved}
+    return raw
+
+
 def space_size(spec: StudySpec) -> int | None:
     """Distinct parameter sets of the space, or None when a parameter is a float range."""
-    sizes = []
-    for param in spec.space.values():
-        if param.choices is not None:
-            sizes.append(len(param.choices))
-        elif not param.is_int:
-            return None
-        else:
-            sizes.append((int(param.high) - int(param.low)) // int(param.step or 1) + 1)  # type: ignore[arg-type]
-    return prod(sizes)
+    sizes = [param.size for param in spec.space.values()]
+    return None if None in sizes else prod(sizes)  # type: ignore[arg-type]
 
 
 def _check_refinements(spec: StudySpec) -> None:
-    """A field that only takes effect with some values of another (REFINEMENTS), set by the study to anything but
-    its default where no point can give it effect, is an error: every trial would silently ignore it."""
-    for rule in REFINEMENTS:
+    """A field that changes nothing at some values of another (IGNORED_RULES: `fsdp` outside ZeRO 3,
+    `recompute_every` beyond the layer count), set by the study where no point can give it effect, is an error:
+    every trial would silently ignore it."""
+    for rule in IGNORED_RULES:
         values, partners = _possible(spec, rule.field), _possible(spec, rule.partner)
-        if values is None or partners is None or all(value == rule.default for value in values):
+        if values is None or partners is None:
             continue
-        if not any(rule.applies(value) for value in partners):
-            where = f"space.{rule.field}" if rule.field in spec.space else f"base.{rule.field}"
-            shown = [value for value in values if value != rule.default]
+        value = rule.first_ignored(values, partners)
+        if value is None:
+            continue
+        where = f"space.{rule.field}" if rule.field in spec.space else f"base.{rule.field}"
+        if isinstance(rule, Refinement):
             raise SpecError(
-                f"{spec.source}: field '{where}': {shown[0]!r} only takes effect with {rule.condition}, which no point "
+                f"{spec.source}: field '{where}': {value!r} only takes effect with {rule.condition}, which no point "
                 f"of the study has ({rule.partner}: {', '.join(map(repr, partners))}); remove it or search "
                 f"{rule.partner} over values that include it"
             )
+        raise SpecError(
+            f"{spec.source}: field '{where}': no point of the study gives {value!r} effect "
+            f"({rule.partner}: {', '.join(map(repr, partners))}): {rule.reason(value, partners[0]).split(': ', 1)[1]}"
+        )
 
 
 def _possible(spec: StudySpec, path: str) -> list[Any] | None:

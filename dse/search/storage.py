@@ -33,22 +33,33 @@ def describe(url: str | None, out_dir: Path) -> str:
     return url
 
 
+def scheme_of(url: str | None, out_dir: Path) -> str:
+    """The storage URL's scheme ('' for a journal file path); an unknown one raises DseError, before anything is
+    opened or made."""
+    scheme = urlsplit(url).scheme.split("+")[0] if url else ""
+    if scheme not in (*RDB_SCHEMES, "redis", "", "file"):
+        raise DseError(
+            f"field 'storage': unknown storage URL scheme '{scheme}' in {describe(url, out_dir)}; use "
+            f"postgresql://, mysql://, sqlite:///, redis:// or a journal file path"
+        )
+    return scheme
+
+
 def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
     """The storage at `url` (None: OUT_DIR's journal file); a bad URL or an unreachable server raises DseError."""
-    scheme = urlsplit(url).scheme.split("+")[0] if url else ""
+    scheme = scheme_of(url, out_dir)
     try:
         if not url:
-            return JournalMirror(str(out_dir / JOURNAL))
+            return _journal_file(out_dir / JOURNAL, "")
         if scheme in RDB_SCHEMES:
             return RDBStorage(url)
         if scheme == "redis":
             with warnings.catch_warnings():  # "experimental" since Optuna 3.1; it is the shared journal we want
                 warnings.simplefilter("ignore", ExperimentalWarning)
                 return JournalStorage(JournalRedisBackend(url))
-        if scheme in ("", "file"):
-            path = Path(urlsplit(url).path if scheme == "file" else url)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalMirror(str(path))
+        return _journal_file(Path(urlsplit(url).path if scheme == "file" else url), "field 'storage': ")
+    except DseError:  # a journal file's own errors name the file and the line
+        raise
     except ImportError as exc:  # Optuna turns a missing database driver into a bare ImportError
         package = DRIVERS.get(scheme, getattr(exc, "name", None) or "the database driver")
         raise DseError(
@@ -60,7 +71,23 @@ def open_storage(url: str | None, out_dir: Path) -> BaseStorage:
             f"field 'storage': cannot open Optuna storage {describe(url, out_dir)} ({first}); check that the "
             f"server is up and the URL is right"
         ) from None
-    raise DseError(
-        f"field 'storage': unknown storage URL scheme '{scheme}' in {describe(url, out_dir)}; use "
-        f"postgresql://, mysql://, sqlite:///, redis:// or a journal file path"
-    )
+
+
+def _journal_file(path: Path, field: str) -> JournalMirror:
+    """A journal file's storage; a path that cannot hold one is named with the reason (not a server's)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalMirror(str(path))
+    except OSError as exc:
+        raise DseError(
+            f"{field}{path}: cannot open the study journal ({exc.strerror or exc}); give a journal file path "
+            "that can be written"
+        ) from None
+
+
+def holds_study(url: str | None, out_dir: Path, name: str) -> bool:
+    """Whether the storage at `url` (None: OUT_DIR's journal file) holds a study of that name, read without
+    creating anything (a missing journal file holds none)."""
+    if not url and not (out_dir / JOURNAL).is_file():
+        return False
+    return name in {study.study_name for study in open_storage(url, out_dir).get_all_studies()}

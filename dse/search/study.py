@@ -10,12 +10,14 @@ The budget (`trials`) counts evaluations, not trials: samplers propose evaluated
 TPE spending 33-58% of its trials on them), and a trial that reuses an evaluation or is pruned before one costs
 next to nothing, so the loop keeps asking until the budget's evaluations are spent or the space is exhausted. A
 sampler that keeps proposing tried points is steered to untried ones (`dse.search.unseen`), so a finite space ends
-only when every parameter set was tried.
+only when every parameter set was tried, or, as a space with (almost) no untried point that can run would be asked
+without end, after BARREN_ASKS asks in a row (or BARREN_ASK_S seconds of them) that started no evaluation.
 """
 
 import math
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from dse.search.journal import JournalMirror
 from dse.search.local_search import ParetoLocalSampler
 from dse.search.space import SUMMARY_FIELDS, StudySpec, feasibility_only, grid, optuna_distributions, space_size
 from dse.search.storage import describe, open_storage
-from dse.search.unseen import STALL_ASKS, Unseen
+from dse.search.unseen import STALL_ASKS, Barren, Unseen
 from dse.spec import DesignPoint
 
 # Trial user attributes. Each is one write to the storage (a journal line, a row), so they are few and whole.
@@ -170,16 +172,19 @@ def evaluations(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     return [t for t in trials if is_evaluation(t) and (t.number not in retried or METRICS in t.user_attrs)]
 
 
-def requeue_running(study: optuna.Study) -> None:
+def requeue_running(study: optuna.Study, names: Collection[str]) -> None:
     """Fail the trials a stopped driver left RUNNING and enqueue their params again.
 
     The driver is the only one telling, so a RUNNING trial at start (or after an interrupt) is one nobody will
-    finish. Its retry is marked so that it, not the failed trial, counts toward the budget.
+    finish. Its retry is marked so that it, not the failed trial, counts toward the budget. A trial that holds
+    only some of the space's parameters `names` (a journal cut while its parameters were being written) is only
+    failed: enqueued, its missing parameters would be drawn anew and some samplers (grid) refuse that.
     """
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in running:
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-        study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number})
+        if set(names) <= set(trial.params):
+            study.enqueue_trial(trial.params, user_attrs={RETRY_OF: trial.number})
 
 
 @dataclass
@@ -237,6 +242,8 @@ class _Loop:
         self.size = space_size(spec)
         self.fruitless = 0
         """Asks in a row that brought neither an evaluation nor a parameter set not seen before."""
+        self.barren = Barren()
+        """Asks in a row that brought no evaluation: the search ends when they grow too many (`Barren.ending`)."""
         self.unseen = Unseen(self.distributions, self.size, spec.seed + len(stored))
         self.gate = GenerationGate(study, study.sampler) if isinstance(study.sampler, BaseGASampler) else None
         self.left = 0
@@ -283,7 +290,9 @@ class _Loop:
                 self.in_flight[job.trial.number] = job
                 self.executor.submit(job.trial.number, job.evaluated)
             elif self._may_ask() and (len(self.in_flight) < self.capacity or not self.ready):
+                asked = time.monotonic()
                 self._start(*self._ask())
+                self.barren.took(time.monotonic() - asked)
             else:
                 if (self.left <= 0 or self.ending) and not self.retries and not self.ready:
                     self.executor.drain()
@@ -291,12 +300,15 @@ class _Loop:
 
     def _may_ask(self) -> bool:
         """Whether to ask a trial now; after STALL_ASKS fruitless asks, the next one is an untried parameter set
-        enqueued for the sampler (or, when none is left, the search ends)."""
+        enqueued for the sampler (or, when none is left, the search ends, as it does after too many barren asks)."""
         if self.gate is not None and not self.gate.open():
             return False
         if self.retries:
             return True
         if self.left <= 0 or self.ending is not None:
+            return False
+        if (ending := self.barren.ending()) is not None:
+            self.ending = ending
             return False
         if self.fruitless >= STALL_ASKS:
             params = self.unseen.draw(self.seen)
@@ -364,6 +376,7 @@ class _Loop:
         decoded = self._decoded(params)
         if isinstance(decoded, str):
             self.fruitless = 0 if fresh else self.fruitless + 1
+            self.barren.add(decoded)
             trial.set_user_attr(REASON, decoded)
             self._tell(trial, state=TrialState.PRUNED)
         else:
@@ -372,12 +385,15 @@ class _Loop:
             evaluated = self._evaluated_point(params, point)
             if evaluated.key in self.known:
                 self.fruitless += 1
+                self.barren.add(None)
                 self._reuse(trial, point, evaluated.key)
             elif evaluated.key in self.leaders:
                 self.fruitless += 1
+                self.barren.add(None)
                 self.leaders[evaluated.key].followers.append((trial, point))
             else:
                 self.fruitless = 0
+                self.barren = Barren()
                 self.left -= 1
                 self.leaders[evaluated.key] = job = _Job(trial, point, evaluated)
                 self.ready.append(job)
@@ -501,8 +517,8 @@ def run(
     Trials left running, by a crashed driver before this run or by a stop or an exception in it, are failed
     and re-enqueued, so the next run evaluates them again and the budget counts each point once.
     """
-    requeue_running(study)
+    requeue_running(study, spec.space)
     try:
         return _Loop(spec, study, executor, on_trial or (lambda trial: None)).run(trials, stop)
     finally:
-        requeue_running(study)
+        requeue_running(study, spec.space)

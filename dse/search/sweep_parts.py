@@ -84,7 +84,7 @@ def open_manifest(spec: StudySpec, out_dir: Path) -> dict[str, Any]:
     if (out_dir / OPTUNA_JOURNAL).exists():
         raise SpecError(
             f"{spec.source}: field 'sweep': {out_dir} holds an Optuna study ({OPTUNA_JOURNAL}), whose trials table a "
-            "sweep would overwrite; run the sweep with another --out"
+            "sweep would overwrite; run the sweep with another --out, or --force to replace the study"
         )
     path = out_dir / MANIFEST
     mine = identity(spec)

@@ -22,6 +22,7 @@ piece.
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dse.errors import InfeasibleError
@@ -30,7 +31,7 @@ from dse.spec import DesignPoint
 from dse.workload import Block, Workload
 from generators.fx.capture import capture_layer
 from generators.fx.ends import EPILOGUE, PROLOGUE, capture_end
-from generators.fx.factories import factory_name, resolve
+from generators.fx.factories import check, factory_name, resolve
 from generators.fx.fsdp import with_fsdp
 from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
 from generators.fx.scaling import HIGH, LOW, along_batch
@@ -209,3 +210,9 @@ class FxGenerator:
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:
         return (point.parallel.tp, point.parallel.sp, point.parallel.ep, *schedule_affinity(point))
+
+    @staticmethod
+    def preflight(points: Sequence[DesignPoint]) -> None:
+        """Each model factory the points name imports and builds its model (dse.interfaces.PreflightGenerator),
+        checked in a child process: a factory that cannot would otherwise fail every point."""
+        check(points)

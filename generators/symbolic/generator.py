@@ -8,8 +8,9 @@ later points (`recording`); the pipeline schedule is likewise walked once per sh
 """
 
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import ClassVar
 
 import numpy as np
 
@@ -103,6 +104,11 @@ class SymbolicGenerator:
     shallow copy carrying the new point's key. Cost models only read workloads."""
 
     name = "symbolic"
+    unread_fields: ClassVar[Mapping[str, str]] = {
+        "model.fx_factory": "it names the model's PyTorch code for the fx generator, while this one builds the "
+        "model from its fields; remove it, or use generator fx"
+    }
+    """Fields of a point this generator never reads (dse.interfaces.FieldReadingGenerator): setting one is refused."""
 
     def __init__(self) -> None:
         self._workloads: OrderedDict[str, Workload] = OrderedDict()

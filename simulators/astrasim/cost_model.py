@@ -18,7 +18,7 @@ from simulators.astrasim.config import expanded_sizes, write_configs
 from simulators.astrasim.isolated import collective_workload, operation_time, send_workload
 from simulators.astrasim.options import AstraSimOptions
 from simulators.astrasim.parse import RankStats, parse_log
-from simulators.astrasim.runner import AstraSimError, resolve_binary, run
+from simulators.astrasim.runner import AstraSimError, check_loads, resolve_binary, run
 from simulators.astrasim.scaling import scaled_world
 from simulators.astrasim.timeline import time_by_category, timeline_events
 from simulators.external import run_folder
@@ -49,6 +49,11 @@ class AstraSimCostModel:
     def __init__(self, options: AstraSimOptions | None = None, timeline: bool = False) -> None:
         self.options = options or AstraSimOptions()
         self.timeline = timeline
+
+    def preflight(self) -> None:
+        """The binary the options name exists, is executable and loads its shared libraries
+        (dse.interfaces.PreflightCostModel): each would otherwise fail every evaluation with the same reason."""
+        check_loads(resolve_binary(self.options))
 
     def with_timeline(self) -> "AstraSimCostModel":
         """The same settings, keeping each rank class's schedule as ASTRA-sim ran it (dse.interfaces.

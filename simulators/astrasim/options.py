@@ -1,18 +1,30 @@
 """The ASTRA-sim cost model's settings (a study's `cost_model_options`), validated with pydantic."""
 
-from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
+from annotated_types import Ge, Le
 from pydantic import BaseModel, ConfigDict, Field
+
+from dse.fields import Whole
+from dse.limits import MAX_WORLD
+from dse.options import ExistingFile, Folder, TimeoutSeconds
+
+MAX_CHUNKS = 64
+"""Chunks of a collective (in flight per dimension, or split into): ASTRA-sim's runs slow with each, to no end."""
+Chunks = Annotated[Whole, Ge(1), Le(MAX_CHUNKS)]
 
 
 class AstraSimOptions(BaseModel):
     """How ASTRA-sim is run. Every field has a default, so `AstraSimCostModel()` runs the binary ASTRA_SIM_BIN names
-    with the settings under which ASTRA-sim's collectives reproduce the analytical model's closed forms."""
+    with the settings under which ASTRA-sim's collectives reproduce the analytical model's closed forms.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict as a point file is (no quoted numbers, no booleans for numbers, every number finite and bounded); the
+    binary must be an existing file and keep_runs a folder (checked when the study or point loads), and the
+    binary's libraries are checked by the cost model's pre-flight."""
 
-    binary: Path | None = Field(
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    binary: ExistingFile | None = Field(
         None,
         description="ASTRA-sim's analytical binary; unset: the environment variable ASTRA_SIM_BIN. For the "
         "congestion-aware backend, a binary named AstraSim_Analytical_Congestion_Unaware (as CI sets it) stands for "
@@ -32,21 +44,20 @@ class AstraSimOptions(BaseModel):
     scheduling_policy: Literal["LIFO", "FIFO"] = Field(
         "LIFO", description="ASTRA-sim's order among ready collectives (its scheduling-policy)"
     )
-    active_chunks_per_dimension: int = Field(
-        1, ge=1, le=64, description="chunks of a collective in flight per dimension; 1 reproduces the closed forms"
+    active_chunks_per_dimension: Chunks = Field(
+        1, description="chunks of a collective in flight per dimension; 1 reproduces the closed forms"
     )
-    preferred_dataset_splits: int = Field(
-        1, ge=1, le=64, description="chunks a collective is split into; 1 reproduces the closed forms"
+    preferred_dataset_splits: Chunks = Field(
+        1, description="chunks a collective is split into; 1 reproduces the closed forms"
     )
-    max_npus: int | None = Field(
+    max_npus: Annotated[Whole, Ge(2), Le(MAX_WORLD)] | None = Field(
         None,
-        ge=2,
         description="large worlds: simulate a world of more NPUs on as few data-parallel replicas as bring it to this "
         "many (at least 2), each data-parallel collective resized to keep its time, so that a 1024-GPU point takes "
         "seconds; the replica axis must lie inside one network dimension. Unset: every NPU is simulated",
     )
-    timeout_s: float = Field(600.0, gt=0, le=86400, description="seconds before a run is killed as hung")
-    keep_runs: Path | None = Field(
+    timeout_s: TimeoutSeconds = Field(600.0, description="seconds before a run is killed as hung")
+    keep_runs: Folder | None = Field(
         None,
         description="folder to keep every run's configuration, traces and log in (one subfolder per run); unset: "
         "run folders are deleted after parsing",

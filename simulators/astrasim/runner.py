@@ -1,6 +1,7 @@
 """Finding the ASTRA-sim binary and running it: in its own process group, with a timeout, leaving nothing behind."""
 
 import os
+import re
 from pathlib import Path
 
 from dse.errors import DseError
@@ -13,6 +14,10 @@ BINARY_NAME = {
     "congestion_aware": "AstraSim_Analytical_Congestion_Aware",
 }
 HOW_TO_SET = f"set {ENV_VAR} or cost_model_options.binary to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware"
+LOADER_ERROR = re.compile(r"error while loading shared libraries: (?P<library>[^:\s]+): (?P<reason>[^\n]+)")
+"""What the dynamic loader prints when a program's library does not load (glibc's wording)."""
+PROBE_TIMEOUT_S = 30.0
+"""How long the binary may take to start and refuse to run without arguments (ASTRA-sim takes milliseconds)."""
 
 
 class AstraSimError(DseError):
@@ -49,3 +54,28 @@ def run(command: list[str], cwd: Path, timeout_s: float) -> tuple[int, str]:
             f"its last output line: {last[0].strip()!r}"
         ) from None
     return code, out + err
+
+
+def check_loads(binary: Path) -> None:
+    """Run the binary without arguments (ASTRA-sim then says that it needs its options and exits at once; a
+    wrapper script runs it the same way) and raise AstraSimError if the loader cannot load one of its shared
+    libraries: otherwise every evaluation would fail with the same loader error."""
+    try:
+        _, out, err = run_program([str(binary)], PROBE_TIMEOUT_S)
+    except TimedOut:
+        return  # it started: its libraries loaded (a wrapper that waits without arguments is not ours to judge)
+    except OSError as exc:  # a script whose interpreter is missing, a file that is no program
+        raise AstraSimError(f"ASTRA-sim binary {binary} cannot be started ({exc.strerror}): {HOW_TO_SET}") from None
+    if (found := LOADER_ERROR.search(out + err)) is not None:
+        library, reason = found["library"], found["reason"].strip()
+        raise AstraSimError(
+            f"ASTRA-sim binary {binary} cannot load its shared library {library} ({reason}); {install_hint(library)}"
+        )
+
+
+def install_hint(library: str) -> str:
+    """How to install a shared library by its soname, as Debian and Ubuntu name their packages (libprotobuf.so.32
+    is in libprotobuf32)."""
+    name, _, version = Path(library).name.partition(".so")
+    package = name + version.strip(".").split(".")[0] if version.strip(".") else name
+    return f"install the package that provides it (on Debian or Ubuntu: apt-get install {package})"

@@ -15,7 +15,8 @@ The contract (`cost_model: emulator`, options `EmulatorCostModel.Options`):
 3. It reads one JSON object of metrics from the last non-empty line of stdout (`metrics: stdout`) or from a file
    of that name in the folder: `step_time_s` (required); optional `comm_time_s`, `exposed_comm_time_s`,
    `compute_time_s` (means over ranks), `peak_memory_bytes`, and `ranks: [{rank, end_s, compute_s, comm_s,
-   exposed_comm_s, node}]` (node: where the rank ran, optional). Seconds and bytes, finite and non-negative.
+   exposed_comm_s, node}]` (node: where the rank ran, optional). Seconds and bytes, finite and non-negative, and a
+   step time above 0 (a zero step measured nothing).
 4. It builds a SimResult with one ClassResult per rank class of the workload: its ranks' mean figures where
    `ranks` is given, else the step's; a figure not reported is NaN (not measured). Peak memory is the reported
    one, else the analytical memory model's for the class.

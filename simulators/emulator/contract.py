@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat, ValidationError
 
 from dse.errors import DseError
 from dse.point import chakra
@@ -28,7 +28,7 @@ class EmulatorError(DseError):
 class RankMetrics(BaseModel):
     """One rank's measured step, seconds from the step's common start."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
     rank: int = Field(ge=0)
     end_s: NonNegativeFloat
@@ -44,9 +44,10 @@ class Metrics(BaseModel):
     field is NaN, or for peak memory the analytical memory model's), never a made-up zero. Extra keys are kept
     for the emulator's own use and ignored here."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
-    step_time_s: NonNegativeFloat
+    step_time_s: PositiveFloat
+    """A step takes time: zero (or less) is an emulator that measured nothing, and refused."""
     comm_time_s: NonNegativeFloat | None = None
     exposed_comm_time_s: NonNegativeFloat | None = None
     compute_time_s: NonNegativeFloat | None = None

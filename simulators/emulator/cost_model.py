@@ -6,18 +6,17 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Annotated
 
 import numpy as np
-from annotated_types import Gt
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dse.interfaces import ClassResult, SimResult
+from dse.options import Argument, CommandPart, Folder, TimeoutSeconds
 from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical import AnalyticalCostModel
 from simulators.emulator.contract import EmulatorError, Metrics, RankMetrics, write_inputs
-from simulators.emulator.run import command_line, run_emulator
+from simulators.emulator.run import FOLDER_PLACEHOLDER, command_line, run_emulator, unrunnable
 from simulators.external import run_folder
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
@@ -27,25 +26,29 @@ REPLAY = ("-m", "simulators.emulator.replay")
 
 
 class Options(BaseModel):
-    """`cost_model_options` of `cost_model: emulator`."""
+    """`cost_model_options` of `cost_model: emulator`: strict as a point file is (no quoted numbers, no booleans
+    for numbers, the timeout finite and bounded); keep_runs a folder, metrics a file name inside the run folder.
+    Whether the command runs here is the cost model's pre-flight."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
-    command: list[str] | None = Field(
+    command: list[CommandPart] | None = Field(
         None,
         min_length=1,
         description="the emulator's argument list (no shell); '{folder}' in an argument is replaced by the run "
         "folder, else the folder is appended; unset: dse's gloo replay with this Python",
     )
-    args: list[str] = Field(default_factory=list, description="more arguments after command (e.g. ['--scale', '0.1'])")
-    timeout_s: Annotated[float, Gt(0)] = Field(600.0, description="seconds before the emulator's group is killed")
+    args: list[Argument] = Field(
+        default_factory=list, description="more arguments after command (e.g. ['--scale', '0.1'])"
+    )
+    timeout_s: TimeoutSeconds = Field(600.0, description="seconds before the emulator's group is killed")
     metrics: str = Field("stdout", description="'stdout' (its last line) or a file name inside the run folder")
-    keep_runs: str | None = Field(None, description="folder to keep each run's folder in; unset: deleted")
+    keep_runs: Folder | None = Field(None, description="folder to keep each run's folder in; unset: deleted")
 
     @field_validator("metrics")
     @classmethod
     def _inside_folder(cls, value: str) -> str:
-        if value != "stdout" and (not value or Path(value).name != value):
+        if value != "stdout" and (value in ("", ".", "..") or "\0" in value or Path(value).name != value):
             raise ValueError("must be 'stdout' or a plain file name inside the run folder (no '/')")
         return value
 
@@ -65,6 +68,16 @@ class EmulatorCostModel:
             raise EmulatorError(
                 "the gloo replay needs torch: pip install 'dse-orchestrator[fx]' (make test installs it)"
             )
+
+    def preflight(self) -> None:
+        """The command resolves to a program this process can start (dse.interfaces.PreflightCostModel): a missing
+        or non-executable one would fail every evaluation. The default replay's torch is checked on creation, and a
+        program inside the run folder ('{folder}/...') exists only once the run does."""
+        command = self.options.command
+        if command is None or FOLDER_PLACEHOLDER in command[0]:
+            return
+        if problem := unrunnable(command[0]):
+            raise EmulatorError(f"field 'cost_model_options.command': {problem}")
 
     def argv(self, folder: Path) -> list[str]:
         command = self.options.command or [sys.executable, *REPLAY]

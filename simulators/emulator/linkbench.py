@@ -23,7 +23,7 @@ from datetime import timedelta
 from pydantic import BaseModel
 
 from dse.system import NetworkDim
-from simulators.emulator.replay import start_local_ranks
+from simulators.emulator.replay import JOIN_TIMEOUT_S, start_local_ranks
 
 TINY_BYTES = 32
 """Eight float32: the smallest buffer that splits evenly among up to 8 ranks."""
@@ -77,7 +77,8 @@ def _bench_rank(rank: int, world: int, init_method: str, large: int, repeats: in
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # as the replay's ranks do (see simulators.emulator.rank.run_rank)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(60))
+    join = timedelta(seconds=JOIN_TIMEOUT_S)  # also each benchmarked collective's bound
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=join)
     try:
         figures: dict[str, float] = {}
         for label, nbytes in (("large", large), ("tiny", TINY_BYTES)):

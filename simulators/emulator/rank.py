@@ -34,15 +34,23 @@ class _Flight:
     buffers: tuple[torch.Tensor, ...]
 
 
-def run_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: float) -> RankMetrics:
-    """Join the job, create every group (collectively, in one order), run this rank's steps, leave the job."""
+def run_rank(
+    rank: int, world: int, init_method: str, plan: Plan, timeout_s: float, join_timeout_s: float
+) -> RankMetrics:
+    """Join the job, create every group (collectively, in one order), run this rank's steps, leave the job.
+
+    Joining waits for every rank to start and import torch, which on a busy host takes seconds (4 ranks on 2 loaded
+    cores: over 4 s), so gloo's own timeout, for joining, creating the groups and leaving, is `join_timeout_s`. The
+    run itself is held to `timeout_s` by the replay loop's own check, from the moment every rank has joined: the
+    main thread never blocks in gloo while the steps run (their work is asynchronous), so a step stuck in gloo ends
+    the rank at `timeout_s` whatever gloo's timeout. A rank that fails exits without waiting for its work still in
+    gloo (`replay._local_rank`)."""
     # One intra-op thread: ranks share the host's cores, and each rank's own pool of spinning threads made a 726 KB
     # all-reduce between two ranks take 13-30 ms instead of 2 (4 ranks on 2 cores; replayed steps 2x longer).
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
-    groups = {pg: dist.new_group(members) for pg, members in plan.groups.items()}
+    join = timedelta(seconds=join_timeout_s)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=join)
+    groups = {pg: dist.new_group(members, timeout=join) for pg, members in plan.groups.items()}
     dist.barrier()
     metrics = _Replay(rank, plan, groups, timeout_s).run()
     # A rank that closed its connections early would fail its peers' work still in flight ("connection closed by

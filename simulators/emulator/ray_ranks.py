@@ -30,10 +30,12 @@ class RankActor:
     def node(self) -> tuple[str, str, int]:
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), free_port()
 
-    def run(self, rank: int, world: int, init_method: str, plan: Plan, timeout_s: float) -> dict[str, Any]:
+    def run(
+        self, rank: int, world: int, init_method: str, plan: Plan, timeout_s: float, join_timeout_s: float
+    ) -> dict[str, Any]:
         from simulators.emulator.rank import run_rank
 
-        metrics = run_rank(rank, world, init_method, plan, timeout_s)
+        metrics = run_rank(rank, world, init_method, plan, timeout_s, join_timeout_s)
         return metrics.model_copy(update={"node": ray.get_runtime_context().get_node_id()}).model_dump()
 
 
@@ -44,8 +46,9 @@ def _placement(world: int) -> list[str]:
     return [nodes[rank * len(nodes) // world] for rank in range(world)]
 
 
-def replay_ray(plan: Plan, timeout_s: float, address: str) -> list[RankMetrics]:
-    """Run every rank as an actor on the cluster at `address` ('local': a private one on this machine)."""
+def replay_ray(plan: Plan, timeout_s: float, join_timeout_s: float, address: str) -> list[RankMetrics]:
+    """Run every rank as an actor on the cluster at `address` ('local': a private one on this machine). A rank
+    that fails raises in its actor, which is killed with the others (its work still pending in gloo goes too)."""
     world = len(plan.ranks)
     env = {"PYTHONPATH": os.pathsep.join(p for p in (SOURCE_ROOT, os.environ.get("PYTHONPATH", "")) if p)}
     if "GLOO_SOCKET_IFNAME" in os.environ:
@@ -61,12 +64,17 @@ def replay_ray(plan: Plan, timeout_s: float, address: str) -> list[RankMetrics]:
             RankActor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
             for node in _placement(world)
         ]
-        _, ip, port = ray.get(actors[0].node.remote(), timeout=GRACE_S + timeout_s)
+        _, ip, port = ray.get(actors[0].node.remote(), timeout=join_timeout_s + GRACE_S)
         init_method = f"tcp://{ip}:{port}"
-        refs = [actor.run.remote(rank, world, init_method, plan, timeout_s) for rank, actor in enumerate(actors)]
-        return [RankMetrics.model_validate(value) for value in ray.get(refs, timeout=timeout_s + GRACE_S)]
+        args = (world, init_method, plan, timeout_s, join_timeout_s)
+        refs = [actor.run.remote(rank, *args) for rank, actor in enumerate(actors)]
+        deadline = join_timeout_s + timeout_s + GRACE_S
+        return [RankMetrics.model_validate(value) for value in ray.get(refs, timeout=deadline)]
     except GetTimeoutError:
-        raise ReplayError(f"the ranks did not finish within {timeout_s:g} s on the Ray cluster (deadlock?)") from None
+        raise ReplayError(
+            f"the ranks did not join within {join_timeout_s:g} s and finish within {timeout_s:g} s more on the Ray "
+            "cluster (deadlock?)"
+        ) from None
     except RayError as error:
         message = " ".join(str(error).split())
         raise ReplayError(f"a rank failed on the Ray cluster: {message[-400:]}") from None

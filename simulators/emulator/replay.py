@@ -8,11 +8,14 @@ send/recv with its true size (times --scale) in dependency order, compute as sle
 loopback; with --ray they are Ray actors spread over a cluster's nodes (`ray_ranks.py`), so a cluster of CPU
 machines becomes a test bench for a workload's network traffic.
 
-A rank that fails or deadlocks ends the run: gloo's timeout (--timeout-s) raises in the rank, and the parent
-stops every rank at the same deadline, so no rank hangs and the exit code is 1 with the reason on stderr.
+A rank that fails or deadlocks ends the run: a step still in flight --timeout-s after every rank joined raises in
+the rank (joining may take up to --join-timeout-s: on a busy host the ranks start and import torch slowly), and
+the parent stops every rank at a deadline beyond both, so no rank hangs and the exit code is 1 with the reason on
+stderr.
 """
 
 import argparse
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -26,7 +29,10 @@ from simulators.emulator.contract import Metrics, RankMetrics
 from simulators.emulator.plan import Plan, load_plan
 
 GRACE_S = 30.0
-"""Time the parent allows beyond the ranks' own timeout for starting processes and importing torch."""
+"""Time the parent allows beyond the ranks' own timeouts (joining, then running) before it stops them."""
+JOIN_TIMEOUT_S = 120.0
+"""Default time a rank waits for every rank to start, import torch and join: far beyond what a busy host needs,
+and not the run's timeout (a 3 s deadlock test's 4 ranks took over 4 s to join on 2 loaded cores)."""
 
 
 CAUSE_WAIT_S = 2.0
@@ -57,16 +63,23 @@ def aggregate(ranks: Sequence[RankMetrics]) -> Metrics:
     )
 
 
-def _local_rank(rank: int, world: int, init_method: str, plan: Plan, timeout_s: float, out: mp.Queue) -> None:
+def _local_rank(
+    rank: int, world: int, init_method: str, plan: Plan, timeout_s: float, join_timeout_s: float, out: mp.Queue
+) -> None:
     from simulators.emulator.rank import run_rank  # torch is imported in the ranks only
 
     try:
-        metrics = run_rank(rank, world, init_method, plan, timeout_s)
+        metrics = run_rank(rank, world, init_method, plan, timeout_s, join_timeout_s)
         out.put((rank, metrics.model_copy(update={"node": socket.gethostname()}).model_dump()))
     except Exception as error:
         message = " ".join(f"{type(error).__name__}: {error}".split())
         out.put((rank, message[:400]))
-        sys.exit(1)
+        # Its reason sent, a failed rank leaves at once: its work still pending in gloo (a recv nobody sends) would
+        # make a normal exit's teardown abort with "terminate called without an active exception" on stderr.
+        out.close()
+        out.join_thread()
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def start_local_ranks(target: Callable[..., None], world: int, *args: object) -> tuple[list, mp.Queue]:
@@ -85,11 +98,11 @@ def start_local_ranks(target: Callable[..., None], world: int, *args: object) ->
     return procs, out
 
 
-def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
+def replay_local(plan: Plan, timeout_s: float, join_timeout_s: float = JOIN_TIMEOUT_S) -> list[RankMetrics]:
     """Every rank as a local process on loopback; the first failure or the deadline stops them all."""
     world = len(plan.ranks)
-    procs, results = start_local_ranks(_local_rank, world, plan, timeout_s)
-    deadline = time.monotonic() + timeout_s + GRACE_S
+    procs, results = start_local_ranks(_local_rank, world, plan, timeout_s, join_timeout_s)
+    deadline = time.monotonic() + join_timeout_s + timeout_s + GRACE_S
     done: dict[int, RankMetrics] = {}
     try:
         while len(done) < world:
@@ -101,7 +114,10 @@ def replay_local(plan: Plan, timeout_s: float) -> list[RankMetrics]:
                     raise ReplayError(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(world)) - set(done))
-                    raise ReplayError(f"ranks {missing} did not finish within {timeout_s:g} s (deadlock?)") from None
+                    raise ReplayError(
+                        f"ranks {missing} did not join within {join_timeout_s:g} s and finish within {timeout_s:g} s "
+                        "more (deadlock?)"
+                    ) from None
                 continue
             if isinstance(value, str):
                 raise ReplayError(_first_cause(rank, value, results))
@@ -135,11 +151,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m simulators.emulator.replay", description=__doc__.split("\n")[0])
     parser.add_argument("folder", help="the emulator contract's folder (Chakra traces and comm groups)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every message size (default 1)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="gloo timeout per collective and for the run")
+    parser.add_argument(
+        "--timeout-s", type=float, default=300.0, help="longest run once every rank has joined (default 300)"
+    )
+    parser.add_argument(
+        "--join-timeout-s",
+        type=float,
+        default=JOIN_TIMEOUT_S,
+        help=f"longest wait for every rank to start and join (default {JOIN_TIMEOUT_S:g})",
+    )
     parser.add_argument("--ray", metavar="ADDRESS", help="run the ranks as Ray actors on this cluster ('auto', ...)")
     args = parser.parse_args(argv)
-    if not (args.scale > 0 and args.timeout_s > 0):
-        parser.error("--scale and --timeout-s must be positive")
+    if not all(0 < value < math.inf for value in (args.scale, args.timeout_s, args.join_timeout_s)):
+        parser.error("--scale, --timeout-s and --join-timeout-s must be positive and finite")
     return args
 
 
@@ -156,9 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.ray:
             from simulators.emulator.ray_ranks import replay_ray
 
-            ranks = replay_ray(plan, args.timeout_s, args.ray)
+            ranks = replay_ray(plan, args.timeout_s, args.join_timeout_s, args.ray)
         else:
-            ranks = replay_local(plan, args.timeout_s)
+            ranks = replay_local(plan, args.timeout_s, args.join_timeout_s)
     except DseError as error:
         print(f"replay: {error}", file=sys.stderr)
         return 1

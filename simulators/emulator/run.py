@@ -1,5 +1,7 @@
 """Running an emulator's command: argument list, own process group, timeout, nothing left behind."""
 
+import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -53,3 +55,33 @@ def _tail(stderr: str) -> str:
     """The last lines of stderr, on one line, to quote in an error."""
     lines = [line.strip() for line in (stderr or "").splitlines() if line.strip()]
     return f"; stderr: {' | '.join(lines[-STDERR_LINES:])}" if lines else ""
+
+
+def unrunnable(program: str) -> str | None:
+    """Why `program` (a command's first argument: a path, or a name looked up on PATH) cannot be started, or None:
+    not found, a folder, not executable, or a script whose `#!` interpreter is not there."""
+    found = program if os.sep in program else shutil.which(program)
+    if found is None:
+        return f"emulator command '{program}' is not found on PATH; give its path, or install it"
+    path = Path(found)
+    if not path.exists():
+        return f"emulator command '{program}' does not exist; check the path"
+    if path.is_dir():
+        return f"emulator command '{program}' is a folder, not a program; give the program inside it"
+    if not os.access(path, os.X_OK):
+        return f"emulator command '{program}' is not executable; chmod +x it or fix command"
+    try:
+        with path.open("rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return None  # executable but not readable here: only running it can tell
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        interpreter = words[0] if words else ""
+        named = words[-1] if Path(interpreter).name == "env" and len(words) > 1 else None
+        if not (shutil.which(named) if named else interpreter and os.access(interpreter, os.X_OK)):
+            return (
+                f"emulator command '{program}' is a script whose interpreter ({' '.join(words) or 'none'}, its #! "
+                "line) is not there; fix its first line or install the interpreter"
+            )
+    return None

@@ -1,0 +1,423 @@
+"""No setting of a point file is silently ignored (README: Point files). The schema is walked: every field either
+changes what `dse evaluate` reports on a point where it applies, or is a label listed with its reason; and every
+rule by which a field cannot apply (dse/spec.py's IGNORED_RULES, the model's and accelerator's validators) refuses
+the field set where it cannot. A field added later fails `test_every_field_of_a_point_is_in_the_tables` until it
+is placed in one of them."""
+
+from typing import Any, get_args, get_origin
+
+import pytest
+import yaml
+from helpers import make_point
+from pydantic import BaseModel
+
+from dse import plugins
+from dse.errors import SpecError
+from dse.point.evaluate import evaluate
+from dse.point.feasibility import infeasibility
+from dse.point.points import assign, expand, load_point
+from dse.spec import IGNORED_RULES, DesignPoint, ignored_setting, without_ignored_settings
+
+METRICS = ("step_time_s", "peak_memory_bytes", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "mfu")
+METRICS += ("tokens_per_s_per_gpu", "overlap_ratio", "fits_memory", "hbm_bytes", "model_flops")
+
+
+def schema_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted paths of every field of a pydantic model, nested models included (a list's items at index 0)."""
+    out = []
+    for name, field in model.model_fields.items():
+        out.append(f"{prefix}{name}")
+        for inner in _models(field.annotation):
+            listed = get_origin(field.annotation) is list or any(
+                get_origin(a) is list for a in get_args(field.annotation)
+            )
+            out += schema_paths(inner, f"{prefix}{name}.0." if listed else f"{prefix}{name}.")
+    return out
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models(arg)]
+
+
+def section(kind: str, ref: Any) -> Any:
+    """A catalog entry (or an override of one) expanded, to set a whole section of a point."""
+    return expand({kind: ref})[kind]
+
+
+DGX = {"base": "dgx-h100", "network": {1: {"npus": 1}}}
+ROWS = [[64, 512, 100.0]]
+"""An attention kernel table's one row: slower than every H100 row at tiny-llama's sizes (head dim 32, 256 tokens)."""
+TABLE = "<a measured table>"
+"""Stands for the CSV the test writes (tests/test_ignored_settings.py's `table` fixture)."""
+
+# field: (the point where it applies, as make_point's arguments; the fields changed on it, dotted -> value). The
+# point is tiny-llama on the 8-NPU test ring (its H100s have attention kernel tables), pure data parallelism,
+# unless the arguments say otherwise; a degree or a section changes together with what must change beside it.
+ZERO3, TP2, PP2 = {"zero": 3}, {"dp": 4, "tp": 2}, {"dp": 4, "pp": 2}
+MOE, DEEPSEEK, MAMBA = {"model": "tiny-moe"}, {"model": "tiny-deepseek"}, {"model": "tiny-mamba"}
+KERNEL_TABLES = {
+    f"system.accelerator.attention_kernels.{kernel}{part}": (
+        {"overrides": {"workload.attention_kernel": kernel}},
+        {f"system.accelerator.attention_kernels.{kernel}{part}": value},
+    )
+    for kernel in ("fa2", "fa3", "cudnn")
+    for part, value in (
+        ("", {"causal": {"fwd": ROWS}, "noncausal": {"fwd": ROWS, "bwd": ROWS}}),
+        (".causal", {"fwd": ROWS}),
+        (".causal.fwd", ROWS),
+        (".causal.bwd", ROWS),
+        (".noncausal", {"fwd": ROWS, "bwd": ROWS}),
+        (".noncausal.fwd", ROWS),
+        (".noncausal.bwd", ROWS),
+    )
+}
+APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "model": ({}, {"model": section("model", "tiny-gpt")}),
+    "model.family": ({"model": "tiny-hybrid"}, {"model.family": "llama", "model.ssm": None}),
+    "model.layers": ({}, {"model.layers": 8}),
+    "model.hidden": ({}, {"model.hidden": 512}),
+    "model.heads": ({}, {"model.heads": 4}),
+    "model.kv_heads": ({}, {"model.kv_heads": 8}),
+    "model.head_dim": ({}, {"model.head_dim": 64}),
+    "model.ffn": ({}, {"model.ffn": 512}),
+    "model.moe": ({}, {"model.moe": {"experts": 4, "top_k": 1, "expert_ffn": 128}}),
+    "model.moe.experts": (MOE, {"model.moe.experts": 16}),
+    "model.moe.top_k": (MOE, {"model.moe.top_k": 1}),
+    "model.moe.expert_ffn": (MOE, {"model.moe.expert_ffn": 256}),
+    "model.moe.shared_experts": (MOE, {"model.moe.shared_experts": 1}),
+    "model.moe.first_dense_layers": (MOE, {"model.moe.first_dense_layers": 1}),
+    "model.mla": (
+        {},
+        {
+            "model.kv_heads": None,
+            "model.mla": {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32},
+        },
+    ),
+    "model.mla.kv_lora_rank": (DEEPSEEK, {"model.mla.kv_lora_rank": 32}),
+    "model.mla.q_lora_rank": (DEEPSEEK, {"model.mla.q_lora_rank": 64}),
+    "model.mla.qk_nope_head_dim": (DEEPSEEK, {"model.mla.qk_nope_head_dim": 16}),
+    "model.mla.qk_rope_head_dim": (DEEPSEEK, {"model.mla.qk_rope_head_dim": 32}),
+    "model.mla.v_head_dim": (DEEPSEEK, {"model.mla.v_head_dim": 16}),
+    "model.ssm": (MAMBA, {"model.ssm": {"state": 32}}),
+    "model.ssm.state": (MAMBA, {"model.ssm.state": 32}),
+    "model.ssm.conv": (MAMBA, {"model.ssm.conv": 8}),
+    "model.ssm.expand": (MAMBA, {"model.ssm.expand": 4}),
+    "model.ssm.dt_rank": (MAMBA, {"model.ssm.dt_rank": 32}),
+    "model.ssm.attention_every": ({"model": "tiny-hybrid"}, {"model.ssm.attention_every": 2}),
+    "model.dropout": ({}, {"model.dropout": True}),
+    "model.flash_attention": ({}, {"model.flash_attention": False}),
+    "model.rope_impl": ({"overrides": {"workload.kernels": "eager"}}, {"model.rope_impl": "real"}),
+    "model.vocab": ({}, {"model.vocab": 2048}),
+    "model.norm": ({}, {"model.norm": "layernorm"}),
+    "model.activation": ({}, {"model.activation": "gelu"}),
+    "model.position": ({}, {"model.position": "learned", "model.max_seq": 512}),
+    "model.max_seq": ({"model": "tiny-gpt"}, {"model.max_seq": 2048}),
+    "model.tied_embeddings": ({}, {"model.tied_embeddings": True}),
+    "model.bias": ({}, {"model.bias": True}),
+    "model.dtype": ({}, {"model.dtype": "fp32"}),
+    "workload": ({}, {"workload": {"seq_len": 512, "global_batch": 16}}),
+    "workload.mode": ({}, {"workload.mode": "prefill"}),
+    "workload.seq_len": ({}, {"workload.seq_len": 512}),
+    "workload.global_batch": ({}, {"workload.global_batch": 32}),
+    "workload.micro_batch": ({}, {"workload.micro_batch": 2}),
+    "workload.kernels": ({}, {"workload.kernels": "eager"}),
+    "workload.attention_kernel": ({}, {"workload.attention_kernel": "fa3"}),
+    "workload.grad_clip": ({}, {"workload.grad_clip": False}),
+    "parallel": ({}, {"parallel": {"dp": 4, "tp": 2}}),
+    "parallel.dp": ({}, {"parallel.dp": 4, "system.network.1.npus": 1}),
+    "parallel.tp": ({}, {"parallel.tp": 2, "parallel.dp": 4}),
+    "parallel.pp": ({}, {"parallel.pp": 2, "parallel.dp": 4}),
+    "parallel.cp": ({}, {"parallel.cp": 2, "parallel.dp": 4}),
+    "parallel.sp": (TP2, {"parallel.sp": True}),
+    "parallel.zero": ({}, {"parallel.zero": 1}),
+    "parallel.fsdp": (ZERO3, {"parallel.fsdp": "fsdp1"}),
+    "parallel.fsdp_reduce_dtype": (ZERO3, {"parallel.fsdp_reduce_dtype": "fp32"}),
+    "parallel.reshard_after_forward": (ZERO3, {"parallel.reshard_after_forward": False}),
+    "parallel.grad_reduce": ({"zero": 2}, {"parallel.grad_reduce": "per_step"}),
+    "parallel.dp_shard": (ZERO3, {"parallel.dp_shard": 4}),
+    "parallel.grad_bucket_mb": ({}, {"parallel.grad_bucket_mb": 1}),
+    "parallel.fsdp_prefetch": (ZERO3, {"parallel.fsdp_prefetch": 2}),
+    "parallel.pp_schedule": ({"dp": 2, "pp": 4}, {"parallel.pp_schedule": "gpipe"}),
+    "parallel.recompute": ({}, {"parallel.recompute": "full"}),
+    "parallel.ep": (MOE, {"parallel.ep": 2}),
+    "parallel.virtual_stages": (PP2 | {"pp_schedule": "interleaved"}, {"parallel.virtual_stages": 2}),
+    "parallel.microbatch_group": (
+        {"dp": 2, "pp": 2, "tp": 2, "pp_schedule": "interleaved", "virtual_stages": 2},
+        {"parallel.microbatch_group": 4},
+    ),
+    "parallel.cp_algorithm": ({"dp": 4, "cp": 2}, {"parallel.cp_algorithm": "ring"}),
+    "parallel.layer_strategies": (TP2 | {"micro_batch": 2}, {"parallel.layer_strategies": ["tp", "dp"]}),
+    "parallel.recompute_every": ({"recompute": "full"}, {"parallel.recompute_every": 2}),
+    "parallel.overlap_grad_reduce": ({}, {"parallel.overlap_grad_reduce": False}),
+    "parallel.overlap_param_gather": ({"zero": 1}, {"parallel.overlap_param_gather": True}),
+    "parallel.tp_comm_overlap": (TP2 | {"sp": True}, {"parallel.tp_comm_overlap": True}),
+    "parallel.overlap_p2p_comm": (PP2, {"parallel.overlap_p2p_comm": False}),
+    "parallel.first_stage_layers": (PP2, {"parallel.first_stage_layers": 1}),
+    "parallel.last_stage_layers": (PP2, {"parallel.last_stage_layers": 1}),
+    "system": ({}, {"system": section("system", DGX)}),
+    "system.accelerator": ({}, {"system.accelerator": section("system", {"base": "dgx-h200"})["accelerator"]}),
+    "system.accelerator.peak_tflops": ({}, {"system.accelerator.peak_tflops": {"bf16": 800.0}}),
+    "system.accelerator.hbm_GiB": ({}, {"system.accelerator.hbm_GiB": 0.5}),
+    "system.accelerator.hbm_bandwidth_GBps": ({}, {"system.accelerator.hbm_bandwidth_GBps": 1000.0}),
+    "system.accelerator.compute_efficiency": (
+        {},
+        {"system.accelerator.compute_efficiency": dict.fromkeys(("gemm", "attention", "elementwise"), 0.3)}
+        | {"system.accelerator.compute_efficiency.norm": 0.3, "system.accelerator.compute_efficiency.embedding": 0.3}
+        | {"system.accelerator.compute_efficiency.optimizer": 0.3, "system.accelerator.compute_efficiency.other": 0.3},
+    ),
+    "system.accelerator.memory_efficiency": ({}, {"system.accelerator.memory_efficiency": 0.5}),
+    "system.accelerator.kernel_launch_us": ({}, {"system.accelerator.kernel_launch_us": 10.0}),
+    "system.accelerator.gemm_half_efficiency_gflop": (
+        {"overrides": {"system.accelerator.sm_count": None}},
+        {"system.accelerator.gemm_half_efficiency_gflop": 10.0},
+    ),
+    "system.accelerator.sm_count": ({}, {"system.accelerator.sm_count": 100}),
+    "system.accelerator.gemm_tile": ({}, {"system.accelerator.gemm_tile": [128, 128]}),
+    "system.accelerator.overlap_slowdown": ({}, {"system.accelerator.overlap_slowdown": 0.5}),
+    "system.accelerator.runtime_reserve_GiB": ({}, {"system.accelerator.runtime_reserve_GiB": 2.0}),
+    "system.accelerator.fragmentation": ({}, {"system.accelerator.fragmentation": 0.5}),
+    "system.accelerator.measured_table": ({}, {"system.accelerator.measured_table": TABLE}),
+    "system.accelerator.attention_kernels": ({}, {"system.accelerator.attention_kernels": None}),
+    "system.accelerator.attention_kernels.measured_peak_tflops": (
+        {},
+        {"system.accelerator.attention_kernels.measured_peak_tflops": 1978.8},
+    ),
+    **KERNEL_TABLES,
+    "system.accelerator.clock_share": ({}, {"system.accelerator.clock_share": 0.5}),
+    "system.network": (
+        {},
+        {"system.network": [{"topology": "ring", "npus": 8, "bandwidth_GBps": 100.0, "latency_ns": 1000.0}]},
+    ),
+    "system.network.0.topology": ({}, {"system.network.0.topology": "fully_connected"}),
+    "system.network.0.npus": ({}, {"system.network.0.npus": 2, "system.network.1.npus": 4}),
+    "system.network.0.bandwidth_GBps": ({}, {"system.network.0.bandwidth_GBps": 10.0}),
+    "system.network.0.latency_ns": ({}, {"system.network.0.latency_ns": 1e5}),
+    "system.network.0.efficiency": ({}, {"system.network.0.efficiency": 0.5}),
+    "system.network.0.algorithm": ({}, {"system.network.0.algorithm": "direct"}),
+    "system.network.0.shape": (
+        {"overrides": {"system.network.0.topology": "torus2d"}},
+        {"system.network.0.shape": [4, 1]},
+    ),
+    "system.network.0.reduction_efficiency": (
+        {"system": DGX, "overrides": {"system.network.0.reduction_latency_ns": 0.0}},
+        {"system.network.0.reduction_efficiency": 1.0},
+    ),
+    "system.network.0.reduction_latency_ns": ({"system": DGX}, {"system.network.0.reduction_latency_ns": 0.0}),
+}
+LABELS = {
+    "model.name": "a model's name, shown in tables, plots and MLflow",
+    "system.name": "a system's name, shown in tables, plots and MLflow",
+    "system.accelerator.name": "an accelerator's name, shown in tables and messages",
+    "system.accelerator.sources": "where the catalog entry's figures come from",
+    "system.accelerator.tdp_W": "the board power the figures were measured at, for the reader: clock_share is what "
+    "prices running under a lower power cap",
+}
+FX_ONLY = {
+    "model.fx_factory": ({"model.fx_factory": "fx_tiny_llama:llama"}, {"model.fx_factory": "fx_tiny_llama:softcapped"})
+}
+"""Read by the fx generator alone, which captures the named PyTorch code (one evaluation each: torch is slow)."""
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A measured kernel table that prices tiny-llama's GEMMs slower than the roofline does (1 TFLOP/s)."""
+    path = tmp_path_factory.mktemp("table") / "kernels.csv"
+    path.write_text("category,dtype,flops,bytes,time_us\ngemm,bf16,1e3,0,0.001\ngemm,bf16,1e12,0,1e6\n")
+    return str(path)
+
+
+def build(arguments: dict[str, Any], changes: dict[str, Any] | None = None, table: str = "") -> DesignPoint:
+    """make_point's point with the arguments (data parallelism over the 8 NPUs unless they give a layout) and the
+    changes applied after the arguments' own overrides."""
+    arguments = dict(arguments)
+    overrides = dict(arguments.pop("overrides", {}))
+    overrides |= {path: table if value == TABLE else value for path, value in (changes or {}).items()}
+    layout = {name: arguments.pop(name) for name in list(arguments) if name not in ("model", "system", "micro_batch")}
+    if not {"dp", "tp", "pp", "cp"} & set(layout):
+        layout["dp"] = 8
+    return make_point(global_batch=16, overrides=overrides, **arguments, **layout)
+
+
+def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
+    """The figures `dse evaluate` reports for a point a point file may hold."""
+    assert ignored_setting(point) is None and infeasibility(point) is None, (
+        ignored_setting(point),
+        infeasibility(point),
+    )
+    return evaluate_anyway(point, generator)
+
+
+def test_every_field_of_a_point_is_in_the_tables():
+    covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
+    paths = set(schema_paths(DesignPoint))
+    assert len(paths) == 128
+    assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
+    assert covered - paths == set()
+
+
+@pytest.mark.parametrize("field", sorted(APPLIES))
+def test_a_field_changes_the_priced_result_where_it_applies(field, table):
+    arguments, changes = APPLIES[field]
+    before, after = metrics(build(arguments, table=table)), metrics(build(arguments, changes, table))
+    assert before != after, f"{field}: {changes} changes no figure"
+
+
+@pytest.mark.parametrize("field", sorted(LABELS))
+def test_a_label_changes_no_figure(field):
+    value = 123.0 if field.endswith("tdp_W") else ["a source"] if field.endswith("sources") else "another name"
+    assert metrics(build({})) == metrics(build({}, {field: value}))
+
+
+def test_the_fx_factory_changes_what_the_fx_generator_captures():
+    pytest.importorskip("torch")
+    before, after = (metrics(build({}, changes), "fx") for changes in FX_ONLY["model.fx_factory"])
+    assert before["step_time_s"] != after["step_time_s"]
+
+
+# Where a field cannot apply: (point arguments, the field set there, a fragment of the one-line refusal). Every rule
+# of IGNORED_RULES has a case named "field without partner"; the model's and accelerator's own rules follow.
+PREFILL, DECODE = ({"overrides": {"workload.mode": mode}} for mode in ("prefill", "decode"))
+NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "parallel.fsdp without parallel.zero": ({}, {"parallel.fsdp": "fsdp1"}, "parallel.zero: 3"),
+    "parallel.fsdp_reduce_dtype without parallel.zero": ({}, {"parallel.fsdp_reduce_dtype": "fp32"}, "zero: 3"),
+    "parallel.reshard_after_forward without parallel.zero": ({}, {"parallel.reshard_after_forward": False}, "3"),
+    "parallel.grad_reduce without parallel.zero": ({"zero": 1}, {"parallel.grad_reduce": "per_step"}, "2 or 3"),
+    "parallel.dp_shard without parallel.zero": ({}, {"parallel.dp_shard": 4}, "parallel.zero 1, 2 or 3"),
+    "parallel.cp_algorithm without parallel.cp": ({}, {"parallel.cp_algorithm": "ring"}, "parallel.cp above 1"),
+    "parallel.recompute_every without parallel.recompute": ({}, {"parallel.recompute_every": 2}, "other than none"),
+    "parallel.overlap_grad_reduce without parallel.zero": (ZERO3, {"parallel.overlap_grad_reduce": False}, "0, 1"),
+    "parallel.grad_bucket_mb without parallel.zero": (ZERO3, {"parallel.grad_bucket_mb": 1}, "parallel.zero 0, 1"),
+    "parallel.grad_bucket_mb without workload.mode": (PREFILL, {"parallel.grad_bucket_mb": 1}, "mode: train"),
+    "parallel.fsdp_prefetch without parallel.zero": ({}, {"parallel.fsdp_prefetch": 2}, "parallel.zero: 3"),
+    "parallel.fsdp_prefetch without workload.mode": (
+        {"zero": 3, **PREFILL},  # as infeasible (ZeRO is for training), but refused first as ignored
+        {"parallel.fsdp_prefetch": 2},
+        "workload.mode: train",
+    ),
+    "parallel.overlap_param_gather without parallel.zero": ({}, {"parallel.overlap_param_gather": True}, "1 or 2"),
+    "parallel.tp_comm_overlap without parallel.sp": (TP2, {"parallel.tp_comm_overlap": True}, "parallel.sp: true"),
+    "parallel.overlap_p2p_comm without parallel.pp": ({}, {"parallel.overlap_p2p_comm": False}, "pp above 1"),
+    "model.rope_impl without model.position": (
+        {"model": "tiny-gpt", "overrides": {"workload.kernels": "eager"}},
+        {"model.rope_impl": "real"},
+        "model.position: rope",
+    ),
+    "workload.grad_clip without workload.mode": (PREFILL, {"workload.grad_clip": False}, "workload.mode: train"),
+    "workload.attention_kernel without model.flash_attention": (
+        {"overrides": {"model.flash_attention": False}},
+        {"workload.attention_kernel": "fa3"},
+        "model.flash_attention: true",
+    ),
+    "workload.attention_kernel without model.family": (
+        MAMBA,
+        {"workload.attention_kernel": "fa2"},
+        "a model.family with attention layers (not mamba), and model.family is 'mamba'",
+    ),
+    "model.rope_impl without workload.kernels": ({}, {"model.rope_impl": "real"}, "workload.kernels: eager"),
+    "model.dropout without workload.mode": (PREFILL, {"model.dropout": True}, "workload.mode: train"),
+    "parallel.recompute without workload.mode": (DECODE, {"parallel.recompute": "full"}, "workload.mode: train"),
+    "parallel.overlap_grad_reduce without workload.mode": (
+        PREFILL,
+        {"parallel.overlap_grad_reduce": False},
+        "workload.mode: train",
+    ),
+    "parallel.tp_comm_overlap without workload.mode": (
+        {"dp": 4, "tp": 2, "sp": True, **PREFILL},
+        {"parallel.tp_comm_overlap": True},
+        "workload.mode: train",
+    ),
+    "parallel.sp without parallel.tp": ({}, {"parallel.sp": True}, "parallel.tp above 1, and parallel.tp is 1"),
+    "parallel.layer_strategies without parallel.tp": (
+        {},
+        {"parallel.layer_strategies": ["dp"]},
+        "parallel.tp above 1, and parallel.tp is 1",
+    ),
+    "parallel.recompute_every without model.layers": (
+        {"recompute": "full"},
+        {"parallel.recompute_every": 5},
+        "5 is beyond model.layers=4: the layers it recomputes are 4, 9, ..., and the model has 4",
+    ),
+    **{
+        f"model.{name} without model.family": (MAMBA, {f"model.{name}": value}, "model.family is 'mamba'; remove")
+        for name, value in (
+            ("heads", 8),
+            ("kv_heads", 1),
+            ("head_dim", 64),
+            ("ffn", 512),
+            ("moe", {"experts": 4, "top_k": 1, "expert_ffn": 128}),
+            ("mla", {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32}),
+            ("bias", True),
+            ("flash_attention", False),
+            ("rope_impl", "real"),
+        )
+    },
+    **{
+        f"model.{name} without model.mla": (DEEPSEEK, {f"model.{name}": 8}, "model.mla is set; remove")
+        for name in ("kv_heads", "head_dim")
+    },
+    "model.max_seq without model.position": ({}, {"model.max_seq": 4096}, "model.position is 'rope'"),
+    "system.accelerator.gemm_tile without sm_count": (
+        {"overrides": {"system.accelerator.sm_count": None}},
+        {"system.accelerator.gemm_tile": [128, 128]},
+        "gemm_tile would be ignored",
+    ),
+}
+
+
+def test_every_rule_has_a_case_where_its_field_cannot_apply():
+    named = {f"{rule.field} without {rule.partner}" for rule in IGNORED_RULES}
+    assert named - set(NOT_APPLICABLE) == set()
+
+
+@pytest.mark.parametrize("case", sorted(NOT_APPLICABLE))
+def test_a_setting_that_cannot_apply_is_refused(tmp_path, case):
+    arguments, changes, fragment = NOT_APPLICABLE[case]
+    field = next(iter(changes))
+    path = tmp_path / "point.yaml"
+    point = build(arguments)
+    assert ignored_setting(point) is None
+    raw = point.model_dump(mode="json", exclude_none=True)
+    for dotted, value in changes.items():
+        assign(raw, dotted, value)
+    with pytest.raises(SpecError) as refused:
+        load_point(_written(path, raw))
+    message = str(refused.value)
+    assert message.startswith(f"{path}: ") and field.split(".")[-1] in message and fragment in message, message
+    assert "\n" not in message
+
+
+def _written(path, raw: dict[str, Any]):
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"recompute": "full", "recompute_every": 5},
+        {"recompute": "selective", "recompute_every": 8, "sp": True},
+        {"overrides": {"workload.mode": "prefill", "model.dropout": True}, "recompute": "full"},
+    ],
+    ids=[
+        "recompute-every-beyond-the-layers",
+        "sp-without-tp-and-recompute-every-beyond",
+        "training-settings-in-prefill",
+    ],
+)
+def test_a_point_without_its_ignored_settings_is_the_same_step_under_its_own_key(changes):
+    """What a study writes as a best point (`without_ignored_settings`): the same figures, no ignored setting, and
+    the key of that point built afresh (not the key of the point it was made from)."""
+    point = build(changes)
+    assert ignored_setting(point) is not None
+    cleaned = without_ignored_settings(point)
+    assert ignored_setting(cleaned) is None
+    assert metrics(cleaned) == evaluate_anyway(point)
+    assert cleaned.key == DesignPoint.model_validate(cleaned.model_dump()).key != point.key
+
+
+def evaluate_anyway(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
+    """The figures of a point whatever it sets (a study's trial runs its point as decoded)."""
+    result = evaluate(point, plugins.generator(generator), plugins.cost_model("analytical")).metrics
+    return {name: result[name] for name in METRICS}

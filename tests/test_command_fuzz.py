@@ -67,11 +67,11 @@ CASE_SECONDS = 20.0
 here (a generation on 1,024 ranks, an ASTRA-sim run) takes a few seconds."""
 WORK_SECONDS = 60.0
 """A case that does a study's work (a resumed run, a sync: MLflow's import and writer process, ~10 s)."""
-ARGV_CASES = 420
-FOLDER_CASES = {"report": 60, "compare": 40, "timeline": 40, "ui": 30, "sync": 4, "run": 3}
-POINT_CASES = {"summary": 60, "chakra": 40, "astrasim": 25}
-STUDY_CASES = {"run": 60, "nightly": 30}
-OPTION_CASES = {"cli": 90, "study": 75, "refine": 75}
+ARGV_CASES = 200
+FOLDER_CASES = {"report": 30, "compare": 20, "timeline": 20, "ui": 15, "sync": 4, "run": 3}
+POINT_CASES = {"summary": 30, "chakra": 20, "astrasim": 12}
+STUDY_CASES = {"run": 30, "nightly": 16}
+OPTION_CASES = {"cli": 45, "study": 40, "refine": 40}
 COMMANDS = ("evaluate", "run", "check", "generate", "report", "compare", "timeline", "sync", "nightly", "ui")
 OTHER_COMMANDS = {"calibrate"}
 """Commands this file leaves out: `dse calibrate` reads no input but its --json flag."""

@@ -16,7 +16,7 @@ BINARY_NAME = {
 HOW_TO_SET = f"set {ENV_VAR} or cost_model_options.binary to ASTRA-sim's AstraSim_Analytical_Congestion_Unaware"
 LOADER_ERROR = re.compile(r"error while loading shared libraries: (?P<library>[^:\s]+): (?P<reason>[^\n]+)")
 """What the dynamic loader prints when a program's library does not load (glibc's wording)."""
-PROBE_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 5.0
 """How long the binary may take to start and refuse to run without arguments (ASTRA-sim takes milliseconds)."""
 
 

@@ -11,7 +11,7 @@ UI_PORT ?= 5000
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,fx,hf]'
+	$(BIN)/pip install --quiet -e '.[dev,fx,hf,kernels]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

@@ -41,13 +41,18 @@ from dse.errors import SpecError
 from dse.fields import DTYPE_BYTES, OpCategory
 from dse.kernels import attention_table, covers, kernel_rate
 from dse.system import AcceleratorSpec, AttentionKernelSpec
+from dse.tables.gemm import MeasuredGemms
 from dse.workload import Op
 
 ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free"
+GEMM_TABLE, OUTSIDE_TABLE = "gemm_table", "roofline_outside_table"
+"""A GEMM priced by the accelerator's measured per-shape tables; one they could not price (a dtype they did not
+time, a size below theirs), priced by the roofline instead."""
 SPLIT_K_MIN_DEPTH = 256
 """The least k a split-K slice keeps: a few iterations of a 32-64 deep k tile, so a slice's fixed prologue and
 epilogue stay short beside its main loop."""
 FIELD = "field 'system.accelerator.measured_table'"
+KERNEL_TABLES_FIELD = "system.accelerator.kernel_tables"
 OP_CATEGORIES: tuple[str, ...] = get_args(OpCategory)
 ROUNDING = 1 + 1e-9
 """A row exactly at a peak, given in microseconds, is at it: its rate in floating point may be a hair above."""
@@ -203,6 +208,10 @@ class ComputeModel:
         self.table: MeasuredTable | None = None
         if accelerator.measured_table:  # load_point made a point file's relative path absolute (its folder's)
             self.table = MeasuredTable(Path(accelerator.measured_table), accelerator)
+        self.gemms: MeasuredGemms | None = None
+        if accelerator.kernel_source == "tables":
+            assert accelerator.kernel_tables is not None  # AcceleratorSpec refuses tables without them
+            self.gemms = MeasuredGemms(accelerator.kernel_tables, accelerator, dtype, KERNEL_TABLES_FIELD)
 
     def _physical_floor(self, op: Op) -> float:
         """The least time the op can take: its FLOPs at the accelerator's peak, its bytes at the HBM bandwidth. A
@@ -212,13 +221,19 @@ class ComputeModel:
         return max(flops, op.bytes / accelerator.hbm_bandwidth)
 
     def price(self, op: Op) -> tuple[float, str]:
-        """(seconds, source): source is 'table' (the measured CSV), 'kernel_table' (the attention kernel's table),
-        'roofline' or 'free' (an op with no work runs no kernel)."""
+        """(seconds, source): source is 'table' (the measured CSV), 'gemm_table' (the accelerator's measured GEMM
+        tables), 'kernel_table' (the attention kernel's table), 'roofline', 'roofline_outside_table' (a GEMM the
+        GEMM tables could not price) or 'free' (an op with no work runs no kernel)."""
         if op.flops == 0 and op.bytes == 0:
             return 0.0, FREE
         if self.table is not None:
             measured = self.table.lookup(op, self.dtype)
             if measured is not None:
                 return max(measured, self._physical_floor(op)), TABLE
+        if self.gemms is not None and op.category == "gemm":
+            measured = self.gemms.seconds(op)
+            if measured is not None:
+                return max(measured, self._physical_floor(op)), GEMM_TABLE
+            return compute_time(op, self.accelerator, self.dtype, self.attention), OUTSIDE_TABLE
         seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
         return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

@@ -27,6 +27,7 @@ from dse.fields import (
     left_out_at_default,
 )
 from dse.limits import MAX_LAUNCH_US, MAX_NETWORK_DIMS, MAX_RATE, MAX_WORLD
+from dse.tables.source import KernelTables
 
 ATTENTION_TABLE_DTYPES = ("bf16", "fp16")
 """The dtypes the attention kernels' benchmarks ran in, which their tables price (dse.kernels)."""
@@ -151,10 +152,25 @@ class AcceleratorSpec(Spec):
         description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
         "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
     )
+    kernel_source: Literal["roofline", "tables"] = left_out_at_default(
+        "roofline",
+        description="what prices GEMMs: the roofline with compute_efficiency.gemm and the tile model, or the measured "
+        "per-shape tables of kernel_tables (the roofline still prices shapes outside them, and says so)",
+    )
+    kernel_tables: KernelTables | None = left_out_at_default(
+        None, description="the measured kernel tables (aiconfigurator-core) that kernel_source: tables reads"
+    )
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
 
     @model_validator(mode="after")
     def _check_physics(self) -> "AcceleratorSpec":
+        if self.kernel_source == "tables" and self.kernel_tables is None:
+            raise ValueError(
+                "kernel_source: tables needs kernel_tables (system, framework, version and the measured device's "
+                "peak_tflops and hbm_bandwidth_GBps); add them or use kernel_source: roofline"
+            )
+        if self.kernel_source == "roofline" and self.kernel_tables is not None:
+            raise ValueError("kernel_tables would be ignored: kernel_source is roofline; set kernel_source: tables")
         if self.gemm_tile != GEMM_TILE and self.sm_count is None:
             raise ValueError(
                 "gemm_tile would be ignored: output tiles are counted against the SMs, and sm_count is unset; set "

@@ -73,6 +73,40 @@ KERNEL_TABLES = {
         (".noncausal.bwd", ROWS),
     )
 }
+H100_TABLES = {
+    "system": "h100_sxm",
+    "framework": "trtllm",
+    "version": "1.3.0rc20",
+    "peak_tflops": {"bf16": 989.4},
+    "hbm_bandwidth_GBps": 3350.0,
+}
+"""aiconfigurator-core's H100 GEMM tables, as measured (the ring's H100 is that device)."""
+SGLANG = {"framework": "sglang", "version": "0.5.14"}
+TABLES = {"overrides": {"system.accelerator.kernel_source": "tables", "system.accelerator.kernel_tables": H100_TABLES}}
+MEASURED_GEMMS = {
+    "system.accelerator.kernel_source": ({}, {"system.accelerator.kernel_source": "tables", **TABLES["overrides"]}),
+    "system.accelerator.kernel_tables": (
+        TABLES,
+        {"system.accelerator.kernel_tables": {**H100_TABLES, "system": "a100_sxm", "version": "1.0.0"}},
+    ),
+    "system.accelerator.kernel_tables.system": (TABLES, {"system.accelerator.kernel_tables.system": "h200_sxm"}),
+    "system.accelerator.kernel_tables.framework": (
+        TABLES,
+        {"system.accelerator.kernel_tables.framework": "vllm", "system.accelerator.kernel_tables.version": "0.24.0"},
+    ),
+    "system.accelerator.kernel_tables.version": (
+        {"overrides": {**TABLES["overrides"], "system.accelerator.kernel_tables": {**H100_TABLES, **SGLANG}}},
+        {"system.accelerator.kernel_tables.version": "0.5.6.post2"},
+    ),
+    "system.accelerator.kernel_tables.peak_tflops": (
+        TABLES,
+        {"system.accelerator.kernel_tables.peak_tflops": {"bf16": 10.0}},
+    ),
+    "system.accelerator.kernel_tables.hbm_bandwidth_GBps": (
+        TABLES,
+        {"system.accelerator.kernel_tables.hbm_bandwidth_GBps": 1000.0},
+    ),
+}
 APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "model": ({}, {"model": section("model", "tiny-gpt")}),
     "model.family": ({"model": "tiny-hybrid"}, {"model.family": "llama", "model.ssm": None}),
@@ -185,6 +219,7 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"system.accelerator.attention_kernels.measured_peak_tflops": 1978.8},
     ),
     **KERNEL_TABLES,
+    **MEASURED_GEMMS,
     "system.accelerator.clock_share": ({}, {"system.accelerator.clock_share": 0.5}),
     "system.network": (
         {},
@@ -252,7 +287,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 128
+    assert len(paths) == 135
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 
@@ -358,6 +393,11 @@ NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         for name in ("kv_heads", "head_dim")
     },
     "model.max_seq without model.position": ({}, {"model.max_seq": 4096}, "model.position is 'rope'"),
+    "system.accelerator.kernel_tables without kernel_source": (
+        {},
+        {"system.accelerator.kernel_tables": H100_TABLES},
+        "kernel_tables would be ignored: kernel_source is roofline",
+    ),
     "system.accelerator.gemm_tile without sm_count": (
         {"overrides": {"system.accelerator.sm_count": None}},
         {"system.accelerator.gemm_tile": [128, 128]},

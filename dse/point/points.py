@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse import catalog
-from dse.compute import MeasuredTable
+from dse.compute import ComputeModel
 from dse.errors import InfeasibleError, SpecError
 from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
@@ -174,8 +174,9 @@ def file_path_from(folder: Path, path: str) -> str:
 
 
 def check_tables(point: DesignPoint) -> None:
-    """Read the point's measured kernel table now, not trial by trial: a missing file, a bad row or a row faster
-    than the accelerator's peak is a SpecError naming the field and the line."""
+    """Read the point's measured kernel tables now, not trial by trial: a missing file, a bad row or a row faster
+    than the accelerator's peak, a kernel-table collection the installed package lacks (or the package itself) is
+    a SpecError naming the field."""
     accelerator = point.system.accelerator
-    if accelerator.measured_table:
-        MeasuredTable(Path(accelerator.measured_table), accelerator)
+    if accelerator.measured_table or accelerator.kernel_source == "tables":
+        ComputeModel(accelerator, point.model.dtype)

@@ -365,7 +365,11 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     bounds.check_derived_values(spec)
     first = decode(spec, {name: param.first for name, param in spec.space.items()})
     points = [first, *(outcome for _, _, outcome in vary(spec))]
-    tables = {point.system.accelerator.measured_table: point for point in points if isinstance(point, DesignPoint)}
+    tables = {
+        (point.system.accelerator.measured_table, point.system.accelerator.kernel_tables, point.model.dtype): point
+        for point in points
+        if isinstance(point, DesignPoint)
+    }
     for point in tables.values():  # each measured kernel table read once now, not by every trial
         check_tables(point)
     _check_refinements(spec)

@@ -1,0 +1,188 @@
+"""A GEMM's latency read from a measured per-shape table: multilinear interpolation of log(latency) over
+(log m, log n, log k).
+
+aiconfigurator-core times `C[m x n] = A[m x k] @ B[k x n]` on a grid: m (the tokens) at 1-17 and on both sides of
+every 256-wide tile boundary (4096 and 4097), n and k (the weights) from 32 to 65536. Why this interpolation:
+- Log-log because a GEMM's time is near a power law of each size (linear in m, n and k once the SMs are full, flat
+  while it is latency-bound); interpolating log(time) linearly in log(size) is exact on any power law, so it follows
+  both regimes and the knee between them without a fitted curve.
+- Multilinear (piecewise, not a spline) because it is monotone between measured points: it never overshoots, so a
+  predicted time always lies between the times of the grid cell's corners, and every measured point is reproduced
+  exactly. The grid's paired points at tile boundaries (4096, 4097) keep the step a new row of tiles costs.
+- Above the largest measured size along an axis a GEMM is that axis's largest measured GEMM run back to back:
+  time scales linearly with the size. That is an upper bound a larger GEMM meets (it fills the SMs at least as well),
+  and the physics of the split, not a curve extended. Below the smallest n or k (32) there is nothing to read:
+  `seconds` returns None and the caller prices the op by the roofline and records that it did.
+
+A collection misses a few cells of its grid (a shape that failed to run). Each is filled from its measured
+neighbours along whichever axis brackets it most tightly (log-log, as a lookup would), so a lookup near it still
+interpolates; `measured` keeps which cells were measured. The same fill predicts held-out rows in the tests.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from dse.errors import SpecError
+from dse.tables.source import KernelTables, table_file
+from dse.workload import Op
+
+if TYPE_CHECKING:
+    from dse.system import AcceleratorSpec
+
+DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
+"""dse's dtypes and the table's names for them; another dtype's GEMMs are priced by the roofline."""
+LATENCY_UNIT_S = 1e-3
+"""The tables' latencies are in milliseconds."""
+
+
+@dataclass(frozen=True)
+class GemmGrid:
+    axes: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """log of the measured m, n and k, ascending."""
+    log_seconds: np.ndarray
+    """log(seconds) per (m, n, k) cell, measured or filled; NaN where nothing could fill it."""
+    seconds: np.ndarray
+    """seconds per cell as measured (the median of repeated rows), NaN where not measured."""
+
+    @classmethod
+    def from_rows(cls, m: np.ndarray, n: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> "GemmGrid":
+        """The grid the rows span; repeated rows of one shape give their median."""
+        values = [np.unique(np.asarray(x, dtype=float)) for x in (m, n, k)]
+        index = tuple(np.searchsorted(v, np.asarray(x, dtype=float)) for v, x in zip(values, (m, n, k), strict=True))
+        shape = tuple(len(v) for v in values)
+        medians = pd.Series(np.asarray(seconds, dtype=float)).groupby(np.ravel_multi_index(index, shape)).median()
+        measured = np.full(shape, np.nan)
+        measured.flat[medians.index.to_numpy()] = medians.to_numpy()
+        axes = tuple(np.log(v) for v in values)
+        filled = np.log(measured)
+        while (missing := np.isnan(filled).sum()) > 0:  # a corner no measured cell reaches, from the filled ones
+            filled = _filled(filled, axes)
+            if np.isnan(filled).sum() == missing:
+                break
+        return cls(axes, filled, measured)  # type: ignore[arg-type]
+
+    def lookup(self, m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Seconds per (m, n, k) query, NaN where the table cannot price it (below its smallest size, or next to a
+        cell nothing could fill). Vectorised: a sweep prices every GEMM shape of a workload in one call."""
+        total = np.zeros(np.broadcast(m, n, k).shape)
+        corners: list[tuple[np.ndarray, np.ndarray]] = []  # per axis: (lower index, weight of the upper)
+        at_node = np.ones(total.shape, dtype=bool)
+        for axis, size in zip(self.axes, (m, n, k), strict=True):
+            x = np.log(np.broadcast_to(np.asarray(size, dtype=float), total.shape))
+            below = x < axis[0]
+            beyond = np.maximum(x - axis[-1], 0.0)  # log of how many times the largest measured size
+            xc = np.clip(x, axis[0], axis[-1])
+            lower = np.clip(np.searchsorted(axis, xc, side="right") - 1, 0, len(axis) - 2)
+            weight = (xc - axis[lower]) / (axis[lower + 1] - axis[lower])
+            total = total + beyond + np.where(below, np.nan, 0.0)
+            at_node &= (weight == 0.0) | (weight == 1.0)
+            at_node &= (beyond == 0.0) & ~below
+            corners.append((lower, weight))
+        (i, wi), (j, wj), (kk, wk) = corners
+        value = np.zeros(total.shape)
+        for di in (0, 1):
+            for dj in (0, 1):
+                for dk in (0, 1):
+                    w = (wi if di else 1 - wi) * (wj if dj else 1 - wj) * (wk if dk else 1 - wk)
+                    corner = self.log_seconds[i + di, j + dj, kk + dk]
+                    value = value + np.where(w == 0.0, 0.0, w * corner)  # a NaN cell weighs in only when used
+        result = np.exp(value + total)
+        exact = self.seconds[i + (wi == 1.0), j + (wj == 1.0), kk + (wk == 1.0)]
+        return np.where(at_node & np.isfinite(exact), exact, result)
+
+    def seconds_of(self, m: float, n: float, k: float) -> float | None:
+        """One GEMM's seconds, or None where the table cannot price it."""
+        found = float(self.lookup(np.array(m), np.array(n), np.array(k)))
+        return found if np.isfinite(found) else None
+
+
+def _filled(log_measured: np.ndarray, axes: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The grid with each unmeasured cell interpolated from its nearest measured neighbours along the axis whose
+    two neighbours lie closest together (in log size). A cell at the grid's edge on every axis (the largest GEMMs,
+    too slow to be timed) takes its nearest measured neighbour's time: a smaller one's scaled linearly, as a lookup
+    beyond the grid is, or a larger one's as it is (an upper bound: a smaller GEMM is not slower)."""
+    filled = log_measured.copy()
+    for cell in zip(*np.nonzero(np.isnan(log_measured)), strict=True):
+        bracketed: tuple[float, float] | None = None  # (span, estimate)
+        scaled: tuple[float, float] | None = None  # (distance, estimate)
+        for a, axis in enumerate(axes):
+            line = log_measured[tuple(slice(None) if d == a else c for d, c in enumerate(cell))]
+            present = np.flatnonzero(~np.isnan(line))
+            lo, hi = present[present < cell[a]], present[present > cell[a]]
+            for near, estimate in ((lo[-1:], line[lo[-1:]] + axis[cell[a]] - axis[lo[-1:]]), (hi[:1], line[hi[:1]])):
+                distance = np.abs(axis[cell[a]] - axis[near])
+                if len(near) and (scaled is None or distance[0] < scaled[0]):
+                    scaled = (float(distance[0]), float(estimate[0]))
+            if not len(lo) or not len(hi):
+                continue
+            i0, i1 = lo[-1], hi[0]
+            span = axis[i1] - axis[i0]
+            estimate = line[i0] + (axis[cell[a]] - axis[i0]) / span * (line[i1] - line[i0])
+            if bracketed is None or span < bracketed[0]:
+                bracketed = (span, estimate)
+        if (best := bracketed or scaled) is not None:
+            filled[cell] = best[1]
+    return filled
+
+
+@lru_cache(maxsize=32)
+def _grid(path: Path, size: int, mtime_ns: int, dtype: str) -> GemmGrid:
+    """One table's grid for one dtype, read once per process per version of the file (its size and time)."""
+    table = pq.read_table(path, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
+    rows = table[table["gemm_dtype"] == dtype]
+    if rows.empty:
+        raise SpecError(f"{path} has no {dtype} GEMMs; use a collection that measured them or the roofline")
+    return GemmGrid.from_rows(
+        rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(), rows["latency"].to_numpy() * LATENCY_UNIT_S
+    )
+
+
+def gemm_grid(path: Path, dtype: str) -> GemmGrid:
+    """The grid of the file's GEMMs of one of its dtypes (the table's name for it), cached by the file's state."""
+    stat = path.stat()
+    return _grid(path, stat.st_size, stat.st_mtime_ns, dtype)
+
+
+class MeasuredGemms:
+    """Prices the GEMM ops of one dtype on one accelerator from its kernel tables.
+
+    A table times its device. On an accelerator that differs from it (a study sweeping the peak or the HBM
+    bandwidth, a power cap's clock_share) a GEMM keeps the measured share of its roofline: its time is scaled by
+    its roofline time on this accelerator over that on the measured device, so the tables' shape effects (waves,
+    tiles, the latency floor of small GEMMs) carry over and only the rates change."""
+
+    def __init__(self, tables: KernelTables, accelerator: "AcceleratorSpec", dtype: str, field: str) -> None:
+        self.grid: GemmGrid | None = None
+        if dtype not in DTYPES:
+            return  # the tables time bf16 and fp8 GEMMs; the roofline prices the rest
+        if dtype not in tables.peak_tflops:
+            raise SpecError(
+                f"field '{field}.peak_tflops' has no {dtype}: the measured device's peak is what a {dtype} GEMM's "
+                "time is scaled against; add it"
+            )
+        self.grid = gemm_grid(table_file(tables, "gemm", "gemm_perf", field), DTYPES[dtype])
+        self._device = (tables.peak_tflops[dtype] * 1e12, tables.hbm_bandwidth_GBps * 1e9)  # type: ignore[index]
+        self._here = (accelerator.peak_flops(dtype) * accelerator.clock_share, accelerator.hbm_bandwidth)
+        self._seconds: dict[tuple[float, float, float], float | None] = {}
+
+    def seconds(self, op: Op) -> float | None:
+        """The op's seconds by the table, or None where the table cannot price it (the caller's roofline does)."""
+        if self.grid is None or op.gemm is None:
+            return None
+        batch, m, n, k = op.gemm
+        shape = (batch * m, n, k)  # a batched GEMM's outputs fill the SMs as one of batch times the rows
+        if shape not in self._seconds:
+            self._seconds[shape] = self.grid.seconds_of(*shape)
+        measured = self._seconds[shape]
+        if measured is None or self._here == self._device:
+            return measured
+        flops, nbytes = op.flops * op.density, op.bytes
+        here = max(flops / self._here[0], nbytes / self._here[1])
+        device = max(flops / self._device[0], nbytes / self._device[1])
+        return measured * here / device if device > 0 else measured

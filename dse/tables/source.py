@@ -1,0 +1,88 @@
+"""Where measured kernel tables come from: the `aiconfigurator-core` package's per-system benchmark database.
+
+The package (NVIDIA, Apache-2.0, an optional extra: `pip install 'dse-orchestrator[kernels]'`) ships per-shape
+kernel latencies collected on real systems under a serving framework's kernels: `systems/data/<system>/<family>/
+<framework>/<version>/<table>.parquet`, each folder with a `collection_meta.yaml` naming the framework and version.
+dse reads those files where the package installed them and copies nothing. A table is named by its provenance
+(`KernelTables`: system, framework, version) so that a result says which measurements priced it, and a catalog
+entry pins one collection rather than "the newest", which would change figures when the package is upgraded.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BeforeValidator, Field, StringConstraints
+
+from dse.errors import SpecError
+from dse.fields import Spec
+
+PACKAGE = "aiconfigurator-core"
+INSTALL = f"install it (pip install {PACKAGE}, or `make` installs it with the kernels extra)"
+Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]+$", min_length=1, max_length=64)]
+
+
+def _quoted_version(value: object) -> object:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(f"YAML read {value!r} as a number; write the version in quotes, as its folder is named")
+    return value
+
+
+Version = Annotated[Token, BeforeValidator(_quoted_version)]
+Family = Literal["gemm", "attention", "comm"]
+
+
+class KernelTables(Spec):
+    """One collection of measured kernel tables and the device it was measured on (the figures a hypothetical
+    accelerator's rates are scaled against when a study changes the peak or the bandwidth)."""
+
+    system: Token = Field(description="the package's system folder, e.g. h100_sxm")
+    framework: Token = Field(description="the framework whose kernels were timed: trtllm, vllm or sglang")
+    version: Version = Field(description="the framework version the collection was made under, e.g. 1.3.0rc20")
+    peak_tflops: dict[Literal["bf16", "fp8"], Annotated[float, Field(gt=0, le=1e6)]] = Field(
+        description="dense peak TFLOP/s of the measured device per dtype"
+    )
+    hbm_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e6)] = Field(
+        description="HBM bandwidth of the measured device"
+    )
+
+    def provenance(self) -> str:
+        return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}"
+
+
+def package_version() -> str:
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        raise SpecError(f"measured kernel tables need the package {PACKAGE}; {INSTALL}") from None
+
+
+def data_root() -> Path:
+    """The package's systems/data folder (its files as installed; nothing is copied)."""
+    try:
+        import aiconfigurator_core as module
+    except ImportError:
+        raise SpecError(f"measured kernel tables need the package {PACKAGE}; {INSTALL}") from None
+    return Path(module.__file__).parent / "systems" / "data"
+
+
+def table_file(tables: KernelTables, family: Family, name: str, field: str) -> Path:
+    """The parquet file of one table of the collection, or a one-line error naming the field and what exists."""
+    system = data_root() / tables.system
+    if not system.is_dir():
+        known = sorted(p.name for p in data_root().iterdir() if any(p.glob("*/*/*/*.parquet")))
+        raise SpecError(
+            f"field '{field}.system': {PACKAGE} has no tables for {tables.system!r}; use one of {', '.join(known)}"
+        )
+    folder = system / family / tables.framework / tables.version
+    path = folder / f"{name}.parquet"
+    if not path.is_file():
+        there = [
+            f"{p.parent.name} {p.name}" for p in sorted((system / family).glob("*/*")) if (p / path.name).is_file()
+        ]
+        raise SpecError(
+            f"field '{field}': {PACKAGE} {package_version()} has no {name} for {tables.system} under "
+            f"{tables.framework} {tables.version}; use a framework and version that has it: "
+            f"{', '.join(there) or 'none'}"
+        )
+    return path

@@ -19,7 +19,7 @@ neighbours along whichever axis brackets it most tightly (log-log, as a lookup w
 interpolates; `measured` keeps which cells were measured. The same fill predicts held-out rows in the tests.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +49,8 @@ class GemmGrid:
     """log(seconds) per (m, n, k) cell, measured or filled; NaN where nothing could fill it."""
     seconds: np.ndarray
     """seconds per cell as measured (the median of repeated rows), NaN where not measured."""
+    _memo: dict[tuple[float, float, float], float | None] = field(default_factory=dict, compare=False, repr=False)
+    """seconds_of's answers: the grid is shared by every accelerator priced from it (a sweep's many)."""
 
     @classmethod
     def from_rows(cls, m: np.ndarray, n: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> "GemmGrid":
@@ -98,8 +100,11 @@ class GemmGrid:
 
     def seconds_of(self, m: float, n: float, k: float) -> float | None:
         """One GEMM's seconds, or None where the table cannot price it."""
-        found = float(self.lookup(np.array(m), np.array(n), np.array(k)))
-        return found if np.isfinite(found) else None
+        shape = (m, n, k)
+        if shape not in self._memo:
+            found = float(self.lookup(np.array(m), np.array(n), np.array(k)))
+            self._memo[shape] = found if np.isfinite(found) else None
+        return self._memo[shape]
 
 
 def _filled(log_measured: np.ndarray, axes: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -169,17 +174,13 @@ class MeasuredGemms:
         self.grid = gemm_grid(table_file(tables, "gemm", "gemm_perf", field), DTYPES[dtype])
         self._device = (tables.peak_tflops[dtype] * 1e12, tables.hbm_bandwidth_GBps * 1e9)  # type: ignore[index]
         self._here = (accelerator.peak_flops(dtype) * accelerator.clock_share, accelerator.hbm_bandwidth)
-        self._seconds: dict[tuple[float, float, float], float | None] = {}
 
     def seconds(self, op: Op) -> float | None:
         """The op's seconds by the table, or None where the table cannot price it (the caller's roofline does)."""
         if self.grid is None or op.gemm is None:
             return None
         batch, m, n, k = op.gemm
-        shape = (batch * m, n, k)  # a batched GEMM's outputs fill the SMs as one of batch times the rows
-        if shape not in self._seconds:
-            self._seconds[shape] = self.grid.seconds_of(*shape)
-        measured = self._seconds[shape]
+        measured = self.grid.seconds_of(batch * m, n, k)  # a batched GEMM fills the SMs as batch times the rows
         if measured is None or self._here == self._device:
             return measured
         flops, nbytes = op.flops * op.density, op.bytes

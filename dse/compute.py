@@ -41,13 +41,18 @@ from dse.errors import SpecError
 from dse.fields import DTYPE_BYTES, OpCategory
 from dse.kernels import attention_table, covers, kernel_rate
 from dse.system import AcceleratorSpec, AttentionKernelSpec
+from dse.tables.attention import MeasuredAttention
 from dse.tables.gemm import MeasuredGemms
 from dse.workload import Op
 
 ROOFLINE, TABLE, KERNEL_TABLE, FREE = "roofline", "table", "kernel_table", "free"
-GEMM_TABLE, OUTSIDE_TABLE = "gemm_table", "roofline_outside_table"
-"""A GEMM priced by the accelerator's measured per-shape tables; one they could not price (a dtype they did not
-time, a size below theirs), priced by the roofline instead."""
+GEMM_TABLE, ATTENTION_TABLE, OUTSIDE_TABLE = "gemm_table", "attention_table", "roofline_outside_table"
+FRAMEWORK_KERNEL = "framework"
+"""workload.attention_kernel naming the serving framework's own attention kernel, which the measured attention
+tables time (TensorRT-LLM's FMHA, vLLM's and SGLang's FlashAttention builds): a training step runs FlashAttention
+through PyTorch, so its attention is never read from them."""
+"""A GEMM or a fused attention op priced by the accelerator's measured per-shape tables; one they could not price (a
+dtype they did not time, a size below theirs, a head dim beside theirs), priced by the existing path instead."""
 SPLIT_K_MIN_DEPTH = 256
 """The least k a split-K slice keeps: a few iterations of a 32-64 deep k tile, so a slice's fixed prologue and
 epilogue stay short beside its main loop."""
@@ -203,15 +208,27 @@ class ComputeModel:
     def __init__(self, accelerator: AcceleratorSpec, dtype: str, attention_kernel: str = "auto") -> None:
         self.accelerator = accelerator
         self.dtype = dtype
-        self.attention = attention_table(accelerator, attention_kernel, dtype)
-        """The measured table of the workload's attention kernel; None: compute_efficiency.attention prices it."""
+        framework = attention_kernel == FRAMEWORK_KERNEL
+        self.attention = None if framework else attention_table(accelerator, attention_kernel, dtype)
+        """The published table of the workload's attention kernel; None: compute_efficiency.attention prices it (or,
+        for the framework's own kernel, the measured attention tables where they cover the call)."""
         self.table: MeasuredTable | None = None
         if accelerator.measured_table:  # load_point made a point file's relative path absolute (its folder's)
             self.table = MeasuredTable(Path(accelerator.measured_table), accelerator)
-        self.gemms: MeasuredGemms | None = None
+        self.per_shape: dict[str, tuple[MeasuredGemms | MeasuredAttention, str]] = {}
+        """Per op category, the measured per-shape tables that price it and the source they give."""
         if accelerator.kernel_source == "tables":
-            assert accelerator.kernel_tables is not None  # AcceleratorSpec refuses tables without them
-            self.gemms = MeasuredGemms(accelerator.kernel_tables, accelerator, dtype, KERNEL_TABLES_FIELD)
+            tables = accelerator.kernel_tables
+            assert tables is not None  # AcceleratorSpec refuses tables without them
+            self.per_shape = {"gemm": (MeasuredGemms(tables, accelerator, dtype, KERNEL_TABLES_FIELD), GEMM_TABLE)}
+            if framework:  # the tables time the serving framework's kernel, not FlashAttention's: only its calls
+                measured = MeasuredAttention(tables, accelerator, dtype, KERNEL_TABLES_FIELD)
+                self.per_shape["attention"] = (measured, ATTENTION_TABLE)
+        elif framework:
+            raise SpecError(
+                f"field 'workload.attention_kernel': {FRAMEWORK_KERNEL} is the kernel the measured tables timed "
+                "under their framework; set system.accelerator.kernel_source: tables, or name fa2, fa3 or cudnn"
+            )
 
     def _physical_floor(self, op: Op) -> float:
         """The least time the op can take: its FLOPs at the accelerator's peak, its bytes at the HBM bandwidth. A
@@ -221,19 +238,21 @@ class ComputeModel:
         return max(flops, op.bytes / accelerator.hbm_bandwidth)
 
     def price(self, op: Op) -> tuple[float, str]:
-        """(seconds, source): source is 'table' (the measured CSV), 'gemm_table' (the accelerator's measured GEMM
-        tables), 'kernel_table' (the attention kernel's table), 'roofline', 'roofline_outside_table' (a GEMM the
-        GEMM tables could not price) or 'free' (an op with no work runs no kernel)."""
+        """(seconds, source): source is 'table' (the measured CSV), 'gemm_table' or 'attention_table' (the
+        accelerator's measured per-shape tables), 'kernel_table' (the attention kernel's table), 'roofline',
+        'roofline_outside_table' (a GEMM or fused attention op the per-shape tables could not price, priced by the
+        roofline or the attention kernel's table) or 'free' (an op with no work runs no kernel)."""
         if op.flops == 0 and op.bytes == 0:
             return 0.0, FREE
         if self.table is not None:
             measured = self.table.lookup(op, self.dtype)
             if measured is not None:
                 return max(measured, self._physical_floor(op)), TABLE
-        if self.gemms is not None and op.category == "gemm":
-            measured = self.gemms.seconds(op)
+        if (per_shape := self.per_shape.get(op.category)) is not None:
+            tables, source = per_shape
+            measured = tables.seconds(op)
             if measured is not None:
-                return max(measured, self._physical_floor(op)), GEMM_TABLE
+                return max(measured, self._physical_floor(op)), source
             return compute_time(op, self.accelerator, self.dtype, self.attention), OUTSIDE_TABLE
         seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
         return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

@@ -171,12 +171,14 @@ class WorkloadSpec(Spec):
         "intermediates (RMSNorm, RoPE), SiLU and gate product apart, GQA keys/values copied to every head",
     )
 
-    attention_kernel: Literal["auto", "fa2", "fa3", "cudnn"] = left_out_at_default(
+    attention_kernel: Literal["auto", "fa2", "fa3", "cudnn", "framework"] = left_out_at_default(
         "auto",
         description="the fused attention kernel, priced from the accelerator's measured table for it "
         "(system.accelerator.attention_kernels): fa2 (FlashAttention-2, what PyTorch SDPA runs), fa3 "
         "(FlashAttention-3, Hopper GPUs only), cudnn (cuDNN fused attention, TransformerEngine's); auto: fa2 where "
-        "the accelerator has its table, else the flat compute_efficiency.attention. Needs model.flash_attention",
+        "the accelerator has its table, else the flat compute_efficiency.attention; framework: the serving "
+        "framework's own kernel, read from the measured kernel_tables (prefill and decode only). Needs "
+        "model.flash_attention",
     )
     grad_clip: bool = left_out_at_default(
         True,
@@ -185,6 +187,15 @@ class WorkloadSpec(Spec):
         "norm and scales it (torch.nn.utils.clip_grad_norm_ always multiplies); false: no clipping (DeepSpeed's "
         "default)",
     )
+
+    @model_validator(mode="after")
+    def _serving_kernel_serves(self) -> "WorkloadSpec":
+        if self.attention_kernel == "framework" and self.mode == "train":
+            raise ValueError(
+                "attention_kernel: framework is a serving framework's kernel, which has no backward pass; train with "
+                "fa2, fa3, cudnn or auto, or use mode prefill or decode"
+            )
+        return self
 
     @property
     def tokens(self) -> int:

@@ -59,7 +59,7 @@ class AttentionShape(NamedTuple):
     """A fused attention kernel's problem as it runs, per sequence and head: `queries` rows attending over `keys`
     rows. Kernels reach a higher share of peak on longer sequences and wider heads, and less under the causal mask
     and in the backward pass, so a cost model that prices attention by its kernel's measured throughput needs this,
-    not only the FLOPs."""
+    not only the FLOPs. A table timed per call (batch, heads, KV heads) also needs the call's parallel work."""
 
     queries: float
     keys: float
@@ -68,6 +68,12 @@ class AttentionShape(NamedTuple):
     """(query/key width + value width) / 2: the width of a standard kernel doing the same FLOPs."""
     causal: bool
     backward: bool
+    batch: float = 0.0
+    """Sequences of the call on one rank; 0: not given (measured per-call tables then cannot price it)."""
+    heads: float = 0.0
+    """Query heads of the call on one rank (after tensor parallelism); 0: not given."""
+    kv_heads: float = 0.0
+    """Key/value heads the call reads on one rank: fewer than `heads` under grouped-query attention; 0: not given."""
 
 
 @dataclass(slots=True, frozen=True)

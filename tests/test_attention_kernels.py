@@ -101,12 +101,13 @@ def attention_ops(workload):
 
 
 def test_the_generator_gives_every_fused_attention_op_its_shape():
-    """Local query and key lengths, the head dim, the mask and the pass, forward and backward; a context-parallel
-    all-gather attends a query chunk over every key."""
+    """Local query and key lengths, the head dim, the mask and the pass, forward and backward, and the call's
+    sequences, query heads and key/value heads on one rank; a context-parallel all-gather attends a query chunk
+    over every key."""
     p = make_point("tiny-llama", seq_len=1024, global_batch=8, tp=2, cp=2, dp=2, recompute="full")
     shapes = {op.attention for op in attention_ops(GEN.generate(p))}
-    d = p.model.d_head
-    assert shapes == {AttentionShape(512, 1024, d, True, False), AttentionShape(512, 1024, d, True, True)}
+    d, n, g = p.model.d_head, p.model.heads / 2, p.model.kv_heads / 2
+    assert shapes == {AttentionShape(512, 1024, d, True, backward, 1, n, g) for backward in (False, True)}
 
 
 def test_ring_steps_off_the_diagonal_run_half_the_block_unmasked():
@@ -114,11 +115,11 @@ def test_ring_steps_off_the_diagonal_run_half_the_block_unmasked():
     of the query x key block without a mask (the executed FLOPs are the same: density 0.5 of the full block)."""
     p = make_point("tiny-llama", seq_len=1024, global_batch=8, tp=2, cp=2, dp=2, cp_algorithm="ring")
     forward = {op.name: op for op in attention_ops(GEN.generate(p)) if not op.attention.backward}
-    d = p.model.d_head
+    d, n, g = p.model.d_head, p.model.heads / 2, p.model.kv_heads / 2
     steps = sorted(name for name in forward if ".step" in name)
     assert [forward[name].attention for name in steps] == [
-        AttentionShape(512, 512, d, True, False),
-        AttentionShape(512, 256, d, False, False),
+        AttentionShape(512, 512, d, True, False, 1, n, g),
+        AttentionShape(512, 256, d, False, False, 1, n, g),
     ]
     assert {forward[name].density for name in steps} == {0.5}
 

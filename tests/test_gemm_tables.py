@@ -172,7 +172,7 @@ def test_astrasim_prices_the_measured_gemms_as_the_analytical_model_does(binary)
         workload = SymbolicGenerator().generate(point)
         model = ComputeModel(accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
         flat = [f.op for f in expand_program(workload, workload.programs[0]) if f.op.kind is OpKind.COMPUTE]
-        sources = {model.price(op)[1] for op in flat}
+        sources = {model.price(op)[1] for op in flat if op.category == "gemm"}  # tiny-llama's 32-wide heads: no table
         assert (GEMM_TABLE in sources) == tables and OUTSIDE_TABLE not in sources
         astrasim = AstraSimCostModel(AstraSimOptions(binary=binary)).simulate(workload, point.system)
         computed[tables] = sum(model.price(op)[0] for op in flat)

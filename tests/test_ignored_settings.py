@@ -81,7 +81,8 @@ H100_TABLES = {
     "hbm_bandwidth_GBps": 3350.0,
 }
 """aiconfigurator-core's H100 GEMM tables, as measured (the ring's H100 is that device)."""
-SGLANG = {"framework": "sglang", "version": "0.5.14"}
+B60_VLLM = {"system": "b60", "framework": "vllm", "version": "0.26.0"}
+"""A collection with two versions of one framework that both time GEMMs and attention (H100's do not)."""
 TABLES = {"overrides": {"system.accelerator.kernel_source": "tables", "system.accelerator.kernel_tables": H100_TABLES}}
 MEASURED_GEMMS = {
     "system.accelerator.kernel_source": ({}, {"system.accelerator.kernel_source": "tables", **TABLES["overrides"]}),
@@ -95,8 +96,8 @@ MEASURED_GEMMS = {
         {"system.accelerator.kernel_tables.framework": "vllm", "system.accelerator.kernel_tables.version": "0.24.0"},
     ),
     "system.accelerator.kernel_tables.version": (
-        {"overrides": {**TABLES["overrides"], "system.accelerator.kernel_tables": {**H100_TABLES, **SGLANG}}},
-        {"system.accelerator.kernel_tables.version": "0.5.6.post2"},
+        {"overrides": {**TABLES["overrides"], "system.accelerator.kernel_tables": {**H100_TABLES, **B60_VLLM}}},
+        {"system.accelerator.kernel_tables.version": "0.20.0"},
     ),
     "system.accelerator.kernel_tables.peak_tflops": (
         TABLES,
@@ -105,6 +106,27 @@ MEASURED_GEMMS = {
     "system.accelerator.kernel_tables.hbm_bandwidth_GBps": (
         TABLES,
         {"system.accelerator.kernel_tables.hbm_bandwidth_GBps": 1000.0},
+    ),
+}
+NCCL = {"version": "2.29.2", "bandwidth_GBps": 450.0}
+"""aiconfigurator-core's H100 NCCL tables, NVLink4's line rate; they price the TP pairs within the ring's nodes."""
+
+
+def nccl_tables(nccl: dict[str, Any] | None) -> dict[str, Any]:
+    """TP 2 on the H100 tables, with these NCCL tables: fresh dicts, as make_point's overrides assign into them."""
+    tables = {**H100_TABLES, **({} if nccl is None else {"nccl": dict(nccl)})}
+    return {"overrides": {**TABLES["overrides"], "system.accelerator.kernel_tables": tables}, **TP2}
+
+
+MEASURED_COLLECTIVES = {
+    "system.accelerator.kernel_tables.nccl": (nccl_tables(None), {"system.accelerator.kernel_tables.nccl": NCCL}),
+    "system.accelerator.kernel_tables.nccl.version": (
+        nccl_tables(NCCL),
+        {"system.accelerator.kernel_tables.nccl.version": "2.27.3"},
+    ),
+    "system.accelerator.kernel_tables.nccl.bandwidth_GBps": (
+        nccl_tables(NCCL),
+        {"system.accelerator.kernel_tables.nccl.bandwidth_GBps": 900.0},
     ),
 }
 APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -220,6 +242,7 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
     **KERNEL_TABLES,
     **MEASURED_GEMMS,
+    **MEASURED_COLLECTIVES,
     "system.accelerator.clock_share": ({}, {"system.accelerator.clock_share": 0.5}),
     "system.network": (
         {},
@@ -287,7 +310,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 135
+    assert len(paths) == 138
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 

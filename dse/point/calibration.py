@@ -14,6 +14,10 @@ forms its simulation uses). Most of them set a catalog efficiency (they say whic
 catalog and the formulas reproduce the figure they were set from. The others check the model, and only those count
 in the mean.
 
+Where a collective runs within one node, the tables can price it instead (dse.tables.nccl): the NVLink cases are
+printed beside aiconfigurator-core's NCCL tables of the same node at a few sizes, so the network model's link
+efficiencies are checked against the tables where the two overlap (`NCCL_CASES`).
+
 The held-out cases are published measurements outside ../shared/calibration.md that set nothing: Megatron-LM's
 iteration times from Korthikanti et al. 2022, the figures Calculon reports its own accuracy on. They run the
 software of their day (attention before fused kernels, dropout, fp16) and are printed in a table of their own.
@@ -28,11 +32,14 @@ from rich.console import Console
 from rich.table import Table
 
 from dse import plugins
+from dse.errors import SpecError
 from dse.fields import GiB
 from dse.interfaces import CollectiveCostModel, CostModel, WorkloadGenerator
 from dse.point.evaluate import evaluate
 from dse.point.points import build_point, expand
 from dse.system import SystemSpec
+from dse.tables.nccl import MeasuredCollectives
+from dse.tables.source import PACKAGE, NcclTables
 from dse.workload import Collective, bus_factor
 
 FSDP_BLOG = "IBM/Meta FSDP blog, pytorch.org 2024-03-13 'Maximizing training throughput using PyTorch FSDP'"
@@ -258,6 +265,68 @@ def run_collectives(
 
 
 @dataclass(frozen=True)
+class NcclCase:
+    """A collective over a catalog node's 8 GPUs, priced by the network model and read from the NCCL tables that
+    aiconfigurator-core measured on such a node (`tables`: its system folder)."""
+
+    name: str
+    system: str
+    tables: str
+    nccl: NcclTables
+    collective: str
+
+
+H100_NCCL = NcclTables(version="2.29.2", bandwidth_GBps=450.0)
+"""The H100 collection measured under its own collector (the others are 'legacy' imports), NVLink4's line rate."""
+A100_NCCL = NcclTables(version="2.27.3", bandwidth_GBps=300.0)
+"""The A100's one collection, NVLink3's line rate."""
+NCCL_CASES: list[NcclCase] = [
+    NcclCase("8x H100 NVLink4, all-reduce", "dgx-h100", "h100_sxm", H100_NCCL, "all_reduce"),
+    NcclCase("8x H100 NVLink4, all-gather", "dgx-h100", "h100_sxm", H100_NCCL, "all_gather"),
+    NcclCase("8x A100 NVLink3, all-reduce", "dgx-a100", "a100_sxm", A100_NCCL, "all_reduce"),
+    NcclCase("8x A100 NVLink3, all-gather", "dgx-a100", "a100_sxm", A100_NCCL, "all_gather"),
+]
+NCCL_SIZES = (2**20, 2**26, 2**30)
+"""1 MiB (latency-bound), 64 MiB (the tables' bandwidth regime) and 1 GiB (beyond their 512 MiB largest)."""
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    case: NcclCase
+    size: int
+    model_GBps: float
+    table_GBps: float
+    """Bus bandwidths (nccl-tests' busbw) the network model and the tables give the collective at this size."""
+
+    @property
+    def error(self) -> float:
+        """The model's against the tables'."""
+        return self.model_GBps / self.table_GBps - 1
+
+
+def run_nccl_tables(cost_model: CostModel, cases: list[NcclCase] = NCCL_CASES) -> list[NcclRow] | str | None:
+    """Each case at each size, model against tables; None when the cost model does not price a collective alone,
+    the one-line reason when the tables cannot be read (aiconfigurator-core is not installed)."""
+    if not isinstance(cost_model, CollectiveCostModel):
+        return None
+    rows = []
+    for case in cases:
+        system = SystemSpec.model_validate(expand({"system": case.system})["system"])
+        try:
+            tables = MeasuredCollectives(case.tables, case.nccl)
+        except SpecError as error:
+            return str(error)
+        kind = Collective(case.collective)
+        for size in NCCL_SIZES:
+            model = cost_model.collective_time(kind, size, range(8), system)
+            measured = tables.seconds(kind, 8, size)
+            assert measured is not None  # every collection has 8-GPU rows of the cases' collectives
+            factor = bus_factor(kind, 8) * size / 1e9
+            rows.append(NcclRow(case, size, factor / model, factor / measured))
+    return rows
+
+
+@dataclass(frozen=True)
 class Row:
     case: Case
     tokens_per_s_per_gpu: float
@@ -316,6 +385,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
     rows = run(generator, cost_model)
     held_out = run(generator, cost_model, HELD_OUT)
     collectives = run_collectives(cost_model)
+    nccl = run_nccl_tables(cost_model)
     if args.json:
         print(
             json.dumps(
@@ -323,6 +393,7 @@ def main(args: argparse.Namespace, console: Console) -> int:
                     "training": [_as_dict(row) for row in rows],
                     "held_out": [_as_dict(row) for row in held_out],
                     "collectives": None if collectives is None else [_collective_dict(row) for row in collectives],
+                    "nccl_tables": nccl if nccl is None or isinstance(nccl, str) else [_nccl_dict(r) for r in nccl],
                 }
             )
         )
@@ -337,6 +408,10 @@ def main(args: argparse.Namespace, console: Console) -> int:
         )
     else:
         _print_collectives(collectives, cost_model.name, console)
+    if isinstance(nccl, str):
+        console.print(f"NCCL tables left out: {nccl}", soft_wrap=True)
+    elif nccl is not None:
+        _print_nccl(nccl, cost_model.name, console)
     return 0
 
 
@@ -380,6 +455,33 @@ def _print_collectives(rows: list[CollectiveRow], cost_model: str, console: Cons
         f"max {100 * max(checks):.1f}%; source: {NCCL_TESTS}",
         soft_wrap=True,
     )
+
+
+def _print_nccl(rows: list[NcclRow], cost_model: str, console: Console) -> None:
+    table = Table(title=f"collectives within a node: {cost_model} network model vs {PACKAGE}'s NCCL tables")
+    for column in ("case", "size", "GB/s model", "tables", "model vs tables"):
+        table.add_column(column, justify="left" if column == "case" else "right", no_wrap=column == "case")
+    for row in rows:
+        size = f"{row.size // 2**30} GiB" if row.size >= 2**30 else f"{row.size // 2**20} MiB"
+        table.add_row(row.case.name, size, f"{row.model_GBps:.1f}", f"{row.table_GBps:.1f}", f"{100 * row.error:+.1f}%")
+    console.print(table)
+    versions = sorted({f"{row.case.tables} nccl {row.case.nccl.version}" for row in rows})
+    console.print(
+        f"bus bandwidth (nccl-tests' busbw); tables: {', '.join(versions)} (measured to 512 MiB; 1 GiB extends their "
+        "last doubling)",
+        soft_wrap=True,
+    )
+
+
+def _nccl_dict(row: NcclRow) -> dict[str, Any]:
+    return {
+        "case": row.case.name,
+        "bytes": row.size,
+        "bus_GBps": row.model_GBps,
+        "table_bus_GBps": row.table_GBps,
+        "error": row.error,
+        "tables": f"{row.case.tables} nccl {row.case.nccl.version}",
+    }
 
 
 def _collective_dict(row: CollectiveRow) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from dse import catalog
-from dse.compute import ComputeModel
+from dse.compute import FRAMEWORK_KERNEL, ComputeModel
 from dse.errors import InfeasibleError, SpecError
 from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
@@ -177,6 +177,6 @@ def check_tables(point: DesignPoint) -> None:
     """Read the point's measured kernel tables now, not trial by trial: a missing file, a bad row or a row faster
     than the accelerator's peak, a kernel-table collection the installed package lacks (or the package itself) is
     a SpecError naming the field."""
-    accelerator = point.system.accelerator
-    if accelerator.measured_table or accelerator.kernel_source == "tables":
-        ComputeModel(accelerator, point.model.dtype)
+    accelerator, kernel = point.system.accelerator, point.workload.attention_kernel
+    if accelerator.measured_table or accelerator.kernel_source == "tables" or kernel == FRAMEWORK_KERNEL:
+        ComputeModel(accelerator, point.model.dtype, attention_kernel=kernel)

@@ -366,7 +366,12 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     first = decode(spec, {name: param.first for name, param in spec.space.items()})
     points = [first, *(outcome for _, _, outcome in vary(spec))]
     tables = {
-        (point.system.accelerator.measured_table, point.system.accelerator.kernel_tables, point.model.dtype): point
+        (
+            point.system.accelerator.measured_table,
+            point.system.accelerator.kernel_tables,
+            point.model.dtype,
+            point.workload.attention_kernel,
+        ): point
         for point in points
         if isinstance(point, DesignPoint)
     }

@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from dse.errors import SpecError
+from dse.tables.scale import DeviceScale
 from dse.tables.source import KernelTables, table_file
 from dse.workload import Op
 
@@ -155,25 +156,15 @@ def gemm_grid(path: Path, dtype: str) -> GemmGrid:
 
 
 class MeasuredGemms:
-    """Prices the GEMM ops of one dtype on one accelerator from its kernel tables.
-
-    A table times its device. On an accelerator that differs from it (a study sweeping the peak or the HBM
-    bandwidth, a power cap's clock_share) a GEMM keeps the measured share of its roofline: its time is scaled by
-    its roofline time on this accelerator over that on the measured device, so the tables' shape effects (waves,
-    tiles, the latency floor of small GEMMs) carry over and only the rates change."""
+    """Prices the GEMM ops of one dtype on one accelerator from its kernel tables; on an accelerator other than the
+    measured device a GEMM keeps the measured share of its roofline (`DeviceScale`)."""
 
     def __init__(self, tables: KernelTables, accelerator: "AcceleratorSpec", dtype: str, field: str) -> None:
         self.grid: GemmGrid | None = None
         if dtype not in DTYPES:
             return  # the tables time bf16 and fp8 GEMMs; the roofline prices the rest
-        if dtype not in tables.peak_tflops:
-            raise SpecError(
-                f"field '{field}.peak_tflops' has no {dtype}: the measured device's peak is what a {dtype} GEMM's "
-                "time is scaled against; add it"
-            )
+        self._scale = DeviceScale(tables, accelerator, dtype, field)
         self.grid = gemm_grid(table_file(tables, "gemm", "gemm_perf", field), DTYPES[dtype])
-        self._device = (tables.peak_tflops[dtype] * 1e12, tables.hbm_bandwidth_GBps * 1e9)  # type: ignore[index]
-        self._here = (accelerator.peak_flops(dtype) * accelerator.clock_share, accelerator.hbm_bandwidth)
 
     def seconds(self, op: Op) -> float | None:
         """The op's seconds by the table, or None where the table cannot price it (the caller's roofline does)."""
@@ -181,9 +172,4 @@ class MeasuredGemms:
             return None
         batch, m, n, k = op.gemm
         measured = self.grid.seconds_of(batch * m, n, k)  # a batched GEMM fills the SMs as batch times the rows
-        if measured is None or self._here == self._device:
-            return measured
-        flops, nbytes = op.flops * op.density, op.bytes
-        here = max(flops / self._here[0], nbytes / self._here[1])
-        device = max(flops / self._device[0], nbytes / self._device[1])
-        return measured * here / device if device > 0 else measured
+        return None if measured is None else self._scale(measured, op)

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, StringConstraints
 
 from dse.errors import SpecError
-from dse.fields import Spec
+from dse.fields import Spec, left_out_at_default
 
 PACKAGE = "aiconfigurator-core"
 INSTALL = f"install it (pip install {PACKAGE}, or `make` installs it with the kernels extra)"
@@ -30,6 +30,18 @@ def _quoted_version(value: object) -> object:
 
 Version = Annotated[Token, BeforeValidator(_quoted_version)]
 Family = Literal["gemm", "attention", "comm"]
+Bandwidth = Annotated[float, Field(gt=0, le=1e6)]
+
+
+class NcclTables(Spec):
+    """The collection's NCCL tables (nccl-tests on one node of the system: `comm/nccl/<version>/nccl_perf.parquet`)
+    and the line rate of the node's interconnect they were measured over, which a first network dimension of another
+    bandwidth (a hypothetical NVLink) is scaled against."""
+
+    version: Version = Field(description="the NCCL version folder of the collection, e.g. 2.29.2")
+    bandwidth_GBps: Bandwidth = Field(
+        description="per-GPU, per-direction line rate of the measured node's interconnect (NVLink4 on H100 SXM: 450)"
+    )
 
 
 class KernelTables(Spec):
@@ -42,12 +54,16 @@ class KernelTables(Spec):
     peak_tflops: dict[Literal["bf16", "fp8"], Annotated[float, Field(gt=0, le=1e6)]] = Field(
         description="dense peak TFLOP/s of the measured device per dtype"
     )
-    hbm_bandwidth_GBps: Annotated[float, Field(gt=0, le=1e6)] = Field(
-        description="HBM bandwidth of the measured device"
+    hbm_bandwidth_GBps: Bandwidth = Field(description="HBM bandwidth of the measured device")
+    nccl: NcclTables | None = left_out_at_default(
+        None,
+        description="the NCCL tables that price collectives within one node (the first network dimension, up to 8 "
+        "GPUs); unset: the network model prices every collective",
     )
 
     def provenance(self) -> str:
-        return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}"
+        nccl = "" if self.nccl is None else f", nccl {self.nccl.version}"
+        return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}{nccl}"
 
 
 def package_version() -> str:

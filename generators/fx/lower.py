@@ -206,7 +206,7 @@ class _Lowering:
         density = 0.5 if masked else 1.0
         if backward:
             flops, density = 2 * flops, density * FUSED_ATTENTION_BACKWARD / 2
-        shape = AttentionShape(sq, skv, (dq + dv) / 2, masked, backward)
+        shape = AttentionShape(sq, skv, (dq + dv) / 2, masked, backward, b, heads, k.shape[-3])
         return Op(name, OpKind.COMPUTE, "attention", flops=flops, density=density, attention=shape, **common)
 
     def peak_temp(self, outputs: list[Any]) -> float:

@@ -110,7 +110,7 @@ def _attention_step(
     out_dims = (*q.dims[:3], value_dim or v.dims[3])
     out = STensor(name, out_dims, q.layout, q.itemsize)
     b, sq, n, dq = (tr.local_size(q, dim) for dim in q.dims)
-    skv, dv = tr.local_size(k, k.dims[1]), tr.local_size(out, out_dims[3])
+    skv, g, dv = tr.local_size(k, k.dims[1]), tr.local_size(k, k.dims[2]), tr.local_size(out, out_dims[3])
     reads = (q, k) if value_dim else (q, k, v)
     mark = tr.mark
     if fused:
@@ -118,9 +118,9 @@ def _attention_step(
         density = 0.5 if masked else 1.0
         width = (dq + dv) / 2
         if masked and off_diagonal:
-            shape = AttentionShape(sq, skv / 2, width, False, False)
+            shape = AttentionShape(sq, skv / 2, width, False, False, b, n, g)
         else:
-            shape = AttentionShape(sq, skv, width, masked, False)
+            shape = AttentionShape(sq, skv, width, masked, False, b, n, g)
         flops = 2 * b * sq * skv * n * (dq + dv)
         tr.compute(name, "attention", flops, reads, (out,), density=density, attention=shape)
         node = Node("attention", name, (q, k, v), out, "attention", density)

@@ -16,6 +16,9 @@ from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import LayerKey, Modules, Traced
 from generators.symbolic.tape import Sym, Tape
 
+SHAPE_SIZES = ("queries", "keys", "head_dim", "batch", "heads", "kv_heads")
+"""The sizes of an AttentionShape (its flags are structure)."""
+
 
 @dataclass
 class Recording:
@@ -59,7 +62,7 @@ class Recording:
     def _shape_slots(self, shape: AttentionShape) -> AttentionShape:
         """An attention shape with its sizes as slots (its flags are structure, kept as they are)."""
         slot = self.tape.slot
-        return shape._replace(queries=slot(shape.queries), keys=slot(shape.keys), head_dim=slot(shape.head_dim))
+        return shape._replace(**{name: slot(getattr(shape, name)) for name in SHAPE_SIZES})
 
     def numeric(self, values: list) -> Modules:
         """The modules with every recorded number read from `values` (a replay of the tape)."""
@@ -101,7 +104,7 @@ class Recording:
 def _shape_values(slots: AttentionShape | None, values: list) -> AttentionShape | None:
     if slots is None:
         return None
-    return slots._replace(queries=values[slots.queries], keys=values[slots.keys], head_dim=values[slots.head_dim])
+    return slots._replace(**{name: values[getattr(slots, name)] for name in SHAPE_SIZES})
 
 
 def _values(slots: tuple[int, ...] | None, values: list) -> tuple | None:

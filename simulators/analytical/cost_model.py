@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
+from dse.tables.nccl import MeasuredCollectives
 from dse.workload import Collective, Workload
 from simulators.analytical import network
 from simulators.analytical.batch import price_many, too_small
@@ -83,8 +84,12 @@ class AnalyticalCostModel:
         return price_many(workload, systems)
 
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
-        """The closed form the simulation prices the collective with (dse.interfaces.CollectiveCostModel)."""
-        return network.collective_time(kind, size, network.group_span(ranks, system.network))
+        """The closed form, or within a node the NCCL tables, the simulation prices the collective with
+        (dse.interfaces.CollectiveCostModel)."""
+        node = network.within_node(
+            MeasuredCollectives.of(system.accelerator), network.spanned_dims(ranks, system.network)
+        )
+        return network.collective_time(kind, size, network.group_span(ranks, system.network), node)
 
     def p2p_time(self, size: float, src: int, dst: int, system: SystemSpec) -> float:
         """The time the simulation gives a pipeline send (dse.interfaces.CollectiveCostModel)."""

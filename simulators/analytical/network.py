@@ -41,12 +41,20 @@ inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the
 bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it puts two nodes of eight A100s
 with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this model: 90), and DGX H100 nodes
 at 200-300 GB/s, well under the ~376 GB/s their eight 400G NICs carry, which bounds NCCL's rings there.
+
+Where the accelerator has measured NCCL tables (`kernel_tables.nccl`, dse.tables.nccl), a collective whose group
+lies within one node (spans the first dimension only) over a GPU count the tables ran is their time instead, on a
+first dimension of another bandwidth scaled by this model's time there over its time at the measured line rate (the
+same dimension otherwise): the measured latencies and protocol steps carry over and only the link's rate changes.
+The tables measured the node's own topology, efficiency and latency, so those of the first dimension price only the
+collectives the tables do not (other GPU counts, broadcasts) and the groups that leave the node.
 """
 
 from collections.abc import Sequence
 from math import ceil, log2, prod
 
 from dse.system import NetworkDim
+from dse.tables.nccl import MeasuredCollectives
 from dse.workload import Collective, bus_factor
 
 Span = list[tuple[NetworkDim, int]]
@@ -153,13 +161,30 @@ def _torus_time(kind: Collective, size: float, dim: NetworkDim) -> float:
     return total
 
 
-def collective_time(kind: str, size: float, span: Span) -> float:
+def collective_time(kind: str, size: float, span: Span, node: MeasuredCollectives | None = None) -> float:
     """Seconds of a collective of `size` bytes (nccl-tests convention) over a group with this span (see the
-    module's docstring). An empty span (a group of one) costs nothing."""
+    module's docstring). An empty span (a group of one) costs nothing. node: the measured tables of the first
+    dimension's node, given for a group within it (`within_node`); None: the model prices the group."""
     collective = Collective(kind)
     if len(span) > 1:
         return _across(collective, size, span)
+    if node is not None and span and (measured := node.seconds(collective, span[0][1], size)) is not None:
+        return _on_this_link(measured, collective, size, *span[0], node.bandwidth_GBps)
     return sum(sum(_dim_parts(collective, size, dim, count)) for dim, count in span)
+
+
+def within_node(node: MeasuredCollectives | None, dims: tuple[int, ...]) -> MeasuredCollectives | None:
+    """The node's tables for a group spanning these dimensions: only a group within the first one is in one node."""
+    return node if dims == (0,) else None
+
+
+def _on_this_link(measured: float, kind: Collective, size: float, dim: NetworkDim, count: int, rate: float) -> float:
+    """A measured time on a first dimension whose line rate is not the measured `rate`: scaled by the model's
+    times on the two (see the module's docstring)."""
+    if dim.bandwidth_GBps == rate:
+        return measured
+    there = sum(_dim_parts(kind, size, dim.model_copy(update={"bandwidth_GBps": rate}), count))
+    return measured * sum(_dim_parts(kind, size, dim, count)) / there if there > 0 else measured
 
 
 def _across(kind: Collective, size: float, span: Span) -> float:

@@ -4,13 +4,23 @@ Every call of a block costs the same, so the engine asks once per (block, class)
 on the class: its process groups and peers are those of the class's representative rank, and a group's span is
 cached per (axis, class) because the same groups recur in every layer. Ranks of one class whose groups
 straddle the network differently (a layout misaligned with the dimensions) are all priced like the
-representative, except a ring of sends within the class, which waits for its slowest hop (`hops`).
+representative, except a ring of sends within the class, which waits for its slowest hop (`hops`). A collective
+within one node is read from the accelerator's NCCL tables where it has them (`network.within_node`).
 """
 
 from dse.compute import ComputeModel
 from dse.system import SystemSpec
+from dse.tables.nccl import MeasuredCollectives
 from dse.workload import OpKind, Workload
-from simulators.analytical.network import Span, collective_time, group_span, p2p_dim, p2p_time, spanned_dims
+from simulators.analytical.network import (
+    Span,
+    collective_time,
+    group_span,
+    p2p_dim,
+    p2p_time,
+    spanned_dims,
+    within_node,
+)
 
 
 class BlockPricer:
@@ -18,6 +28,7 @@ class BlockPricer:
         self._workload = workload
         self._system = system
         self._model = ComputeModel(system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
+        self._node = MeasuredCollectives.of(system.accelerator)
         self._compute: dict[int, list[float]] = {}
         self.sources: dict[int, list[str]] = {}
         """Per block, what priced each op: 'table', 'kernel_table', 'roofline', 'free', or '' for communication."""
@@ -47,7 +58,8 @@ class BlockPricer:
         out = []
         for op, seconds in zip(self._workload.blocks[block].ops, compute, strict=True):
             if op.kind is OpKind.COLLECTIVE:
-                seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class))
+                node = within_node(self._node, self.dims(op.axis, rank_class))
+                seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
             elif op.is_comm:
                 network = self._system.network
                 seconds = max(

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 from conftest import patience
 
 from dse.cli.main import main
@@ -98,3 +100,23 @@ def installed_plugin(
         monkeypatch.undo()
         for cache in caches:
             cache.cache_clear()
+
+
+HELD_OUT = 0.10
+"""The share of a measured table's rows held out and predicted from the rest (seeded: the same rows every run)."""
+
+
+def hold_out(measured: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the rows kept, the rows held out) of a measured table."""
+    held = np.random.default_rng(0).random(len(measured)) < HELD_OUT
+    return measured[~held], measured[held]
+
+
+def held_out_errors(label: str, predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float, float]:
+    """(median, 90th percentile, max) relative error of held-out rows' predictions, printed for the record
+    (`pytest -s`); a row that could not be predicted (NaN) fails."""
+    error = np.abs(np.asarray(predicted) / np.asarray(measured) - 1)
+    assert np.isfinite(error).all(), f"{label}: {np.isnan(error).sum()} held-out rows not predicted"
+    median, p90, worst = float(np.median(error)), float(np.percentile(error, 90)), float(error.max())
+    print(f"{label}: {len(error)} rows held out, error median {median:.1%}, 90th percentile {p90:.1%}, max {worst:.1%}")
+    return median, p90, worst

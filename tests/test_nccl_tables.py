@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import make_point, run_cli
+from helpers import held_out_errors, hold_out, make_point, run_cli
 
 from dse.point.calibration import NCCL_CASES, run_nccl_tables
 from dse.system import NetworkDim
@@ -75,18 +75,13 @@ def test_every_measured_row_is_reproduced_exactly(system, nccl):
 def test_held_out_rows_are_predicted_from_the_rest(system, nccl):
     table = rows(system, nccl)
     table = table.assign(message_size=2.0 * table["message_size"])
-    held = np.random.default_rng(0).random(len(table)) < 0.10
-    kept, out = NcclTable.from_rows(table[~held]), table[held]
-    predicted = np.array([kept.seconds(NAMES[r.op_name], r.num_gpus, r.message_size) for r in out.itertuples()])
-    error = np.abs(predicted / out["latency"].to_numpy() - 1)
-    worst = out.iloc[int(error.argmax())]
-    print(
-        f"{system} nccl {nccl.version}: {len(out)} of {len(table)} rows held out, error median {np.median(error):.1%}, "
-        f"max {error.max():.1%} ({worst['op_name']} on {worst['num_gpus']} GPUs at {worst['message_size']:.0f} B)"
-    )
+    kept, out = hold_out(table)
+    grid = NcclTable.from_rows(kept)
+    predicted = np.array([grid.seconds(NAMES[r.op_name], r.num_gpus, r.message_size) for r in out.itertuples()])
+    median, _, worst = held_out_errors(f"{system} nccl {nccl.version}", predicted, out["latency"].to_numpy())
     # Today's figures with a little room: the median is interpolation; the worst rows are NCCL's protocol and
     # algorithm switches (LL to LL128 to Simple) at one size, which no curve through their neighbours foresees.
-    assert np.median(error) < 0.04 and error.max() < 0.40
+    assert median < 0.04 and worst < 0.40
 
 
 def test_below_the_smallest_size_the_floor_and_beyond_the_largest_the_last_doubling():

@@ -87,6 +87,7 @@ H100_KERNEL_TABLES = {
     "version": "1.3.0rc20",
     "peak_tflops": {"bf16": 989.4, "fp8": 1978.9},
     "hbm_bandwidth_GBps": 3350.0,
+    "sustained_share": 0.93,
     "nccl": {"version": "2.29.2", "bandwidth_GBps": 450.0},
 }
 

@@ -123,6 +123,9 @@ def test_a_hypothetical_accelerator_keeps_the_measured_share_of_its_roofline():
     assert half_peak.price(big)[0] == pytest.approx(2 * measured.price(big)[0], rel=1e-12)
     assert half_clock.price(big)[0] == pytest.approx(2 * measured.price(big)[0], rel=1e-12)
     assert half_peak.price(small)[0] == measured.price(small)[0]  # its roofline is its bytes: the peak is not used
+    sustained = ComputeModel(h100(kernel_tables={**H100.model_dump(), "sustained_share": 0.5}), "bf16")
+    assert sustained.price(big)[0] == pytest.approx(2 * measured.price(big)[0], rel=1e-12)
+    assert sustained.price(small)[0] == measured.price(small)[0]  # the clock does not move HBM bytes
     double_hbm = ComputeModel(h100(hbm_bandwidth_GBps=6700), "bf16")
     assert double_hbm.price(small)[0] == pytest.approx(measured.price(small)[0] / 2, rel=1e-12)
 

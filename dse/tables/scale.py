@@ -14,7 +14,8 @@ class DeviceScale:
     """A measured kernel time carried to this accelerator.
 
     A table times its device. On an accelerator that differs from it (a study sweeping the peak or the HBM
-    bandwidth, a power cap's clock_share) a kernel keeps the measured share of its roofline: its time is scaled by
+    bandwidth, a power cap's clock_share, the clock the device sustains under load: sustained_share) a kernel keeps
+    the measured share of its roofline: its time is scaled by
     its roofline time on this accelerator over that on the measured device, so the tables' shape effects (waves,
     tiles, the latency floor of small kernels) carry over and only the rates change."""
 
@@ -25,7 +26,8 @@ class DeviceScale:
                 "time is scaled against; add it"
             )
         self._device = (tables.peak_tflops[dtype] * 1e12, tables.hbm_bandwidth_GBps * 1e9)  # type: ignore[index]
-        self._here = (accelerator.peak_flops(dtype) * accelerator.clock_share, accelerator.hbm_bandwidth)
+        peak = accelerator.peak_flops(dtype) * accelerator.clock_share * tables.sustained_share
+        self._here = (peak, accelerator.hbm_bandwidth)
 
     def __call__(self, seconds: float, op: "Op") -> float:
         """The op's measured seconds on this accelerator."""

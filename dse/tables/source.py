@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, StringConstraints
 
 from dse.errors import SpecError
-from dse.fields import Spec, left_out_at_default
+from dse.fields import Share, Spec, left_out_at_default
 
 PACKAGE = "aiconfigurator-core"
 INSTALL = f"install it (pip install {PACKAGE}, or `make` installs it with the kernels extra)"
@@ -55,6 +55,11 @@ class KernelTables(Spec):
         description="dense peak TFLOP/s of the measured device per dtype"
     )
     hbm_bandwidth_GBps: Bandwidth = Field(description="HBM bandwidth of the measured device")
+    sustained_share: Share = left_out_at_default(
+        1.0,
+        description="the share of the tables' FLOP rates the device sustains under continuous load at its power cap: "
+        "the tables time millisecond bursts at locked maximum clocks, a training step runs for seconds at the cap",
+    )
     nccl: NcclTables | None = left_out_at_default(
         None,
         description="the NCCL tables that price collectives within one node (the first network dimension, up to 8 "

@@ -127,7 +127,15 @@ def ray_address() -> Iterator[str]:
     import ray
 
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    os.environ.update(ray_start_budgets())  # the settable waits of the processes ray.init starts
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+            break
+        except Exception as exc:  # Ray's fixed 30 s for its raylet to register, missed on a loaded machine
+            ray.shutdown()
+            if attempt == RAY_START_ATTEMPTS or "timed out during startup" not in str(exc):
+                raise
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 

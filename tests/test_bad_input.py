@@ -34,9 +34,9 @@ CASE_SECONDS = 20.0
 """Wall time one case may take. Cases take 2-100 ms; the slowest evaluation the limits admit is ~15 s."""
 CASE_MEMORY = 1 << 30
 """Growth of the process's peak resident memory one case may cause."""
-POINT_CASES = 500
-STUDY_CASES = 400
-COMBINATION_CASES = 250
+POINT_CASES = 300
+STUDY_CASES = 250
+COMBINATION_CASES = 150
 STABLE_KEYS = {"step_time_s", "peak_memory_bytes", "overlap_ratio", "mfu", "tokens_per_s_per_gpu", "fits_memory"}
 
 

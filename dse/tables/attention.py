@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 
 from dse.errors import SpecError
 from dse.tables.scale import DeviceScale
-from dse.tables.source import KernelTables, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, table_file
 from dse.workload import Op
 
 if TYPE_CHECKING:
@@ -71,8 +71,6 @@ Table = Literal["context_attention_perf", "generation_attention_perf"]
 DTYPES = {"bf16": "bfloat16"}
 """dse's dtypes and the tables' names for them (attention and KV cache alike); another dtype's attention is priced
 by the existing path."""
-LATENCY_UNIT_S = 1e-3
-"""The tables' latencies are in milliseconds."""
 LENGTH_POWER: dict[Table, float] = {"context_attention_perf": 2.0, "generation_attention_perf": 1.0}
 """How a call's work grows with its length beyond the longest measured: a causal prefill's FLOPs with its square, a
 decode's KV bytes with the KV length."""
@@ -209,8 +207,7 @@ def _grid(path: Path, size: int, mtime_ns: int, table: Table, dtype: str) -> Att
 
 def attention_grid(path: Path, table: Table, dtype: str) -> AttentionGrid:
     """The grid of one attention table's calls of one of its dtypes, cached by the file's state."""
-    stat = path.stat()
-    return _grid(path, stat.st_size, stat.st_mtime_ns, table, dtype)
+    return _grid(*file_state(path), table, dtype)
 
 
 class MeasuredAttention:

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from dse.errors import SpecError
 from dse.tables.scale import DeviceScale
-from dse.tables.source import KernelTables, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, table_file
 from dse.workload import Op
 
 if TYPE_CHECKING:
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
 """dse's dtypes and the table's names for them; another dtype's GEMMs are priced by the roofline."""
-LATENCY_UNIT_S = 1e-3
-"""The tables' latencies are in milliseconds."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +149,7 @@ def _grid(path: Path, size: int, mtime_ns: int, dtype: str) -> GemmGrid:
 
 def gemm_grid(path: Path, dtype: str) -> GemmGrid:
     """The grid of the file's GEMMs of one of its dtypes (the table's name for it), cached by the file's state."""
-    stat = path.stat()
-    return _grid(path, stat.st_size, stat.st_mtime_ns, dtype)
+    return _grid(*file_state(path), dtype)
 
 
 class MeasuredGemms:

@@ -40,7 +40,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from dse.errors import SpecError
-from dse.tables.source import KernelTables, NcclTables, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, NcclTables, file_state, table_file
 from dse.workload import Collective
 
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ OPS = {
 """dse's collectives and the table's names for them; every collection must have all four."""
 DTYPE, ELEMENT_BYTES = "half", 2
 """The rows read (see the module's docstring) and the bytes of one of their elements."""
-LATENCY_UNIT_S = 1e-3
-"""The tables' latencies are in milliseconds."""
 FIELD = "system.accelerator.kernel_tables"
 
 
@@ -129,8 +127,7 @@ def _table(path: Path, size: int, mtime_ns: int) -> NcclTable:
 
 def nccl_table(path: Path) -> NcclTable:
     """The file's table, cached by the file's state."""
-    stat = path.stat()
-    return _table(path, stat.st_size, stat.st_mtime_ns)
+    return _table(*file_state(path))
 
 
 def node_tables(accelerator: "AcceleratorSpec") -> tuple[str, NcclTables] | None:

@@ -71,6 +71,17 @@ class KernelTables(Spec):
         return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}{nccl}"
 
 
+LATENCY_UNIT_S = 1e-3
+"""The package's tables give latencies in milliseconds."""
+
+
+def file_state(path: Path) -> tuple[Path, int, int]:
+    """A table file as a cache key: its path, size and modification time, so that a file the package replaced (an
+    upgrade) is read anew while an unchanged one is read once per process."""
+    stat = path.stat()
+    return path, stat.st_size, stat.st_mtime_ns
+
+
 def package_version() -> str:
     try:
         return version(PACKAGE)

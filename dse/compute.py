@@ -217,7 +217,7 @@ class ComputeModel:
             self.table = MeasuredTable(Path(accelerator.measured_table), accelerator)
         self.per_shape: dict[str, tuple[MeasuredGemms | MeasuredAttention, str]] = {}
         """Per op category, the measured per-shape tables that price it and the source they give."""
-        if accelerator.kernel_source == "tables":
+        if accelerator.reads_tables:
             tables = accelerator.kernel_tables
             assert tables is not None  # AcceleratorSpec refuses tables without them
             self.per_shape = {"gemm": (MeasuredGemms(tables, accelerator, dtype, KERNEL_TABLES_FIELD), GEMM_TABLE)}

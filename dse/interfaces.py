@@ -21,7 +21,8 @@ class TimelineEvent:
     start_s: float
     end_s: float
     source: str = ""
-    """What priced a compute op (a cost model's own words, e.g. 'roofline' or 'table'); '' if not said."""
+    """What priced the op (a cost model's own words, e.g. 'roofline', 'gemm_table' or, for a collective,
+    'nccl_table'); '' if not said."""
 
 
 @dataclass(slots=True)

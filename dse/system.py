@@ -152,15 +152,22 @@ class AcceleratorSpec(Spec):
         description="the SM clock as a share of the one the peaks, efficiencies and kernel tables were measured at "
         "(a power cap below the TDP they were measured at): scales every FLOP rate, not HBM bandwidth",
     )
-    kernel_source: Literal["roofline", "tables"] = left_out_at_default(
-        "roofline",
-        description="what prices GEMMs: the roofline with compute_efficiency.gemm and the tile model, or the measured "
-        "per-shape tables of kernel_tables (the roofline still prices shapes outside them, and says so)",
+    kernel_source: Literal["auto", "roofline", "tables"] = left_out_at_default(
+        "auto",
+        description="what prices GEMMs (and collectives within a node): the roofline with compute_efficiency.gemm and "
+        "the tile model, or the measured per-shape tables of kernel_tables (the roofline still prices shapes outside "
+        "them, and says so); auto: the tables where the accelerator has them",
     )
     kernel_tables: KernelTables | None = left_out_at_default(
         None, description="the measured kernel tables (aiconfigurator-core) that kernel_source: tables reads"
     )
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
+
+    @property
+    def reads_tables(self) -> bool:
+        """Whether the measured kernel tables price this accelerator's kernels (kernel_source tables, or auto with
+        kernel_tables)."""
+        return self.kernel_tables is not None and self.kernel_source != "roofline"
 
     @model_validator(mode="after")
     def _check_physics(self) -> "AcceleratorSpec":
@@ -169,8 +176,6 @@ class AcceleratorSpec(Spec):
                 "kernel_source: tables needs kernel_tables (system, framework, version and the measured device's "
                 "peak_tflops and hbm_bandwidth_GBps); add them or use kernel_source: roofline"
             )
-        if self.kernel_source == "roofline" and self.kernel_tables is not None:
-            raise ValueError("kernel_tables would be ignored: kernel_source is roofline; set kernel_source: tables")
         if self.gemm_tile != GEMM_TILE and self.sm_count is None:
             raise ValueError(
                 "gemm_tile would be ignored: output tiles are counted against the SMs, and sm_count is unset; set "

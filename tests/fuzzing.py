@@ -81,26 +81,14 @@ def tiny_points() -> list[dict[str, Any]]:
     return out
 
 
-H100_KERNEL_TABLES = {
-    "system": "h100_sxm",
-    "framework": "trtllm",
-    "version": "1.3.0rc20",
-    "peak_tflops": {"bf16": 989.4, "fp8": 1978.9},
-    "hbm_bandwidth_GBps": 3350.0,
-    "sustained_share": 0.93,
-    "nccl": {"version": "2.29.2", "bandwidth_GBps": 450.0},
-}
-
-
 def hopper_point() -> dict[str, Any]:
-    """A point on H100s written out whole: the accelerator's attention kernel tables, measured kernel tables (GEMMs,
-    NCCL) and clock share and the workload's attention kernel are in the file."""
-    tables = {"kernel_source": "tables", "kernel_tables": H100_KERNEL_TABLES}
+    """A point on H100s written out whole: the accelerator's attention kernel tables, the catalog's measured kernel
+    tables (GEMMs, NCCL) and clock share and the workload's attention kernel are in the file."""
     raw = {
         "model": "tiny-llama",
         "workload": {"seq_len": 256, "global_batch": 16, "attention_kernel": "fa3"},
         "parallel": {"dp": 8},
-        "system": {"base": "dgx-h100", "accelerator": {"clock_share": 0.9, **tables}, "network": {1: {"npus": 1}}},
+        "system": {"base": "dgx-h100", "accelerator": {"clock_share": 0.9}, "network": {1: {"npus": 1}}},
     }
     return DesignPoint.model_validate(expand(raw)).model_dump(mode="json", exclude_none=True)
 

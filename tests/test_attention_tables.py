@@ -65,9 +65,11 @@ def read(grid: AttentionGrid, at: pd.DataFrame) -> np.ndarray:
 
 
 def accelerator(base: str = "h100-sxm", tables: KernelTables | None = H100, **changes) -> AcceleratorSpec:
-    """The catalog's accelerator, priced from these tables (None: the existing path)."""
+    """The catalog's accelerator, priced from these tables (None: the roofline)."""
     entry = expand({"system": {"base": "tiny-ring", "accelerator": {"base": base}}})["system"]["accelerator"]
-    measured = {} if tables is None else {"kernel_source": "tables", "kernel_tables": tables.model_dump()}
+    measured = {"kernel_source": "roofline"}
+    if tables is not None:
+        measured = {"kernel_source": "tables", "kernel_tables": tables.model_dump()}
     return AcceleratorSpec.model_validate({**entry, **measured, **changes})
 
 

@@ -3,25 +3,33 @@
 What is pinned: every measured row is reproduced exactly; rows held out of the table are predicted from the rest
 (the figures are printed: `pytest -s tests/test_gemm_tables.py`); a lookup between measured points never leaves the
 range of its cell's corners; beyond the largest size a GEMM is the largest one run back to back; below the
-smallest the roofline prices it and says so; a hypothetical accelerator keeps the measured share of its roofline.
+smallest the roofline prices it and says so; a hypothetical accelerator keeps the measured share of its roofline;
+the catalog H100 prices from its tables by default (one line naming the fix without the package) and a study can
+search kernel_source like any field.
 """
+
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from conftest import ROOT
 from helpers import held_out_errors, hold_out, make_point, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dse.compute import GEMM_TABLE, OUTSIDE_TABLE, ROOFLINE, ComputeModel
 from dse.point.points import expand
+from dse.search.decoding import decode
+from dse.search.space import load_study
 from dse.system import AcceleratorSpec
 from dse.tables.gemm import GemmGrid, gemm_grid
 from dse.tables.source import KernelTables, table_file
 from dse.workload import Op, OpKind
 from dse.workload import expand as expand_program
 from generators.symbolic import SymbolicGenerator
+from simulators.analytical import AnalyticalCostModel
 from simulators.astrasim import AstraSimCostModel, AstraSimOptions
 
 pytest.importorskip("aiconfigurator_core")
@@ -141,19 +149,42 @@ def test_kernel_tables_that_are_not_there_are_refused_in_one_line(tmp_path):
         "system: h999": ("field 'system.accelerator.kernel_tables.system'", "use one of a100_sxm"),
         "version: '9.9'": ("has no gemm_perf for h100_sxm under trtllm 9.9", "trtllm 1.3.0rc20"),
         "version: 9.9": ("kernel_tables.version'", "write the version in quotes"),
-        "": ("kernel_source: tables needs kernel_tables", "use kernel_source: roofline"),
+        "kernel_tables: null": ("kernel_source: tables needs kernel_tables", "use kernel_source: roofline"),
     }
     for change, fragments in cases.items():
         tables = yaml.safe_dump(H100.model_dump(), default_flow_style=True).strip()
         accelerator = dict(point["system"]["accelerator"])
-        if change:
-            key, value = change.split(": ")
+        key, value = change.split(": ")
+        if key == "kernel_tables":
+            accelerator["kernel_tables"] = None
+        else:
             accelerator["kernel_tables"] = {**yaml.safe_load(tables), key: yaml.safe_load(value)}
         path = tmp_path / "point.yaml"
         path.write_text(yaml.safe_dump({**point, "system": {**point["system"], "accelerator": accelerator}}))
         code, out, err = run_cli("evaluate", str(path))
         assert code == 2 and out == "" and len(err.splitlines()) == 1, (change, err)
         assert all(fragment in err for fragment in fragments), (change, err)
+
+
+def test_without_the_package_a_catalog_h100_is_refused_in_one_line_naming_both_fixes(tmp_path, monkeypatch):
+    """The catalog's H100 prices from its kernel tables by default (kernel_source: auto); where aiconfigurator-core
+    is not installed, that is one line naming the extra to install and the roofline as the other way."""
+    point = {
+        "model": "tiny-llama",
+        "workload": {"mode": "train", "seq_len": 256, "global_batch": 8},
+        "parallel": {"dp": 8},
+        "system": {"base": "dgx-h100", "network": {1: {"npus": 1}}},
+    }
+    path = tmp_path / "point.yaml"
+    path.write_text(yaml.safe_dump(point))
+    monkeypatch.setitem(sys.modules, "aiconfigurator_core", None)  # `import aiconfigurator_core` raises ImportError
+    code, out, err = run_cli("evaluate", str(path))
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, err
+    assert "need the package aiconfigurator-core" in err and "kernel_source: roofline" in err, err
+    path.write_text(
+        yaml.safe_dump({**point, "system": {**point["system"], "accelerator": {"kernel_source": "roofline"}}})
+    )
+    assert run_cli("evaluate", str(path))[0] == 0
 
 
 def test_astrasim_prices_the_measured_gemms_as_the_analytical_model_does(binary):
@@ -173,3 +204,27 @@ def test_astrasim_prices_the_measured_gemms_as_the_analytical_model_does(binary)
         computed[tables] = sum(model.price(op)[0] for op in flat)
         assert astrasim.classes[0].compute_s == pytest.approx(computed[tables], abs=1e-6)  # whole microseconds
     assert computed[True] != pytest.approx(computed[False], rel=0.01)
+
+
+def test_a_study_searches_the_kernel_source_as_a_field(tmp_path):
+    """`kernel_source` is a parameter like any other: a study over {roofline, tables} decodes two points of
+    different keys on the catalog H100, the tables pricing its GEMMs (whose roofline share is the tables' own
+    large-GEMM rate, so the two step times stay within a few percent)."""
+    study = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
+    study["space"] = {"system.accelerator.kernel_source": {"choices": ["roofline", "tables"]}}
+    study["base"]["parallel"] |= {"tp": 8, "pp": 1, "dp": 8}
+    del study["derived"]
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    spec = load_study(path)
+    points = {source: decode(spec, {"system.accelerator.kernel_source": source}) for source in ("roofline", "tables")}
+    assert points["roofline"].key != points["tables"].key
+    times = {}
+    for source, point in points.items():
+        workload = SymbolicGenerator().generate(point)
+        model = ComputeModel(point.system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
+        gemms = [op for block in workload.blocks for op in block.ops if op.category == "gemm" and op.gemm is not None]
+        assert {model.price(op)[1] for op in gemms} == ({ROOFLINE} if source == "roofline" else {GEMM_TABLE})
+        times[source] = AnalyticalCostModel().simulate(workload, point.system).step_time_s
+    assert times["tables"] != times["roofline"]
+    assert times["tables"] == pytest.approx(times["roofline"], rel=0.05)

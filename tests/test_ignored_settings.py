@@ -47,6 +47,8 @@ def section(kind: str, ref: Any) -> Any:
 
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 1}}}
+DGX_NETWORK_MODEL = {**DGX, "accelerator": {"kernel_source": "roofline"}}
+"""One node whose all-reduce the network model prices (NVLS), not the H100's NCCL tables."""
 ROWS = [[64, 512, 100.0]]
 """An attention kernel table's one row: slower than every H100 row at tiny-llama's sizes (head dim 32, 256 tokens)."""
 TABLE = "<a measured table>"
@@ -263,10 +265,13 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"system.network.0.shape": [4, 1]},
     ),
     "system.network.0.reduction_efficiency": (
-        {"system": DGX, "overrides": {"system.network.0.reduction_latency_ns": 0.0}},
+        {"system": DGX_NETWORK_MODEL, "overrides": {"system.network.0.reduction_latency_ns": 0.0}},
         {"system.network.0.reduction_efficiency": 1.0},
     ),
-    "system.network.0.reduction_latency_ns": ({"system": DGX}, {"system.network.0.reduction_latency_ns": 0.0}),
+    "system.network.0.reduction_latency_ns": (
+        {"system": DGX_NETWORK_MODEL},
+        {"system.network.0.reduction_latency_ns": 0.0},
+    ),
 }
 LABELS = {
     "model.name": "a model's name, shown in tables, plots and MLflow",
@@ -420,11 +425,6 @@ NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         for name in ("kv_heads", "head_dim")
     },
     "model.max_seq without model.position": ({}, {"model.max_seq": 4096}, "model.position is 'rope'"),
-    "system.accelerator.kernel_tables without kernel_source": (
-        {},
-        {"system.accelerator.kernel_tables": H100_TABLES},
-        "kernel_tables would be ignored: kernel_source is roofline",
-    ),
     "system.accelerator.gemm_tile without sm_count": (
         {"overrides": {"system.accelerator.sm_count": None}},
         {"system.accelerator.gemm_tile": [128, 128]},

@@ -111,11 +111,14 @@ def test_unoverlapped_grad_reduce_under_the_distributed_optimizer_reduce_scatter
 # ---- tp_comm_overlap --------------------------------------------------------------------------------------------
 
 
-def tp_point(**parallel) -> DesignPoint:
-    """Llama 3 8B's layer on a DGX H100's NVSwitch: GEMMs long beside their TP collectives, as TE's overlap needs."""
-    system = {"base": "dgx-h100", "network": {1: {"npus": 1}}, "accelerator": {"overlap_slowdown": 0}}
-    layers = {"model.layers": 2}
-    return make_point("llama3-8b", system, 4096, 8, 1, overrides=layers, tp=4, dp=2, sp=True, **parallel)
+def tp_point(overrides: dict | None = None, **parallel) -> DesignPoint:
+    """Llama 3 70B's layer on a DGX H100's NVSwitch: GEMMs long beside their TP collectives, as TE's overlap needs.
+    The network model prices the collectives (kernel_source: roofline): TE's userbuffers chunks are not NCCL calls,
+    and the closed forms below are the model's."""
+    accelerator = {"overlap_slowdown": 0, "kernel_source": "roofline"}
+    system = {"base": "dgx-h100", "network": {1: {"npus": 1}}, "accelerator": accelerator}
+    changes = {"model.layers": 2, **(overrides or {})}
+    return make_point("llama3-70b", system, 4096, 8, 1, overrides=changes, tp=4, dp=2, sp=True, **parallel)
 
 
 def named(timeline: list, name: str):
@@ -170,6 +173,25 @@ def test_tp_comm_overlap_shortens_the_step_by_the_hidden_tp_communication():
     assert overlapped.step_time_s < plain.step_time_s
     exposed = [sum(c.exposed_comm_s for c in r.classes) for r in (plain, overlapped)]
     assert exposed[1] < exposed[0] / 2
+
+
+def test_a_chunked_gemm_is_a_gemm_of_its_share_of_the_tokens():
+    """TE splits a GEMM beside its ring exchange or pipelined reduce-scatter along the tokens: each chunk is a GEMM
+    of m / tp rows, which is the shape the measured kernel tables (the catalog H100's default) price it by; read at
+    the whole GEMM's shape, tp chunks would cost tp whole GEMMs."""
+    plain, overlapped = (GEN.generate(p) for p in (tp_point(), tp_point(tp_comm_overlap=True)))
+    tables = {"system.accelerator.kernel_source": "tables"}
+    priced = [
+        MODEL.simulate(GEN.generate(p), p.system).step_time_s
+        for p in (tp_point(overrides=tables), tp_point(tp_comm_overlap=True, overrides=tables))
+    ]
+    assert priced[1] < priced[0]
+    whole = {op.name: op.gemm for block in plain.blocks for op in block.ops if op.gemm is not None}
+    chunks = [op for block in overlapped.blocks for op in block.ops if op.gemm is not None and ".chunk" in op.name]
+    assert chunks
+    for op in chunks:
+        batch, m, n, k = whole[op.name.rsplit(".chunk", 1)[0]]
+        assert op.gemm == (batch, m / 4, n, k) and op.flops == pytest.approx(2 * batch * m / 4 * n * k)
 
 
 # ---- overlap_p2p_comm -------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from helpers import held_out_errors, hold_out, make_point, run_cli
 
 from dse.point.calibration import NCCL_CASES, run_nccl_tables
 from dse.system import NetworkDim
-from dse.tables.nccl import OPS, MeasuredCollectives, NcclTable, SizeCurve
+from dse.tables.nccl import NCCL_TABLE, OPS, MeasuredCollectives, NcclTable, SizeCurve
 from dse.tables.source import KernelTables, NcclTables, table_file
 from dse.workload import Collective, OpKind, bus_factor
 from generators.symbolic import SymbolicGenerator
@@ -159,6 +159,10 @@ def test_a_tp_all_reduce_on_8_h100s_is_the_tables_row():
     assert batch[1].step_time_s == pytest.approx(without.step_time_s, rel=1e-9)
     alone = AnalyticalCostModel().collective_time(Collective.ALL_REDUCE, 2.0**17, range(8), point.system)
     assert alone == all_reduce["latency"][2**16]
+    # The timeline names what priced each collective: the tables, or (no source) the network model.
+    for system, source in ((point.system, NCCL_TABLE), (modelled.system, "")):
+        events = AnalyticalCostModel(timeline=True).simulate(workload, system).timeline
+        assert {e.source for e in events if e.category == "all_reduce"} == {source}
 
 
 def test_the_network_models_nvlink_efficiencies_against_the_tables():
@@ -168,7 +172,7 @@ def test_the_network_models_nvlink_efficiencies_against_the_tables():
     found = run_nccl_tables(AnalyticalCostModel())
     assert isinstance(found, list) and len(found) == 3 * len(NCCL_CASES)
     for row in found:
-        node = MeasuredCollectives(row.case.tables, row.case.nccl)
+        node = MeasuredCollectives(*row.case.tables)
         kind = Collective(row.case.collective)
         assert row.table_GBps == bus_factor(kind, 8) * row.size / 1e9 / node.seconds(kind, 8, row.size)
         assert 0 < row.error < (0.10 if row.size == 2**30 else 2.5), (row.case.name, row.size, row.error)

@@ -1,7 +1,7 @@
 """`dse nightly` on the real suite (studies/nightly/), three nights in a row: the first sets the baseline, the
-second finds no change (from MLflow), the third runs with a lower GEMM efficiency (the catalog's h100-sxm
-overridden in each study's base) against a fresh MLflow store, so its baseline comes from the trials tables of
-the second night, and it reports the regression and exits non-zero."""
+second finds no change (from MLflow), the third runs at half the SM clock (the catalog's h100-sxm overridden in
+each study's base: clock_share slows its kernel tables and its roofline alike) against a fresh MLflow store, so its
+baseline comes from the trials tables of the second night, and it reports the regression and exits non-zero."""
 
 import shutil
 
@@ -55,7 +55,7 @@ def test_nightly_twice_says_no_change_then_reports_a_catalog_regression(ray_addr
         base = system if isinstance(system, str) else system["base"]
         spec["base"]["system"] = {
             "base": base,
-            "accelerator": {"base": "h100-sxm", "compute_efficiency": {"gemm": 0.5}},
+            "accelerator": {"base": "h100-sxm", "clock_share": 0.5},
         }
         path.write_text(yaml.safe_dump(spec))
     capsys.readouterr()

@@ -6,7 +6,9 @@ and cost model and prints model against measurement. The accelerator and network
 set from kernel and collective measurements (see the catalog files' sources), never fitted per case; these cases
 check the result. Float8 rows of the torchtitan table are left out: the generator emits bf16 GEMMs only. Each case
 runs the kernels its software ran (`workload.kernels`): the blog's fms-fsdp runs and torchtitan's eager row eager,
-torchtitan's torch.compile row fused, so the eager/compile difference is itself checked.
+torchtitan's torch.compile row fused, so the eager/compile difference is itself checked. Where a case's accelerator
+prices its GEMMs and collectives from measured kernel tables (`kernel_source: auto` with kernel_tables, the catalog
+default), the case is priced again with `kernel_source: roofline` and both are printed side by side.
 
 The collective cases are nccl-tests bus bandwidths on a catalog system's network, priced by the chosen cost model
 when it prices a collective alone (dse.interfaces.CollectiveCostModel; the analytical model does, with the closed
@@ -37,6 +39,7 @@ from dse.fields import GiB
 from dse.interfaces import CollectiveCostModel, CostModel, WorkloadGenerator
 from dse.point.evaluate import evaluate
 from dse.point.points import build_point, expand
+from dse.spec import DesignPoint
 from dse.system import SystemSpec
 from dse.tables.nccl import MeasuredCollectives
 from dse.tables.source import PACKAGE, NcclTables
@@ -253,7 +256,7 @@ def run_collectives(
         return None
     rows = []
     for case in cases:
-        system = SystemSpec.model_validate(expand({"system": case.system})["system"])
+        system = _network_model(case.system)
         if case.collective == "send":
             bus = BUFFER / cost_model.p2p_time(BUFFER, 0, case.npus - 1, system)
         else:
@@ -264,27 +267,36 @@ def run_collectives(
     return rows
 
 
+def _network_model(system: str | dict[str, Any]) -> SystemSpec:
+    """The system with its collectives priced by the network model's closed forms, not its accelerator's NCCL tables
+    (kernel_source: roofline): what the collective cases set and check."""
+    expanded = expand({"system": system})["system"]
+    expanded["accelerator"]["kernel_source"] = "roofline"
+    return SystemSpec.model_validate(expanded)
+
+
 @dataclass(frozen=True)
 class NcclCase:
     """A collective over a catalog node's 8 GPUs, priced by the network model and read from the NCCL tables that
-    aiconfigurator-core measured on such a node (`tables`: its system folder)."""
+    aiconfigurator-core measured on such a node: the ones the system's accelerator names (kernel_tables)."""
 
     name: str
     system: str
-    tables: str
-    nccl: NcclTables
     collective: str
 
+    @property
+    def tables(self) -> tuple[str, NcclTables]:
+        """The system folder and NCCL collection of the catalog accelerator."""
+        tables = _network_model(self.system).accelerator.kernel_tables
+        assert tables is not None and tables.nccl is not None  # the cases name catalog systems that have them
+        return tables.system, tables.nccl
 
-H100_NCCL = NcclTables(version="2.29.2", bandwidth_GBps=450.0)
-"""The H100 collection measured under its own collector (the others are 'legacy' imports), NVLink4's line rate."""
-A100_NCCL = NcclTables(version="2.27.3", bandwidth_GBps=300.0)
-"""The A100's one collection, NVLink3's line rate."""
+
 NCCL_CASES: list[NcclCase] = [
-    NcclCase("8x H100 NVLink4, all-reduce", "dgx-h100", "h100_sxm", H100_NCCL, "all_reduce"),
-    NcclCase("8x H100 NVLink4, all-gather", "dgx-h100", "h100_sxm", H100_NCCL, "all_gather"),
-    NcclCase("8x A100 NVLink3, all-reduce", "dgx-a100", "a100_sxm", A100_NCCL, "all_reduce"),
-    NcclCase("8x A100 NVLink3, all-gather", "dgx-a100", "a100_sxm", A100_NCCL, "all_gather"),
+    NcclCase("8x H100 NVLink4, all-reduce", "dgx-h100", "all_reduce"),
+    NcclCase("8x H100 NVLink4, all-gather", "dgx-h100", "all_gather"),
+    NcclCase("8x A100 NVLink3, all-reduce", "dgx-a100", "all_reduce"),
+    NcclCase("8x A100 NVLink3, all-gather", "dgx-a100", "all_gather"),
 ]
 NCCL_SIZES = (2**20, 2**26, 2**30)
 """1 MiB (latency-bound), 64 MiB (the tables' bandwidth regime) and 1 GiB (beyond their 512 MiB largest)."""
@@ -311,9 +323,9 @@ def run_nccl_tables(cost_model: CostModel, cases: list[NcclCase] = NCCL_CASES) -
         return None
     rows = []
     for case in cases:
-        system = SystemSpec.model_validate(expand({"system": case.system})["system"])
+        system = _network_model(case.system)
         try:
-            tables = MeasuredCollectives(case.tables, case.nccl)
+            tables = MeasuredCollectives(*case.tables)
         except SpecError as error:
             return str(error)
         kind = Collective(case.collective)
@@ -331,11 +343,21 @@ class Row:
     case: Case
     tokens_per_s_per_gpu: float
     peak_memory_GiB: float
+    roofline_tokens_per_s_per_gpu: float | None = None
+    """The case priced with `kernel_source: roofline` where its accelerator's default is the measured kernel tables
+    (None where the roofline is already what priced it): the two side by side."""
 
     @property
     def throughput_error(self) -> float:
         """Signed relative error of the model's tokens/s per GPU."""
         return self.tokens_per_s_per_gpu / self.case.tokens_per_s_per_gpu - 1
+
+    @property
+    def roofline_error(self) -> float | None:
+        """Signed relative error of the roofline's tokens/s per GPU, where it is not the model's."""
+        if self.roofline_tokens_per_s_per_gpu is None:
+            return None
+        return self.roofline_tokens_per_s_per_gpu / self.case.tokens_per_s_per_gpu - 1
 
     @property
     def memory_error(self) -> float | None:
@@ -345,14 +367,26 @@ class Row:
 
 
 def run(generator: WorkloadGenerator, cost_model: CostModel, cases: list[Case] = CASES) -> list[Row]:
+    """Each case priced as its accelerator prices by default, and by the roofline beside it where that default is
+    the measured kernel tables."""
     rows = []
     for case in cases:
-        point = build_point(expand(case.point), f"calibration case '{case.name}'")
-        evaluation = evaluate(point, generator, cost_model)
-        result = evaluation.result
-        tokens = evaluation.workload.tokens / result.step_time_s / point.parallel.world
-        rows.append(Row(case, tokens, result.peak_memory_bytes / GiB))
+        expanded = expand(case.point)
+        point = build_point(expanded, f"calibration case '{case.name}'")
+        tokens, peak = _priced(point, generator, cost_model)
+        roofline = None
+        if point.system.accelerator.reads_tables:
+            expanded["system"]["accelerator"]["kernel_source"] = "roofline"
+            roofline, _ = _priced(build_point(expanded, f"calibration case '{case.name}'"), generator, cost_model)
+        rows.append(Row(case, tokens, peak, roofline))
     return rows
+
+
+def _priced(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> tuple[float, float]:
+    """(tokens/s per GPU, peak memory GiB) of one point."""
+    evaluation = evaluate(point, generator, cost_model)
+    result = evaluation.result
+    return evaluation.workload.tokens / result.step_time_s / point.parallel.world, result.peak_memory_bytes / GiB
 
 
 def errors(rows: list[Row]) -> list[float]:
@@ -368,7 +402,8 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
         help="model against published measurements",
         description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
         "nccl-tests bus bandwidths where the cost model prices a collective alone) and print model against "
-        "measurement with per-case and mean error; then the held-out Megatron-LM iteration times, which set nothing.",
+        "measurement with per-case and mean error, the roofline's figure beside the kernel tables' where a case's "
+        "accelerator has them; then the held-out Megatron-LM iteration times, which set nothing.",
     )
     plugins.add_arguments(calibrate)
     calibrate.add_argument(
@@ -382,7 +417,7 @@ def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 def main(args: argparse.Namespace, console: Console) -> int:
     generator, cost_model = plugins.generator(args.generator), plugins.cost_model_of(args)
     plugins.preflight(generator, {f"--cost-model {args.cost_model}": cost_model}, [])  # not found case by case
-    rows = run(generator, cost_model)
+    rows = run(generator, cost_model, CASES)
     held_out = run(generator, cost_model, HELD_OUT)
     collectives = run_collectives(cost_model)
     nccl = run_nccl_tables(cost_model)
@@ -417,15 +452,18 @@ def main(args: argparse.Namespace, console: Console) -> int:
 
 def _print_training(rows: list[Row], title: str, console: Console) -> None:
     table = Table(title=title)
-    for column in ("case", "tokens/s/GPU model", "measured", "error", "peak GiB model", "measured", "error"):
+    columns = ("case", "tokens/s/GPU model", "measured", "error", "roofline", "error", "peak GiB model", "measured")
+    for column in (*columns, "error"):
         table.add_column(column, justify="left" if column == "case" else "right", no_wrap=column == "case")
     for row in rows:
-        memory = row.memory_error
+        memory, roofline = row.memory_error, row.roofline_error
         table.add_row(
             row.case.name,
             f"{row.tokens_per_s_per_gpu:,.0f}",
             f"{row.case.tokens_per_s_per_gpu:,.0f}",
             f"{100 * row.throughput_error:+.1f}%",
+            "-" if row.roofline_tokens_per_s_per_gpu is None else f"{row.roofline_tokens_per_s_per_gpu:,.0f}",
+            "-" if roofline is None else f"{100 * roofline:+.1f}%",
             f"{row.peak_memory_GiB:.1f}",
             "-" if row.case.peak_memory_GiB is None else f"{row.case.peak_memory_GiB:.1f}",
             "-" if memory is None else f"{100 * memory:+.1f}%",
@@ -435,6 +473,15 @@ def _print_training(rows: list[Row], title: str, console: Console) -> None:
     console.print(
         f"{len(figures)} figures: mean |error| {100 * sum(figures) / len(figures):.1f}%, max {100 * max(figures):.1f}%"
     )
+    if compared := [row for row in rows if row.roofline_error is not None]:
+        model = [abs(row.throughput_error) for row in compared]
+        roofline = [abs(row.roofline_error or 0.0) for row in compared]
+        console.print(
+            f"on the {len(compared)} case(s) whose accelerator has kernel tables (model: the tables; roofline: "
+            f"kernel_source roofline): mean |throughput error| {100 * sum(model) / len(model):.1f}% vs "
+            f"{100 * sum(roofline) / len(roofline):.1f}%, max {100 * max(model):.1f}% vs {100 * max(roofline):.1f}%",
+            soft_wrap=True,
+        )
     for source in sorted({row.case.source for row in rows}):
         console.print(f"source: {source}", soft_wrap=True)
 
@@ -465,7 +512,7 @@ def _print_nccl(rows: list[NcclRow], cost_model: str, console: Console) -> None:
         size = f"{row.size // 2**30} GiB" if row.size >= 2**30 else f"{row.size // 2**20} MiB"
         table.add_row(row.case.name, size, f"{row.model_GBps:.1f}", f"{row.table_GBps:.1f}", f"{100 * row.error:+.1f}%")
     console.print(table)
-    versions = sorted({f"{row.case.tables} nccl {row.case.nccl.version}" for row in rows})
+    versions = sorted({_collection(row.case) for row in rows})
     console.print(
         f"bus bandwidth (nccl-tests' busbw); tables: {', '.join(versions)} (measured to 512 MiB; 1 GiB extends their "
         "last doubling)",
@@ -480,8 +527,13 @@ def _nccl_dict(row: NcclRow) -> dict[str, Any]:
         "bus_GBps": row.model_GBps,
         "table_bus_GBps": row.table_GBps,
         "error": row.error,
-        "tables": f"{row.case.tables} nccl {row.case.nccl.version}",
+        "tables": _collection(row.case),
     }
+
+
+def _collection(case: NcclCase) -> str:
+    system, nccl = case.tables
+    return f"{system} nccl {nccl.version}"
 
 
 def _collective_dict(row: CollectiveRow) -> dict[str, Any]:
@@ -500,6 +552,8 @@ def _as_dict(row: Row) -> dict[str, Any]:
         "tokens_per_s_per_gpu": row.tokens_per_s_per_gpu,
         "measured_tokens_per_s_per_gpu": row.case.tokens_per_s_per_gpu,
         "throughput_error": row.throughput_error,
+        "roofline_tokens_per_s_per_gpu": row.roofline_tokens_per_s_per_gpu,
+        "roofline_throughput_error": row.roofline_error,
         "peak_memory_GiB": row.peak_memory_GiB,
         "measured_peak_memory_GiB": row.case.peak_memory_GiB,
         "memory_error": row.memory_error,

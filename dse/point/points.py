@@ -178,5 +178,5 @@ def check_tables(point: DesignPoint) -> None:
     than the accelerator's peak, a kernel-table collection the installed package lacks (or the package itself) is
     a SpecError naming the field."""
     accelerator, kernel = point.system.accelerator, point.workload.attention_kernel
-    if accelerator.measured_table or accelerator.kernel_source == "tables" or kernel == FRAMEWORK_KERNEL:
+    if accelerator.measured_table or accelerator.reads_tables or kernel == FRAMEWORK_KERNEL:
         ComputeModel(accelerator, point.model.dtype, attention_kernel=kernel)

@@ -368,7 +368,8 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     tables = {
         (
             point.system.accelerator.measured_table,
-            point.system.accelerator.kernel_tables,
+            point.system.accelerator.reads_tables
+            and point.system.accelerator.model_dump_json(include={"kernel_tables"}),
             point.model.dtype,
             point.workload.attention_kernel,
         ): point

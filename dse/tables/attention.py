@@ -223,7 +223,7 @@ class MeasuredAttention:
         field: str,
     ) -> None:
         self._paths: dict[Table, Path] = {}
-        if dtype not in DTYPES:
+        if dtype not in DTYPES or dtype not in accelerator.peak_tflops:
             return  # the tables time bf16 attention; the existing path prices the rest
         self._paths = {name: table_file(tables, "attention", name, field) for name in LENGTH_POWER}
         self._dtype = DTYPES[dtype]

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from dse.errors import SpecError
 from dse.tables.scale import DeviceScale
 from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, table_file
 from dse.workload import Op
@@ -136,18 +135,19 @@ def _filled(log_measured: np.ndarray, axes: tuple[np.ndarray, ...]) -> np.ndarra
 
 
 @lru_cache(maxsize=32)
-def _grid(path: Path, size: int, mtime_ns: int, dtype: str) -> GemmGrid:
-    """One table's grid for one dtype, read once per process per version of the file (its size and time)."""
+def _grid(path: Path, size: int, mtime_ns: int, dtype: str) -> GemmGrid | None:
+    """One table's grid for one dtype, read once per process per version of the file (its size and time); None
+    where the collection timed no GEMM of that dtype."""
     table = pq.read_table(path, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
     rows = table[table["gemm_dtype"] == dtype]
     if rows.empty:
-        raise SpecError(f"{path} has no {dtype} GEMMs; use a collection that measured them or the roofline")
+        return None
     return GemmGrid.from_rows(
         rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(), rows["latency"].to_numpy() * LATENCY_UNIT_S
     )
 
 
-def gemm_grid(path: Path, dtype: str) -> GemmGrid:
+def gemm_grid(path: Path, dtype: str) -> GemmGrid | None:
     """The grid of the file's GEMMs of one of its dtypes (the table's name for it), cached by the file's state."""
     return _grid(*file_state(path), dtype)
 
@@ -158,10 +158,11 @@ class MeasuredGemms:
 
     def __init__(self, tables: KernelTables, accelerator: "AcceleratorSpec", dtype: str, field: str) -> None:
         self.grid: GemmGrid | None = None
-        if dtype not in DTYPES:
-            return  # the tables time bf16 and fp8 GEMMs; the roofline prices the rest
-        self._scale = DeviceScale(tables, accelerator, dtype, field)
+        if dtype not in DTYPES or dtype not in accelerator.peak_tflops:
+            return  # the tables time bf16 and fp8 GEMMs; the roofline prices the rest (or says the peak is missing)
         self.grid = gemm_grid(table_file(tables, "gemm", "gemm_perf", field), DTYPES[dtype])
+        if self.grid is not None:  # a collection that timed no GEMM of this dtype leaves them to the roofline
+            self._scale = DeviceScale(tables, accelerator, dtype, field)
 
     def seconds(self, op: Op) -> float | None:
         """The op's seconds by the table, or None where the table cannot price it (the caller's roofline does)."""

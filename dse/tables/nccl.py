@@ -56,6 +56,8 @@ OPS = {
 DTYPE, ELEMENT_BYTES = "half", 2
 """The rows read (see the module's docstring) and the bytes of one of their elements."""
 FIELD = "system.accelerator.kernel_tables"
+NCCL_TABLE = "nccl_table"
+"""The source a timeline gives a collective these tables priced."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ def nccl_table(path: Path) -> NcclTable:
 def node_tables(accelerator: "AcceleratorSpec") -> tuple[str, NcclTables] | None:
     """The system folder and NCCL tables that price the accelerator's collectives within a node, or None."""
     tables = accelerator.kernel_tables
-    if accelerator.kernel_source != "tables" or tables is None or tables.nccl is None:
+    if not accelerator.reads_tables or tables is None or tables.nccl is None:
         return None
     return tables.system, tables.nccl
 

@@ -18,7 +18,10 @@ from dse.errors import SpecError
 from dse.fields import Share, Spec, left_out_at_default
 
 PACKAGE = "aiconfigurator-core"
-INSTALL = f"install it (pip install {PACKAGE}, or `make` installs it with the kernels extra)"
+MISSING = (
+    f"measured kernel tables (system.accelerator.kernel_tables) need the package {PACKAGE}; install it (pip install "
+    f"{PACKAGE}, or `make` installs it with the kernels extra), or set system.accelerator.kernel_source: roofline"
+)
 Token = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.+-]+$", min_length=1, max_length=64)]
 
 
@@ -86,7 +89,7 @@ def package_version() -> str:
     try:
         return version(PACKAGE)
     except PackageNotFoundError:
-        raise SpecError(f"measured kernel tables need the package {PACKAGE}; {INSTALL}") from None
+        raise SpecError(MISSING) from None
 
 
 def data_root() -> Path:
@@ -94,7 +97,7 @@ def data_root() -> Path:
     try:
         import aiconfigurator_core as module
     except ImportError:
-        raise SpecError(f"measured kernel tables need the package {PACKAGE}; {INSTALL}") from None
+        raise SpecError(MISSING) from None
     return Path(module.__file__).parent / "systems" / "data"
 
 

@@ -175,13 +175,16 @@ class _Rewrite:
 
 
 def _chunk(op: Op, n: int, k: int, deps: tuple[int, ...]) -> Op:
-    """Chunk k of n of a GEMM split along its tokens (each chunk reads the whole weight; priced at 1/n of the bytes,
-    which a compute-bound GEMM does not notice)."""
+    """Chunk k of n of a GEMM split along its tokens, its rows m in every GEMM TE chunks (each chunk reads the whole
+    weight; priced at 1/n of the bytes, which a compute-bound GEMM does not notice): a GEMM of m/n rows, which is
+    what measured kernel tables and the tile model read."""
+    shape = None if op.gemm is None else (op.gemm[0], op.gemm[1] / n, op.gemm[2], op.gemm[3])
     return replace(
         op,
         name=f"{op.name}.chunk{k}",
         flops=op.flops / n,
         bytes=op.bytes / n,
         out_bytes=op.out_bytes / n,
+        gemm=shape,
         deps=deps,
     )

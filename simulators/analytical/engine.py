@@ -271,7 +271,7 @@ class _Scheduler:
 
     def _event(self, run: _Run, call: int, op_index: int, start: float, end: float) -> None:
         op = run.plans[call].block.ops[op_index]
-        source = self._planner.source(run.program.calls[call].block, op_index)
+        source = self._planner.source(run.program.calls[call].block, op_index, run.index)
         run.events.append(TimelineEvent(run.index, stream_of(op), op.name, op.category, start, end, source))
 
     def _check_finished(self, runs: list[_Run]) -> None:

@@ -169,9 +169,9 @@ class Planner:
             categories=frozenset(self.categories[op.category] for op in block.ops),
         )
 
-    def source(self, block_index: int, op_index: int) -> str:
-        """What priced a compute op ('table', 'kernel_table', 'roofline', 'free'); '' for communication."""
-        return self._pricer.sources[block_index][op_index]
+    def source(self, block_index: int, op_index: int, rank_class: int) -> str:
+        """What priced an op for this class (BlockPricer.source)."""
+        return self._pricer.source(block_index, op_index, rank_class)
 
     def _shares(self, op: Op, rank_class: int) -> tuple[int, ...]:
         """Network streams the op occupies: a collective both directions of every dimension its group spans, a

@@ -10,7 +10,7 @@ within one node is read from the accelerator's NCCL tables where it has them (`n
 
 from dse.compute import ComputeModel
 from dse.system import SystemSpec
-from dse.tables.nccl import MeasuredCollectives
+from dse.tables.nccl import NCCL_TABLE, MeasuredCollectives
 from dse.workload import OpKind, Workload
 from simulators.analytical.network import (
     Span,
@@ -31,7 +31,7 @@ class BlockPricer:
         self._node = MeasuredCollectives.of(system.accelerator)
         self._compute: dict[int, list[float]] = {}
         self.sources: dict[int, list[str]] = {}
-        """Per block, what priced each op: 'table', 'kernel_table', 'roofline', 'free', or '' for communication."""
+        """Per block, what priced each compute op ('table', 'gemm_table', 'roofline', ...; '' for communication)."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
         self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
@@ -67,6 +67,16 @@ class BlockPricer:
                 )
             out.append(seconds)
         return out
+
+    def source(self, block: int, op_index: int, rank_class: int) -> str:
+        """What priced an op for this class: its compute source, NCCL_TABLE for a collective the node's NCCL tables
+        priced, '' for communication the network model priced."""
+        op = self._workload.blocks[block].ops[op_index]
+        if op.kind is OpKind.COMPUTE:
+            return self.sources[block][op_index]
+        if op.kind is OpKind.COLLECTIVE and within_node(self._node, self.dims(op.axis, rank_class)) is not None:
+            return NCCL_TABLE
+        return ""
 
     def hops(self, axis: str, offset: int, rank_class: int) -> list[tuple[int, int]]:
         """The (rank, peer) transfers that price a p2p op of the class.

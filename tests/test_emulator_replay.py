@@ -40,7 +40,10 @@ LOOPBACK_GUESS = {"topology": "ring", "npus": 4, "bandwidth_GBps": 1.0, "latency
 
 
 def point_on(dim):
-    system = {"name": "loopback", "accelerator": "h100-sxm", "network": [dim]}
+    """tiny-llama on a network of this one dimension, its collectives priced by the network model (not the H100's
+    NVLink NCCL tables, which would price a ring of loopback processes as NVLink)."""
+    accelerator = {"base": "h100-sxm", "kernel_source": "roofline"}
+    system = {"name": "loopback", "accelerator": accelerator, "network": [dim]}
     return make_point("tiny-llama", system=system, seq_len=128, global_batch=4, tp=2, dp=2)
 
 

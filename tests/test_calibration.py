@@ -156,7 +156,8 @@ def test_held_out_megatron_iteration_times():
     sequence parallelism, the model's falls by the elementwise work it divides); the mean is under 3% (the roofline
     alone: 4.5%, max 9.7%)."""
     rows = {
-        row.case.name: row for row in run(plugins.generator("symbolic"), plugins.cost_model("analytical"), HELD_OUT)
+        row.case.name: row
+        for row in run(plugins.generator("symbolic"), plugins.cost_model("analytical"), HELD_OUT, beside=False)
     }
     (sel175,) = [c for c in HELD_OUT if c.name.startswith("megatron 175B") and "selective" in c.name]
     assert sel175.tokens_per_s_per_gpu == pytest.approx(64 * 2048 / 13.75 / 64)

@@ -366,16 +366,18 @@ class Row:
         return self.peak_memory_GiB / self.case.peak_memory_GiB - 1
 
 
-def run(generator: WorkloadGenerator, cost_model: CostModel, cases: list[Case] = CASES) -> list[Row]:
-    """Each case priced as its accelerator prices by default, and by the roofline beside it where that default is
-    the measured kernel tables."""
+def run(
+    generator: WorkloadGenerator, cost_model: CostModel, cases: list[Case] = CASES, beside: bool = True
+) -> list[Row]:
+    """Each case priced as its accelerator prices by default, and (`beside`) by the roofline beside it where that
+    default is the measured kernel tables."""
     rows = []
     for case in cases:
         expanded = expand(case.point)
         point = build_point(expanded, f"calibration case '{case.name}'")
         tokens, peak = _priced(point, generator, cost_model)
         roofline = None
-        if point.system.accelerator.reads_tables:
+        if beside and point.system.accelerator.reads_tables:
             expanded["system"]["accelerator"]["kernel_source"] = "roofline"
             roofline, _ = _priced(build_point(expanded, f"calibration case '{case.name}'"), generator, cost_model)
         rows.append(Row(case, tokens, peak, roofline))

@@ -65,8 +65,31 @@ def patience(seconds: float) -> float:
     return seconds * slowness()
 
 
+SLOW_IMPORT = "rfc3987_syntax"
+"""An optional dependency of jsonschema's format checkers (jsonschema[format-nongpl], which mlc-chakra brings in
+through HolisticTraceAnalysis and jupyterlab) that builds an Earley parser of RFC 3987 when imported: 2.3-2.8 s of
+CPU in every process that imports Ray (Ray imports jsonschema), against 0.9 s for the rest of `import ray`. On 2
+cores that is most of what a Ray actor, a `dse run` driver on Ray, a `ray start` node's dozen processes or a Ray
+Client server take to start, hundreds of times a session (python-jsonschema/jsonschema#1428). Only jsonschema's
+`iri` and `iri-reference` formats use it, which neither dse nor Ray validates."""
+
+
+def _without_slow_import(stubs: Path) -> None:
+    """Make SLOW_IMPORT unimportable in this process and in every process the tests start (they inherit PYTHONPATH:
+    subprocesses, Ray's workers and nodes, multiprocessing's children), by a package of that name in `stubs` whose
+    import raises ImportError, which jsonschema takes as the package not being installed."""
+    package = stubs / SLOW_IMPORT
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"raise ImportError('{SLOW_IMPORT} is left out of the tests (conftest.py)')\n")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(stubs), os.environ.get("PYTHONPATH")]))
+    sys.modules.setdefault(SLOW_IMPORT, None)  # type: ignore[arg-type]  # None in sys.modules: ImportError
+
+
 def pytest_configure(config: pytest.Config) -> None:
     slowness()  # a bad DSE_TEST_SLOW is refused before any test runs
+    stubs = Path(tempfile.mkdtemp(prefix="dse-test-stubs-"))
+    config.add_cleanup(partial(shutil.rmtree, stubs, ignore_errors=True))
+    _without_slow_import(stubs)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -44,9 +44,18 @@ def test_a_study_refines_its_front_with_astrasim_on_ray(ray_address, binary, tmp
 
 
 def test_a_study_refines_its_best_point_by_replaying_it_over_gloo(tmp_path, capsys):
-    """The emulator contract driving dse's gloo replay: the study's best point runs for real on 8 local processes."""
+    """The emulator contract driving dse's gloo replay: the study's best point runs for real on 4 local processes
+    (the small study's system cut to one ring of 4: each rank is a process that imports torch, 3 s of CPU apiece,
+    so its 8 made this test take a third longer on 2 cores)."""
     refine = {"cost_model": "emulator", "cost_model_options": {"args": ["--scale", "0.05"], "timeout_s": patience(120)}}
-    study = {**SMALL, "objectives": {"step_time": "minimize"}, "trials": 4, "refine": {**refine, "top_k": 1}}
+    base = {**SMALL["base"], "system": {"base": "tiny-ring", "network": {1: {"npus": 1}}}}
+    study = {
+        **SMALL,
+        "objectives": {"step_time": "minimize"},
+        "trials": 4,
+        "base": base,
+        "refine": {**refine, "top_k": 1},
+    }
     path = tmp_path / "study.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     out = tmp_path / "out"
@@ -56,6 +65,7 @@ def test_a_study_refines_its_best_point_by_replaying_it_over_gloo(tmp_path, caps
     frame = pd.read_parquet(out / "trials.parquet")
     [refined] = frame[frame["fidelity"] == "refined"].drop_duplicates(POINT_KEY).to_dict("records")
     assert refined["step_time_s"] == frame[frame["state"] == "COMPLETE"]["step_time_s"].min()
+    assert refined["parallel.tp"] * refined["parallel.pp"] * refined["parallel.dp"] == 4, "4 ranks"
     assert refined["refined.cost_model"] == "emulator" and pd.isna(refined["refined.reason"])
     # A measured step: the replayed compute (the modelled kernels, slept for) and real gloo traffic on loopback,
     # which is far slower than the modelled H100 network (0.14 s against 2.5 ms when this was written).

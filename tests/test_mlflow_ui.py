@@ -31,6 +31,8 @@ CHROMIUM_FLAGS = [
 
 
 def chromium(url: str, profile: Path, *action: str, size: str = "1800,1100") -> str:
+    """The page rendered by one headless Chromium: `action` is what to take of it (--screenshot=FILE, --dump-dom or
+    both at once, from the same render); returns its stdout (the DOM, with --dump-dom)."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
         skip_without("chromium", "chromium (headless, for the MLflow UI)")
@@ -119,8 +121,7 @@ def test_dse_run_links_to_the_trials_table_with_the_objectives_as_columns(mlflow
     assert len(children) == len(logged_trials(trials)), "a child run per trial, but none for a repeated point"
 
     runs_png = tmp_path / "mlflow-runs.png"
-    chromium(page, tmp_path / "profile-runs", f"--screenshot={runs_png}")
-    html = chromium(page, tmp_path / "profile-runs-dom", "--dump-dom")
+    html = chromium(page, tmp_path / "profile-runs", f"--screenshot={runs_png}", "--dump-dom")
     assert "<title>Runs - Experiment" in html, "the runs table, not the GenAI overview"
     assert "ui-study trials" in visible_text(html), "the study run's saved view is active"
     grid = RunsGrid(html)
@@ -142,8 +143,10 @@ def test_dse_run_links_to_the_trials_table_with_the_objectives_as_columns(mlflow
         f"{mlflow_server.uri}/#/compare-runs?runs={ids}&experiments={urllib.parse.quote(json.dumps([experiment]))}"
     )
     compare_png = tmp_path / "mlflow-trials.png"
-    chromium(compare, tmp_path / "profile-compare", f"--screenshot={compare_png}", size="1800,2400")
-    compare_text = visible_text(chromium(compare, tmp_path / "profile-compare-dom", "--dump-dom", size="1800,2400"))
+    compare_html = chromium(
+        compare, tmp_path / "profile-compare", f"--screenshot={compare_png}", "--dump-dom", size="1800,2400"
+    )
+    compare_text = visible_text(compare_html)
     for child in children:
         assert child.info.run_name in compare_text
     for metric in ("step_time_s", "peak_memory_bytes", "mfu"):

@@ -151,8 +151,8 @@ def test_a_model_factory_that_cannot_build_the_model_is_refused_by_the_preflight
             check([factory_point(name)])
         assert reason in str(caught.value) and "\n" not in str(caught.value), (name, caught.value)
     started = time.monotonic()
-    with pytest.raises(SpecError, match="took over 2 s"):
-        check([factory_point("hangs_on_import:build")], timeout_s=2)
+    with pytest.raises(SpecError, match="took over 1 s"):  # it hangs for good: any timeout proves it
+        check([factory_point("hangs_on_import:build")], timeout_s=1)
     assert time.monotonic() - started < patience(30)
     check([factory_point("fx_tiny_llama:llama"), factory_point("llama")])  # importable, and builds its layers
 

@@ -92,9 +92,11 @@ def journal_trials(out: Path) -> list[optuna.trial.FrozenTrial]:
     return journal_study(out).get_trials(deepcopy=False)
 
 
-TRIALS = 300
-"""The SIGKILL study's: the kill landed at its 20th to 68th finished trial in five runs. Its 60 trials of before had
-all finished by the time the poll saw the 15th once the driver and evaluations got faster."""
+TRIALS = 150
+"""The SIGKILL study's: the kill landed at its 20th to 68th finished trial in five runs (at its 17th and 21st in
+two more). Its 60 trials of before had all finished by the time the poll saw the 15th once the driver and
+evaluations got faster; 300 had the resume write twice the child runs this needs, and the resume waits for its
+MLflow writer."""
 
 
 def mlflow_writers(parent: int) -> list[int]:

@@ -9,7 +9,8 @@ from dse.spec import DesignPoint
 from dse.workload import Workload
 
 Direction = Literal["minimize", "maximize"]
-MetricFn = Callable[[DesignPoint, Workload, SimResult], float]
+MetricFn = Callable[[DesignPoint, Workload, SimResult], float | None]
+"""None: the metric does not apply to the point (a serving metric of a training step), which has no value for it."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,8 @@ class Objective:
     direction: Direction
     unit: str
     fn: MetricFn
+    serving: bool = False
+    """A metric of serving points only (workload.mode serve): a study of other points cannot optimise it."""
 
 
 @dataclass(frozen=True)
@@ -31,3 +34,10 @@ class Constraint:
     metric: str
     unit: str
     fn: MetricFn
+    serving: bool = False
+    """A condition on serving points only (workload.mode serve)."""
+
+
+def in_seconds(metric: str) -> bool:
+    """Whether a metric is a time in seconds by its name (step_time_s, ttft_p99_s), not a rate (tokens_per_s)."""
+    return metric.endswith("_s") and not metric.endswith("per_s")

@@ -28,6 +28,7 @@ from dse.fields import (
 )
 from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH
 from dse.parallel import ParallelSpec
+from dse.serving.spec import ServingSpec
 from dse.system import SystemSpec
 
 
@@ -152,18 +153,25 @@ class ModelSpec(Spec):
 
 
 class WorkloadSpec(Spec):
-    """One training step: global_batch sequences of seq_len tokens, micro_batch sequences per DP rank at a time."""
+    """One step: global_batch sequences of seq_len tokens, micro_batch sequences per DP rank at a time (training,
+    prefill, decode); or a deployment serving requests (serve), which `serving` describes."""
 
-    mode: Literal["train", "prefill", "decode"] = Field(
+    mode: Literal["train", "prefill", "decode", "serve"] = Field(
         "train",
         description="train: forward, backward, optimizer; prefill: forward of the prompt writing the KV "
-        "cache; decode: one new token per sequence reading a KV cache of seq_len tokens",
+        "cache; decode: one new token per sequence reading a KV cache of seq_len tokens; serve: requests served "
+        "by continuous batching (the serving section), priced from prefill and decode steps",
     )
-    seq_len: Annotated[Count, Le(MAX_SEQ_LEN)]
-    global_batch: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(
-        description="sequences per optimizer step, over all DP ranks"
+    seq_len: Annotated[Count, Le(MAX_SEQ_LEN)] | None = Field(
+        None, description="tokens per sequence (the KV cache's under decode); not under serve, whose requests say"
+    )
+    global_batch: Annotated[Count, Le(MAX_GLOBAL_BATCH)] | None = Field(
+        None, description="sequences per optimizer step, over all DP ranks; not under serve"
     )
     micro_batch: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(1, description="sequences per DP rank per micro-step")
+    serving: ServingSpec | None = left_out_at_default(
+        None, description="mode serve: the requests, the load, the scheduler and the KV cache"
+    )
     kernels: Literal["fused", "eager"] = Field(
         "fused",
         description="fused: each norm, RoPE and activation is one kernel (Megatron/TransformerEngine, "
@@ -190,6 +198,26 @@ class WorkloadSpec(Spec):
 
     @model_validator(mode="after")
     def _serving_kernel_serves(self) -> "WorkloadSpec":
+        serve = self.mode == "serve"
+        if serve != (self.serving is not None):
+            raise ValueError(
+                "workload.mode serve needs the workload.serving section"
+                if serve
+                else f"workload.serving only takes effect with mode serve, and mode is {self.mode}; remove it"
+            )
+        for name in ("seq_len", "global_batch"):
+            if serve and getattr(self, name) is not None:
+                raise ValueError(
+                    f"workload.{name} would be ignored under mode serve, whose requests give their own lengths "
+                    "and whose scheduler batches them; remove it"
+                )
+            if not serve and getattr(self, name) is None:
+                raise ValueError(f"workload.{name} is missing")
+        if serve and self.micro_batch != 1:
+            raise ValueError(
+                "workload.micro_batch would be ignored under mode serve (the scheduler forms batches: "
+                "serving.scheduler.max_num_seqs); remove it"
+            )
         if self.attention_kernel == "framework" and self.mode == "train":
             raise ValueError(
                 "attention_kernel: framework is a serving framework's kernel, which has no backward pass; train with "
@@ -199,6 +227,7 @@ class WorkloadSpec(Spec):
 
     @property
     def tokens(self) -> int:
+        assert self.global_batch is not None and self.seq_len is not None, "a serve point has no single step"
         return self.global_batch * self.seq_len
 
 

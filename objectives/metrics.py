@@ -1,11 +1,14 @@
 """The standard objectives and the memory constraint.
 
 MFU counts model FLOPs by the convention of Megatron and torchtitan (6 N T plus 12 L h s T for attention,
-recomputation excluded) over the dense bf16 peak of every GPU for the whole step.
+recomputation excluded) over the dense bf16 peak of every GPU for the whole step. A serving point's step is its
+engine iteration, its tokens per second per GPU its output tokens', its MFU its requests' prefill and decode FLOPs
+per second (`dse.serving.deployment`).
 """
 
 from dse.interfaces import SimResult
 from dse.objective import Constraint, Objective
+from dse.serving.deployment import ServingResult
 from dse.spec import DesignPoint
 from dse.workload import Workload
 
@@ -23,11 +26,15 @@ def _overlap(point: DesignPoint, workload: Workload, result: SimResult) -> float
 
 
 def _mfu(point: DesignPoint, workload: Workload, result: SimResult) -> float:
+    if isinstance(result, ServingResult):
+        return result.serving["mfu"]
     peak = point.system.accelerator.peak_flops(point.model.dtype) * point.parallel.world
     return workload.model_flops / (result.step_time_s * peak)
 
 
 def _tokens_per_s_per_gpu(point: DesignPoint, workload: Workload, result: SimResult) -> float:
+    if isinstance(result, ServingResult):
+        return result.serving["tokens_per_s_per_gpu"]
     return workload.tokens / result.step_time_s / point.parallel.world
 
 

@@ -97,9 +97,35 @@ def shipped(pattern: str) -> list[dict[str, Any]]:
     return [yaml.safe_load(path.read_text()) for path in sorted(ROOT.glob(pattern))]
 
 
+def serving_points() -> list[dict[str, Any]]:
+    """tiny-llama served on the test ring: a rate simulated request by request with every scheduler, cache,
+    speculation and length field set, a trace, the highest rate under an SLO, and clients in a closed loop."""
+    base = {"model": "tiny-llama", "parallel": {"dp": 4, "tp": 2}, "system": "tiny-ring"}
+    events = {
+        "isl": 64,
+        "osl": 16,
+        "lengths": {"distribution": "lognormal", "cv": 0.5},
+        "rate_per_s": 200.0,
+        "arrival": "uniform",
+        "requests": 200,
+        "seed": 1,
+        "depth": "events",
+        "scheduler": {"max_num_seqs": 32, "max_batched_tokens": 256, "chunked_prefill": True, "prefill_chunk": 32},
+        "kv_cache": {"block_tokens": 16, "memory_fraction": 0.8, "dtype": "fp8"},
+        "speculative": {"draft_tokens": 1, "acceptance": 0.7},
+        "slo": {"ttft_p99_s": 0.01, "tpot_p99_s": 0.001},
+    }
+    trace = {"trace": str(ROOT / "tests" / "serving_trace.csv")}
+    highest = {"isl": 64, "osl": 16, "max_rate": True, "slo": {"tpot_mean_s": 0.001}}
+    clients = {"isl": 64, "osl": 16, "concurrency": 16}
+    sections = (events, trace, highest, clients)
+    return [{**base, "workload": {"mode": "serve", "serving": serving}} for serving in sections]
+
+
 POINT_SEEDS = [
     *tiny_points(),
     hopper_point(),
+    *serving_points(),
     *shipped("studies/points/*.yaml"),
     {"model": "tiny-llama", "workload": {"seq_len": 256, "global_batch": 16}, "parallel": {"dp": 8}},
 ]

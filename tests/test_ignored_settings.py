@@ -4,6 +4,8 @@ rule by which a field cannot apply (dse/spec.py's IGNORED_RULES, the model's and
 the field set where it cannot. A field added later fails `test_every_field_of_a_point_is_in_the_tables` until it
 is placed in one of them."""
 
+import copy
+from pathlib import Path
 from typing import Any, get_args, get_origin
 
 import pytest
@@ -20,6 +22,8 @@ from dse.spec import IGNORED_RULES, DesignPoint, ignored_setting, without_ignore
 
 METRICS = ("step_time_s", "peak_memory_bytes", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "mfu")
 METRICS += ("tokens_per_s_per_gpu", "overlap_ratio", "fits_memory", "hbm_bytes", "model_flops")
+METRICS += ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "e2e_p99_s", "requests_per_s")
+METRICS += ("goodput_requests_per_s", "kv_capacity_tokens", "slo_excess", "preemptions", "max_rate_per_s")
 
 
 def schema_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -53,6 +57,35 @@ ROWS = [[64, 512, 100.0]]
 """An attention kernel table's one row: slower than every H100 row at tiny-llama's sizes (head dim 32, 256 tokens)."""
 TABLE = "<a measured table>"
 """Stands for the CSV the test writes (tests/test_ignored_settings.py's `table` fixture)."""
+
+SERVING = {"isl": 64, "osl": 16, "concurrency": 8}
+"""tiny-llama serving 8 clients over the test ring's 8 NPUs, one instance each."""
+
+
+def serving(**fields: Any) -> dict[str, Any]:
+    """make_point's arguments for a serving point: SERVING with these fields (None removes one)."""
+    section = {name: value for name, value in {**SERVING, **fields}.items() if value is not None}
+    if "rate_per_s" in fields or "max_rate" in fields:
+        section.pop("concurrency")
+    steps = {"workload.mode": "serve", "workload.seq_len": None, "workload.global_batch": None}
+    return {"overrides": {**steps, "workload.serving": section}}
+
+
+SERVE, EVENTS = serving(), serving(depth="events", requests=200)
+SPECULATIVE = serving(speculative={"draft_tokens": 1, "acceptance": 0.5})
+BUSY = serving(concurrency=64)
+KV_BOUND = {
+    "overrides": {
+        **serving(concurrency=64, scheduler={"max_num_seqs": 64, "max_batched_tokens": 128})["overrides"],
+        "system.accelerator.hbm_GiB": 0.564,
+    }
+}
+"""A cache of about 500 tokens an engine (0.9 x 0.564 GiB less the 0.5 GiB runtime reserve and tiny-llama's 7 MB of
+weights, at 2 KiB a token): the 8 clients an engine has do not all fit, and how many do depends on the blocks'
+rounding."""
+TRACE = "<a request trace>"
+"""Stands for the CSV the test writes (the `trace` fixture)."""
+NO_LENGTHS = {"workload.serving.isl": None, "workload.serving.osl": None}
 
 # field: (the point where it applies, as make_point's arguments; the fields changed on it, dotted -> value). The
 # point is tiny-llama on the 8-NPU test ring (its H100s have attention kernel tables), pure data parallelism,
@@ -187,6 +220,51 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "workload.kernels": ({}, {"workload.kernels": "eager"}),
     "workload.attention_kernel": ({}, {"workload.attention_kernel": "fa3"}),
     "workload.grad_clip": ({}, {"workload.grad_clip": False}),
+    "workload.serving": (SERVE, {"workload.serving": {**SERVING, "isl": 128}}),
+    "workload.serving.isl": (SERVE, {"workload.serving.isl": 128}),
+    "workload.serving.osl": (SERVE, {"workload.serving.osl": 32}),
+    "workload.serving.concurrency": (SERVE, {"workload.serving.concurrency": 16}),
+    "workload.serving.rate_per_s": (serving(rate_per_s=10.0), {"workload.serving.rate_per_s": 20.0}),
+    "workload.serving.max_rate": (
+        serving(slo={"tpot_p99_s": 0.01}),
+        {"workload.serving.concurrency": None, "workload.serving.max_rate": True},
+    ),
+    "workload.serving.trace": (
+        SERVE,
+        {"workload.serving.concurrency": None, "workload.serving.trace": TRACE, **NO_LENGTHS},
+    ),
+    "workload.serving.depth": (SERVE, {"workload.serving.depth": "events", "workload.serving.requests": 200}),
+    "workload.serving.requests": (EVENTS, {"workload.serving.requests": 300}),
+    "workload.serving.seed": (serving(depth="events", requests=200, rate_per_s=50.0), {"workload.serving.seed": 1}),
+    "workload.serving.arrival": (
+        serving(depth="events", requests=200, rate_per_s=50.0),
+        {"workload.serving.arrival": "uniform"},
+    ),
+    "workload.serving.lengths": (EVENTS, {"workload.serving.lengths": {"distribution": "lognormal", "cv": 1.0}}),
+    "workload.serving.lengths.distribution": (
+        serving(depth="events", requests=200, lengths={"distribution": "lognormal", "cv": 0.5}),
+        {"workload.serving.lengths.distribution": "uniform"},
+    ),
+    "workload.serving.lengths.cv": (
+        serving(depth="events", requests=200, lengths={"distribution": "lognormal", "cv": 0.5}),
+        {"workload.serving.lengths.cv": 1.0},
+    ),
+    "workload.serving.scheduler": (BUSY, {"workload.serving.scheduler": {"max_num_seqs": 2}}),
+    "workload.serving.scheduler.max_num_seqs": (BUSY, {"workload.serving.scheduler.max_num_seqs": 2}),
+    "workload.serving.scheduler.max_batched_tokens": (
+        serving(scheduler={"max_num_seqs": 16}),
+        {"workload.serving.scheduler.max_batched_tokens": 16},
+    ),
+    "workload.serving.scheduler.chunked_prefill": (BUSY, {"workload.serving.scheduler.chunked_prefill": False}),
+    "workload.serving.scheduler.prefill_chunk": (SERVE, {"workload.serving.scheduler.prefill_chunk": 16}),
+    "workload.serving.kv_cache": (SERVE, {"workload.serving.kv_cache": {"dtype": "fp8"}}),
+    "workload.serving.kv_cache.block_tokens": (KV_BOUND, {"workload.serving.kv_cache.block_tokens": 64}),
+    "workload.serving.kv_cache.memory_fraction": (SERVE, {"workload.serving.kv_cache.memory_fraction": 0.5}),
+    "workload.serving.kv_cache.dtype": (SERVE, {"workload.serving.kv_cache.dtype": "fp8"}),
+    "workload.serving.speculative": (SERVE, {"workload.serving.speculative": {"draft_tokens": 1, "acceptance": 0.5}}),
+    "workload.serving.speculative.draft_tokens": (SPECULATIVE, {"workload.serving.speculative.draft_tokens": 2}),
+    "workload.serving.speculative.acceptance": (SPECULATIVE, {"workload.serving.speculative.acceptance": 0.9}),
+    "workload.serving.slo": (SERVE, {"workload.serving.slo": {"ttft_p99_s": 1e-6}}),
     "parallel": ({}, {"parallel": {"dp": 4, "tp": 2}}),
     "parallel.dp": ({}, {"parallel.dp": 4, "system.network.1.npus": 1}),
     "parallel.tp": ({}, {"parallel.tp": 2, "parallel.dp": 4}),
@@ -295,12 +373,20 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+def _placed(value: Any, table: str) -> Any:
+    """A change's value with the placeholders for files replaced by the files the fixtures wrote."""
+    return table if value == TABLE else TRACE_FILE if value == TRACE else value
+
+
+TRACE_FILE = str(Path(__file__).parent / "serving_trace.csv")
+
+
 def build(arguments: dict[str, Any], changes: dict[str, Any] | None = None, table: str = "") -> DesignPoint:
     """make_point's point with the arguments (data parallelism over the 8 NPUs unless they give a layout) and the
     changes applied after the arguments' own overrides."""
-    arguments = dict(arguments)
+    arguments = copy.deepcopy(arguments)  # its sections are the module's, which assigning into them would change
     overrides = dict(arguments.pop("overrides", {}))
-    overrides |= {path: table if value == TABLE else value for path, value in (changes or {}).items()}
+    overrides |= {path: _placed(copy.deepcopy(value), table) for path, value in (changes or {}).items()}
     layout = {name: arguments.pop(name) for name in list(arguments) if name not in ("model", "system", "micro_batch")}
     if not {"dp", "tp", "pp", "cp"} & set(layout):
         layout["dp"] = 8
@@ -319,7 +405,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 139
+    assert len(paths) == 166
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 
@@ -487,4 +573,4 @@ def test_a_point_without_its_ignored_settings_is_the_same_step_under_its_own_key
 def evaluate_anyway(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
     """The figures of a point whatever it sets (a study's trial runs its point as decoded)."""
     result = evaluate(point, plugins.generator(generator), plugins.cost_model("analytical")).metrics
-    return {name: result[name] for name in METRICS}
+    return {name: result.get(name) for name in METRICS}

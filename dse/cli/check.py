@@ -91,6 +91,7 @@ def _check_study(path: Path, console: Console) -> None:
     if (refine := spec.refine) is not None:
         when = "after the search" + (f" and every {refine.every} evaluations" if refine.every else "")
         options = f" with options {refine.cost_model_options}" if refine.cost_model_options else ""
+        options += f" at serving depth {refine.serving_depth}" if refine.serving_depth else ""
         console.print(
             f"refines the feasible Pareto members and the top {refine.top_k} per objective with cost model "
             f"'{refine.cost_model}'{options}, {when}",

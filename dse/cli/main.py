@@ -32,6 +32,7 @@ from dse.cli.stdout import stdout_to_stderr
 from dse.errors import DseError
 from dse.fields import GiB
 from dse.interfaces import TimelineCostModel
+from dse.objective import in_seconds
 from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
@@ -257,6 +258,7 @@ def _executor(args: argparse.Namespace, spec: StudySpec, remaining: int, console
         spec.cost_model_options,
         refiner and refiner.cost_model,
         refiner and refiner.cost_model_options,
+        refiner and refiner.serving_depth,
     )
     if args.inline or remaining <= 0:
         return InlineExecutor(evaluation)
@@ -398,7 +400,7 @@ def _human(name: str, value: float | bool) -> str:
         return "yes" if value else "no"
     if name.endswith("_bytes"):
         return f"{value / GiB:,.2f} GiB"
-    if name.endswith("_s"):
+    if in_seconds(name):
         return f"{value:.4f} s"
     if name in ("mfu", "overlap_ratio"):
         return f"{100 * value:.1f} %"

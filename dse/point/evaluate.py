@@ -7,6 +7,7 @@ from dse import plugins
 from dse.interfaces import CostModel, SimResult, WorkloadGenerator
 from dse.objective import Constraint
 from dse.point.feasibility import check_feasible
+from dse.serving.deployment import ServingResult, serve
 from dse.spec import DesignPoint
 from dse.workload import Workload
 
@@ -25,11 +26,19 @@ class Evaluation:
 
 
 def evaluate(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> Evaluation:
+    """A serving point's workload is its typical decode step, and its generate time is in its simulate time (the
+    serving model generates its steps as it prices them)."""
     check_feasible(point)
     t0 = time.perf_counter()
-    workload = generator.generate(point)
-    t1 = time.perf_counter()
-    result = cost_model.simulate(workload, point.system)
+    if point.workload.mode == "serve":
+        result = serve(point, generator, cost_model)
+        assert result.workload is not None
+        workload = result.workload
+        t1 = t0
+    else:
+        workload = generator.generate(point)
+        t1 = time.perf_counter()
+        result = cost_model.simulate(workload, point.system)
     t2 = time.perf_counter()
     metrics, violations = metrics_of(point, workload, result)
     return Evaluation(metrics, violations, t1 - t0, t2 - t1, workload, result)
@@ -50,11 +59,15 @@ def metrics_of(
         "hbm_bytes": point.system.accelerator.hbm_bytes,
         "model_flops": workload.model_flops,
     }
+    if isinstance(result, ServingResult):
+        metrics |= result.serving
     violations: dict[str, float] = {}
     for item in plugins.objectives():
         value = item.fn(point, workload, result)
+        if value is None:
+            continue
         metrics[item.metric] = value
         if isinstance(item, Constraint):
             violations[item.name] = value
-    metrics["fits_memory"] = all(v <= 0 for v in violations.values())
+    metrics["fits_memory"] = violations.get("fits_memory", 0.0) <= 0
     return metrics, violations

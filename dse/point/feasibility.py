@@ -8,6 +8,7 @@ from dse.errors import InfeasibleError
 from dse.kernels import TABLE_DTYPES, attention_table
 from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
 from dse.modelstats import layer_kinds, param_count, ssm_inner
+from dse.serving.steps import step_point
 from dse.spec import DesignPoint
 
 
@@ -42,7 +43,10 @@ def exceeded_limit(point: DesignPoint) -> str | None:
 
 
 def infeasibility(point: DesignPoint) -> str | None:
-    """The first reason the point cannot run, or None. Each reason names the fields and what would fit."""
+    """The first reason the point cannot run, or None. Each reason names the fields and what would fit. A serving
+    point runs if its instances' steps do (its KV cache and its load are the serving model's to judge)."""
+    if point.workload.mode == "serve":
+        return _serving_infeasibility(point)
     if (limit := exceeded_limit(point)) is not None:
         return limit
     m, w, p, s = point.model, point.workload, point.parallel, point.system
@@ -183,6 +187,21 @@ def _missing_attention_kernel(point: DesignPoint) -> str | None:
             f"{hopper} (system.accelerator.attention_kernels: {known}); use auto or a kernel it has"
         )
     return None
+
+
+def _serving_infeasibility(point: DesignPoint) -> str | None:
+    """A serving deployment fills its system with instances whose steps can run."""
+    p, s = point.parallel, point.system
+    if p.world != s.npus:
+        return (
+            f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
+            f"{s.npus} NPUs; choose degrees whose product is {s.npus} (dp: the instances)"
+        )
+    try:
+        step = step_point(point, "decode", 1, 1)
+    except InfeasibleError as exc:
+        return str(exc)
+    return infeasibility(step)
 
 
 def check_feasible(point: DesignPoint) -> None:

@@ -150,22 +150,32 @@ def load_point(path: str | Path) -> DesignPoint:
     return point
 
 
-FILE_FIELDS = ("system.accelerator.measured_table",)
+FILE_FIELDS = ("system.accelerator.measured_table", "workload.serving.trace")
 """The fields of a point that name a file: a relative path in a point or study file is relative to its folder."""
 
 
 def with_paths_from(folder: Path, expanded: dict[str, Any]) -> dict[str, Any]:
-    """Expanded point data (`expand`) with each relative path of FILE_FIELDS made absolute against `folder`, the
-    folder of the file that names it, so that the point reads the same file from any working directory (and on a
-    Ray worker elsewhere). What is not a path is left for validation to name."""
-    system = expanded.get("system")
-    accelerator = system.get("accelerator") if isinstance(system, dict) else None
-    table = accelerator.get("measured_table") if isinstance(accelerator, dict) else None
-    if not isinstance(table, str) or not table or Path(table).is_absolute():
-        return expanded
-    assert isinstance(system, dict) and isinstance(accelerator, dict)
-    resolved = {**accelerator, "measured_table": file_path_from(folder, table)}
-    return {**expanded, "system": {**system, "accelerator": resolved}}
+    """Expanded point data (`expand`) with each relative file path of FILE_FIELDS made absolute against `folder`,
+    the folder of the file that names it, so that the point reads the same file from any working directory (and
+    on a Ray worker elsewhere). What is not a path is left for validation to name. Sections on the way are copied,
+    not changed: they may be a catalog entry's or a study's base."""
+    out = expanded
+    for field in FILE_FIELDS:
+        *sections, name = field.split(".")
+        nodes = [out]
+        for section in sections:
+            node = nodes[-1].get(section)
+            if not isinstance(node, dict):
+                break
+            nodes.append(node)
+        else:
+            path = nodes[-1].get(name)
+            if isinstance(path, str) and path and not Path(path).is_absolute():
+                value: Any = file_path_from(folder, path)
+                for node, key in zip(reversed(nodes), reversed([*sections, name]), strict=True):
+                    value = {**node, key: value}
+                out = value
+    return out
 
 
 def file_path_from(folder: Path, path: str) -> str:

@@ -21,6 +21,7 @@ import yaml
 
 from dse.errors import DseError, SpecError
 from dse.results.plots import HTML, PNG
+from dse.results.serving_plots import CDF_HTML, CDF_PNG
 from dse.results.timelines import TIMELINES_DIR
 from dse.search.space import StudySpec, load_study
 from dse.search.storage import JOURNAL
@@ -40,6 +41,8 @@ WRITTEN = (
     BEST_DIR,
     PNG,
     HTML,
+    CDF_PNG,
+    CDF_HTML,
     TIMELINES_DIR,
     "mlflow.db",
     "mlflow.db-wal",

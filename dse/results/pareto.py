@@ -2,6 +2,7 @@
 
 It works on the table (Parquet) rather than the Optuna study so that `dse report` needs nothing but the file.
 Only feasible COMPLETE trials compete, one per design point (duplicates reuse a result and would tie).
+A table of serving points (`is_serving`) is printed with the serving figures instead of the training step's.
 """
 
 from collections.abc import Callable, Mapping
@@ -52,6 +53,36 @@ def front(frame: pd.DataFrame, objectives: Mapping[str, str] | None = None) -> p
     return done[non_dominated(costs)].sort_values(next(iter(objectives)), ascending=bool(signs[0] > 0))
 
 
+PER_USER, PER_GPU = "tokens_per_s_per_user", "tokens_per_s_per_gpu"
+DEPLOYMENT_PARTS = (("parallel.tp", "tp"), ("parallel.pp", "pp"))
+"""The parallel degrees that name a serving instance's shape (the colour key of the frontier)."""
+
+
+def is_serving(frame: pd.DataFrame) -> bool:
+    """Whether the table's points are serving points: only they have a tokens/s per user."""
+    return PER_USER in frame and bool(frame[PER_USER].notna().any())
+
+
+def deployment(frame: pd.DataFrame) -> pd.Series:
+    """Each row's deployment, as the frontier colours it: its instance shape (e.g. 'tp2 pp1'), then its
+    accelerator when the study searched it (a catalog name in a `system.accelerator` column). A later kind of
+    deployment (disaggregated prefill and decode pools) adds its column's value here."""
+    label = pd.Series([""] * len(frame), index=frame.index)
+    for column, name in DEPLOYMENT_PARTS:
+        degree = frame[column].map(lambda v: "?" if pd.isna(v) else f"{v:.0f}") if column in frame else "1"
+        label = label + f" {name}" + degree
+    if "system.accelerator" in frame and pd.api.types.is_string_dtype(frame["system.accelerator"]):
+        label = label + " " + frame["system.accelerator"].astype(str)
+    return label.str.strip()
+
+
+def latency_statistic(rows: pd.DataFrame) -> str:
+    """'p99' when the rows' latencies spread (an event simulation measured them), else 'mean': the steady state's
+    percentiles equal its means, and the table should not claim a tail it did not measure."""
+    spread = [(rows[f"{m}_p99_s"] - rows[f"{m}_mean_s"]).abs().max() for m in ("ttft", "tpot") if f"{m}_p99_s" in rows]
+    return "p99" if any(s > 0 for s in spread) else "mean"
+
+
 Format = tuple[str, Callable[[Any], str]]
 _SHAPE: dict[str, Format] = {
     "parallel.tp": ("tp", "{:.0f}".format),
@@ -71,18 +102,60 @@ _METRICS: dict[str, Format] = {
     "mfu": ("MFU %", lambda v: f"{100 * v:.1f}"),
     "overlap_ratio": ("overlap %", lambda v: f"{100 * v:.0f}"),
     "tokens_per_s_per_gpu": ("tokens/s/GPU", "{:,.0f}".format),
+    "tokens_per_s_per_user": ("tokens/s/user", "{:,.1f}".format),
+    "max_rate_per_s": ("max rate/s", "{:.4g}".format),
+    "requests_per_s": ("requests/s", "{:.4g}".format),
+    **{
+        f"{what}_{stat}_s": (f"{what.upper()} {stat} ms", lambda v: f"{1000 * v:.4g}")
+        for what in ("ttft", "tpot", "e2e")
+        for stat in ("mean", "p50", "p90", "p99")
+    },
+}
+_SERVING_SHAPE: dict[str, Format] = {
+    "parallel.tp": ("tp", "{:.0f}".format),
+    "parallel.pp": ("pp", "{:.0f}".format),
+    "parallel.dp": ("instances", "{:.0f}".format),
+    "system.accelerator": ("accelerator", str),
+    "workload.serving.concurrency": ("clients", "{:.0f}".format),
+    "workload.serving.rate_per_s": ("rate/s", "{:.4g}".format),
 }
 
 
-def table(rows: pd.DataFrame, objectives: Mapping[str, str], title: str) -> Table:
-    """The front as a rich table: trial, the parallel shape, then step time, memory, MFU and the objectives.
-
-    cp, zero, sp and recompute show only when they vary across the rows, to keep the table narrow.
-    """
+def _training_columns(rows: pd.DataFrame, objectives: Mapping[str, str]) -> list[tuple[str, str, Callable]]:
+    """The parallel shape, then step time, memory, MFU and the objectives; cp, zero, sp and recompute only when
+    they vary across the rows, to keep the table narrow."""
     shape = [f for f in _SHAPE if f in rows and (f in _ALWAYS or rows[f].nunique() > 1)]
     metrics = [m for m in ("step_time_s", "peak_memory_bytes", "mfu") if m in rows]
     metrics += [m for m in objectives if m not in metrics and m in rows]
-    columns = [(f, *_SHAPE[f]) for f in shape] + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
+    return [(f, *_SHAPE[f]) for f in shape] + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
+
+
+def _serving_columns(rows: pd.DataFrame, objectives: Mapping[str, str]) -> list[tuple[str, str, Callable]]:
+    """The instance shape and count, the accelerator and the load when searched (else the mean requests in flight),
+    any other searched serving field that varies, then TTFT and TPOT (p99 or mean: `latency_statistic`),
+    tokens/s per GPU and per user, the highest rate meeting the SLO when the points searched for it, and the
+    objectives."""
+    shape = [f for f in _SERVING_SHAPE if f in rows]
+    if not {"workload.serving.concurrency", "workload.serving.rate_per_s"} & set(rows):
+        shape.append("concurrency_mean")
+    others = [
+        c for c in rows if c.startswith("workload.serving.") and c not in _SERVING_SHAPE and rows[c].nunique() > 1
+    ]
+    statistic = latency_statistic(rows)
+    metrics = [f"ttft_{statistic}_s", f"tpot_{statistic}_s", PER_GPU, PER_USER, "max_rate_per_s"]
+    metrics = [m for m in metrics if m in rows and rows[m].notna().any()]
+    metrics += [m for m in objectives if m not in metrics and m in rows]
+    formats = {**_SERVING_SHAPE, "concurrency_mean": ("in flight", "{:.4g}".format)}
+    return (
+        [(f, *formats[f]) for f in shape]
+        + [(c, c.removeprefix("workload.serving."), str) for c in others]
+        + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
+    )
+
+
+def table(rows: pd.DataFrame, objectives: Mapping[str, str], title: str) -> Table:
+    """The front as a rich table: trial, then the training or the serving columns (`is_serving`)."""
+    columns = (_serving_columns if is_serving(rows) else _training_columns)(rows, objectives)
     cells = [
         [str(int(row["number"]))] + [fmt(row[name]) if pd.notna(row[name]) else "-" for name, _, fmt in columns]
         for _, row in rows.iterrows()

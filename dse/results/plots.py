@@ -2,10 +2,12 @@
 colour by parallel shape (tp x pp x dp), marker by ZeRO stage, the front joined by a line.
 
 A PNG (matplotlib, for reports and the MLflow artifact preview) and an interactive HTML (plotly, self-contained
-so it opens offline from MLflow's artifact view) with every trial's shape and metrics on hover.
+so it opens offline from MLflow's artifact view) with every trial's shape and metrics on hover. What any study's
+plots share (the rows drawn, a figure with a legend margin) is here too; `serving_plots` draws a serving study's.
 """
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -20,7 +22,9 @@ MAX_POINTS = 20_000
 """Points drawn at most (a sample of the table's, the front always whole): a sweep's million would make a PNG take
 minutes and an HTML page of hundreds of megabytes, and show no more than a sample does."""
 LEGEND_COLUMN_IN = 1.7
-"""Inches of figure width per legend column (a label like 'tp8 pp8 dp16 zero3' at 7 pt)."""
+"""Inches of figure width per legend column at least (a label like 'tp8 pp8 dp16 zero3' at 7 pt)."""
+LEGEND_CHAR_IN = 0.055
+"""Inches a character of a 7 pt legend label takes, about."""
 
 
 def _shape(frame: pd.DataFrame) -> pd.Series:
@@ -32,14 +36,42 @@ def _shape(frame: pd.DataFrame) -> pd.Series:
     return "tp" + degree("parallel.tp") + " pp" + degree("parallel.pp") + " dp" + degree("parallel.dp")
 
 
+def drawn(frame: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The rows a plot of y against x draws: COMPLETE trials with both, one per design point, MAX_POINTS of them
+    at most."""
+    if frame.empty or x not in frame or y not in frame:
+        return frame.iloc[:0]
+    done = frame[(frame["state"] == "COMPLETE") & frame[x].notna() & frame[y].notna()].drop_duplicates("point_key")
+    return done.sample(MAX_POINTS, random_state=0) if len(done) > MAX_POINTS else done
+
+
+def figure(labels: list[str], panels: int = 1, plot_width: float = 9) -> tuple[Any, list[Any], int]:
+    """A bare Agg Figure (pyplot takes a third of a second to import, and a tight bounding box a second draw: most
+    of the post-search time of the quickstart) of `panels` axes side by side over `plot_width` inches, with a
+    margin of its own on the right for a legend of `labels`, where it covers no point; returns it, its axes and the
+    legend's columns."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    columns = 1 + len(labels) // 30
+    column_in = max(LEGEND_COLUMN_IN, LEGEND_CHAR_IN * max(map(len, labels), default=0) + 0.5)
+    width = plot_width + column_in * columns
+    fig = Figure(figsize=(width, 6), dpi=110)
+    FigureCanvasAgg(fig)
+    right = 1 - (column_in * columns + 0.2) / width
+    fig.subplots_adjust(left=0.7 / width, right=right, top=0.93, bottom=0.09, wspace=0.25)
+    return fig, [fig.add_subplot(1, panels, i + 1) for i in range(panels)], columns
+
+
+def legend(ax: Any, columns: int) -> None:
+    ax.legend(fontsize=7, ncol=columns, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+
+
 def _points(frame: pd.DataFrame) -> pd.DataFrame:
-    """COMPLETE trials with both axes, one per design point (MAX_POINTS of them at most), with their shape, ZeRO
-    stage and feasibility."""
-    if frame.empty or X not in frame or Y not in frame:
+    """The drawn trials with their shape, ZeRO stage and feasibility."""
+    done = drawn(frame, X, Y)
+    if done.empty:
         return pd.DataFrame(columns=[X, Y, "shape", "zero", "feasible", "number"])
-    done = frame[(frame["state"] == "COMPLETE") & frame[X].notna() & frame[Y].notna()].drop_duplicates("point_key")
-    if len(done) > MAX_POINTS:
-        done = done.sample(MAX_POINTS, random_state=0)
     out = done[["number", X, Y, "feasible"]].copy()
     out["shape"] = _shape(done)
     out["zero"] = done["parallel.zero"].fillna(0).astype(int) if "parallel.zero" in done else 0
@@ -47,21 +79,11 @@ def _points(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def pareto_png(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: str) -> Path:
-    """Drawn on a bare Agg Figure: pyplot (a third of a second to import) and a tight bounding box (a second
-    draw) were most of the post-search time of the quickstart. The legend sits in a margin of its own beside the
-    axes, where it covers no point."""
     from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     points = _points(frame)
-    labels = points.groupby(["shape", "zero"]).ngroups + (not front.empty)
-    columns = 1 + labels // 30
-    width = 9 + LEGEND_COLUMN_IN * columns
-    fig = Figure(figsize=(width, 6), dpi=110)
-    FigureCanvasAgg(fig)
-    fig.subplots_adjust(left=0.7 / width, right=1 - (LEGEND_COLUMN_IN * columns + 0.2) / width, top=0.93, bottom=0.09)
-    ax = fig.add_subplot()
+    labels = [f"{shape} zero{zero}" for shape, zero in points.groupby(["shape", "zero"]).groups]
+    fig, (ax,), columns = figure(labels + ["Pareto front"] * (not front.empty))
     colours = colormaps["tab20"]
     for index, (shape, group) in enumerate(points.groupby("shape", sort=True)):
         for zero, rows in group.groupby("zero"):
@@ -85,7 +107,7 @@ def pareto_png(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: str)
     ax.set_title(f"{title}: faded points do not fit in HBM")
     ax.grid(alpha=0.3)
     if len(points):
-        ax.legend(fontsize=7, ncol=columns, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+        legend(ax, columns)
     fig.savefig(path)
     return path
 

@@ -1,5 +1,6 @@
 """What a finished study says, from its trials table alone: the best feasible point per objective, which parallel
-shape wins along the Pareto front, and how two studies' fronts differ (`dse compare`).
+shape wins along the Pareto front, and how two studies' fronts differ (`dse compare`). A serving study's front is
+told by deployment and throughput, with the SLO its points were held to (which only the saved study file says).
 
 These figures are also what a nightly sweep tracks from one night to the next.
 """
@@ -12,8 +13,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from dse.errors import DseError
 from dse.fields import GiB
-from dse.results import pareto, plots
+from dse.objective import in_seconds
+from dse.results import folders, pareto, plots, serving_plots
 
 SHAPE = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero")
 
@@ -45,9 +48,21 @@ def best_per_objective(frame: pd.DataFrame, objectives: Mapping[str, str] | None
 def fmt(metric: str, value: float) -> str:
     if metric.endswith("_bytes"):
         return f"{value / GiB:.3f} GiB"
-    if metric.endswith("_s"):
+    if in_seconds(metric):
         return f"{value:.5g} s"
     return f"{value:.4g}"
+
+
+def serving_shape(frame: pd.DataFrame) -> pd.Series:
+    """Each serving point's deployment and its number of instances, e.g. 'tp2 pp1 h200 x4'."""
+    instances = frame["parallel.dp"].map(lambda v: "" if pd.isna(v) else f" x{v:.0f}") if "parallel.dp" in frame else ""
+    return pareto.deployment(frame) + instances
+
+
+def _runs(rows: pd.DataFrame, names: pd.Series) -> list[tuple[str, pd.DataFrame]]:
+    """The rows in their order, cut into runs of consecutive rows that share a name."""
+    cuts = (names != names.shift()).cumsum()
+    return [(names[group.index[0]], group) for _, group in rows.groupby(cuts, sort=False)]
 
 
 def winners(front: pd.DataFrame) -> list[str]:
@@ -57,21 +72,30 @@ def winners(front: pd.DataFrame) -> list[str]:
         return []
     rows = front.sort_values("peak_memory_bytes") if "peak_memory_bytes" in front else front
     out: list[str] = []
-    groups: list[tuple[str, list[pd.Series]]] = []
-    for _, row in rows.iterrows():
-        name = shape(row)
-        if groups and groups[-1][0] == name:
-            groups[-1][1].append(row)
-        else:
-            groups.append((name, [row]))
-    for name, members in groups:
-        times = [m["step_time_s"] for m in members if "step_time_s" in m]
-        memory = [m["peak_memory_bytes"] / GiB for m in members if "peak_memory_bytes" in m]
+    for name, members in _runs(rows, rows.apply(shape, axis=1)):
         span = ""
-        if times and memory:
-            span = f": step {_range(times, '.4g')} s at {_range(memory, '.1f')} GiB"
-        out.append(f"{name or 'one shape'} ({len(members)} point{'s' * (len(members) > 1)}){span}")
+        if "step_time_s" in members and "peak_memory_bytes" in members:
+            memory = list(members["peak_memory_bytes"] / GiB)
+            span = f": step {_range(list(members['step_time_s']), '.4g')} s at {_range(memory, '.1f')} GiB"
+        out.append(f"{name or 'one shape'} ({_count(len(members))}){span}")
     return out
+
+
+def serving_winners(front: pd.DataFrame) -> list[str]:
+    """Along the front from the most tokens/s per GPU to the fastest per user: each run of consecutive points of
+    one deployment, with the throughputs it covers ("which deployment wins where")."""
+    if front.empty:
+        return []
+    rows = front.sort_values([pareto.PER_GPU, pareto.PER_USER], ascending=False)
+    return [
+        f"{name} ({_count(len(members))}): {_range(list(members[pareto.PER_GPU]), ',.0f')} tokens/s/GPU at "
+        f"{_range(list(members[pareto.PER_USER]), ',.1f')} tokens/s/user"
+        for name, members in _runs(rows, pareto.deployment(rows))
+    ]
+
+
+def _count(points: int) -> str:
+    return f"{points} point{'s' * (points > 1)}"
 
 
 def _range(values: list[float], spec: str) -> str:
@@ -79,28 +103,66 @@ def _range(values: list[float], spec: str) -> str:
     return low if low == high else f"{low}-{high}"
 
 
+def slo_lines(front: pd.DataFrame, out_dir: Path) -> list[str]:
+    """For each SLO the front's points were held to (their workload.serving.slo, from the saved study file), its
+    bounds and how many front members meet it; none when the points set no SLO."""
+    if front.empty:
+        return []
+    try:
+        spec = folders.load_saved_spec(out_dir)
+    except DseError as exc:
+        return [f"the SLO of the front is not known: {exc}"]
+    members: dict[tuple[tuple[str, float], ...], list[int]] = {}
+    for number, point in serving_plots.points_of(spec, front).items():
+        slo = point.workload.serving.slo if point.workload.serving else {}
+        if slo:
+            members.setdefault(tuple(sorted(slo.items())), []).append(number)
+    out = []
+    for slo, numbers in members.items():
+        rows = front[front["number"].isin(numbers)]
+        met = int((rows["slo_excess"] <= 0).sum())
+        bounds = ", ".join(f"{name} <= {fmt(name, bound)}" for name, bound in slo)
+        out.append(f"SLO {bounds}: met by {met} of {len(rows)} front members")
+    return out
+
+
+def pareto_plots(frame: pd.DataFrame, front: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
+    """The Pareto plots, PNG and HTML: a serving study's frontier or a training study's step time and memory."""
+    if pareto.is_serving(frame):
+        png, html = serving_plots.frontier_png, serving_plots.frontier_html
+    else:
+        png, html = plots.pareto_png, plots.pareto_html
+    return [png(frame, front, out_dir / plots.PNG, title), html(frame, front, out_dir / plots.HTML, title)]
+
+
 def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """The summary after the front (which cli prints): best per objective and the winning shapes; writes the
-    Pareto plots next to the table and returns their paths."""
+    """The summary after the front (which cli prints): best per objective and the winning shapes (a serving
+    study's: deployments, and the SLO the front met); writes the Pareto plots next to the table and returns their
+    paths."""
     best = pareto.front(frame)
+    serving = pareto.is_serving(frame)
     table = Table(title="best feasible point per objective", box=box.SIMPLE_HEAD, pad_edge=False)
-    for header in ("objective", "best", "trial", "shape"):
+    for header in ("objective", "best", "trial", "deployment" if serving else "shape"):
         table.add_column(header)
     for metric, row in best_per_objective(frame).items():
         direction = frame.attrs["objectives"][metric]
-        table.add_row(f"{metric} ({direction})", fmt(metric, row[metric]), str(int(row["number"])), shape(row))
+        name = serving_shape(row.to_frame().T).iloc[0] if serving else shape(row)
+        table.add_row(f"{metric} ({direction})", fmt(metric, row[metric]), str(int(row["number"])), name)
     if table.row_count:
         console.print(table)
-    lines = winners(best)
+    if serving:
+        lines = serving_winners(best)
+        heading = "which deployment wins where (Pareto front, most tokens/s per GPU first):"
+    else:
+        lines = winners(best)
+        heading = "which parallelism wins where (Pareto front, least memory first):"
     if lines:
-        console.print("which parallelism wins where (Pareto front, least memory first):")
+        console.print(heading)
         for line in lines:
             console.print(f"  {line}", highlight=False, soft_wrap=True)
-    title = f"study {frame.attrs.get('study', out_dir.name)}"
-    return [
-        plots.pareto_png(frame, best, out_dir / plots.PNG, title),
-        plots.pareto_html(frame, best, out_dir / plots.HTML, title),
-    ]
+    for line in slo_lines(best, out_dir) if serving else []:
+        console.print(line, highlight=False, soft_wrap=True)
+    return pareto_plots(frame, best, out_dir, f"study {frame.attrs.get('study', out_dir.name)}")
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> Table:

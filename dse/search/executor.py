@@ -47,12 +47,15 @@ class PluginEvaluation:
         cost_model_options: Mapping[str, Any] | None = None,
         refiner: str | None = None,
         refiner_options: Mapping[str, Any] | None = None,
+        refine_depth: str | None = None,
     ) -> None:
         self.generator = generator
         self.cost_model = cost_model
         self.cost_model_options = dict(cost_model_options or {})
         self.refiner = refiner
         self.refiner_options = dict(refiner_options or {})
+        self.refine_depth = refine_depth
+        """A serving point's refinement runs at this serving depth (`refine.serving_depth`); None: its own."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in PLAIN_STATE}
@@ -77,7 +80,16 @@ class PluginEvaluation:
         return self._evaluate(point, self._plugins[1])
 
     def refine(self, point: DesignPoint) -> Result:
-        """The point priced by the refining cost model (the same workload, the same metrics and violations)."""
+        """The point priced by the refining cost model (the same workload, the same metrics and violations), a
+        serving point at the refining depth."""
+        serving = point.workload.serving
+        if self.refine_depth is not None and serving is not None:
+            deeper = point.workload.model_copy(
+                update={"serving": serving.model_copy(update={"depth": self.refine_depth})}
+            )
+            point = DesignPoint.model_construct(
+                model=point.model, workload=deeper, parallel=point.parallel, system=point.system
+            )
         return self._evaluate(point, self._refiner)
 
     def _evaluate(self, point: DesignPoint, cost_model: Any) -> Result:
@@ -106,7 +118,7 @@ def evaluation_seconds(results: list[Result | str], elapsed: float) -> float:
     return float(sum(reported))  # type: ignore[arg-type]
 
 
-PLAIN_STATE = ("generator", "cost_model", "cost_model_options", "refiner", "refiner_options")
+PLAIN_STATE = ("generator", "cost_model", "cost_model_options", "refiner", "refiner_options", "refine_depth")
 """What of a PluginEvaluation goes to the Ray actors: names and options, never a resolved plugin."""
 
 

@@ -37,7 +37,8 @@ OnRefined = Callable[[str, dict[str, Any]], None]
 def fidelity(spec: StudySpec) -> dict[str, Any]:
     """What a refinement record must match to count as done: the refine section's cost model and options."""
     assert spec.refine is not None
-    return {"cost_model": spec.refine.cost_model, "options": dict(spec.refine.cost_model_options)}
+    out = {"cost_model": spec.refine.cost_model, "options": dict(spec.refine.cost_model_options)}
+    return out | ({"serving_depth": spec.refine.serving_depth} if spec.refine.serving_depth else {})
 
 
 def records(study: optuna.Study) -> dict[str, dict[str, Any]]:

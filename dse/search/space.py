@@ -177,6 +177,11 @@ class RefineSpec(BaseModel):
     every: Annotated[Count, Le(MAX_TRIALS)] | None = Field(
         None, description="also refine after every N evaluations (default: only after the search)"
     )
+    serving_depth: Literal["events"] | None = Field(
+        None,
+        description="serving points: refine at this depth (the request-level event simulation, for percentiles "
+        "and queueing) as well as with the cost model, which may then be the screening one",
+    )
 
 
 class StudySpec(BaseModel):
@@ -337,7 +342,7 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
             )
         if options is not None:  # checked now, not by every evaluation (and every Ray worker) later
             plugins.cost_model_options(plugins.load("cost model", name), name, options, str(path), f"{field}_options")
-    if (refine := spec.refine) is not None:
+    if (refine := spec.refine) is not None and refine.serving_depth is None:
         plugins.refuse_repeated_refiner(
             spec.cost_model, spec.cost_model_options, refine.cost_model, refine.cost_model_options, str(path)
         )
@@ -378,6 +383,7 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     }
     for point in tables.values():  # each measured kernel table read once now, not by every trial
         check_tables(point)
+    _check_serving(spec, [point for point in points if isinstance(point, DesignPoint)])
     _check_refinements(spec)
     for warning in bounds.repeated_choices(spec):  # on stdout, as the commands print theirs: stderr is for errors
         print(warning)
@@ -486,6 +492,19 @@ def feasibility_only(spec: StudySpec) -> dict[str, Param]:
     return {name: param for name, param in spec.space.items() if param.feasibility_only}
 
 
+def _check_serving(spec: StudySpec, points: list[DesignPoint]) -> None:
+    """A serving objective or constraint needs serving points (workload.mode serve) to measure."""
+    items = [(f"objectives.{o.name}", o) for o, _ in spec.objective_list]
+    items += [(f"constraints.{i}", c) for i, c in enumerate(spec.constraint_list)]
+    serving = next((field for field, item in items if item.serving), None)
+    other = next((p for p in points if p.workload.mode != "serve"), None)
+    if serving is not None and other is not None:
+        raise SpecError(
+            f"{spec.source}: field '{serving}': a serving metric, and the study's points include workload.mode "
+            f"{other.workload.mode}; serve every point (workload.mode serve with a serving section) or drop it"
+        )
+
+
 def _check_feasibility_only(spec: StudySpec) -> None:
     """A dimension marked feasibility_only must be one whose other values can be derived from one evaluation: a
     field no generator or cost model reads (FEASIBILITY_ONLY_FIELDS), used by no derived value, in a study whose
@@ -502,6 +521,11 @@ def _check_feasibility_only(spec: StudySpec) -> None:
             raise SpecError(
                 f"{where}: derived value {users[0]} uses {name}, so the value changes more than feasibility; "
                 "remove the flag or the derived value's use of it"
+            )
+        if (spec.base.get("workload") or {}).get("mode") == "serve" or "workload.mode" in spec.space:
+            raise SpecError(
+                f"{where}: a serving point's KV cache takes what the weights leave of HBM, so {name} changes its "
+                "latencies and throughput; remove the flag"
             )
         others = [c for c in spec.constraints if c != MEMORY_CONSTRAINT]
         if others:

@@ -444,6 +444,11 @@ class _Loop:
         if result.get(NODE):
             attrs[NODE] = result[NODE]
         _set_user_attrs(trial, attrs)
+        absent = [m for m in self.spec.metrics if m not in metrics]
+        absent += [c.name for c in self.spec.constraint_list if c.name not in result["violations"]]
+        if absent:
+            self._fail(trial, f"the point has no {absent[0]}: it does not apply to this point")
+            return
         for constraint in self.spec.constraint_list:
             trial.set_constraint(constraint.name, result["violations"][constraint.name])
         values = [metrics[metric] for metric in self.spec.metrics]

@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 from dse import plugins
-from dse.errors import SpecError
+from dse.errors import InfeasibleError, SpecError
 from dse.interfaces import BatchCostModel, SimResult
-from dse.point.evaluate import metrics_of
+from dse.point.evaluate import evaluate, metrics_of
 from dse.point.feasibility import infeasibility
 from dse.search.decoding import decode_point, decode_system, fields_at, point_fields
 from dse.search.executor import NODE, _describe
@@ -171,6 +171,10 @@ class SweepPricer:
         if not priced:
             return
         generator, cost_model = self._plugins
+        if structure.point.workload.mode == "serve":
+            for number, system, point in priced:
+                rows.add(self._served(number, structure, system, point))
+            return
         try:
             workload = generator.generate(priced[0][2])
         except Exception as exc:
@@ -183,17 +187,41 @@ class SweepPricer:
             if isinstance(result, str):
                 rows.add(self._row(number, FAIL, result, key, structure, system))
                 continue
-            metrics, violations = metrics_of(point, workload, result)
-            values = [metrics[metric] for metric in self.spec.metrics]
-            bad = [m for m, v in zip(self.spec.metrics, values, strict=True) if not math.isfinite(v)]
-            state, reason = COMPLETE, None
-            if bad:
-                state, reason = FAIL, f"objective metric {bad[0]} is {metrics[bad[0]]}, not a finite number"
-            row = self._row(number, state, reason, key, structure, system)
-            if state == COMPLETE:
-                row["feasible"] = all(violations[c.name] <= 0 for c in self.spec.constraint_list)
-            row.update({name: value if isinstance(value, bool) else float(value) for name, value in metrics.items()})
-            rows.add(row)
+            rows.add(self._priced(number, key, structure, system, *metrics_of(point, workload, result)))
+
+    def _served(self, number: int, structure: _Structure, system: _System, point: DesignPoint) -> dict[str, Any]:
+        """A serving point's row: its steps are generated and priced as it is (`dse.serving`), from the process's
+        priced steps of its layout and system, which the points differing only in their load share."""
+        key = self._key(structure, system)
+        generator, cost_model = self._plugins
+        try:
+            found = evaluate(point, generator, cost_model)
+        except InfeasibleError as exc:
+            return self._row(number, PRUNED, str(exc), key, structure, system)
+        except Exception as exc:
+            return self._row(number, FAIL, _describe(exc), key, structure, system)
+        return self._priced(number, key, structure, system, found.metrics, found.violations)
+
+    def _priced(
+        self,
+        number: int,
+        key: str,
+        structure: _Structure,
+        system: _System,
+        metrics: dict[str, Any],
+        violations: dict[str, float],
+    ) -> dict[str, Any]:
+        """A priced point's row: COMPLETE with its metrics and feasibility, or FAIL if an objective is not finite."""
+        values = [metrics.get(metric, math.nan) for metric in self.spec.metrics]
+        bad = [m for m, v in zip(self.spec.metrics, values, strict=True) if not math.isfinite(v)]
+        state, reason = COMPLETE, None
+        if bad:
+            state, reason = FAIL, f"objective metric {bad[0]} is {metrics.get(bad[0])}, not a finite number"
+        row = self._row(number, state, reason, key, structure, system)
+        if state == COMPLETE:
+            row["feasible"] = all(violations.get(c.name, math.inf) <= 0 for c in self.spec.constraint_list)
+        row.update({name: value if isinstance(value, bool) else float(value) for name, value in metrics.items()})
+        return row
 
     def _key(self, structure: _Structure, system: _System) -> str:
         """The point key (`DesignPoint.key`) from the sections' texts, each made once."""

@@ -15,6 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from dse.modelstats import layer_kinds, model_flops
+from dse.serving.steps import step_point
 from dse.spec import DesignPoint
 from dse.workload import DeferredPrograms, Program, RankLayout, Tensor, TensorKind, Workload
 from generators.symbolic.blocks import layer_keys
@@ -126,6 +127,9 @@ class SymbolicGenerator:
 
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:
+        """A serving point's is its steps' (which share the schedule of one micro-batch per instance)."""
+        if point.workload.mode == "serve":
+            point = step_point(point, "decode", 1, 1)
         return schedule_affinity(point)
 
 

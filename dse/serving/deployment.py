@@ -1,0 +1,170 @@
+"""A serving point priced: its engines sized from the memory its steps hold, its load run through the steady state
+or the event simulation, and the result as the metrics every other point reports plus the serving ones.
+
+The deployment is `parallel.dp` instances of `tp x pp` GPUs (`parallel.ep` shares experts among instances in
+lock step). Each instance keeps `pp` micro-batches in flight, so it is `pp` engines of `max_num_seqs / pp`
+sequences each, sharing its KV cache; a request goes to the engine with the fewest outstanding requests.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dse.errors import InfeasibleError, SpecError
+from dse.interfaces import CostModel, SimResult, WorkloadGenerator
+from dse.modelstats import model_flops
+from dse.serving import events, steady
+from dse.serving.capacity import highest_rate
+from dse.serving.iteration import IterationPricer, nearest, pricer
+from dse.serving.requests import requests
+from dse.serving.shapes import Engine
+from dse.serving.spec import ServingSpec
+from dse.spec import DesignPoint, WorkloadSpec
+from dse.workload import Workload
+
+
+@dataclass(slots=True)
+class ServingResult(SimResult):
+    """A serving point's result: the SimResult fields are its typical decode iteration's step (the step_time the
+    steady state's iteration time), `serving` the serving metrics (`dse.serving.events.metrics`' keys, and mfu),
+    `memory_bytes` what each GPU holds: weights, working memory and the KV cache the engine allocates."""
+
+    serving: dict[str, float] = field(default_factory=dict)
+    memory_bytes: float = 0.0
+    kv_capacity_tokens: int = 0
+    """KV-cache tokens per instance."""
+    workload: Workload | None = None
+    """The typical decode step's workload (what `dse evaluate --json` and a study's run record describe)."""
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return self.memory_bytes
+
+
+def kv_capacity(point: DesignPoint, prices: IterationPricer) -> tuple[int, float]:
+    """(KV-cache tokens one instance holds, bytes each GPU takes with it) from the engine's memory budget: HBM x
+    memory_fraction, less the weights and the largest iteration's working memory, over the cache bytes per token."""
+    serving = point.workload.serving
+    assert serving is not None
+    budget = point.system.accelerator.hbm_bytes * serving.kv_cache.memory_fraction
+    held = prices.weight_bytes() + prices.working_bytes(serving.scheduler.max_batched_tokens)
+    per_token = prices.kv_bytes_per_token()
+    if held >= budget:
+        raise InfeasibleError(
+            f"the weights and working memory take {held / 2**30:.1f} GiB per GPU, over the engine's "
+            f"{budget / 2**30:.1f} GiB (hbm x serving.kv_cache.memory_fraction); add GPUs (tp, pp), HBM or "
+            "lower serving.scheduler.max_batched_tokens"
+        )
+    return int((budget - held) / per_token), budget
+
+
+def engine_of(point: DesignPoint, capacity_tokens: int) -> Engine:
+    serving = point.workload.serving
+    assert serving is not None
+    pp, scheduler = point.parallel.pp, serving.scheduler
+    speculative = serving.speculative
+    return Engine(
+        engines=point.parallel.dp * pp,
+        max_seqs=max(scheduler.max_num_seqs // pp, 1),
+        max_batched_tokens=scheduler.max_batched_tokens,
+        chunked_prefill=scheduler.chunked_prefill,
+        prefill_chunk=scheduler.chunk,
+        kv_capacity_tokens=capacity_tokens // pp,
+        kv_block_tokens=serving.kv_cache.block_tokens,
+        draft_tokens=speculative.draft_tokens if speculative else 0,
+        acceptance=speculative.acceptance if speculative else 0.0,
+    )
+
+
+def load_of(serving: ServingSpec) -> steady.Load:
+    """What the steady state reads of the point's load: mean lengths and the rate or concurrency (a trace's mean
+    lengths and its mean rate: its requests after the first over the time from the first arrival to the last)."""
+    if serving.trace is None:
+        assert serving.isl is not None and serving.osl is not None
+        return steady.Load(serving.isl, serving.osl, serving.rate_per_s, serving.concurrency)
+    stream = requests(serving)
+    span = float(stream.arrival_s[-1] - stream.arrival_s[0])
+    if len(stream) < 2 or span <= 0:
+        raise SpecError(
+            f"field 'workload.serving.trace': {serving.trace} has no arrival rate (its requests all arrive at once); "
+            "give two or more requests at different arrival_s, or use serving.concurrency"
+        )
+    return steady.Load(float(stream.isl.mean()), float(stream.osl.mean()), (len(stream) - 1) / span)
+
+
+def model_flops_per_request(point: DesignPoint, isl: float, osl: float) -> float:
+    """Model FLOPs of one request by the convention of `dse.modelstats.model_flops`: its prompt's prefill and its
+    output tokens' decodes at their mean context."""
+    prompt = WorkloadSpec(mode="prefill", seq_len=max(round(isl), 1), global_batch=1)
+    token = WorkloadSpec(mode="decode", seq_len=max(round(isl + osl / 2), 1), global_batch=1)
+    return model_flops(point.model, prompt) + (osl - 1) * model_flops(point.model, token)
+
+
+def deployment(
+    point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel
+) -> tuple[IterationPricer, Engine, int, float]:
+    """The point's iteration prices, its engines, the KV-cache tokens of an instance and the bytes a GPU holds."""
+    prices = pricer(point, generator, cost_model)
+    capacity, memory = kv_capacity(point, prices)
+    return prices, engine_of(point, capacity), capacity, memory
+
+
+def latencies(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> events.EventStats:
+    """Every measured request's TTFT, TPOT and end-to-end latency under the point's load, from the event simulation
+    whatever the point's depth (for latency CDFs; a max_rate point at its own load is refused)."""
+    serving = point.workload.serving
+    assert serving is not None and not serving.max_rate, "a load, not max_rate"
+    prices, engine, _, _ = deployment(point, generator, cost_model)
+    steady.seats(engine, load_of(serving))  # an engine that cannot seat one request cannot serve at any depth
+    if serving.concurrency is not None:  # a steady point may have more clients than its default stream measures
+        serving = serving.model_copy(update={"requests": max(serving.requests, 2 * serving.concurrency)})
+    return events.simulate(requests(serving), engine, prices.time, clients=serving.concurrency)
+
+
+def serve(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> ServingResult:
+    """Price a serving point at its `serving.depth` (and, with `max_rate`, at the highest rate meeting its SLO); an
+    InfeasibleError if it cannot run (memory, or a rate beyond what it sustains under the steady state)."""
+    serving = point.workload.serving
+    assert serving is not None
+    prices, engine, capacity, memory = deployment(point, generator, cost_model)
+    load = load_of(serving)
+    isl, osl = load.isl, load.osl
+
+    def measure(rate: float | None) -> dict[str, float]:
+        """The serving metrics at this rate (None: the point's own load)."""
+        spec = serving if rate is None else serving.model_copy(update={"rate_per_s": rate})
+        if spec.depth == "steady":
+            found = steady.steady_state(engine, prices.time, load if rate is None else replace(load, rate_per_s=rate))
+            return steady.metrics(found, engine.engines, point.parallel.world, spec.slo)
+        steady.seats(engine, load)
+        stats = events.simulate(requests(spec), engine, prices.time, clients=spec.concurrency)
+        return events.metrics(stats, point.parallel.world, spec.slo or None)
+
+    if serving.max_rate:
+        full = steady.closed(engine, prices.time, steady.seats(engine, steady.Load(isl, osl)), steady.Load(isl, osl))
+        rate = highest_rate(
+            lambda r: _meets(measure, r, serving.slo), full.requests_per_s * engine.engines, serving.slo
+        )
+        metrics = measure(rate) | {"max_rate_per_s": rate}
+    else:
+        metrics = measure(None)
+    peak = point.system.accelerator.peak_flops(point.model.dtype) * point.parallel.world
+    metrics["mfu"] = metrics["requests_per_s"] * model_flops_per_request(point, isl, osl) / peak
+    metrics["kv_capacity_tokens"] = float(capacity)
+    typical = prices.step("decode", nearest(metrics["concurrency_mean"] / engine.engines), nearest(isl + osl / 2))
+    return ServingResult(
+        step_time_s=metrics["tpot_mean_s"] * engine.tokens_per_decode,
+        classes=typical.result.classes,
+        timeline=typical.result.timeline,
+        serving=metrics,
+        memory_bytes=memory,
+        kv_capacity_tokens=capacity,
+        workload=typical.workload,
+    )
+
+
+def _meets(measure: Callable[[float], dict[str, float]], rate: float, slo: dict[str, float]) -> bool:
+    try:
+        found = measure(rate)
+    except InfeasibleError:  # beyond what the engines sustain
+        return False
+    return all(found[name] <= bound for name, bound in slo.items())

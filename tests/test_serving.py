@@ -157,3 +157,20 @@ def test_step_fields_are_refused_under_serve_and_serving_under_other_modes():
             expand({**base, "workload": {"mode": "decode", "seq_len": 8, "global_batch": 8, "serving": serving}}),
             "t",
         )
+
+
+def test_the_event_simulation_agrees_with_the_steady_state_at_low_load_and_queues_as_load_rises():
+    """Poisson arrivals at a twentieth of the deployment's capacity: requests rarely meet, so the simulated mean
+    TTFT and TPOT are the steady state's; near capacity the simulation's p99 TTFT shows the queue the closed form
+    leaves out."""
+    serving = {"isl": 512, "osl": 32}
+    light = {**serving, "rate_per_s": 2.0}
+    steady = metrics_of(serve_point(light, dp=2))
+    events = metrics_of(serve_point({**light, "depth": "events", "requests": 400}, dp=2))
+    assert events["ttft_mean_s"] == pytest.approx(steady["ttft_mean_s"], rel=0.05)
+    assert events["tpot_mean_s"] == pytest.approx(steady["tpot_mean_s"], rel=0.05)
+    assert events["requests_per_s"] == pytest.approx(2.0, rel=0.15)
+    capacity = metrics_of(serve_point({**serving, "max_rate": True, "slo": {"e2e_mean_s": 60.0}}, dp=2))
+    busy = {**serving, "rate_per_s": 0.9 * capacity["max_rate_per_s"], "depth": "events", "requests": 400}
+    queued = metrics_of(serve_point(busy, dp=2))
+    assert queued["ttft_p99_s"] > 3 * events["ttft_p99_s"]

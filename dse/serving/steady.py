@@ -2,19 +2,24 @@
 throughput, for search (milliseconds per point once its iterations are priced).
 
 Every engine holds n sequences on average, each gaining E tokens per decode iteration (E = 1 without speculative
-decoding), and an iteration of n decodes also carries the prompts of the requests that replace the ones finishing:
-n E / osl of them per iteration, isl tokens each (with chunked prefill; without it they run in prefill-only
-iterations of their own, which stall the decodes). Then
+decoding), while the requests other than a given one arrive at some rate, each bringing isl prompt tokens. With
+chunked prefill those prompts ride in the decode iterations in chunks: a share of the iterations carries one chunk
+more than the rest (the roofline is not linear in tokens: a few ride free beside the weights' read, a chunk does
+not); without it they run in prefill-only iterations that stall the decodes. Then
 
-- TPOT = t(n) / E, t the iteration time at that mix; throughput n E / t per engine;
-- TTFT = the iterations that carry the request's prompt chunks beside the n decodes, plus (open loop) the rest of the
-  iteration running when it arrives, plus (closed loop with more clients than seats) the wait for a seat;
-- n from the load: a concurrency gives it (within max_num_seqs, the KV cache and the token budget); a rate gives it
-  by Little's law, n = rate x (TTFT + (osl - 1) / E x TPOT), solved by bisection. A rate above what the engines
-  sustain at their most sequences has no steady state: that point is infeasible, with the rate it could take.
+- TPOT = t / E, t the mean iteration time at that mix; throughput n E / t per engine;
+- TTFT = the iterations that carry the request's own chunks beside the other sequences' decodes and the other
+  prompts' chunks of the moment, plus (open loop) the rest of the iteration in flight when it arrives (E[t^2] /
+  2 E[t]: an arrival lands in a long iteration more often), plus (closed loop with more clients than seats) the wait
+  for a seat;
+- n and the rate from the load: a concurrency gives n (within max_num_seqs, the KV cache and the token budget) and
+  the rate n / (a request's time in the engine); a rate gives n by Little's law, n = rate x (TTFT + (osl - 1) x
+  TPOT), solved by Brent's method. A rate above what the engines sustain at their most sequences has no steady
+  state: that point is infeasible, with the rate it could take.
 
-It is the zero-queue model of aiconfigurator: no spread, so every percentile equals the mean, and no preemption.
-The event simulation (`dse.serving.events`) gives both; at low load the two agree.
+It is the zero-queue model aiconfigurator uses, with the iteration mix and the arrival's wait above: no spread, so
+every percentile equals the mean, no queue behind other prompts for the token budget, and no preemption. The event
+simulation (`dse.serving.events`) gives all three; at low load the two agree (tests/test_serving.py).
 """
 
 import math
@@ -108,6 +113,9 @@ class Held:
     iteration_s: float
     ttft_s: float
     tpot_s: float
+    residual_s: float
+    """The mean rest of the iteration in flight that a request arriving at random meets: E[t^2] / (2 E[t]) over
+    the iterations' times (renewal theory: an arrival lands in a long iteration more often than in a short one)."""
 
     def residence_s(self, load: Load) -> float:
         """A request's time in the engine: its prompt, then its output tokens after the first."""
@@ -135,20 +143,38 @@ def state(engine: Engine, time: IterationTime, n: float, load: Load, others: Oth
     decoding = _decodes(engine, held, load)
     beside = _decodes(engine, max(n - 1.0, 0.0), load)
     if engine.chunked_prefill:
-        room = engine.max_batched_tokens - beside.decode_tokens
-        ttft = sum(time(_with_prefill(beside, c, chunk_pairs(c, p), 1.0)) for c, p in _chunks(engine, load.isl, room))
         pairs_per_token = chunk_pairs(load.isl, 0.0) / load.isl
         budget = max(engine.max_batched_tokens - decoding.decode_tokens, 0.0)
-        t = time(decoding)
+        chunk = min(load.isl, engine.prefill_chunk, budget)
+
+        def carrying(base: IterationShape, chunks: float, own: tuple[float, float] | None = None) -> float:
+            """An iteration of `base`'s decodes, `chunks` of the others' prompt chunks (within the budget) and,
+            given as (tokens, cached), a chunk of the request's own prompt."""
+            mine, cached = own or (0.0, 0.0)
+            room = max(engine.max_batched_tokens - base.decode_tokens - mine, 0.0)
+            tokens = min(chunks * chunk, room)
+            pairs = tokens * pairs_per_token + chunk_pairs(mine, cached) * (mine > 0)
+            return time(_with_prefill(base, tokens + mine, pairs, chunks + (mine > 0)))
+
+        t, ttft, chunks = time(decoding), 0.0, 0.0
         for _ in range(FIXED_POINT_ROUNDS):
-            rate = others(ttft, t / e)
-            tokens = min(rate * load.isl * t, budget)
-            t, previous = time(_with_prefill(decoding, tokens, tokens * pairs_per_token, rate * t)), t
+            # Prompts come in chunks, not spread thinly over every iteration: a share of the iterations carries
+            # one chunk more than the rest, and the roofline is not linear (a few tokens ride free beside the
+            # weights' read, a chunk does not), so the mean iteration is the mix of the two. The request's own
+            # chunks share their iterations with the other prompts' chunks of the moment.
+            room = engine.max_batched_tokens - beside.decode_tokens
+            ttft = sum(carrying(beside, chunks, own) for own in _chunks(engine, load.isl, room))
+            chunks = others(ttft, t / e) * load.isl * t / chunk if chunk > 0 else 0.0
+            whole, share = math.floor(chunks), chunks - math.floor(chunks)
+            low, high = carrying(decoding, whole), carrying(decoding, whole + 1)
+            t, previous = (1 - share) * low + share * high, t
             if _converged(previous, t):
                 break
-        return Held(n, t, ttft, t / e)
+        residual = ((1 - share) * low * low + share * high * high) / (2 * t)
+        return Held(n, t, ttft, t / e, residual)
     t = time(decoding)
     ttft = time(IterationShape(0.0, 0.0, 0.0, load.isl, chunk_pairs(load.isl, 0.0), 1.0))
+    residual = t / 2  # an arrival waits for the decode iteration in flight; prompts' iterations come first
 
     def shortfall(tpot: float) -> float:
         """TPOT less what the decodes take beside the share of time spent on others' prompts at that TPOT."""
@@ -158,9 +184,9 @@ def state(engine: Engine, time: IterationTime, n: float, load: Load, others: Oth
     while shortfall(high) < 0:  # others' prompts take more than the decodes leave: a slower TPOT sends fewer
         high *= 2
         if high > STALL_LIMIT * t:
-            return Held(n, t, ttft, math.inf)
+            return Held(n, t, ttft, math.inf, residual)
     tpot = low if shortfall(low) >= 0 else brentq(shortfall, low, high, rtol=TOLERANCE)
-    return Held(n, t, ttft, tpot)
+    return Held(n, t, ttft, tpot, residual)
 
 
 def closed(engine: Engine, time: IterationTime, n: float, load: Load) -> Steady:
@@ -204,9 +230,10 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
 
 def _arriving(engine: Engine, time: IterationTime, n: float, load: Load, rate: float) -> tuple[Held, float]:
     """The open loop at n held, and a request's wait on arrival: while an iteration runs (a share min(n, 1) of the
-    time) it waits for the rest of it, half of it on average."""
+    time) it waits for the rest of it (`Held.residual_s`). A closed loop's request is sent as its client's last
+    one finishes, at the end of an iteration, and waits for none."""
     s = state(engine, time, n, load, lambda ttft, tpot: rate)
-    return s, min(n, 1.0) * s.iteration_s / 2
+    return s, min(n, 1.0) * s.residual_s
 
 
 def metrics(steady: Steady, engines: int, gpus: int, slo: dict[str, float]) -> dict[str, float]:

@@ -198,8 +198,6 @@ def test_uncapturable_model_fails_with_one_line_naming_the_module(generator):
 
 
 def test_what_it_does_not_build_is_named(generator):
-    with pytest.raises(InfeasibleError, match=r"field 'workload\.mode'"):
-        generator.generate(point({**FACTORY, "workload.mode": "decode"}))
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.tp_comm_overlap'"):
         generator.generate(point(tp=2, sp=True, tp_comm_overlap=True))
     with pytest.raises(InfeasibleError, match=r"field 'parallel\.cp'"):

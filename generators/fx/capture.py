@@ -42,8 +42,9 @@ from dse.limits import MAX_WORLD
 from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.attention import fused_attention
-from generators.fx.kv_heads import ReplicatedKeyValue
+from generators.fx.kv_heads import ReplicatedKeyValue, ShardedCache
 from generators.fx.layouts import in_names_of
+from generators.fx.models.hf import allocate_cache
 from generators.fx.moe_plan import moe_plan
 from generators.fx.recompute import Checkpointed, needs_checkpoint
 
@@ -132,6 +133,8 @@ def tp_plan(block: nn.Module, sp: bool, kv_heads: int, ep_mesh: DeviceMesh | Non
         plan[inner] = ColwiseParallel()
     for inner in ("attention.wk", "attention.wv"):
         plan[inner] = ReplicatedKeyValue(kv_heads)
+    if "attention.cache" in names:  # a decoding block's KV cache (generators/fx/models/layers.py's KVCache)
+        plan["attention.cache"] = ShardedCache(kv_heads)
     for inner in ("attention.wo", *(f"{m}.w2" for m in mlp)):
         plan[inner] = RowwiseParallel(output_layouts=output)
     # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
@@ -168,7 +171,28 @@ class BranchInput(PrepareModuleInput):
         return (*super()._prepare_input_fn(inputs[:1], device_mesh), *inputs[1:]) if inputs else inputs
 
 
-def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tuple[tuple, dict]:
+def step_inputs(built: nn.Module, name: str, workload: WorkloadSpec) -> tuple[torch.Tensor, ...]:
+    """The model's arguments for a step of the workload, on meta: its micro-batch's tokens [batch, seq_len]; in
+    decode, gpt-fast's decoding call (`generators.fx.factories`): one new token per sequence [batch, 1] and its
+    position [1], the last of the seq_len the model's KV caches hold. A CaptureError when the model's forward does
+    not take them."""
+    batch = workload.micro_batch
+    if workload.mode != "decode":
+        return (torch.zeros(batch, workload.seq_len, dtype=torch.long, device="meta"),)
+    position = torch.full((1,), workload.seq_len - 1, dtype=torch.long, device="meta")
+    inputs = torch.zeros(batch, 1, dtype=torch.long, device="meta"), position
+    try:
+        inspect.signature(built.forward).bind(*inputs)
+    except TypeError:
+        raise CaptureError(
+            f"model factory '{name}': {type(built).__name__}.forward(tokens) does not take a decoding step's "
+            "(tokens, input_pos); give it that signature and a KV cache when built for a decode workload (see "
+            "generators/fx/factories.py), or use generator symbolic"
+        ) from None
+    return inputs
+
+
+def _block_arguments(model: nn.Module, inputs: tuple[torch.Tensor, ...], index: int) -> tuple[tuple, dict]:
     kept: dict[str, Any] = {}
 
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -177,7 +201,7 @@ def _block_arguments(model: nn.Module, tokens: torch.Tensor, index: int) -> tupl
 
     hook = model.layers[index].register_forward_pre_hook(keep, with_kwargs=True)
     try:
-        model(tokens)
+        model(*inputs)
     except _BlockCalled:
         pass
     finally:
@@ -224,9 +248,8 @@ def capture_layer(
         built, layers = built_on_meta(factory, model, workload, index + 1)
         parameters = sum(p.numel() for p in built.parameters())
         block = layers[index]
-        tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
         with fused_attention():
-            args, kwargs = _block_arguments(built, tokens, index)
+            args, kwargs = _block_arguments(built, step_inputs(built, name, workload), index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             plan = tp_plan(block, sp, model.n_kv_heads, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
@@ -237,6 +260,8 @@ def capture_layer(
                 )
             if plan:
                 parallelize_module(block, mesh["tp"], plan)
+            heads = max(model.n_kv_heads, tp) // tp
+            allocate_cache(kwargs, index, x.new_empty((x.shape[0], heads, 1, model.d_head)))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
             checkpointed = train and needs_checkpoint(recompute, regather=sp and tp > 1)
             captured = Checkpointed(block, recompute) if checkpointed else block
@@ -290,8 +315,12 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
 
         return compiler
 
+    # an inference graph keeps the in-place updates of its inputs (a KV cache's append) as copies into them
     return aot_autograd(
-        fw_compiler=keep("forward"), bw_compiler=keep("backward"), partition_fn=min_cut_rematerialization_partition
+        fw_compiler=keep("forward"),
+        bw_compiler=keep("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+        keep_inference_input_mutations=True,
     )
 
 

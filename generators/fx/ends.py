@@ -40,6 +40,7 @@ from generators.fx.capture import (
     fake_world,
     mesh_of,
     run_compiled,
+    step_inputs,
     what_failed,
 )
 from generators.fx.layouts import in_names_of
@@ -68,8 +69,8 @@ class _Prologue(nn.Module):
         super().__init__()
         self.model, self.seam = model, seam
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.model(tokens)
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        self.model(*inputs)
         return self.seam.reached[-1]
 
 
@@ -78,13 +79,13 @@ class _Epilogue(nn.Module):
         super().__init__()
         self.model, self.train_loss, self.tp_group = model, train, tp_group
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         """`hidden` is the seam's `given` too, set before the call: a graph input the seam hands on (set here, it
-        would be a side effect, which checkpointing refuses)."""
-        logits = self.model(tokens)
+        would be a side effect, which checkpointing refuses); `inputs`, the model's (`step_inputs`)."""
+        logits = self.model(*inputs)
         if not self.train_loss:
             return logits
-        return cross_entropy(logits, tokens, self.tp_group)  # the tokens stand for the targets
+        return cross_entropy(logits, inputs[0], self.tp_group)  # the tokens stand for the targets
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp_group: str | None) -> torch.Tensor:
@@ -172,21 +173,20 @@ def capture_end(
         seam = _Seam()
         del layers[1:]
         layers[0] = seam
-        tokens = torch.zeros(workload.micro_batch, workload.seq_len, dtype=torch.long, device="meta")
+        inputs = step_inputs(built, name, workload)
         if tp > 1:
             parallelize_module(built, mesh["tp"], ends_plan(built, end, sp))
         with fused_attention():
             if end == PROLOGUE:
                 captured: nn.Module = _Prologue(built, seam)
-                inputs: tuple = (tokens,)
-                local: tuple[int, ...] = tuple(tokens.shape)
+                local: tuple[int, ...] = tuple(inputs[0].shape)
             else:
                 dtype = next(p for p in built.parameters()).dtype
-                seq = workload.seq_len // tp if sp and tp > 1 else workload.seq_len
+                seq = inputs[0].shape[1] // tp if sp and tp > 1 else inputs[0].shape[1]
                 local = (workload.micro_batch, seq, model.hidden)
                 hidden = torch.empty(local, dtype=dtype, device="meta", requires_grad=train)
                 group = mesh["tp"].get_group().group_name if tp > 1 else None
-                captured, inputs = _Epilogue(built, train, group), (hidden, tokens)
+                captured, inputs = _Epilogue(built, train, group), (hidden, *inputs)
                 seam.given = hidden
                 if train and needs_checkpoint("none", regather=sp and tp > 1):
                     captured = Checkpointed(captured, "none")  # the final norm's output gathered again in backward

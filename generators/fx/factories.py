@@ -2,7 +2,12 @@
 for a user's installed code (the one place a study names an import path: the model's code is the user's own).
 
 A factory is `factory(model: ModelSpec, workload: WorkloadSpec) -> torch.nn.Module`: a module whose
-`forward(tokens)` returns logits and whose `layers` is the nn.ModuleList of its transformer blocks.
+`forward(tokens)` returns logits and whose `layers` is the nn.ModuleList of its transformer blocks. For a decode
+workload it builds the model with a KV cache of workload.seq_len tokens for each of workload.micro_batch sequences,
+and its `forward(tokens, input_pos)` is gpt-fast's decoding step: tokens [batch, 1], one new token per sequence, at
+positions input_pos [1] (seq_len - 1, the cache's last slot), whose keys and values each block writes to its cache
+in place before attending over all of it (`generators.fx.models`: a cache module `attention.cache` of buffers
+[batch, seq, kv_heads, head_dim], split over tp like the heads; Hugging Face's StaticCache).
 
 `check` is the generator's pre-flight: each factory a study's points name is imported and called on the meta
 device in a child process (`python -m generators.fx.factories`), whose prints cannot reach our stdout (a

@@ -29,15 +29,14 @@ from dse.errors import InfeasibleError
 from dse.modelstats import LayerKind, layer_kinds
 from dse.spec import DesignPoint
 from dse.workload import Block, Workload
-from generators.fx.capture import capture_layer
+from generators.fx.capture import CaptureError, capture_layer
 from generators.fx.ends import EPILOGUE, PROLOGUE, capture_end
 from generators.fx.factories import check, factory_name, resolve
 from generators.fx.fsdp import with_fsdp
 from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
-from generators.fx.scaling import HIGH, LOW, along_batch
+from generators.fx.scaling import CONTEXTS, along, capture_batches
 from generators.symbolic.blocks import LayerKey, Modules, Traced, split_weight_gradients
-from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, _Builder
-from generators.symbolic.skeleton import schedule_affinity
+from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, SymbolicGenerator, _Builder
 from generators.symbolic.tracing import ModuleTracer
 
 CAPTURE_CACHE_SIZE = 32
@@ -49,7 +48,6 @@ def unsupported(point: DesignPoint) -> str | None:
     """What of the point the fx generator does not build yet (its captured layer would not stand for it)."""
     p, m = point.parallel, point.model
     checks = {
-        "workload.mode": (point.workload.mode == "decode", "train or prefill"),
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
@@ -73,12 +71,15 @@ class CapturedPieces:
     """With `recompute_every` > 1, the layers captured without recompute, for the layers the policy skips."""
 
 
-def _swapped(blocks: list[Block], traced: Traced, lowered: LoweredLayer, done: set[int]) -> Traced:
+def _swapped(
+    blocks: list[Block], traced: Traced, lowered: LoweredLayer, done: set[int], decode: bool = False
+) -> Traced:
     """A symbolic module's blocks in `blocks` replaced by the lowered ones: the forward and backward, and the variants
     some ZeRO-3 schedules run (a forward that finds the weights still gathered, a backward that leaves its gradients
     unreduced until the step's last), each with the symbolic block's FSDP ops; its saved activations the
-    captured forward's. `done`: the blocks already swapped (a layer and its unrecomputed variant share their
-    forward), which it adds to."""
+    captured forward's, and in `decode` its KV cache the state the captured forward updates (a prefill's model
+    writes no cache, so its cache stays the symbolic module's). `done`: the blocks already swapped (a layer and its
+    unrecomputed variant share their forward), which it adds to."""
     forward = lowered.forward.block
     backward = None if lowered.backward is None else lowered.backward.block
     variants = ((traced.forward, forward), (traced.held_forward, forward))
@@ -93,7 +94,8 @@ def _swapped(blocks: list[Block], traced: Traced, lowered: LoweredLayer, done: s
         for index, half in zip((traced.backward, traced.backward_weight), halves, strict=True):
             if half is not None:
                 blocks[index] = replace(half, name=blocks[index].name)
-    return replace(traced, saved_bytes=lowered.forward.saved_bytes)
+    cache = lowered.forward.state_bytes if decode else traced.cache_bytes
+    return replace(traced, saved_bytes=lowered.forward.saved_bytes, cache_bytes=cache)
 
 
 class _CapturedModules(ModuleTracer):
@@ -106,9 +108,10 @@ class _CapturedModules(ModuleTracer):
     def modules(self, keys: list[LayerKey]) -> Modules:
         modules = super().modules(keys)
         blocks, done, pieces = list(modules.blocks), set(), self.pieces
+        decode = self.point.workload.mode == "decode"
         layers = {}
         for key, traced in modules.layers.items():
-            layers[key] = _swapped(blocks, traced, pieces.layers[key[0]], done)
+            layers[key] = _swapped(blocks, traced, pieces.layers[key[0]], done, decode)
             if traced.unrecomputed is not None:
                 assert pieces.plain_layers is not None
                 plain = _swapped(blocks, traced.unrecomputed, pieces.plain_layers[key[0]], done)
@@ -122,6 +125,16 @@ class _FxBuilder(_Builder):
     def __init__(self, point: DesignPoint, pieces: CapturedPieces) -> None:
         super().__init__(point)
         self.tracing = _CapturedModules(point, pieces)
+
+
+def _capture_batches(point: DesignPoint, piece: str, index: int) -> tuple[int, int]:
+    """The micro-batches a piece is scaled from (`scaling.capture_batches`): a MoE layer's by its experts' capacity
+    on the tokens of a sequence the rank routes (one in decode, a sequence shard under SP)."""
+    m, w, p = point.model, point.workload, point.parallel
+    if piece not in (LAYER, PLAIN_LAYER) or m.moe is None or layer_kinds(m)[index][1] != "moe":
+        return capture_batches(1)
+    tokens = 1 if w.mode == "decode" else w.seq_len // (p.tp if p.sp else 1)
+    return capture_batches(tokens, m.moe.experts, m.moe.top_k)
 
 
 class FxGenerator:
@@ -165,14 +178,26 @@ class FxGenerator:
         return {kind: self._piece(point, piece, kinds.index(kind)) for kind in dict.fromkeys(kinds)}
 
     def _piece(self, point: DesignPoint, piece: str, index: int = 0) -> LoweredLayer:
-        """The lowered piece (LAYER, PLAIN_LAYER with block `index`; PROLOGUE, EPILOGUE) of the point: captured at its
-        micro-batch up to HIGH, beyond that scaled from the captures at LOW and HIGH where they agree in structure
-        (`scaling`), else captured at it."""
-        batch = point.workload.micro_batch
-        if batch <= HIGH:
+        """The lowered piece (LAYER, PLAIN_LAYER with block `index`; PROLOGUE, EPILOGUE) of the point: a decoding
+        layer at a context beyond CONTEXTS from the line through it at those (`scaling`), and at each context by
+        `_at_batch`."""
+        w = point.workload
+        if w.mode == "decode" and piece in (LAYER, PLAIN_LAYER) and w.seq_len > CONTEXTS[1]:
+            at = (point.model_copy(update={"workload": w.model_copy(update={"seq_len": c})}) for c in CONTEXTS)
+            low, high = (self._at_batch(p, piece, index) for p in at)
+            scaled = along(low, high, w.seq_len, CONTEXTS, "keys")
+            if scaled is not None:
+                return scaled
+        return self._at_batch(point, piece, index)
+
+    def _at_batch(self, point: DesignPoint, piece: str, index: int) -> LoweredLayer:
+        """The piece at the point's micro-batch: captured up to the larger of its `capture_batches`, beyond that
+        scaled from the captures at those where they agree in structure (`scaling`), else captured at it."""
+        batch, batches = point.workload.micro_batch, _capture_batches(point, piece, index)
+        if batch <= batches[1]:
             return self._captured(point, batch, piece, index)
-        low, high = self._captured(point, LOW, piece, index), self._captured(point, HIGH, piece, index)
-        scaled = along_batch(low, high, batch)
+        low, high = (self._captured(point, b, piece, index) for b in batches)
+        scaled = along(low, high, batch, batches)
         return scaled if scaled is not None else self._captured(point, batch, piece, index)
 
     def _captured(self, point: DesignPoint, batch: int, piece: str, index: int = 0) -> LoweredLayer:
@@ -184,8 +209,10 @@ class FxGenerator:
         layer = piece in (LAYER, PLAIN_LAYER)
         recompute = p.recompute if piece == LAYER else "none"  # the ends are never recomputed
         ep = p.ep if layer else 1  # the ends hold no experts
+        # a decoding step's ends see one token per sequence and no cache: one capture serves every context
+        context = None if w.mode == "decode" and not layer else w.seq_len
         key = (LAYER if layer else piece, name, point.model.model_dump_json(), index, p.tp, p.sp and p.tp > 1, ep)
-        key += (batch, w.seq_len, fuse, recompute, train)
+        key += (batch, context, fuse, recompute, w.mode)
         lowered = self._pieces.get(key)
         if lowered is None:
             start = time.perf_counter()
@@ -198,6 +225,11 @@ class FxGenerator:
             shape, axes = captured.input_shape, captured.axes
             label = LAYER if layer else piece
             forward = lower_forward(captured.forward, f"{label}.forward", axes, shape, fuse)
+            if layer and w.mode == "decode" and not forward.state_bytes:
+                raise CaptureError(
+                    f"model factory '{name}': its block updates no KV cache when decoding; build the model with one "
+                    "for a decode workload (see generators/fx/factories.py), or use generator symbolic"
+                )
             backward = None
             if captured.backward is not None:
                 backward = lower_backward(captured.backward, captured.forward, f"{label}.backward", axes, shape, fuse)
@@ -209,7 +241,8 @@ class FxGenerator:
 
     @staticmethod
     def affinity(point: DesignPoint) -> tuple:
-        return (point.parallel.tp, point.parallel.sp, point.parallel.ep, *schedule_affinity(point))
+        """The symbolic generator's (a serving point's is its steps'), after the captures' tp, sp and ep."""
+        return (point.parallel.tp, point.parallel.sp, point.parallel.ep, *SymbolicGenerator.affinity(point))
 
     @staticmethod
     def preflight(points: Sequence[DesignPoint]) -> None:

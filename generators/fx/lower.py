@@ -10,10 +10,15 @@ Each node is one of:
 - a compute op: FLOPs from torch.utils.flop_counter's registry where it has a formula (matmuls), our own for
   fused attention (symbolic's convention, with its AttentionShape), norms, softmax and elementwise ops; HBM bytes
   the tensors it reads and writes; a GEMM's (batch, m, n, k).
+- an in-place update of an input: an inference graph keeps its mutations of its inputs (a decoding layer's append
+  to its KV cache) as the functional op (`index_copy`, `index_put`, ...) that makes the updated tensor and a `copy_`
+  back into the input, which inductor turns into the in-place op again: one kernel that reads and writes the values
+  it writes (category 'other', as the symbolic generator's cache write), not the whole input; the copy is free.
 Placeholders are the call's inputs (BLOCK_INPUT): the layer input and the weights in forward, the output gradient
-and the saved activations in backward. Intermediate tensors live from their op to their last reader; the peak
-of those alive at once is the block's temporary memory, and what the forward hands to backward (its outputs after
-the first, weights aside) is the layer's saved activations.
+and the saved activations in backward; those a graph updates in place are state it holds (`state_bytes`).
+Intermediate tensors live from their op to their last reader; the peak of those alive at once is the block's
+temporary memory, and what the forward hands to backward (its outputs after the first, weights aside) is the
+layer's saved activations.
 """
 
 import operator
@@ -68,6 +73,8 @@ class LoweredGraph:
     block: Block
     saved_bytes: float
     """Forward only: bytes of the activations the forward keeps for backward (weights aside)."""
+    state_bytes: float = 0.0
+    """Bytes of the floating-point inputs the graph updates in place: the KV cache a decoding layer appends to."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,7 @@ class _Lowering:
         """The nodes (and their own ops) of the fused kernel that is the last op, while it may take more."""
         self.ready: dict[fx.Node, frozenset[int]] = {}
         self.root: dict[fx.Node, fx.Node] = {}
+        self.updates = _updates(gm)
 
     def deps(self, nodes: Iterable[fx.Node]) -> tuple[int, ...]:
         return tuple(sorted(set().union(*(self.ready.get(n, frozenset()) for n in nodes))))
@@ -132,12 +140,22 @@ class _Lowering:
 
     def lower(self, node: fx.Node) -> None:
         packet, inputs = _packet(node), _inputs(node)
-        if packet in FREE or node.target is operator.getitem:
+        if packet in FREE or node.target is operator.getitem or _copied_back(node, self.updates):
             self.ready[node] = frozenset(self.deps(inputs))
             self.root[node] = self.root.get(inputs[0], node) if inputs else node
             return
         deps, out = self.deps(inputs), node.meta.get("val")
         reads = sum(_nbytes(n.meta.get("val")) for n in dict.fromkeys(inputs))
+        target = self.updates.get(node)
+        if target is not None:  # in place: what it reads besides its target, and its values written
+            others = [n.meta.get("val") for n in dict.fromkeys(inputs) if self.root.get(n, n) is not target]
+            written = _nbytes([t for t in _tensors(others) if t.is_floating_point()])
+            op = Op(f"{self.name}.{node.name}", OpKind.COMPUTE, "other", bytes=_nbytes(others) + written,
+                    out_bytes=written, deps=deps)  # fmt: skip
+            self.ops.append(op)
+            self.fused = []
+            self.ready[node], self.root[node] = frozenset((len(self.ops) - 1,)), target
+            return
         if packet in COLLECTIVES:
             kind = COLLECTIVES[packet]
             group = node.args[-1]
@@ -189,6 +207,9 @@ class _Lowering:
         if packet in NORMS:
             normed = float(node.args[0].meta["val"].numel())
             return Op(name, OpKind.COMPUTE, "norm", flops=NORMS[packet] * normed, **common)
+        if packet is aten.embedding:  # a lookup reads the rows it gathers (and their indices), not the whole table
+            looked_up = _nbytes(node.args[1].meta.get("val")) + written
+            return Op(name, OpKind.COMPUTE, "embedding", **(common | {"bytes": looked_up + written}))
         if packet in EMBEDDINGS:
             return Op(name, OpKind.COMPUTE, "embedding", **common)
         flops = 0.0 if packet in COPIES else PER_ELEMENT.get(packet, 1.0) * elements
@@ -227,6 +248,18 @@ class _Lowering:
             peak = max(peak, live)
             live -= sum(frees.pop(order[node], []))
         return peak
+
+
+def _updates(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
+    """The in-place updates of the graph's inputs: the node making the updated tensor -> the input it updates (a
+    `copy_` of that node into a placeholder)."""
+    copies = (n for n in gm.graph.nodes if n.op == "call_function" and _packet(n) is aten.copy_)
+    return {n.args[1]: n.args[0] for n in copies if n.args[0].op == "placeholder" and isinstance(n.args[1], fx.Node)}
+
+
+def _copied_back(node: fx.Node, updates: dict[fx.Node, fx.Node]) -> bool:
+    """Whether a node is the copy of an in-place update into its input (free: the update wrote it there)."""
+    return _packet(node) is aten.copy_ and updates.get(node.args[1]) is node.args[0]
 
 
 def _in_norm(node: fx.Node) -> bool:
@@ -269,7 +302,9 @@ def lower_forward(
     weights = {n for n in placeholders if n is not _input_placeholder(placeholders, input_shape)}
     saved = {lowering.root.get(n, n) for n in outputs[1:] if isinstance(n, fx.Node)}
     saved_bytes = sum(_nbytes(n.meta.get("val")) for n in saved if n not in weights)
-    return LoweredGraph(block, saved_bytes)
+    state = [n.meta.get("val") for n in set(lowering.updates.values())]
+    state_bytes = _nbytes([t for t in _tensors(state) if t.is_floating_point()])  # a cache's position counter aside
+    return LoweredGraph(block, saved_bytes, state_bytes)
 
 
 def lower_backward(

@@ -7,6 +7,7 @@ module names (model.layers[i].self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj;
 mlp.experts.{gate_up_proj,down_proj}), which its config's `base_model_tp_plan` targets, not torchtitan's.
 """
 
+import inspect
 from typing import Any
 
 import torch
@@ -21,16 +22,21 @@ class HFCausalLM(nn.Module):
     """A Hugging Face causal LM behind the reference-model interface: tokens [batch, seq] -> logits, blocks as
     `.layers` (the Hugging Face model's own ModuleList, not a copy)."""
 
-    def __init__(self, causal_lm: nn.Module) -> None:
+    def __init__(self, causal_lm: nn.Module, cache: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.hf = causal_lm
+        self.hf, self.cache = causal_lm, cache
+        """Decoding: the StaticCache, by the keyword the causal LM takes it by."""
 
     @property
     def layers(self) -> nn.ModuleList:
         return self.hf.model.layers
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.hf(input_ids=tokens, use_cache=False).logits
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [batch, seq] from position 0; decoding, tokens [batch, 1] at positions `input_pos` [1], the
+        StaticCache's last slot (`generators.fx.factories`)."""
+        if self.cache is None or input_pos is None:
+            return self.hf(input_ids=tokens, use_cache=False).logits
+        return self.hf(input_ids=tokens, position_ids=input_pos.unsqueeze(0), use_cache=True, **self.cache).logits
 
 
 def _refuse(m: ModelSpec, why: str) -> None:
@@ -84,9 +90,26 @@ def causal_attention(
     `is_causal` (the fused op) and the block's inputs carry no mask. Looked up at call time, so that
     `generators.fx.attention.fused_attention` routes it."""
     out = F.scaled_dot_product_attention(
-        query, key, value, is_causal=True, scale=kwargs.get("scaling"), enable_gqa=key.shape[1] != query.shape[1]
+        query,
+        key,
+        value,
+        is_causal=query.shape[2] > 1,
+        scale=kwargs.get("scaling"),
+        enable_gqa=key.shape[1] != query.shape[1],
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def allocate_cache(block_kwargs: dict[str, Any], index: int, like: torch.Tensor) -> None:
+    """Hugging Face's StaticCache allocates a layer's keys and values at their first update: inside a captured
+    block, a fresh tensor that the graph fills, not the cache the step holds. Allocated here first, after keys
+    `like` one token's [batch, heads, 1, head_dim] (the rank's heads under tensor parallelism), the block's cache is
+    an input its graph updates in place, as a decoding step's is. Nothing for a block called without a
+    StaticCache."""
+    cache = block_kwargs.get("cache", block_kwargs.get("past_key_values"))  # its name from transformers 5.2x on
+    layers = getattr(cache, "layers", None)
+    if layers is not None and not getattr(layers[index], "is_initialized", True):
+        layers[index].lazy_initialization(like, like)
 
 
 def hf(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
@@ -100,4 +123,9 @@ def hf(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:
     transformers.AttentionInterface.register(CAUSAL_ATTENTION, causal_attention)
     config = hf_config(model, workload)
     cls = transformers.MixtralForCausalLM if model.moe else transformers.LlamaForCausalLM
-    return HFCausalLM(cls._from_config(config, dtype=dtype_of(model), attn_implementation=CAUSAL_ATTENTION))
+    causal_lm = cls._from_config(config, dtype=dtype_of(model), attn_implementation=CAUSAL_ATTENTION)
+    if workload.mode != "decode":
+        return HFCausalLM(causal_lm)
+    # transformers 5.2x renamed past_key_values to cache (the old name warns until 5.40)
+    keyword = "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+    return HFCausalLM(causal_lm, {keyword: transformers.StaticCache(config=config, max_cache_len=workload.seq_len)})

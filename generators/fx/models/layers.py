@@ -2,7 +2,8 @@
 DTensor TP plan written for torchtitan targets these modules unchanged.
 
 Everything here takes its sizes from a `ModelSpec` and nothing from a checkpoint; every module builds on the meta
-device (no weights allocated) and keeps no state that depends on the batch, so one model serves every batch size.
+device (no weights allocated) and keeps no state that depends on the batch, so one model serves every batch size,
+but for a decoding model's KV caches (`KVCache`: gpt-fast's, sized for the step's batch and context).
 Attention derives its local head count from the tensor it receives (`view(b, s, -1, head_dim)`), which is what
 lets `ColwiseParallel` on wq/wk/wv split the heads without the module knowing the TP degree.
 """
@@ -64,32 +65,59 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return rotated.flatten(3).type_as(x)
 
 
+class KVCache(nn.Module):
+    """A decoding layer's keys and values of `batch` sequences of `seq_len` tokens, [batch, seq_len, kv_heads,
+    head_dim] each (the symbolic generator's b t g d), as buffers (gpt-fast's KVCache): a captured step has them as
+    inputs it updates in place, and a tensor-parallel plan splits their heads as it splits wk's and wv's."""
+
+    def __init__(self, m: ModelSpec, batch: int, seq_len: int) -> None:
+        super().__init__()
+        shape = (batch, seq_len, m.n_kv_heads, m.d_head)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype_of(m)), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype_of(m)), persistent=False)
+
+    def update(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new keys and values [batch, new, heads, head_dim] written at `positions` [new]; the whole cache."""
+        self.k.index_copy_(1, positions, k)
+        self.v.index_copy_(1, positions, v)
+        return self.k, self.v
+
+
 class Attention(nn.Module):
-    """Grouped-query attention: wq/wk/wv/wo projections, RoPE on queries and keys, one fused causal SDPA call.
+    """Grouped-query attention: wq/wk/wv/wo projections, RoPE on queries and keys, one fused causal SDPA call; with a
+    `cache` (decoding), the new token's keys and values appended to it and its query attending over all of it.
 
     Keys and values keep their n_kv_heads heads into the kernel (`enable_gqa=True`): the captured graph shows one
     fused attention op and no copies of K/V per query head, as a GPU's FlashAttention runs it."""
 
-    def __init__(self, m: ModelSpec) -> None:
+    def __init__(self, m: ModelSpec, cache: KVCache | None = None) -> None:
         super().__init__()
         self.head_dim = m.d_head
+        self.cache = cache
         self.wq = linear(m, m.hidden, m.heads * m.d_head, m.bias)
         self.wk = linear(m, m.hidden, m.n_kv_heads * m.d_head, m.bias)
         self.wv = linear(m, m.hidden, m.n_kv_heads * m.d_head, m.bias)
         self.wo = linear(m, m.heads * m.d_head, m.hidden, m.bias)
 
-    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor | None) -> torch.Tensor:
-        """x [batch, seq, hidden]; freqs_cis: the RoPE table (`rope_table`), None for learned positions. The
-        signature is torchtitan's, so its PrepareModuleInput layouts for (x, freqs_cis) apply."""
+    def forward(
+        self, x: torch.Tensor, freqs_cis: torch.Tensor | None, input_pos: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x [batch, seq, hidden]; freqs_cis: the RoPE table from position 0, or from the first new token's when
+        decoding (`rope_table`), None for learned positions. The signature is torchtitan's, so its
+        PrepareModuleInput layouts for (x, freqs_cis) apply. Decoding, x is one token per sequence at `input_pos`
+        [1], the cache's last slot: the cache then holds the step's whole context, which its query sees unmasked."""
         b, s, _ = x.shape
         q, k, v = (proj(x).view(b, s, -1, self.head_dim) for proj in (self.wq, self.wk, self.wv))
         if freqs_cis is not None:
             q, k = apply_rope(q, freqs_cis), apply_rope(k, freqs_cis)
+        if self.cache is not None:
+            assert input_pos is not None and s == 1, "a decoding layer takes one new token per sequence"
+            k, v = self.cache.update(input_pos, k, v)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
             v.transpose(1, 2),
-            is_causal=True,
+            is_causal=self.cache is None,
             scale=1.0 / math.sqrt(self.head_dim),
             enable_gqa=True,
         )

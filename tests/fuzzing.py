@@ -109,6 +109,7 @@ def serving_points() -> list[dict[str, Any]]:
         "arrival": "uniform",
         "requests": 200,
         "seed": 1,
+        "warmup": 0.1,
         "depth": "events",
         "scheduler": {"max_num_seqs": 32, "max_batched_tokens": 256, "chunked_prefill": True, "prefill_chunk": 32},
         "kv_cache": {"block_tokens": 16, "memory_fraction": 0.8, "dtype": "fp8"},

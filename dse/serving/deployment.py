@@ -117,7 +117,7 @@ def latencies(point: DesignPoint, generator: WorkloadGenerator, cost_model: Cost
     steady.seats(engine, load_of(serving))  # an engine that cannot seat one request cannot serve at any depth
     if serving.concurrency is not None:  # a steady point may have more clients than its default stream measures
         serving = serving.model_copy(update={"requests": max(serving.requests, 2 * serving.concurrency)})
-    return events.simulate(requests(serving), engine, prices.time, clients=serving.concurrency)
+    return events.simulate(requests(serving), engine, prices.time, serving.concurrency, serving.warmup)
 
 
 def serve(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> ServingResult:
@@ -136,7 +136,7 @@ def serve(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostMode
             found = steady.steady_state(engine, prices.time, load if rate is None else replace(load, rate_per_s=rate))
             return steady.metrics(found, engine.engines, point.parallel.world, spec.slo)
         steady.seats(engine, load)
-        stats = events.simulate(requests(spec), engine, prices.time, clients=spec.concurrency)
+        stats = events.simulate(requests(spec), engine, prices.time, spec.concurrency, spec.warmup)
         return events.metrics(stats, point.parallel.world, spec.slo or None)
 
     if serving.max_rate:

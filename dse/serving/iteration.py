@@ -26,7 +26,6 @@ With pipeline stages, an engine keeps `pp` micro-batches in flight (vLLM's virtu
 iteration is its pass through every stage, which is the step of one micro-batch the generator builds.
 """
 
-import bisect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -68,16 +67,24 @@ def _attention_seconds(result: SimResult) -> float:
 
 
 def _bracket(value: float) -> tuple[int, int]:
-    """The grid points at or below and at or above `value` (>= 1)."""
-    i = bisect.bisect_left(GRID, value)
-    if i < len(GRID) and GRID[i] == value:
-        return GRID[i], GRID[i]
-    return GRID[max(i - 1, 0)], GRID[min(i, len(GRID) - 1)]
+    """The grid points at or below and at or above `value` (1 <= value <= the grid's last), by arithmetic: the
+    event simulation asks this of every iteration."""
+    base = 1 << (int(value).bit_length() - 1)  # the power of two at or below
+    if value == base:
+        return base, base
+    middle = 3 * base // 2 if base > 1 else 2
+    if value < middle:
+        return base, middle
+    if value == middle:
+        return middle, middle
+    return middle, 2 * base
 
 
 def nearest(value: float) -> int:
     """The grid point nearest `value` in ratio."""
-    low, high = _bracket(max(value, 1.0))
+    if value <= 1.0:
+        return 1
+    low, high = _bracket(value)
     return low if value * value <= low * high else high
 
 
@@ -88,6 +95,9 @@ class IterationPricer:
         assert point.workload.serving is not None
         self.point, self.generator, self.cost_model = point, generator, cost_model
         self._steps = steps
+        self._rates: dict[tuple, float] = {}
+        self._by_tokens: dict[float, float] = {}
+        """What time() reads of the steps, by grid point: the event simulation asks for thousands of iterations."""
         model = point.model
         kv_dtype = point.workload.serving.kv_cache.dtype or model.dtype
         self.kv_scale = DTYPE_BYTES[kv_dtype] / model.dtype_bytes
@@ -120,22 +130,34 @@ class IterationPricer:
         return at_low + share * (self._linear_at(high) - at_low)
 
     def _linear_at(self, tokens: int) -> float:
-        step = self.step("decode", tokens, 1)
-        return step.time_s - step.attention_s
+        found = self._rates.get(("linear", tokens))
+        if found is None:
+            step = self.step("decode", tokens, 1)
+            found = self._rates["linear", tokens] = step.time_s - step.attention_s
+        return found
 
-    def decode_attention_per_kv_token(self, seqs: int, context: float) -> float:
+    def decode_attention_per_kv_token(self, seqs: float, context: float) -> float:
         b, t = nearest(seqs), nearest(context)
-        return self.kv_scale * self.step("decode", b, t).attention_s / (b * t)
+        found = self._rates.get(("decode", b, t))
+        if found is None:
+            found = self._rates["decode", b, t] = self.kv_scale * self.step("decode", b, t).attention_s / (b * t)
+        return found
 
     def prefill_attention_per_pair(self, pairs_per_chunk: float) -> float:
         s = nearest(math.sqrt(2.0 * pairs_per_chunk))
-        return self.step("prefill", 1, s).attention_s / (s * (s + 1) / 2)
+        found = self._rates.get(("prefill", s))
+        if found is None:
+            found = self._rates["prefill", s] = self.step("prefill", 1, s).attention_s / (s * (s + 1) / 2)
+        return found
 
     def time(self, shape: IterationShape) -> float:
         """Seconds of one engine iteration of this shape (`dse.serving.shapes.IterationTime`)."""
-        if shape.tokens == 0:
+        tokens = shape.tokens
+        if tokens == 0:
             return 0.0
-        seconds = self.linear(shape.tokens)
+        seconds = self._by_tokens.get(tokens)
+        if seconds is None:  # an event simulation's iterations repeat their token counts
+            seconds = self._by_tokens[tokens] = self.linear(tokens)
         if shape.decode_seqs:
             context = shape.decode_kv_tokens / shape.decode_seqs
             seconds += self.decode_attention_per_kv_token(shape.decode_seqs, context) * shape.decode_kv_tokens
@@ -162,7 +184,9 @@ class IterationPricer:
 
 Steps = dict[tuple[str, int, int], PricedStep]
 """Priced steps of one instance by (mode, batch, seq_len)."""
-_STEPS: OrderedDict[tuple, Steps] = OrderedDict()
+_STEPS: OrderedDict[tuple, tuple[WorkloadGenerator, CostModel, Steps]] = OrderedDict()
+"""Priced steps by instance, generator and cost model; an entry holds the two plugins, so that their ids in its key
+cannot be another's while it lives."""
 
 
 def pricer(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> IterationPricer:
@@ -179,11 +203,11 @@ def pricer(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostMod
         point.workload.kernels,
         point.workload.attention_kernel,
     )
-    steps = _STEPS.get(key)
-    if steps is None:
-        steps = _STEPS[key] = {}
+    entry = _STEPS.get(key)
+    if entry is None:
+        entry = _STEPS[key] = (generator, cost_model, {})
         if len(_STEPS) > CACHED_INSTANCES:
             _STEPS.popitem(last=False)
     else:
         _STEPS.move_to_end(key)
-    return IterationPricer(point, generator, cost_model, steps)
+    return IterationPricer(point, generator, cost_model, entry[2])

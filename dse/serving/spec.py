@@ -8,7 +8,7 @@ free_gpu_memory_fraction, tokens_per_block).
 
 from typing import Annotated, Literal
 
-from annotated_types import Ge, Gt, Le
+from annotated_types import Ge, Gt, Le, Lt
 from pydantic import Field, model_validator
 
 from dse.fields import Count, Spec
@@ -21,7 +21,7 @@ MAX_REQUESTS = 1_000_000
 """Requests one event simulation may run (an event simulation of 10,000 takes a few seconds)."""
 MAX_RATE_PER_S = 1e6
 REQUESTS = 2000
-"""Requests an event simulation runs by default: its p99 rests on the 18 slowest of the 1,800 measured."""
+"""Requests an event simulation runs by default: its p99 rests on the 20 slowest."""
 
 
 class LengthsSpec(Spec):
@@ -138,9 +138,7 @@ class ServingSpec(Spec):
         "over the rate, each probe at the point's depth) and report the point at it; needs slo, and neither "
         "rate_per_s nor concurrency",
     )
-    requests: Annotated[Count, Le(MAX_REQUESTS)] = Field(
-        REQUESTS, description="requests the event simulation runs (the first tenth is warm-up, not measured)"
-    )
+    requests: Annotated[Count, Le(MAX_REQUESTS)] = Field(REQUESTS, description="requests the event simulation runs")
     depth: Literal["steady", "events"] = Field(
         "steady",
         description="steady: a closed form from the load to the iteration time to the latencies (no queueing, no "
@@ -148,6 +146,12 @@ class ServingSpec(Spec):
         "preemption, for percentiles",
     )
     seed: Annotated[int, Ge(0), Le(2**31)] = Field(0, description="seed of the request stream")
+    warmup: Annotated[float, Ge(0), Lt(1)] = Field(
+        0.0,
+        description="share of the first requests (arrivals; in a closed loop, completions) the event simulation "
+        "leaves out of its measurement; 0: every one, as benchmark_serving and genai-perf measure, the first wave of "
+        "a closed loop's clients (all sending at once) included",
+    )
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
     speculative: SpeculativeSpec | None = None
@@ -196,6 +200,7 @@ class ServingSpec(Spec):
                 "seed": self.seed != 0,
                 "arrival": self.arrival != "poisson",
                 "lengths": self.lengths.distribution != "fixed",
+                "warmup": self.warmup != 0.0,
             }
             ignored = next((name for name, set_ in spread.items() if set_), None)
             if ignored is not None:

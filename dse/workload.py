@@ -433,6 +433,11 @@ class Workload:
     attention_kernel: str = "auto"
     """The fused attention kernel the step runs (WorkloadSpec.attention_kernel): with the ops' AttentionShape, what
     a cost model prices attention by."""
+    framework_allreduce: bool = False
+    """The step runs in a serving framework (prefill and decode steps), whose tensor-parallel all-reduce within a
+    node is its own kernel (TensorRT-LLM's one-shot and two-shot all-reduce, vLLM's and SGLang's custom all-reduce)
+    where that is faster than NCCL's: a cost model with the framework's measured table prices it by the faster of
+    the two at each size, as the frameworks' automatic strategy picks."""
 
     def ranks_of(self, rank_class: int) -> np.ndarray:
         return np.flatnonzero(self.class_of == rank_class)

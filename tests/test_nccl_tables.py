@@ -125,10 +125,12 @@ def test_a_first_dimension_of_another_bandwidth_scales_the_measured_time():
     assert collective_time("all_gather", 1024.0, [(fast, 8)], node) == pytest.approx(small, rel=0.01)
 
 
-def h100_node(nccl: NcclTables | None, **parallel):
+def h100_node(nccl: NcclTables | None, overrides: dict | None = None, **parallel):
     """tiny-llama on one DGX H100 node, GEMMs from the H100 tables, collectives within the node from `nccl`."""
     tables = {**GEMMS, **({} if nccl is None else {"nccl": nccl.model_dump()})}
-    overrides = {"system.accelerator.kernel_source": "tables", "system.accelerator.kernel_tables": tables}
+    overrides = {"system.accelerator.kernel_source": "tables", "system.accelerator.kernel_tables": tables} | (
+        overrides or {}
+    )
     system = {"base": "dgx-h100", "network": {1: {"npus": 1}}}
     return make_point(system=system, global_batch=8, overrides=overrides, **parallel)
 
@@ -163,6 +165,34 @@ def test_a_tp_all_reduce_on_8_h100s_is_the_tables_row():
     for system, source in ((point.system, NCCL_TABLE), (modelled.system, "")):
         events = AnalyticalCostModel(timeline=True).simulate(workload, system).timeline
         assert {e.source for e in events if e.category == "all_reduce"} == {source}
+
+
+def test_a_serving_steps_tp_all_reduce_is_the_faster_of_nccl_and_the_frameworks_own():
+    """A decode step runs in a serving framework: its TP all-reduces of one token x 256 wide (256 bf16 elements) on
+    8 H100s are TensorRT-LLM's one-shot all-reduce row (3.1 us), not NCCL's (15.6 us); the same all-reduces in a
+    training step stay NCCL's, and a size where NCCL is the faster keeps NCCL's."""
+    decode = h100_node(H100, tp=8, overrides={"workload.mode": "decode"})
+    workload = SymbolicGenerator().generate(decode)
+    assert workload.framework_allreduce
+    collection = KernelTables.model_validate(GEMMS)
+    custom = pq.read_table(table_file(collection, "comm", "custom_allreduce_perf", "test")).to_pandas()
+    custom = custom[(custom["num_gpus"] == 8) & (custom["allreduce_dtype"] == "bfloat16")]
+    custom = custom.groupby("message_size")["latency"].median() * 1e-3
+    nccl = rows("h100_sxm", H100)
+    nccl = nccl[(nccl["op_name"] == "all_reduce") & (nccl["num_gpus"] == 8)].set_index("message_size")["latency"]
+    pricer = BlockPricer(workload, decode.system)
+    sizes = set()
+    for index, block in enumerate(workload.blocks):
+        for op, seconds in zip(block.ops, pricer.durations(index, 0), strict=True):
+            if op.kind is OpKind.COLLECTIVE and op.category == "all_reduce" and op.axis == "tp":
+                elements = op.comm_bytes / 2
+                assert seconds == min(custom[elements], nccl[elements]) == custom[elements] < nccl[elements]
+                sizes.add(elements)
+    assert sizes == {256.0}
+    nodes = MeasuredCollectives.of(decode.system.accelerator, framework=True)
+    assert nodes is not None and nodes.seconds(Collective.ALL_REDUCE, 8, 2 * 2**21) == nccl[2**21] < custom[2**21]
+    train = h100_node(H100, tp=8)
+    assert not SymbolicGenerator().generate(train).framework_allreduce
 
 
 def test_the_network_models_nvlink_efficiencies_against_the_tables():

@@ -142,21 +142,60 @@ def node_tables(accelerator: "AcceleratorSpec") -> tuple[str, NcclTables] | None
 
 class MeasuredCollectives:
     """Prices the collectives of a group within one node from the node's NCCL tables (`seconds`, in the node as
-    measured; the network model scales them to a first dimension of another bandwidth)."""
+    measured; the network model scales them to a first dimension of another bandwidth), and, for a step a serving
+    framework runs, its all-reduces by the faster of NCCL and the framework's own all-reduce kernel where the
+    collection timed it (`Workload.framework_allreduce`)."""
 
-    def __init__(self, system: str, nccl: NcclTables) -> None:
+    def __init__(self, system: str, nccl: NcclTables, framework: KernelTables | None = None) -> None:
         collection = KernelTables.model_construct(system=system, framework="nccl", version=nccl.version)
         self.table = nccl_table(table_file(collection, "comm", "nccl_perf", FIELD))
         self.bandwidth_GBps = nccl.bandwidth_GBps
         """The measured node's line rate per GPU and direction."""
+        self.framework = None if framework is None else framework_allreduce(framework)
+        """The serving framework's all-reduce curves by GPU count, if asked for and collected."""
 
     @classmethod
-    def of(cls, accelerator: "AcceleratorSpec") -> "MeasuredCollectives | None":
-        """The accelerator's node tables, or None when it prices nothing from them (the network model does)."""
+    def of(cls, accelerator: "AcceleratorSpec", framework: bool = False) -> "MeasuredCollectives | None":
+        """The accelerator's node tables (with `framework`, its kernel tables' framework's all-reduce too), or None
+        when it prices nothing from them (the network model does)."""
         found = node_tables(accelerator)
-        return None if found is None else cls(*found)
+        if found is None:
+            return None
+        return cls(*found, accelerator.kernel_tables if framework else None)
 
     def seconds(self, kind: Collective, gpus: int, size: float) -> float | None:
         """Seconds of a collective of `size` bytes over `gpus` GPUs of the measured node, or None where the table
         has no rows for it (a broadcast; 3, 5, 6 or 7 GPUs)."""
-        return self.table.seconds(kind, gpus, size)
+        nccl = self.table.seconds(kind, gpus, size)
+        custom = self.framework.get(gpus) if self.framework is not None and kind is Collective.ALL_REDUCE else None
+        if custom is None or size > custom.sizes[-1]:
+            return nccl
+        return custom.at(size) if nccl is None else min(nccl, custom.at(size))
+
+
+CUSTOM_ALLREDUCE = "custom_allreduce_perf"
+"""The serving framework's all-reduce table in a collection's comm/<framework>/<version>/ folder: its own kernels'
+latency (milliseconds) by GPU count and message size in bf16 elements."""
+
+
+def framework_allreduce(tables: KernelTables) -> dict[int, SizeCurve]:
+    """The collection's framework all-reduce curves by GPU count (bytes, seconds); empty where it has none (a
+    collection whose framework did not time one: then NCCL prices every all-reduce)."""
+    try:
+        path = table_file(tables, "comm", CUSTOM_ALLREDUCE, FIELD)
+    except SpecError:
+        return {}
+    return _framework_curves(*file_state(path))
+
+
+@lru_cache(maxsize=16)
+def _framework_curves(path: Path, size: int, mtime_ns: int) -> dict[int, SizeCurve]:
+    rows = pq.read_table(path, columns=["allreduce_dtype", "num_gpus", "message_size", "latency"]).to_pandas()
+    rows = rows[rows["allreduce_dtype"] == "bfloat16"]
+    medians = rows.groupby(["num_gpus", "message_size"])["latency"].median()
+    curves = {}
+    for gpus, curve in medians.groupby(level=0):
+        if len(curve) > 1:
+            sizes = curve.index.get_level_values(1) * ELEMENT_BYTES
+            curves[int(gpus)] = SizeCurve(tuple(map(float, sizes)), tuple(float(t) * LATENCY_UNIT_S for t in curve))
+    return curves

@@ -86,6 +86,7 @@ class _Builder:
             m.dtype,
             steady,
             point.workload.attention_kernel,
+            framework_allreduce=point.workload.mode != "train",
         )
 
     def _backward_gathers(self) -> set[int]:

@@ -28,7 +28,7 @@ class BlockPricer:
         self._workload = workload
         self._system = system
         self._model = ComputeModel(system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
-        self._node = MeasuredCollectives.of(system.accelerator)
+        self._node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
         self._compute: dict[int, list[float]] = {}
         self.sources: dict[int, list[str]] = {}
         """Per block, what priced each compute op ('table', 'gemm_table', 'roofline', ...; '' for communication)."""

@@ -1,6 +1,8 @@
 """Serving points priced by the steady state: its closed forms (memory-bound decode, KV capacity, compute-bound
 prefill), its load behaviour, and the spec's refusals."""
 
+from pathlib import Path
+
 import pytest
 
 from dse import plugins
@@ -8,6 +10,8 @@ from dse.errors import InfeasibleError, SpecError
 from dse.modelstats import param_count
 from dse.point.evaluate import evaluate
 from dse.point.points import build_point, expand
+from dse.search.decoding import vary
+from dse.search.space import load_study
 from dse.serving.deployment import ServingResult
 from dse.serving.iteration import pricer
 
@@ -174,3 +178,9 @@ def test_the_event_simulation_agrees_with_the_steady_state_at_low_load_and_queue
     busy = {**serving, "rate_per_s": 0.9 * capacity["max_rate_per_s"], "depth": "events", "requests": 400}
     queued = metrics_of(serve_point(busy, dp=2))
     assert queued["ttft_p99_s"] > 3 * events["ttft_p99_s"]
+
+
+@pytest.mark.parametrize("study", sorted((Path(__file__).parents[1] / "studies" / "serving").glob("*.yaml")))
+def test_the_shipped_serving_studies_load(study):
+    spec = load_study(study)
+    assert all(point.workload.mode == "serve" for _, _, point in vary(spec) if not isinstance(point, str))

@@ -30,8 +30,8 @@ from dse.serving.shapes import Engine, IterationTime, Requests
 POINT = {
     "model": "llama3-8b",
     "workload": {"mode": "serve", "serving": {"isl": 1000, "osl": 1000, "concurrency": 256}},
-    "parallel": {"dp": 1},
-    "system": {"base": "dgx-h100", "network": [{"topology": "switch", "npus": 1, "bandwidth_GBps": 450}]},
+    "parallel": {"dp": 8},
+    "system": {"base": "dgx-h100", "network": {1: {"npus": 1}}},
 }
 """Llama-3-8B on one catalog H100: its iterations priced as a serving point's are (measured GEMM tables)."""
 

@@ -168,6 +168,8 @@ def case_of(row: dict[str, str]) -> Case | str:
             "max_num_seqs": harness.max_num_seqs or concurrency,
             "max_batched_tokens": tokens,
             "chunked_prefill": harness.chunked_prefill,
+            # TensorRT-LLM's default capacity policy, GUARANTEED_NO_EVICT, reserves prompt + output per request
+            "admission": "reserve" if row["backend"] == "trtllm" else "grow",
         },
         "kv_cache": {"memory_fraction": harness.memory_fraction, "dtype": harness.kv_dtype},
     }

@@ -184,3 +184,18 @@ def test_the_event_simulation_agrees_with_the_steady_state_at_low_load_and_queue
 def test_the_shipped_serving_studies_load(study):
     spec = load_study(study)
     assert all(point.workload.mode == "serve" for _, _, point in vary(spec) if not isinstance(point, str))
+
+
+def test_reserving_admission_never_preempts_and_seats_fewer():
+    """A cache of about 40 requests' prompts: vLLM's growing admission seats more and preempts as outputs grow;
+    TensorRT-LLM's reserving admission holds prompt + output from the start, seats fewer and preempts none. The
+    steady state seats the reserving engine at its cache over prompt + output + half a block."""
+    serving = {"isl": 1024, "osl": 1024, "concurrency": 64, "kv_cache": {"memory_fraction": 0.31}}
+    events = {**serving, "depth": "events", "requests": 256}
+    reserve = {"scheduler": {"admission": "reserve"}}
+    grow, held = metrics_of(serve_point(events)), metrics_of(serve_point({**events, **reserve}))
+    assert grow["preemptions"] > 0 and held["preemptions"] == 0
+    assert held["concurrency_mean"] < grow["concurrency_mean"]
+    steady = metrics_of(serve_point({**serving, **reserve}))
+    seats = steady["kv_capacity_tokens"] / (1024 + 1024 + 16 / 2)
+    assert 1 < seats < 64 and steady["concurrency_mean"] == pytest.approx(seats)

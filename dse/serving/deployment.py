@@ -67,6 +67,7 @@ def engine_of(point: DesignPoint, capacity_tokens: int) -> Engine:
         max_seqs=max(scheduler.max_num_seqs // pp, 1),
         max_batched_tokens=scheduler.max_batched_tokens,
         chunked_prefill=scheduler.chunked_prefill,
+        reserve=scheduler.admission == "reserve",
         prefill_chunk=scheduler.chunk,
         kv_capacity_tokens=capacity_tokens // pp,
         kv_block_tokens=serving.kv_cache.block_tokens,

@@ -99,7 +99,9 @@ class _EngineState:
     admission order (allocated the same way); then waiting requests FCFS while the budget, max_seqs and free blocks
     allow, stopping at the first that does not fit. Decodes are never cut by the token budget (vLLM requires
     max_num_batched_tokens >= max_num_seqs). Without chunked prefill (vLLM V0) an iteration prefills whole prompts
-    only, if the first waiting one fits, else decodes only."""
+    only, if the first waiting one fits, else decodes only. With `Engine.reserve` (TensorRT-LLM's
+    GUARANTEED_NO_EVICT) a request is admitted only with blocks for its whole prompt and output, and so never needs
+    another block or preempts."""
 
     def __init__(self, flow: _Flow, engine: Engine):
         self.flow = flow
@@ -109,6 +111,7 @@ class _EngineState:
         self.chunk = engine.prefill_chunk
         self.block = engine.kv_block_tokens
         self.width = 1 + engine.draft_tokens
+        self.reserve = engine.reserve
         self.gain = engine.tokens_per_decode
         self.free = engine.kv_capacity_tokens // engine.kv_block_tokens
         self.most_blocks = math.ceil(max(self.gain, 2.0) / self.block)
@@ -193,7 +196,7 @@ class _EngineState:
             if flow.phase[rid] != _DECODING or flow.cross_step[rid] != step:
                 continue  # preempted, possibly for an older sequence of this list, and maybe decoding again
             base = flow.isl[rid] + flow.generated[rid]
-            held = math.ceil((base + (step - flow.since[rid]) * gain) / block - _EPS)
+            held = max(math.ceil((base + (step - flow.since[rid]) * gain) / block - _EPS), flow.blocks[rid])
             need = held - flow.blocks[rid]
             if need > self.free and not self._make_room(rid, need, now):
                 continue
@@ -228,7 +231,7 @@ class _EngineState:
                 break
             rid = self.waiting[0]
             chunk = min(flow.target[rid], self.chunk, budget)
-            need = self._blocks(chunk)
+            need = self._reserved(rid) if self.reserve else self._blocks(chunk)
             if need > self.free:
                 break
             self._admit(rid, need)
@@ -239,12 +242,17 @@ class _EngineState:
         flow = self.flow
         while self.waiting and len(self.running) < self.max_seqs:
             rid = self.waiting[0]
-            need = self._blocks(flow.target[rid])
+            need = self._reserved(rid) if self.reserve else self._blocks(flow.target[rid])
             if need > self.free or (self.tokens and self.tokens + flow.target[rid] > self.max_tokens):
                 break
             self._admit(rid, need)
             self._add_chunk(rid, flow.target[rid])
         return self.tokens > 0
+
+    def _reserved(self, rid: int) -> int:
+        """The blocks a request holds from admission to its end when admission reserves them: its prompt and
+        output (TensorRT-LLM's GUARANTEED_NO_EVICT); it never needs another, so nothing is preempted."""
+        return self._blocks(self.flow.isl[rid] + self.flow.osl[rid])
 
     def _admit(self, rid: int, blocks: int) -> None:
         flow = self.flow

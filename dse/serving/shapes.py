@@ -84,6 +84,10 @@ class Engine:
     """KV-cache tokens the engine holds (its share of the instance's paged cache)."""
     kv_block_tokens: int
     """Tokens per KV-cache block: a sequence holds ceil(context / block) blocks."""
+    reserve: bool = False
+    """Admission reserves a request's whole prompt + output of KV blocks, so that no sequence is ever preempted
+    (TensorRT-LLM's GUARANTEED_NO_EVICT); False: blocks are allocated as the context grows and the newest sequence
+    is preempted when none is free (vLLM's)."""
     draft_tokens: int = 0
     """Speculative decoding (MTP): tokens drafted per decode step, verified in the same forward; 0: none."""
     acceptance: float = 0.0

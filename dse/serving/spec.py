@@ -46,15 +46,21 @@ class LengthsSpec(Spec):
 
 class SchedulerSpec(Spec):
     """Continuous batching as vLLM, SGLang and TensorRT-LLM run it, per instance: decodes first, then prompt chunks
-    within the token budget, new requests admitted first come first served while seats and KV blocks last; when
-    the cache is full the most recently admitted request gives its blocks back and is prefilled again later
-    (vLLM's recompute preemption)."""
+    within the token budget, new requests admitted first come first served while seats and KV blocks last; under
+    `admission: grow`, when the cache is full the most recently admitted request gives its blocks back and is
+    prefilled again later (vLLM's recompute preemption)."""
 
     max_num_seqs: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(
         256, description="sequences an instance runs at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size)"
     )
     max_batched_tokens: Tokens = Field(
         8192, description="tokens one iteration may process (vLLM max_num_batched_tokens, TensorRT-LLM max_num_tokens)"
+    )
+    admission: Literal["grow", "reserve"] = Field(
+        "grow",
+        description="grow: a request is admitted with blocks for its first chunk and given more as its context "
+        "grows, the newest preempted when none is free (vLLM, SGLang); reserve: admitted only with blocks for its "
+        "whole prompt and output, never preempted (TensorRT-LLM's default GUARANTEED_NO_EVICT)",
     )
     chunked_prefill: bool = Field(
         True,

@@ -65,11 +65,13 @@ class Steady:
 
 def seats(engine: Engine, load: Load) -> float:
     """Sequences an engine can hold at once: max_num_seqs, the KV cache at the mean context of a sequence (its
-    prompt, half its output, and half a block its last block leaves empty), and, with chunked prefill, the token
+    prompt, half its output, and half a block its last block leaves empty; its whole prompt and output when
+    admission reserves them), and, with chunked prefill, the token
     budget that must carry both the decodes and the prompts replacing those that finish. Fewer than one is an
     InfeasibleError: the engine cannot serve the load at any depth."""
     e = engine.tokens_per_decode
-    kv = engine.kv_capacity_tokens / (load.isl + load.osl / 2 + engine.kv_block_tokens / 2)
+    held = load.isl + (load.osl if engine.reserve else load.osl / 2) + engine.kv_block_tokens / 2
+    kv = engine.kv_capacity_tokens / held
     most = min(engine.max_seqs, kv)
     if engine.chunked_prefill:
         most = min(most, engine.max_batched_tokens / (1 + engine.draft_tokens + (e * load.isl / load.osl)))

@@ -55,11 +55,8 @@ def infeasibility(point: DesignPoint) -> str | None:
             f"model.dtype={m.dtype} but accelerator '{s.accelerator.name}' has no peak_tflops.{m.dtype}; use a dtype "
             f"in {{{', '.join(s.accelerator.peak_tflops)}}} or add its peak to system.accelerator.peak_tflops"
         )
-    if p.world != s.npus:
-        return (
-            f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
-            f"{s.npus} NPUs; choose degrees whose product is {s.npus}"
-        )
+    if (mismatch := _world_mismatch(point)) is not None:
+        return mismatch
     mixers = {mixer for mixer, _ in layer_kinds(m)}
     attention = bool(mixers & {"attn", "mla"})
     if attention and (missing := _missing_attention_kernel(point)) is not None:
@@ -189,14 +186,21 @@ def _missing_attention_kernel(point: DesignPoint) -> str | None:
     return None
 
 
+def _world_mismatch(point: DesignPoint, dp_means: str = "") -> str | None:
+    """Why the parallel degrees do not fill the system, or None."""
+    p, s = point.parallel, point.system
+    if p.world == s.npus:
+        return None
+    return (
+        f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
+        f"{s.npus} NPUs; choose degrees whose product is {s.npus}{dp_means}"
+    )
+
+
 def _serving_infeasibility(point: DesignPoint) -> str | None:
     """A serving deployment fills its system with instances whose steps can run."""
-    p, s = point.parallel, point.system
-    if p.world != s.npus:
-        return (
-            f"parallel.dp*tp*pp*cp = {p.dp}*{p.tp}*{p.pp}*{p.cp} = {p.world} but system '{s.name}' has "
-            f"{s.npus} NPUs; choose degrees whose product is {s.npus} (dp: the instances)"
-        )
+    if (mismatch := _world_mismatch(point, " (dp: the instances)")) is not None:
+        return mismatch
     try:
         step = step_point(point, "decode", 1, 1)
     except InfeasibleError as exc:

@@ -161,21 +161,23 @@ def with_paths_from(folder: Path, expanded: dict[str, Any]) -> dict[str, Any]:
     not changed: they may be a catalog entry's or a study's base."""
     out = expanded
     for field in FILE_FIELDS:
-        *sections, name = field.split(".")
-        nodes = [out]
-        for section in sections:
-            node = nodes[-1].get(section)
-            if not isinstance(node, dict):
-                break
-            nodes.append(node)
-        else:
-            path = nodes[-1].get(name)
-            if isinstance(path, str) and path and not Path(path).is_absolute():
-                value: Any = file_path_from(folder, path)
-                for node, key in zip(reversed(nodes), reversed([*sections, name]), strict=True):
-                    value = {**node, key: value}
-                out = value
+        out = _with_path(out, field.split("."), folder)
     return out
+
+
+def _with_path(node: Any, parts: list[str], folder: Path) -> Any:
+    """`node` with the relative path at `parts` made absolute; the mappings on the way copied, and only if it is."""
+    if not isinstance(node, dict) or parts[0] not in node:
+        return node
+    head, *rest = parts
+    value = node[head]
+    if rest:
+        changed = _with_path(value, rest, folder)
+    elif isinstance(value, str) and value and not Path(value).is_absolute():
+        changed = file_path_from(folder, value)
+    else:
+        return node
+    return node if changed is value else {**node, head: changed}
 
 
 def file_path_from(folder: Path, path: str) -> str:

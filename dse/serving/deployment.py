@@ -17,7 +17,7 @@ from dse.serving.capacity import highest_rate
 from dse.serving.iteration import IterationPricer, nearest, pricer
 from dse.serving.requests import requests
 from dse.serving.shapes import Engine
-from dse.serving.spec import ServingSpec
+from dse.serving.spec import ServingSpec, meets
 from dse.spec import DesignPoint, WorkloadSpec
 from dse.workload import Workload
 
@@ -129,26 +129,27 @@ def serve(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostMode
     prices, engine, capacity, memory = deployment(point, generator, cost_model)
     load = load_of(serving)
     isl, osl = load.isl, load.osl
+    most = steady.seats(engine, load)  # an engine that cannot seat one request cannot serve at any depth
+    gpus = point.parallel.world
 
     def measure(rate: float | None) -> dict[str, float]:
         """The serving metrics at this rate (None: the point's own load)."""
         spec = serving if rate is None else serving.model_copy(update={"rate_per_s": rate})
         if spec.depth == "steady":
-            found = steady.steady_state(engine, prices.time, load if rate is None else replace(load, rate_per_s=rate))
-            return steady.metrics(found, engine.engines, point.parallel.world, spec.slo)
-        steady.seats(engine, load)
+            at = load if rate is None else replace(load, rate_per_s=rate)
+            return steady.metrics(steady.steady_state(engine, prices.time, at), at, engine.engines, gpus, spec.slo)
         stats = events.simulate(requests(spec), engine, prices.time, spec.concurrency, spec.warmup)
-        return events.metrics(stats, point.parallel.world, spec.slo or None)
+        return events.metrics(stats, gpus, spec.slo or None)
 
     if serving.max_rate:
-        full = steady.closed(engine, prices.time, steady.seats(engine, steady.Load(isl, osl)), steady.Load(isl, osl))
+        full = steady.closed(engine, prices.time, most, load)
         rate = highest_rate(
             lambda r: _meets(measure, r, serving.slo), full.requests_per_s * engine.engines, serving.slo
         )
         metrics = measure(rate) | {"max_rate_per_s": rate}
     else:
         metrics = measure(None)
-    peak = point.system.accelerator.peak_flops(point.model.dtype) * point.parallel.world
+    peak = point.system.accelerator.peak_flops(point.model.dtype) * gpus
     metrics["mfu"] = metrics["requests_per_s"] * model_flops_per_request(point, isl, osl) / peak
     metrics["kv_capacity_tokens"] = float(capacity)
     typical = prices.step("decode", nearest(metrics["concurrency_mean"] / engine.engines), nearest(isl + osl / 2))
@@ -168,4 +169,4 @@ def _meets(measure: Callable[[float], dict[str, float]], rate: float, slo: dict[
         found = measure(rate)
     except InfeasibleError:  # beyond what the engines sustain
         return False
-    return all(found[name] <= bound for name, bound in slo.items())
+    return meets(found, slo)

@@ -17,9 +17,9 @@ iteration and what its attention does:
 
 Steps are priced on a grid of shapes (1, 2, 3, 4, 6, 8, 12, ...: two per octave) and cached, so a simulation of
 thousands of iterations prices a few dozen steps: linear(T) is interpolated between the two grid points around T,
-the attention rates read at the grid point nearest the shape. The steps are the point's own: its model, its
-parallel layout (tp, pp, ep) with `dp` instances side by side, its system, its generator and its cost model (the
-measured kernel tables where the accelerator has them, else the roofline), so a serving study prices its
+the attention rates read at the grid point nearest the shape. The steps are the point's own: its model, one
+instance of its parallel layout (tp, pp, ep) on the GPUs it takes (`dse.serving.steps`), its generator and its cost
+model (the measured kernel tables where the accelerator has them, else the roofline), so a serving study prices its
 iterations as consistently as a training study prices its steps.
 
 With pipeline stages, an engine keeps `pp` micro-batches in flight (vLLM's virtual engines): one micro-batch's
@@ -96,8 +96,9 @@ class IterationPricer:
         self.point, self.generator, self.cost_model = point, generator, cost_model
         self._steps = steps
         self._rates: dict[tuple, float] = {}
-        self._by_tokens: dict[float, float] = {}
         """What time() reads of the steps, by grid point: the event simulation asks for thousands of iterations."""
+        self._by_tokens: dict[float, float] = {}
+        """linear() by token count, which an event simulation's iterations repeat."""
         model = point.model
         kv_dtype = point.workload.serving.kv_cache.dtype or model.dtype
         self.kv_scale = DTYPE_BYTES[kv_dtype] / model.dtype_bytes

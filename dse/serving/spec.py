@@ -17,6 +17,13 @@ from dse.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 Tokens = Annotated[Count, Le(MAX_SEQ_LEN)]
 SLO_METRICS = tuple(f"{what}_{stat}_s" for what in ("ttft", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
 """The latency metrics an SLO may bound (`serving.slo`), as the metrics dictionary names them."""
+
+
+def meets(metrics: dict[str, float], slo: dict[str, float]) -> bool:
+    """Whether serving metrics are within every bound of an SLO (`serving.slo`)."""
+    return all(metrics[name] <= bound for name, bound in slo.items())
+
+
 MAX_REQUESTS = 1_000_000
 """Requests one event simulation may run (an event simulation of 10,000 takes a few seconds)."""
 MAX_RATE_PER_S = 1e6
@@ -164,7 +171,7 @@ class ServingSpec(Spec):
     slo: dict[str, Annotated[float, Gt(0)]] = Field(
         default_factory=dict,
         description="latency bounds in seconds by metric (ttft_p99_s: 2.0, tpot_p99_s: 0.05, ...): a request meets "
-        "them for goodput, and serving_slo is the constraint that the deployment does",
+        "them for goodput, and meets_slo is the constraint that the deployment does",
     )
 
     @model_validator(mode="after")

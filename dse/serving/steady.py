@@ -30,6 +30,7 @@ from scipy.optimize import brentq
 
 from dse.errors import InfeasibleError
 from dse.serving.shapes import Engine, IterationShape, IterationTime, chunk_pairs
+from dse.serving.spec import meets
 
 FIXED_POINT_ROUNDS = 50
 STALL_LIMIT = 2**40
@@ -54,21 +55,17 @@ class Steady:
 
     seqs: float
     """Sequences the engine holds (decoding or being prefilled), the mean."""
-    iteration_s: float
     ttft_s: float
     tpot_s: float
-    queue_s: float
-    """Of the TTFT, the wait before the request is admitted (closed loop, clients beyond the engine's seats)."""
-    tokens_per_s: float
     requests_per_s: float
 
 
 def seats(engine: Engine, load: Load) -> float:
     """Sequences an engine can hold at once: max_num_seqs, the KV cache at the mean context of a sequence (its
     prompt, half its output, and half a block its last block leaves empty; its whole prompt and output when
-    admission reserves them), and, with chunked prefill, the token
-    budget that must carry both the decodes and the prompts replacing those that finish. Fewer than one is an
-    InfeasibleError: the engine cannot serve the load at any depth."""
+    admission reserves them), and, with chunked prefill, the token budget that must carry both the decodes and the
+    prompts replacing those that finish. Fewer than one is an InfeasibleError: the engine cannot serve the load at
+    any depth."""
     e = engine.tokens_per_decode
     held = load.isl + (load.osl if engine.reserve else load.osl / 2) + engine.kv_block_tokens / 2
     kv = engine.kv_capacity_tokens / held
@@ -123,8 +120,8 @@ class Held:
         """A request's time in the engine: its prompt, then its output tokens after the first."""
         return self.ttft_s + (load.osl - 1) * self.tpot_s
 
-    def at(self, rate: float, load: Load, wait: float = 0.0) -> Steady:
-        return Steady(self.seqs, self.iteration_s, self.ttft_s + wait, self.tpot_s, wait, rate * load.osl, rate)
+    def at(self, rate: float, wait: float = 0.0) -> Steady:
+        return Steady(self.seqs, self.ttft_s + wait, self.tpot_s, rate)
 
 
 Others = Callable[[float, float], float]
@@ -158,14 +155,14 @@ def state(engine: Engine, time: IterationTime, n: float, load: Load, others: Oth
             pairs = tokens * pairs_per_token + chunk_pairs(mine, cached) * (mine > 0)
             return time(_with_prefill(base, tokens + mine, pairs, chunks + (mine > 0)))
 
+        own_chunks = _chunks(engine, load.isl, engine.max_batched_tokens - beside.decode_tokens)
         t, ttft, chunks = time(decoding), 0.0, 0.0
         for _ in range(FIXED_POINT_ROUNDS):
             # Prompts come in chunks, not spread thinly over every iteration: a share of the iterations carries
             # one chunk more than the rest, and the roofline is not linear (a few tokens ride free beside the
             # weights' read, a chunk does not), so the mean iteration is the mix of the two. The request's own
             # chunks share their iterations with the other prompts' chunks of the moment.
-            room = engine.max_batched_tokens - beside.decode_tokens
-            ttft = sum(carrying(beside, chunks, own) for own in _chunks(engine, load.isl, room))
+            ttft = sum(carrying(beside, chunks, own) for own in own_chunks)
             chunks = others(ttft, t / e) * load.isl * t / chunk if chunk > 0 else 0.0
             whole, share = math.floor(chunks), chunks - math.floor(chunks)
             low, high = carrying(decoding, whole), carrying(decoding, whole + 1)
@@ -196,7 +193,7 @@ def closed(engine: Engine, time: IterationTime, n: float, load: Load) -> Steady:
     in the engine (Little's law), of which the other n - 1 clients send (n - 1) / n. Fewer clients than engines
     leave each engine a share n < 1 of one: it serves one request a share n of the time."""
     s = state(engine, time, n, load, lambda ttft, tpot: max(n - 1.0, 0.0) / (ttft + (load.osl - 1) * tpot))
-    return s.at(n / s.residence_s(load), load)
+    return s.at(n / s.residence_s(load))
 
 
 def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
@@ -209,7 +206,7 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
             return found
         # Clients beyond the seats wait for one: each finishing request frees one (Little's law on the queue).
         queue = (clients - most) / found.requests_per_s
-        return replace(found, ttft_s=found.ttft_s + queue, queue_s=queue)
+        return replace(found, ttft_s=found.ttft_s + queue)
     assert load.rate_per_s is not None
     rate = load.rate_per_s / engine.engines
 
@@ -227,7 +224,7 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
         )
     n = brentq(excess, 0.0, most, xtol=TOLERANCE * most, rtol=TOLERANCE)
     s, wait = _arriving(engine, time, n, load, rate)
-    return s.at(rate, load, wait)
+    return s.at(rate, wait)
 
 
 def _arriving(engine: Engine, time: IterationTime, n: float, load: Load, rate: float) -> tuple[Held, float]:
@@ -238,18 +235,18 @@ def _arriving(engine: Engine, time: IterationTime, n: float, load: Load, rate: f
     return s, min(n, 1.0) * s.residual_s
 
 
-def metrics(steady: Steady, engines: int, gpus: int, slo: dict[str, float]) -> dict[str, float]:
+def metrics(steady: Steady, load: Load, engines: int, gpus: int, slo: dict[str, float]) -> dict[str, float]:
     """The serving metrics of a steady state (the keys of `dse.serving.events.metrics`): no spread, so each
     percentile is the mean, and goodput is every request or none."""
-    tokens = steady.tokens_per_s * engines
     requests = steady.requests_per_s * engines
-    osl = steady.tokens_per_s / steady.requests_per_s
-    values = {"ttft": steady.ttft_s, "tpot": steady.tpot_s, "e2e": steady.ttft_s + (osl - 1) * steady.tpot_s}
+    tokens = requests * load.osl
+    e2e = steady.ttft_s + (load.osl - 1) * steady.tpot_s
+    values = {"ttft": steady.ttft_s, "tpot": steady.tpot_s, "e2e": e2e}
     out: dict[str, float] = {}
     for what, value in values.items():
         for stat in ("mean", "p50", "p90", "p99"):
             out[f"{what}_{stat}_s"] = value
-    met = all(out[name] <= bound for name, bound in slo.items())
+    met = meets(out, slo)
     out |= {
         "tokens_per_s": tokens,
         "tokens_per_s_per_gpu": tokens / gpus,

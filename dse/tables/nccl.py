@@ -152,7 +152,7 @@ class MeasuredCollectives:
         self.bandwidth_GBps = nccl.bandwidth_GBps
         """The measured node's line rate per GPU and direction."""
         self.framework = None if framework is None else framework_allreduce(framework)
-        """The serving framework's all-reduce curves by GPU count, if asked for and collected."""
+        """The serving framework's all-reduce table, if asked for and collected."""
 
     @classmethod
     def of(cls, accelerator: "AcceleratorSpec", framework: bool = False) -> "MeasuredCollectives | None":
@@ -167,7 +167,7 @@ class MeasuredCollectives:
         """Seconds of a collective of `size` bytes over `gpus` GPUs of the measured node, or None where the table
         has no rows for it (a broadcast; 3, 5, 6 or 7 GPUs)."""
         nccl = self.table.seconds(kind, gpus, size)
-        custom = self.framework.get(gpus) if self.framework is not None and kind is Collective.ALL_REDUCE else None
+        custom = None if self.framework is None else self.framework.curves.get((kind, gpus))
         if custom is None or size > custom.sizes[-1]:
             return nccl
         return custom.at(size) if nccl is None else min(nccl, custom.at(size))
@@ -178,24 +178,24 @@ CUSTOM_ALLREDUCE = "custom_allreduce_perf"
 latency (milliseconds) by GPU count and message size in bf16 elements."""
 
 
-def framework_allreduce(tables: KernelTables) -> dict[int, SizeCurve]:
-    """The collection's framework all-reduce curves by GPU count (bytes, seconds); empty where it has none (a
-    collection whose framework did not time one: then NCCL prices every all-reduce)."""
+def framework_allreduce(tables: KernelTables) -> NcclTable:
+    """The collection's framework all-reduce curves (its all-reduce rows, read as the NCCL ones are); none where it
+    has no table (a collection whose framework did not time one: then NCCL prices every all-reduce)."""
     try:
         path = table_file(tables, "comm", CUSTOM_ALLREDUCE, FIELD)
     except SpecError:
-        return {}
-    return _framework_curves(*file_state(path))
+        return NcclTable({})
+    return _framework_table(*file_state(path))
 
 
 @lru_cache(maxsize=16)
-def _framework_curves(path: Path, size: int, mtime_ns: int) -> dict[int, SizeCurve]:
+def _framework_table(path: Path, size: int, mtime_ns: int) -> NcclTable:
     rows = pq.read_table(path, columns=["allreduce_dtype", "num_gpus", "message_size", "latency"]).to_pandas()
     rows = rows[rows["allreduce_dtype"] == "bfloat16"]
-    medians = rows.groupby(["num_gpus", "message_size"])["latency"].median()
-    curves = {}
-    for gpus, curve in medians.groupby(level=0):
-        if len(curve) > 1:
-            sizes = curve.index.get_level_values(1) * ELEMENT_BYTES
-            curves[int(gpus)] = SizeCurve(tuple(map(float, sizes)), tuple(float(t) * LATENCY_UNIT_S for t in curve))
-    return curves
+    return NcclTable.from_rows(
+        rows.assign(
+            op_name=OPS[Collective.ALL_REDUCE],
+            message_size=rows["message_size"] * ELEMENT_BYTES,
+            latency=rows["latency"] * LATENCY_UNIT_S,
+        )
+    )

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from annotated_types import Le
 from pydantic import Field, model_validator
@@ -28,6 +28,7 @@ from dse.fields import (
 )
 from dse.limits import MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH
 from dse.parallel import ParallelSpec
+from dse.routing import RoutingSpec
 from dse.serving.spec import ServingSpec
 from dse.system import SystemSpec
 
@@ -187,6 +188,11 @@ class WorkloadSpec(Spec):
         "the accelerator has its table, else the flat compute_efficiency.attention; framework: the serving "
         "framework's own kernel, read from the measured kernel_tables (prefill and decode only). Needs "
         "model.flash_attention",
+    )
+    routing: RoutingSpec = left_out_at_default(
+        RoutingSpec(),
+        description="a mixture-of-experts model's routing of tokens to its experts: uniform (the default), or the "
+        "busiest expert-parallel rank's skew with its source (dse/routing.py)",
     )
     grad_clip: bool = left_out_at_default(
         True,
@@ -373,9 +379,14 @@ class Reach(IgnoredRule):
 
 
 def default_of(path: str) -> Any:
-    """The default of a field of a point's section, e.g. 'parallel.zero' -> 0."""
-    section, name = path.split(".")
-    return DesignPoint.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
+    """The default of a field of a point, by its dotted path (e.g. 'parallel.zero' -> 0; a section's field within
+    an optional section, 'workload.serving.kind', too)."""
+    *sections, name = path.split(".")
+    model: Any = DesignPoint
+    for part in sections:
+        annotation = model.model_fields[part].annotation
+        model = next(a for a in (annotation, *get_args(annotation)) if isinstance(a, type) and issubclass(a, Spec))
+    return model.model_fields[name].default
 
 
 def _training(mode: str) -> bool:
@@ -443,7 +454,19 @@ REFINEMENTS = (
     Refinement("parallel.overlap_grad_reduce", "workload.mode", _training, TRAINING),
     Refinement("parallel.tp_comm_overlap", "workload.mode", _training, TRAINING),
     Refinement("parallel.sp", "parallel.tp", lambda tp: tp > 1, "parallel.tp above 1"),
+    # One rank holds every expert at ep 1: no rank waits for a busier one (the grouped GEMM's total is the same)
+    Refinement("workload.routing", "model.moe", lambda moe: moe is not None, "a model.moe section"),
+    Refinement("workload.routing", "parallel.ep", lambda ep: ep > 1, "parallel.ep above 1"),
     Refinement("parallel.layer_strategies", "parallel.tp", lambda tp: tp > 1, "parallel.tp above 1"),
+    *(
+        Refinement(
+            f"workload.serving.{name}",
+            "workload.serving.kind",
+            lambda kind: kind == "disaggregated",
+            "workload.serving.kind: disaggregated",
+        )
+        for name in ("decode", "kv_transfer")
+    ),
 )
 REACHES = (
     Reach(
@@ -475,22 +498,34 @@ def without_ignored_settings(point: DesignPoint) -> DesignPoint:
     """The point with every field that would be ignored (see IgnoredRule) set as gives the same step without it,
     its default mostly: a point file that `ignored_setting` accepts. A study may set such a field for the points
     that use it (`fsdp: fsdp1` while searching zero over 1 and 3); its other points are written out without it."""
-    sections: dict[str, dict[str, Any]] = {}
+    updates: dict[str, Any] = {}
     for rule in IGNORED_RULES:
         if rule.ignored(_at(point, rule.field), _at(point, rule.partner)):
-            for path, value in rule.same_step().items():
-                section, name = path.split(".")
-                sections.setdefault(section, {})[name] = value
-    if not sections:
+            updates |= rule.same_step()
+    if not updates:
         return point
-    updates = {section: getattr(point, section).model_copy(update=fields) for section, fields in sections.items()}
+    sections = {name: getattr(point, name) for name in POINT_SECTIONS}
+    for path, value in updates.items():
+        section, *rest = path.split(".")
+        sections[section] = _replaced(sections[section], rest, value)
     # A new instance, not model_copy, which would carry over the cached key of the point it copies.
-    return DesignPoint.model_construct(**{name: updates.get(name, getattr(point, name)) for name in POINT_SECTIONS})
+    return DesignPoint.model_construct(**sections)
+
+
+def _replaced(section: Spec, path: list[str], value: Any) -> Spec:
+    """A copy of `section` with the field at `path` (its names, outermost first) set to `value`."""
+    name, *rest = path
+    return section.model_copy(update={name: _replaced(getattr(section, name), rest, value) if rest else value})
 
 
 POINT_SECTIONS = tuple(DesignPoint.model_fields)
 
 
 def _at(point: DesignPoint, path: str) -> Any:
-    section, name = path.split(".")
-    return getattr(getattr(point, section), name)
+    """The value at a dotted path of the point; a field within an unset optional section is its default."""
+    node: Any = point
+    for name in path.split("."):
+        if node is None:
+            return default_of(path)
+        node = getattr(node, name)
+    return node

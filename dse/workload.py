@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import prod
-from typing import NamedTuple, overload
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -411,6 +411,55 @@ class SteadyForm:
         return isinstance(programs, DeferredPrograms) and programs.unedited()
 
 
+@dataclass(frozen=True)
+class ExpertExchange:
+    """A serving step's MoE dispatch and combine all-to-alls as the serving framework runs them: DeepEP's
+    low-latency kernels in a decode step, its normal (high-throughput) kernels in a prefill step, as SGLang's
+    `--deepep-mode auto` picks. Their time depends on the tokens each rank sends and the layer's shape, which a
+    measured table is read by, not on the bytes the workload gives the op (DeepEP dispatches FP8 copies where the
+    op moves the activations' dtype)."""
+
+    kernel: Literal["low_latency", "normal"]
+    hidden: int
+    top_k: int
+    experts: int
+    copy_bytes: float
+    """Bytes of one token copy as the op's comm_bytes count it (hidden x the activations' itemsize): the op's
+    bytes over top_k copies of this are the tokens a rank sends (its busiest rank's, under a routing skew)."""
+    dispatch: str
+    """The name of the dispatch all-to-all op."""
+    combine: str
+    """The name of the combine all-to-all op."""
+
+    def tokens(self, comm_bytes: float) -> float:
+        """Tokens per rank of an all-to-all of these bytes."""
+        return comm_bytes / (self.top_k * self.copy_bytes)
+
+
+@dataclass(frozen=True)
+class ExpertCompute:
+    """A serving step's routed experts on one rank (their gate/up and down GEMMs and the activation between), which
+    a serving framework runs as one fused MoE kernel: a measured table of that kernel is read by the layer's shape
+    and the tokens the expert-parallel group routes, not by the ops' own sizes."""
+
+    hidden: int
+    width: int
+    """One expert's inner width, unsplit (model.moe.expert_ffn)."""
+    experts: int
+    top_k: int
+    ep: int
+    prefix: str
+    """The names of the block's routed-expert compute ops begin with this."""
+    gemm: str
+    """The name of the gate (first) GEMM: its rows (batch x m) are the token copies the rank's experts receive, and
+    the expert width over its n the tensor-parallel split of the experts."""
+
+    def tokens(self, copies: float) -> float:
+        """Tokens the expert-parallel group routes, of `copies` token copies on the rank: each token sends top_k
+        copies, spread over ep ranks (the busiest rank's copies under a routing skew, so its effective load)."""
+        return copies * self.ep / self.top_k
+
+
 @dataclass
 class Workload:
     """One step of one design point, as the generator sees it and every cost model reads it."""
@@ -438,6 +487,12 @@ class Workload:
     node is its own kernel (TensorRT-LLM's one-shot and two-shot all-reduce, vLLM's and SGLang's custom all-reduce)
     where that is faster than NCCL's: a cost model with the framework's measured table prices it by the faster of
     the two at each size, as the frameworks' automatic strategy picks."""
+    expert_exchange: ExpertExchange | None = None
+    """A serving step's MoE dispatch and combine (None: a training step, or a model without experts over ep): a
+    cost model with the framework's measured DeepEP tables prices them from those."""
+    expert_compute: ExpertCompute | None = None
+    """A serving step's routed experts (None: a training step, or a model without gated experts): a cost model with
+    the framework's measured MoE table prices them from it."""
 
     def ranks_of(self, rank_class: int) -> np.ndarray:
         return np.flatnonzero(self.class_of == rank_class)

@@ -72,9 +72,10 @@ def tiny_points() -> list[dict[str, Any]]:
     """Each tiny catalog model on the 8-NPU test ring, written out whole: every field of the model, workload,
     parallel layout, accelerator and network is in the file, defaults included."""
     parallel = {"tiny-moe": {"dp": 8, "ep": 2}, "tiny-deepseek": {"dp": 8, "ep": 2}}
+    routing = {"tiny-moe": {"routing": {"imbalance": 1.5, "source": "a skew for the fuzzer"}}}
     out = []
     for name in [name for name in catalog.names("models") if name.startswith("tiny-")]:
-        raw = {"model": name, "workload": {"seq_len": 128, "global_batch": 16}}
+        raw = {"model": name, "workload": {"seq_len": 128, "global_batch": 16, **routing.get(name, {})}}
         raw |= {"parallel": parallel.get(name, {"dp": 2, "tp": 2, "pp": 2}), "system": "tiny-ring"}
         point = DesignPoint.model_validate(expand(raw))
         out.append(point.model_dump(mode="json", exclude_none=True))
@@ -99,7 +100,8 @@ def shipped(pattern: str) -> list[dict[str, Any]]:
 
 def serving_points() -> list[dict[str, Any]]:
     """tiny-llama served on the test ring: a rate simulated request by request with every scheduler, cache,
-    speculation and length field set, a trace, the highest rate under an SLO, and clients in a closed loop."""
+    speculation and length field set, a trace, the highest rate under an SLO, clients in a closed loop, and
+    clients of a disaggregated deployment with every decode-pool field set."""
     base = {"model": "tiny-llama", "parallel": {"dp": 4, "tp": 2}, "system": "tiny-ring"}
     events = {
         "isl": 64,
@@ -126,7 +128,12 @@ def serving_points() -> list[dict[str, Any]]:
     highest = {"isl": 64, "osl": 16, "max_rate": True, "slo": {"tpot_mean_s": 0.001}}
     clients = {"isl": 64, "osl": 16, "concurrency": 16}
     sections = (events, trace, highest, clients)
-    return [{**base, "workload": {"mode": "serve", "serving": serving}} for serving in sections]
+    pool = {"dp": 2, "tp": 2, "pp": 1, "ep": 1, "max_num_seqs": 64, "admission": "reserve"}
+    apart = {**clients, "kind": "disaggregated", "kv_transfer": "layers", "decode": pool}
+    return [
+        *({**base, "workload": {"mode": "serve", "serving": serving}} for serving in sections),
+        {**base, "parallel": {"dp": 2, "tp": 2}, "workload": {"mode": "serve", "serving": apart}},
+    ]
 
 
 POINT_SEEDS = [

@@ -166,11 +166,23 @@ def combinations(draw: st.DrawFn) -> bytes:
     dim = draw(settings_of(NetworkDim, [4]))
     point = {"model": model, "workload": workload, "parallel": parallel}
     for rule in REFINEMENTS:  # set only where it takes effect: a combination, not an ignored setting
-        (section, field), (_, partner) = rule.field.split("."), rule.partner.split(".")
-        if not rule.applies(point[section].get(partner, default_of(rule.partner))):
-            point[section].pop(field, None)
+        *sections, field = rule.field.split(".")
+        if not rule.applies(_value_at(point, rule.partner)):
+            owner = _value_at(point, ".".join(sections), None)
+            if isinstance(owner, dict):
+                owner.pop(field, None)
     point["system"] = {"base": "tiny-ring", "network": {0: dim}}
     return yaml.safe_dump(point, sort_keys=False).encode()
+
+
+def _value_at(point: dict, path: str, default: Any = ...) -> Any:
+    """The drawn point's value at a dotted path, or the field's default (or `default`) where it is not drawn."""
+    node: Any = point
+    for name in path.split("."):
+        if not isinstance(node, dict) or name not in node:
+            return default_of(path) if default is ... else default
+        node = node[name]
+    return node
 
 
 def test_combinations_of_strategies_evaluate_or_say_why_not(tmp_path):

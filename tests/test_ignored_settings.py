@@ -85,6 +85,20 @@ weights, at 2 KiB a token): the 8 clients an engine has do not all fit, and how 
 rounding."""
 TRACE = "<a request trace>"
 """Stands for the CSV the test writes (the `trace` fixture)."""
+DISAGGREGATED = {"kind": "disaggregated", "decode": {"dp": 4}}
+DISAGG = {**serving(**DISAGGREGATED), "dp": 4}
+"""Four prefill and four decode instances of one NPU each."""
+BUSY_DISAGG = {**serving(concurrency=64, **DISAGGREGATED), "dp": 4}
+KV_BOUND_DISAGG = {
+    "overrides": {
+        **serving(concurrency=64, scheduler={"max_num_seqs": 64, "max_batched_tokens": 128}, **DISAGGREGATED)[
+            "overrides"
+        ],
+        "system.accelerator.hbm_GiB": 0.564,
+    },
+    "dp": 4,
+}
+"""KV_BOUND's cache on both pools' engines."""
 NO_LENGTHS = {"workload.serving.isl": None, "workload.serving.osl": None}
 
 # field: (the point where it applies, as make_point's arguments; the fields changed on it, dotted -> value). The
@@ -92,6 +106,8 @@ NO_LENGTHS = {"workload.serving.isl": None, "workload.serving.osl": None}
 # unless the arguments say otherwise; a degree or a section changes together with what must change beside it.
 ZERO3, TP2, PP2 = {"zero": 3}, {"dp": 4, "tp": 2}, {"dp": 4, "pp": 2}
 MOE, DEEPSEEK, MAMBA = {"model": "tiny-moe"}, {"model": "tiny-deepseek"}, {"model": "tiny-mamba"}
+SKEW = {"imbalance": 1.5, "source": "a test's skew"}
+EP2, SKEWED = {**MOE, "ep": 2}, {**MOE, "ep": 2, "overrides": {"workload.routing": SKEW}}
 KERNEL_TABLES = {
     f"system.accelerator.attention_kernels.{kernel}{part}": (
         {"overrides": {"workload.attention_kernel": kernel}},
@@ -168,6 +184,36 @@ MEASURED_COLLECTIVES = {
         {"system.accelerator.kernel_tables.nccl.bandwidth_GBps": 900.0},
     ),
 }
+WIDE_MOE = {"model.hidden": 7168, "model.moe": {"experts": 256, "top_k": 8, "expert_ffn": 256}}
+WIDE_EP = {
+    "model": "tiny-moe",
+    "system": {"base": "dgx-h100", "network": {1: {"npus": 2}}},
+    "overrides": {"workload.mode": "decode", **WIDE_MOE},
+    "dp": 16,
+    "ep": 16,
+}
+"""tiny-moe at DeepSeek-V3's MoE shape decoding a token a rank over EP 16 on two DGX H100 nodes: the catalog H100's
+DeepEP tables price its dispatch and combine."""
+ONE_NODE_EP = {**WIDE_EP, "system": DGX, "dp": 8, "ep": 8}
+DEEPEP = {"version": "0.5.6.post2", "scale_up_GBps": 450.0, "scale_out_GBps": 50.0}
+MEASURED_EXCHANGE = {
+    "system.accelerator.kernel_tables.deepep": (
+        {**WIDE_EP, "overrides": {**WIDE_EP["overrides"], "system.accelerator.kernel_tables.deepep": None}},
+        {"system.accelerator.kernel_tables.deepep": DEEPEP},
+    ),
+    "system.accelerator.kernel_tables.deepep.version": (
+        ONE_NODE_EP,
+        {"system.accelerator.kernel_tables.deepep.version": "0.5.12"},  # its rows are one node's
+    ),
+    "system.accelerator.kernel_tables.deepep.scale_up_GBps": (
+        ONE_NODE_EP,  # across nodes the NICs bound the model's all-to-all, whatever NVLink's rate
+        {"system.accelerator.kernel_tables.deepep.scale_up_GBps": 900.0},
+    ),
+    "system.accelerator.kernel_tables.deepep.scale_out_GBps": (
+        WIDE_EP,
+        {"system.accelerator.kernel_tables.deepep.scale_out_GBps": 100.0},
+    ),
+}
 APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "model": ({}, {"model": section("model", "tiny-gpt")}),
     "model.family": ({"model": "tiny-hybrid"}, {"model.family": "llama", "model.ssm": None}),
@@ -220,6 +266,8 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "workload.kernels": ({}, {"workload.kernels": "eager"}),
     "workload.attention_kernel": ({}, {"workload.attention_kernel": "fa3"}),
     "workload.grad_clip": ({}, {"workload.grad_clip": False}),
+    "workload.routing": (EP2, {"workload.routing": SKEW}),
+    "workload.routing.imbalance": (SKEWED, {"workload.routing.imbalance": 2.0}),
     "workload.serving": (SERVE, {"workload.serving": {**SERVING, "isl": 128}}),
     "workload.serving.isl": (SERVE, {"workload.serving.isl": 128}),
     "workload.serving.osl": (SERVE, {"workload.serving.osl": 32}),
@@ -267,6 +315,18 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "workload.serving.speculative.draft_tokens": (SPECULATIVE, {"workload.serving.speculative.draft_tokens": 2}),
     "workload.serving.speculative.acceptance": (SPECULATIVE, {"workload.serving.speculative.acceptance": 0.9}),
     "workload.serving.slo": (SERVE, {"workload.serving.slo": {"ttft_p99_s": 1e-6}}),
+    "workload.serving.kind": (
+        SERVE,
+        {"workload.serving.kind": "disaggregated", "workload.serving.decode": {"dp": 4}, "parallel.dp": 4},
+    ),
+    "workload.serving.kv_transfer": (DISAGG, {"workload.serving.kv_transfer": "layers"}),
+    "workload.serving.decode": (DISAGG, {"workload.serving.decode": {"dp": 2, "tp": 2}}),
+    "workload.serving.decode.dp": (DISAGG, {"workload.serving.decode.dp": 2, "parallel.dp": 6}),
+    "workload.serving.decode.tp": (DISAGG, {"workload.serving.decode.tp": 2, "workload.serving.decode.dp": 2}),
+    "workload.serving.decode.pp": (DISAGG, {"workload.serving.decode.pp": 2, "workload.serving.decode.dp": 2}),
+    "workload.serving.decode.ep": (DISAGG | MOE, {"workload.serving.decode.ep": 2}),
+    "workload.serving.decode.max_num_seqs": (BUSY_DISAGG, {"workload.serving.decode.max_num_seqs": 2}),
+    "workload.serving.decode.admission": (KV_BOUND_DISAGG, {"workload.serving.decode.admission": "reserve"}),
     "parallel": ({}, {"parallel": {"dp": 4, "tp": 2}}),
     "parallel.dp": ({}, {"parallel.dp": 4, "system.network.1.npus": 1}),
     "parallel.tp": ({}, {"parallel.tp": 2, "parallel.dp": 4}),
@@ -329,6 +389,7 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     **KERNEL_TABLES,
     **MEASURED_GEMMS,
     **MEASURED_COLLECTIVES,
+    **MEASURED_EXCHANGE,
     "system.accelerator.clock_share": ({}, {"system.accelerator.clock_share": 0.5}),
     "system.network": (
         {},
@@ -360,7 +421,10 @@ LABELS = {
     "system.accelerator.sources": "where the catalog entry's figures come from",
     "system.accelerator.tdp_W": "the board power the figures were measured at, for the reader: clock_share is what "
     "prices running under a lower power cap",
+    "workload.routing.source": "where the routing imbalance comes from, for the reader",
 }
+LABELLED = {"workload.routing.source": SKEWED}
+"""The point a label is changed on where it needs one beside it (a source needs its imbalance); else tiny-llama."""
 FX_ONLY = {
     "model.fx_factory": ({"model.fx_factory": "fx_tiny_llama:llama"}, {"model.fx_factory": "fx_tiny_llama:softcapped"})
 }
@@ -407,7 +471,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 168
+    assert len(paths) == 184
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 
@@ -422,7 +486,8 @@ def test_a_field_changes_the_priced_result_where_it_applies(field, table):
 @pytest.mark.parametrize("field", sorted(LABELS))
 def test_a_label_changes_no_figure(field):
     value = 123.0 if field.endswith("tdp_W") else ["a source"] if field.endswith("sources") else "another name"
-    assert metrics(build({})) == metrics(build({}, {field: value}))
+    arguments = LABELLED.get(field, {})
+    assert metrics(build(arguments)) == metrics(build(arguments, {field: value}))
 
 
 def test_the_fx_factory_changes_what_the_fx_generator_captures():
@@ -460,6 +525,16 @@ NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         "model.position: rope",
     ),
     "workload.grad_clip without workload.mode": (PREFILL, {"workload.grad_clip": False}, "workload.mode: train"),
+    "workload.serving.decode without workload.serving.kind": (
+        SERVE,
+        {"workload.serving.decode": {"dp": 4}},
+        "workload.serving.kind: disaggregated",
+    ),
+    "workload.serving.kv_transfer without workload.serving.kind": (
+        SERVE,
+        {"workload.serving.kv_transfer": "layers"},
+        "workload.serving.kind: disaggregated",
+    ),
     "workload.attention_kernel without model.flash_attention": (
         {"overrides": {"model.flash_attention": False}},
         {"workload.attention_kernel": "fa3"},
@@ -513,6 +588,8 @@ NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
         for name in ("kv_heads", "head_dim")
     },
     "model.max_seq without model.position": ({}, {"model.max_seq": 4096}, "model.position is 'rope'"),
+    "workload.routing without model.moe": ({}, {"workload.routing": SKEW}, "a model.moe section, and model.moe"),
+    "workload.routing without parallel.ep": (MOE, {"workload.routing": SKEW}, "parallel.ep above 1"),
     "system.accelerator.gemm_tile without sm_count": (
         {"overrides": {"system.accelerator.sm_count": None}},
         {"system.accelerator.gemm_tile": [128, 128]},

@@ -182,8 +182,11 @@ def test_the_event_simulation_agrees_with_the_steady_state_at_low_load_and_queue
 
 @pytest.mark.parametrize("study", sorted((Path(__file__).parents[1] / "studies" / "serving").glob("*.yaml")))
 def test_the_shipped_serving_studies_load(study):
+    """Every shipped serving study loads and its points price inference: deployments under a load, or (STAGE's
+    split) the prefill and decode steps apart."""
     spec = load_study(study)
-    assert all(point.workload.mode == "serve" for _, _, point in vary(spec) if not isinstance(point, str))
+    points = [point for _, _, point in vary(spec) if not isinstance(point, str)]
+    assert points and all(point.workload.mode in ("serve", "prefill", "decode") for point in points)
 
 
 def test_reserving_admission_never_preempts_and_seats_fewer():

@@ -12,7 +12,7 @@ from dse.point.points import build_point, expand
 from dse.results import pareto, sweep_results, tracking
 from dse.results.serving_plots import at_fixed_load, spread
 from dse.search import sweep
-from dse.search.space import load_study
+from dse.search.space import StudySpec, load_study
 from dse.search.sweep_parts import PartStore
 
 TPOT_SLO = 0.005
@@ -49,8 +49,14 @@ Lognormal lengths spread the latencies, so the tables show p99s and the CDFs hav
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tracking.Results]:
     """The study swept in this process, its tables and pictures written as `dse run` writes them."""
-    folder = tmp_path_factory.mktemp("serving")
-    (folder / "study.yaml").write_text(STUDY)
+    spec, out, results = swept(tmp_path_factory.mktemp("serving"), STUDY)
+    tracking.write_plots(spec, results, out)
+    return out, results
+
+
+def swept(folder: Path, text: str) -> tuple[StudySpec, Path, tracking.Results]:
+    """The grid study of `text` swept in this process into `folder`/out, and its tables as `dse run` writes them."""
+    (folder / "study.yaml").write_text(text)
     spec = load_study(folder / "study.yaml")
     out = folder / "out"
     out.mkdir()
@@ -58,8 +64,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tracking.Resu
     sweep.run(spec, PartStore(out), sweep.InlinePool(spec))
     results = sweep_results.write_tables(spec, out)
     assert results is not None
-    tracking.write_plots(spec, results, out)
-    return out, results
+    return spec, out, results
 
 
 def traces(page: Path) -> list[dict]:
@@ -75,7 +80,7 @@ def test_the_frontier_draws_every_point_by_deployment_and_joins_the_front(study)
     assert pareto.deployment(front).nunique() > 1
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
     drawn = {t["name"]: t for t in traces(out / "pareto.html")}
-    assert set(drawn) == {"tp1 pp1", "tp2 pp1", "tp4 pp1", "Pareto front"}
+    assert set(drawn) == {"agg tp1", "agg tp2", "agg tp4", "Pareto front"}
     assert sum(len(t["x"]) for name, t in drawn.items() if name != "Pareto front") == 9
     line = front.sort_values("tokens_per_s_per_user")
     assert drawn["Pareto front"]["x"] == line["tokens_per_s_per_user"].tolist()
@@ -86,7 +91,7 @@ def test_the_frontier_draws_every_point_by_deployment_and_joins_the_front(study)
         assert f"TTFT mean {1000 * row['ttft_mean_s']:.4g} ms, p99 {1000 * row['ttft_p99_s']:.4g} ms" in hover
         assert f"TPOT mean {1000 * row['tpot_mean_s']:.4g} ms, p99 {1000 * row['tpot_p99_s']:.4g} ms" in hover
     tp1 = results.frame[results.frame["parallel.tp"] == 1]
-    assert sorted(drawn["tp1 pp1"]["x"]) == sorted(tp1["tokens_per_s_per_user"])
+    assert sorted(drawn["agg tp1"]["x"]) == sorted(tp1["tokens_per_s_per_user"])
 
 
 def test_latency_cdfs_are_the_event_simulation_the_study_measured(study):
@@ -100,7 +105,7 @@ def test_latency_cdfs_are_the_event_simulation_the_study_measured(study):
     assert len(drawn) == 2 * len(members)  # a TTFT and a TPOT curve each
     for (_, row), ttft, tpot in zip(members.iterrows(), drawn[0::2], drawn[1::2], strict=True):
         clients = row["workload.serving.concurrency"]
-        shape = f"{pareto.deployment(members)[row.name]} x{row['parallel.dp']:.0f}"
+        shape = f"agg tp{row['parallel.tp']} x{row['parallel.dp']:.0f}"
         assert ttft["name"] == f"trial {row['number']}: {shape}, {clients} client{'s' * (clients > 1)}"
         assert ttft["xaxis"] == "x" and tpot["xaxis"] == "x2"
         for curve, metric in ((ttft, "ttft"), (tpot, "tpot")):

@@ -20,6 +20,7 @@ from dse.errors import DseError
 from dse.fields import GiB
 from dse.point.points import load_point
 from dse.search import preflight
+from dse.serving.deployment import generated_step
 
 DEFAULT_MAX_BYTES = 20 * 10**9
 """20 GB: Llama-3-70B on 1,024 H100s (README's example point) is about 10 GB; a world of 2^20 ranks about 51 GB."""
@@ -138,6 +139,14 @@ def main(args: argparse.Namespace, console: Console) -> int:
         check_prefix(args.prefix)
     point = load_point(args.point)
     check_feasible(point)
+    if point.workload.mode == "serve":
+        point = generated_step(point)
+        w = point.workload
+        console.print(
+            f"a serving point: its decode iteration of {w.micro_batch} sequences at a context of {w.seq_len} tokens "
+            f"on one instance ({point.parallel.world} ranks)",
+            soft_wrap=True,
+        )
     workload = preflight.check_point(point, str(args.point), args.generator).generate(point)
     if args.chakra:
         network = [d.npus for d in point.system.network]

@@ -7,7 +7,8 @@ from dse import plugins
 from dse.interfaces import CostModel, SimResult, WorkloadGenerator
 from dse.objective import Constraint
 from dse.point.feasibility import check_feasible
-from dse.serving.deployment import ServingResult, serve
+from dse.serving.deployment import ServingResult
+from dse.serving.serve import serve
 from dse.spec import DesignPoint
 from dse.workload import Workload
 

@@ -8,7 +8,8 @@ from dse.errors import InfeasibleError
 from dse.kernels import TABLE_DTYPES, attention_table
 from dse.limits import MAX_LAYER_PASSES, MAX_PARAMETERS, MAX_PIPELINE_CHUNKS
 from dse.modelstats import layer_kinds, param_count, ssm_inner
-from dse.serving.steps import step_point
+from dse.routing import busiest_rank_share
+from dse.serving.steps import decode_point, step_point
 from dse.spec import DesignPoint
 
 
@@ -57,6 +58,8 @@ def infeasibility(point: DesignPoint) -> str | None:
         )
     if (mismatch := _world_mismatch(point)) is not None:
         return mismatch
+    if m.moe is not None and (skew := busiest_rank_share(w.routing.imbalance, p.ep)) is not None:
+        return skew
     mixers = {mixer for mixer, _ in layer_kinds(m)}
     attention = bool(mixers & {"attn", "mla"})
     if attention and (missing := _missing_attention_kernel(point)) is not None:
@@ -198,14 +201,40 @@ def _world_mismatch(point: DesignPoint, dp_means: str = "") -> str | None:
 
 
 def _serving_infeasibility(point: DesignPoint) -> str | None:
-    """A serving deployment fills its system with instances whose steps can run."""
+    """A serving deployment fills its system with instances whose steps can run: one pool's, or a disaggregated
+    deployment's prefill pool (parallel) and decode pool (serving.decode) side by side."""
+    serving = point.workload.serving
+    assert serving is not None
+    if serving.kind == "disaggregated":
+        assert serving.decode is not None
+        p, d, npus = point.parallel, serving.decode, point.system.npus
+        if p.world + d.world != npus:
+            return (
+                f"the prefill pool (parallel.dp*tp*pp = {p.world}) and the decode pool (serving.decode.dp*tp*pp = "
+                f"{d.world}) take {p.world + d.world} NPUs but system '{point.system.name}' has {npus}; choose "
+                f"degrees whose two products add up to {npus}"
+            )
+        return _instance_infeasibility(point) or _instance_infeasibility(decode_point(point), "serving.decode.")
     if (mismatch := _world_mismatch(point, " (dp: the instances)")) is not None:
         return mismatch
+    return _instance_infeasibility(point)
+
+
+def _instance_infeasibility(point: DesignPoint, fields: str = "parallel.") -> str | None:
+    """Why one instance's steps cannot run, its degrees named as the point names them."""
+    p, npus = point.parallel, point.system.npus
+    if (unit := p.ep * p.tp * p.pp) > npus:
+        return (
+            f"an expert-parallel group of {fields}ep*tp*pp = {p.ep}*{p.tp}*{p.pp} = {unit} GPUs (the ranks that "
+            f"share their experts, priced together) is larger than system '{point.system.name}''s {npus} NPUs; "
+            f"lower {fields}ep"
+        )
     try:
         step = step_point(point, "decode", 1, 1)
     except InfeasibleError as exc:
-        return str(exc)
-    return infeasibility(step)
+        return str(exc).replace("parallel.", fields)
+    reason = infeasibility(step)
+    return None if reason is None else reason.replace("parallel.", fields)
 
 
 def check_feasible(point: DesignPoint) -> None:

@@ -32,9 +32,10 @@ def merge(base: Any, override: Any, path: str = "") -> Any:
         for key, value in override.items():
             out[key] = merge(base[key], value, f"{path}.{key}".lstrip(".")) if key in base else copy.deepcopy(value)
         return out
-    if isinstance(base, list) and isinstance(override, dict) and all(isinstance(k, int) for k in override):
+    if isinstance(base, list) and isinstance(override, dict) and all(_is_index(k) for k in override):
         out = list(base)
-        for index, value in override.items():
+        for key, value in override.items():
+            index = int(key)
             if not 0 <= index < len(out):
                 raise SpecError(
                     f"field '{path}.{index}': list index {index} is out of range (the list has {len(out)} "
@@ -43,6 +44,12 @@ def merge(base: Any, override: Any, path: str = "") -> Any:
             out[index] = merge(out[index], value, f"{path}.{index}".lstrip("."))
         return out
     return copy.deepcopy(override)
+
+
+def _is_index(key: Any) -> bool:
+    """A list index in a patch of a list: 1, or '1' (JSON has only string keys, and a study's saved copy is JSON's
+    data written as YAML)."""
+    return (isinstance(key, int) and not isinstance(key, bool)) or (isinstance(key, str) and key.isdigit())
 
 
 def _resolve(kind: catalog.Kind, ref: Any, field: str) -> Any:

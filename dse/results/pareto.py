@@ -54,8 +54,11 @@ def front(frame: pd.DataFrame, objectives: Mapping[str, str] | None = None) -> p
 
 
 PER_USER, PER_GPU = "tokens_per_s_per_user", "tokens_per_s_per_gpu"
-DEPLOYMENT_PARTS = (("parallel.tp", "tp"), ("parallel.pp", "pp"))
-"""The parallel degrees that name a serving instance's shape (the colour key of the frontier)."""
+KIND = "workload.serving.kind"
+DECODE = "workload.serving.decode."
+"""The deployment kind and the decode pool's fields (`dse.serving.spec`): a disaggregated point's `parallel` is its
+prefill pool."""
+POOLS_MARK = "decode_capacity_per_s"
 
 
 def is_serving(frame: pd.DataFrame) -> bool:
@@ -63,17 +66,55 @@ def is_serving(frame: pd.DataFrame) -> bool:
     return PER_USER in frame and bool(frame[PER_USER].notna().any())
 
 
-def deployment(frame: pd.DataFrame) -> pd.Series:
-    """Each row's deployment, as the frontier colours it: its instance shape (e.g. 'tp2 pp1'), then its
-    accelerator when the study searched it (a catalog name in a `system.accelerator` column). A later kind of
-    deployment (disaggregated prefill and decode pools) adds its column's value here."""
-    label = pd.Series([""] * len(frame), index=frame.index)
-    for column, name in DEPLOYMENT_PARTS:
-        degree = frame[column].map(lambda v: "?" if pd.isna(v) else f"{v:.0f}") if column in frame else "1"
-        label = label + f" {name}" + degree
+def kinds(frame: pd.DataFrame) -> pd.Series:
+    """Each row's deployment kind: its column where the study searched it, else what its result says (only a
+    disaggregated point has a decode pool's capacity)."""
+    if KIND in frame:
+        return frame[KIND]
+    apart = frame[POOLS_MARK].notna() if POOLS_MARK in frame else pd.Series(False, index=frame.index)
+    return apart.map({True: "disaggregated", False: "aggregated"})
+
+
+def without_ignored(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy of the table with the values its points ignore blanked: the decode pool's columns of aggregated
+    points, which a study searching both kinds fills for every point, so that no table or hover text shows a pool
+    that does not exist."""
+    out = frame.copy()
+    out.loc[kinds(frame) != "disaggregated", [c for c in frame if c.startswith(DECODE)]] = np.nan
+    return out
+
+
+def _degrees(frame: pd.DataFrame, column: str) -> pd.Series:
+    """A degree column as text ('?' where the row lacks it); 1, every degree's default, where the table lacks it."""
+    if column not in frame:
+        return pd.Series("1", index=frame.index)
+    return frame[column].map(lambda v: "?" if pd.isna(v) else f"{v:.0f}")
+
+
+def _pool(frame: pd.DataFrame, prefix: str, counts: bool) -> pd.Series:
+    """Each row's instances of one pool, e.g. 'tp2 ep8' (tp always, pp and ep above 1), then ' x4' instances."""
+    label = "tp" + _degrees(frame, prefix + "tp")
+    for part in ("pp", "ep"):
+        degree = _degrees(frame, prefix + part)
+        label = label + (f" {part}" + degree).where(degree != "1", "")
+    return (label + " x" + _degrees(frame, prefix + "dp")) if counts else label
+
+
+def deployment(frame: pd.DataFrame, counts: bool = False) -> pd.Series:
+    """Each row's deployment: its kind and instance shapes, 'agg tp4' for aggregated instances (`parallel`),
+    'disagg P: tp2 | D: tp4' for a prefill pool (`parallel`) and a decode pool (`workload.serving.decode`), with
+    each pool's instance count when `counts` ('agg tp4 x2', 'disagg P: tp2 x2 | D: tp4 x1'), then the accelerator
+    when the study searched it (a catalog name in a `system.accelerator` column).
+
+    The frontier groups its points by the label without counts (a study searching the ratio of prefill to decode
+    instances would draw one group per ratio); the report names a point by the label with them. The decode columns
+    of an aggregated point are not read: the point ignores them."""
+    prefill = _pool(frame, "parallel.", counts)
+    apart = kinds(frame) == "disaggregated"
+    label = ("agg " + prefill).where(~apart, "disagg P: " + prefill + " | D: " + _pool(frame, DECODE, counts))
     if "system.accelerator" in frame and pd.api.types.is_string_dtype(frame["system.accelerator"]):
         label = label + " " + frame["system.accelerator"].astype(str)
-    return label.str.strip()
+    return label
 
 
 def latency_statistic(rows: pd.DataFrame) -> str:
@@ -130,6 +171,11 @@ def _training_columns(rows: pd.DataFrame, objectives: Mapping[str, str]) -> list
     return [(f, *_SHAPE[f]) for f in shape] + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
 
 
+def _plain(value: Any) -> str:
+    """A searched value as given: 4 rather than 4.0 where blanked rows (`without_ignored`) made a column float."""
+    return f"{value:.0f}" if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def _serving_columns(rows: pd.DataFrame, objectives: Mapping[str, str]) -> list[tuple[str, str, Callable]]:
     """The instance shape and count, the accelerator and the load when searched (else the mean requests in flight),
     any other searched serving field that varies, then TTFT and TPOT (p99 or mean: `latency_statistic`),
@@ -148,14 +194,17 @@ def _serving_columns(rows: pd.DataFrame, objectives: Mapping[str, str]) -> list[
     formats = {**_SERVING_SHAPE, "concurrency_mean": ("in flight", "{:.4g}".format)}
     return (
         [(f, *formats[f]) for f in shape]
-        + [(c, c.removeprefix("workload.serving."), str) for c in others]
+        + [(c, c.removeprefix("workload.serving."), _plain) for c in others]
         + [(m, *_METRICS.get(m, (m, "{:.4g}".format))) for m in metrics]
     )
 
 
 def table(rows: pd.DataFrame, objectives: Mapping[str, str], title: str) -> Table:
-    """The front as a rich table: trial, then the training or the serving columns (`is_serving`)."""
-    columns = (_serving_columns if is_serving(rows) else _training_columns)(rows, objectives)
+    """The front as a rich table: trial, then the training or the serving columns (`is_serving`); a serving
+    table leaves out what its points ignore (`without_ignored`)."""
+    serving = is_serving(rows)
+    rows = without_ignored(rows) if serving else rows
+    columns = (_serving_columns if serving else _training_columns)(rows, objectives)
     cells = [
         [str(int(row["number"]))] + [fmt(row[name]) if pd.notna(row[name]) else "-" for name, _, fmt in columns]
         for _, row in rows.iterrows()

@@ -1,6 +1,7 @@
 """What a finished study says, from its trials table alone: the best feasible point per objective, which parallel
 shape wins along the Pareto front, and how two studies' fronts differ (`dse compare`). A serving study's front is
-told by deployment and throughput, with the SLO its points were held to (which only the saved study file says).
+told by deployment and throughput, with the SLO its points were held to (which only the saved study file says) and,
+per SLO, which deployment kind wins (aggregated or disaggregated, with its pools) and by how much.
 
 These figures are also what a nightly sweep tracks from one night to the next.
 """
@@ -19,6 +20,7 @@ from dse.objective import in_seconds
 from dse.results import folders, pareto, plots, serving_plots
 
 SHAPE = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero")
+SLO = "workload.serving.slo"
 
 
 def feasible(frame: pd.DataFrame) -> pd.DataFrame:
@@ -51,12 +53,6 @@ def fmt(metric: str, value: float) -> str:
     if in_seconds(metric):
         return f"{value:.5g} s"
     return f"{value:.4g}"
-
-
-def serving_shape(frame: pd.DataFrame) -> pd.Series:
-    """Each serving point's deployment and its number of instances, e.g. 'tp2 pp1 h200 x4'."""
-    instances = frame["parallel.dp"].map(lambda v: "" if pd.isna(v) else f" x{v:.0f}") if "parallel.dp" in frame else ""
-    return pareto.deployment(frame) + instances
 
 
 def _runs(rows: pd.DataFrame, names: pd.Series) -> list[tuple[str, pd.DataFrame]]:
@@ -103,27 +99,67 @@ def _range(values: list[float], spec: str) -> str:
     return low if low == high else f"{low}-{high}"
 
 
-def slo_lines(front: pd.DataFrame, out_dir: Path) -> list[str]:
-    """For each SLO the front's points were held to (their workload.serving.slo, from the saved study file), its
-    bounds and how many front members meet it; none when the points set no SLO."""
-    if front.empty:
+def slo_lines(frame: pd.DataFrame, front: pd.DataFrame, out_dir: Path) -> list[str]:
+    """For each SLO the feasible points were held to (their workload.serving.slo: the saved study file's, with any
+    searched bound), its bounds, how many front members meet it, and which deployment kind wins under it
+    (`kind_verdict`); for points held to none, only which kind wins, when they are of both."""
+    done = feasible(frame)
+    if done.empty:
         return []
     try:
         spec = folders.load_saved_spec(out_dir)
     except DseError as exc:
         return [f"the SLO of the front is not known: {exc}"]
-    members: dict[tuple[tuple[str, float], ...], list[int]] = {}
-    for number, point in serving_plots.points_of(spec, front).items():
-        slo = point.workload.serving.slo if point.workload.serving else {}
-        if slo:
-            members.setdefault(tuple(sorted(slo.items())), []).append(number)
+    bounds_columns = [c for c in done if c.startswith(SLO)]
+    groups = done.groupby(bounds_columns, sort=False, dropna=False) if bounds_columns else [((), done)]
     out = []
-    for slo, numbers in members.items():
-        rows = front[front["number"].isin(numbers)]
-        met = int((rows["slo_excess"] <= 0).sum())
-        bounds = ", ".join(f"{name} <= {fmt(name, bound)}" for name, bound in slo)
-        out.append(f"SLO {bounds}: met by {met} of {len(rows)} front members")
+    for _, rows in groups:
+        point = next(iter(serving_plots.points_of(spec, rows.head(1)).values()), None)
+        serving = point.workload.serving if point else None
+        slo = serving.slo if serving else {}
+        verdict = kind_verdict(rows, frame.attrs["objectives"])
+        if slo:
+            members = front[front.index.isin(rows.index)]
+            bounds = ", ".join(f"{name} <= {fmt(name, bound)}" for name, bound in sorted(slo.items()))
+            out.append(f"SLO {bounds}: met by {int(meets(members).sum())} of {len(members)} front members; {verdict}")
+        elif pareto.kinds(rows).nunique() > 1:  # of one kind, the best is the best-per-objective table's
+            out.append(f"no SLO: {verdict}")
     return out
+
+
+def meets(rows: pd.DataFrame) -> pd.Series:
+    """Which rows meet the SLO they were held to (every row when the table has no SLO excess)."""
+    return rows["slo_excess"] <= 0 if "slo_excess" in rows else pd.Series(True, index=rows.index)
+
+
+def kind_verdict(rows: pd.DataFrame, objectives: Mapping[str, str]) -> str:
+    """Among points held to one SLO, the best feasible point meeting it by the study's first objective, its kind
+    and pools, and, where the points hold another kind, by how much it beats that kind's best (or that none of that
+    kind meets the SLO), e.g. 'disaggregated wins: disagg P: tp2 x2 | D: tp1 x4 (trial 23) at 2649
+    tokens_per_s_per_user, 2.27 % above the best aggregated: agg tp1 x8 (trial 12) at 2590'."""
+    metric, direction = next(iter(objectives.items()))
+    ok = rows[meets(rows) & rows[metric].notna()] if metric in rows else rows.iloc[:0]
+    if ok.empty:
+        return "no feasible point meets it"
+    ranked = ok.sort_values(metric, ascending=direction == "minimize", kind="stable")
+    kind = pareto.kinds(ranked)
+
+    def named(index: object) -> str:
+        name = pareto.deployment(ranked.loc[[index]], counts=True)[index]
+        return f"{name} (trial {ranked.at[index, 'number']:.0f}) at {fmt(metric, ranked.at[index, metric])}"
+
+    first = ranked.index[0]
+    others = sorted(set(pareto.kinds(rows)) - {kind[first]})
+    line = f"{kind[first] + ' wins' if others else 'best'}: {named(first)} {metric}"
+    for other in others:
+        theirs = kind.index[kind == other]
+        if theirs.empty:
+            line += f"; no {other} point meets it"
+            continue
+        best, runner = ranked.at[first, metric], ranked.at[theirs[0], metric]
+        side = "below" if direction == "minimize" else "above"
+        line += f", {100 * abs(best - runner) / abs(runner):.3g} % {side} the best {other}: {named(theirs[0])}"
+    return line
 
 
 def pareto_plots(frame: pd.DataFrame, front: pd.DataFrame, out_dir: Path, title: str) -> list[Path]:
@@ -146,7 +182,7 @@ def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[P
         table.add_column(header)
     for metric, row in best_per_objective(frame).items():
         direction = frame.attrs["objectives"][metric]
-        name = serving_shape(row.to_frame().T).iloc[0] if serving else shape(row)
+        name = pareto.deployment(row.to_frame().T, counts=True).iloc[0] if serving else shape(row)
         table.add_row(f"{metric} ({direction})", fmt(metric, row[metric]), str(int(row["number"])), name)
     if table.row_count:
         console.print(table)
@@ -160,7 +196,7 @@ def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[P
         console.print(heading)
         for line in lines:
             console.print(f"  {line}", highlight=False, soft_wrap=True)
-    for line in slo_lines(best, out_dir) if serving else []:
+    for line in slo_lines(frame, best, out_dir) if serving else []:
         console.print(line, highlight=False, soft_wrap=True)
     return pareto_plots(frame, best, out_dir, f"study {frame.attrs.get('study', out_dir.name)}")
 

@@ -2,9 +2,10 @@
 
 The frontier is how serving papers and vendors draw a deployment search (Charon Fig. 13, aiconfigurator, NVIDIA's
 InferenceMAX): output tokens/s per GPU, what the deployment costs, against tokens/s per user, what each user sees,
-every point coloured by its deployment (`pareto.deployment`) and the front joined by a line. The latency CDFs come
-from the event simulation of a few front members at their own load, whatever depth the study searched at: a
-percentile in a table says little about a tail's shape, and the steady state has no tail at all.
+every point coloured by its deployment kind (aggregated or disaggregated) with a marker per instance shape
+(`pareto.deployment`), and the front joined by a line. The latency CDFs come from the event simulation of a few
+front members at their own load, whatever depth the study searched at: a percentile in a table says little about a
+tail's shape, and the steady state has no tail at all.
 
 Each is a PNG (matplotlib) and a self-contained interactive HTML page (plotly), as `plots` writes the training
 Pareto plots, into the output folder and the study's MLflow parent run.
@@ -19,11 +20,11 @@ import pandas as pd
 
 from dse import plugins
 from dse.errors import InfeasibleError
-from dse.results.pareto import PER_GPU, PER_USER, deployment
+from dse.results.pareto import PER_GPU, PER_USER, deployment, kinds, without_ignored
 from dse.results.plots import drawn, figure, legend
 from dse.search.decoding import StudySpec, decode
-from dse.serving.deployment import latencies
 from dse.serving.events import EventStats
+from dse.serving.serve import latencies
 from dse.spec import DesignPoint
 
 CDF_PNG = "latency_cdf.png"
@@ -35,11 +36,44 @@ FIELD_PREFIXES = ("parallel.", "workload.", "system.")
 X_LABEL, Y_LABEL = "output tokens/s per user", "output tokens/s per GPU"
 
 
+KIND_COLOURS = {"aggregated": "#1f77b4", "disaggregated": "#ff7f0e"}
+"""Blue and orange, the first two of matplotlib's tab10 and plotly's default colours: a mixed study's two kinds are
+told apart at a glance, whatever their shapes."""
+MARKERS = (
+    ("o", "circle"),
+    ("s", "square"),
+    ("^", "triangle-up"),
+    ("D", "diamond"),
+    ("v", "triangle-down"),
+    ("P", "cross"),
+    ("X", "x"),
+    ("*", "star"),
+    ("p", "pentagon"),
+    ("h", "hexagon"),
+    ("<", "triangle-left"),
+    (">", "triangle-right"),
+)
+"""The markers of a kind's deployments in turn (matplotlib's, plotly's): past twelve they repeat, and the HTML's
+hover text tells the points apart."""
+
+
 def _points(frame: pd.DataFrame) -> pd.DataFrame:
-    """The drawn points with their deployment and feasibility (the hover text reads their other columns)."""
-    points = drawn(frame, PER_USER, PER_GPU).copy()
+    """The drawn points with their kind, deployment and feasibility (the hover text reads their other columns; a
+    decode pool an aggregated point ignores is left out of it)."""
+    points = without_ignored(drawn(frame, PER_USER, PER_GPU))
+    points["kind"] = kinds(points)
     points["deployment"] = deployment(points)
     return points
+
+
+def _groups(points: pd.DataFrame) -> list[tuple[str, str, int, pd.DataFrame]]:
+    """The points by deployment, aggregated first: each group's label, colour (its kind's) and marker (its turn
+    among its kind's deployments)."""
+    out = []
+    for kind, rows in points.groupby("kind", sort=True):
+        for turn, (name, group) in enumerate(rows.groupby("deployment", sort=True)):
+            out.append((name, KIND_COLOURS[str(kind)], turn % len(MARKERS), group))
+    return out
 
 
 def _front_line(front: pd.DataFrame) -> pd.DataFrame:
@@ -48,15 +82,12 @@ def _front_line(front: pd.DataFrame) -> pd.DataFrame:
 
 
 def frontier_png(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: str) -> Path:
-    from matplotlib import colormaps
-
     points = _points(frame)
-    names = sorted(points["deployment"].unique())
-    fig, (ax,), columns = figure(names + ["Pareto front"] * (not front.empty))
-    colours = colormaps["tab10" if len(names) <= 10 else "tab20"]
-    for index, (name, rows) in enumerate(points.groupby("deployment", sort=True)):
+    groups = _groups(points)
+    fig, (ax,), columns = figure([name for name, *_ in groups] + ["Pareto front"] * (not front.empty))
+    for name, colour, marker, rows in groups:
         feasible = rows["feasible"] == True  # noqa: E712 - nullable column
-        style = {"color": colours(index % colours.N), "s": 24}
+        style = {"color": colour, "marker": MARKERS[marker][0], "s": 24}
         ax.scatter(rows.loc[feasible, PER_USER], rows.loc[feasible, PER_GPU], **style, label=name)
         ax.scatter(rows.loc[~feasible, PER_USER], rows.loc[~feasible, PER_GPU], **style, alpha=0.2)
     if not front.empty:
@@ -101,20 +132,27 @@ def frontier_html(frame: pd.DataFrame, front: pd.DataFrame, path: Path, title: s
     points = _points(frame)
     fields = [c for c in points if c.startswith(FIELD_PREFIXES) and points[c].nunique() > 1]
     fig = go.Figure()
-    for name, rows in points.groupby("deployment", sort=True):
+    for name, colour, marker, rows in _groups(points):
         fig.add_trace(
             go.Scatter(
                 x=rows[PER_USER].tolist(),
                 y=rows[PER_GPU].tolist(),
                 mode="markers",
                 name=name,
-                marker={"opacity": [1.0 if f == True else 0.25 for f in rows["feasible"]], "size": 8},  # noqa: E712
+                legendgroup=rows["kind"].iloc[0],
+                legendgrouptitle_text=rows["kind"].iloc[0],
+                marker={
+                    "color": colour,
+                    "symbol": MARKERS[marker][1],
+                    "opacity": [1.0 if f == True else 0.25 for f in rows["feasible"]],  # noqa: E712
+                    "size": 8,
+                },
                 text=_hover(rows, fields),
                 hovertemplate="%{text}<extra>%{fullData.name}</extra>",
             )
         )
     if not front.empty:
-        line = _front_line(front)
+        line = without_ignored(_front_line(front))
         fig.add_trace(
             go.Scatter(
                 x=line[PER_USER].tolist(),
@@ -180,7 +218,7 @@ def simulate(spec: StudySpec, members: pd.DataFrame) -> dict[str, EventStats]:
     generator = plugins.generator(spec.generator)
     cost_model = plugins.cost_model(spec.cost_model, spec.cost_model_options)
     rows = members.set_index("number")
-    labels = deployment(rows)
+    labels = deployment(rows, counts=True)
     out: dict[str, EventStats] = {}
     for number, point in points_of(spec, members).items():
         point = at_fixed_load(point, float(rows.at[number, "max_rate_per_s"]) if "max_rate_per_s" in rows else 0.0)
@@ -188,7 +226,7 @@ def simulate(spec: StudySpec, members: pd.DataFrame) -> dict[str, EventStats]:
             stats = latencies(point, generator, cost_model)
         except InfeasibleError:
             continue
-        out[f"trial {number}: {labels[number]} x{point.parallel.dp}, {_load(point)}"] = stats
+        out[f"trial {number}: {labels[number]}, {_load(point)}"] = stats
     return out
 
 

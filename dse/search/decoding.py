@@ -18,7 +18,7 @@ from dse.errors import SpecError
 from dse.point.feasibility import infeasibility
 from dse.point.points import assign, build_point, expand
 from dse.search.expressions import Expression
-from dse.spec import DesignPoint
+from dse.spec import DesignPoint, without_ignored_settings
 from dse.system import SystemSpec
 from dse.yamlio import describe_validation_error, error_field, error_message
 
@@ -111,14 +111,16 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
 
 def decode_point(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     """`decode` before the feasibility rules: the valid point of a trial's params, or why a derived value has none;
-    raises SpecError as decode does."""
+    raises SpecError as decode does. A field the point would ignore (a decode pool's degrees on an aggregated
+    point, set because the study searches them for its disaggregated points) is left at what gives the same step,
+    so that trials of one point have one key and are priced and shown once."""
     try:
         raw = _assemble(spec, params)
     except SpecError as exc:  # a catalog name among the params that the catalog lacks
         raise located(exc, spec.source, spec.source) from None
     if isinstance(raw, str):
         return raw
-    return build_point(raw, f"{spec.source} (base with space and derived applied)")
+    return without_ignored_settings(build_point(raw, f"{spec.source} (base with space and derived applied)"))
 
 
 def decode_system(spec: StudySpec, params: Mapping[str, Any]) -> SystemSpec:

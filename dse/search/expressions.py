@@ -23,7 +23,11 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Mod: operator.mod,
 }
 _UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_ALLOWED = "numbers, parameter names, world, + - * / // % and parentheses"
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {ast.Eq: operator.eq, ast.NotEq: operator.ne}
+_ALLOWED = (
+    "numbers, parameter names, world, + - * / // % and parentheses, and name == 'value' (1 if so, else 0: "
+    "(workload.serving.kind == 'disaggregated') * workload.serving.decode.dp)"
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class Expression:
     text: str
     tree: ast.expr
     names: frozenset[str]
+    numeric: frozenset[str]
+    """The names used as numbers (in arithmetic), not only compared with a constant."""
 
     def evaluate(self, env: Mapping[str, float]) -> float | str:
         """The value, or why there is none (division by zero, a result too large for a float) as a string."""
@@ -55,8 +61,9 @@ def parse_expression(text: str) -> Expression:
     except (MemoryError, RecursionError):
         raise ValueError(f"nested too deeply to parse; use at most {MAX_EXPRESSION_DEPTH} levels") from None
     names: set[str] = set()
-    _check(tree, names, 0)
-    return Expression(text, tree, frozenset(names))
+    compared: set[str] = set()
+    _check(tree, names, compared, 0)
+    return Expression(text, tree, frozenset(names | compared), frozenset(names))
 
 
 def is_number(value: Any) -> bool:
@@ -72,14 +79,21 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _check(node: ast.expr, names: set[str], depth: int) -> None:
+def _check(node: ast.expr, names: set[str], compared: set[str], depth: int) -> None:
     if depth > MAX_EXPRESSION_DEPTH:
         raise ValueError(f"nested more than {MAX_EXPRESSION_DEPTH} levels deep, the limit; simplify it")
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        _check(node.left, names, depth + 1)
-        _check(node.right, names, depth + 1)
+        _check(node.left, names, compared, depth + 1)
+        _check(node.right, names, compared, depth + 1)
     elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        _check(node.operand, names, depth + 1)
+        _check(node.operand, names, compared, depth + 1)
+    elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _COMPARE:
+        # a parameter's value against a constant (a categorical one's name): what a derived value of one kind of
+        # point only (a disaggregated deployment's decode pool) is multiplied by
+        left, right = node.left, node.comparators[0]
+        if _dotted(left) is None or not isinstance(right, ast.Constant) or isinstance(right.value, bool):
+            raise ValueError(f"'{ast.unparse(node)}' is not allowed; compare a parameter name with a constant")
+        compared.add(_dotted(left))  # type: ignore[arg-type]
     elif isinstance(node, ast.Constant):
         if not is_number(node.value):
             raise ValueError(f"{node.value!r} is not a number; use {_ALLOWED}")
@@ -98,4 +112,7 @@ def _walk(node: ast.expr, env: Mapping[str, float]) -> float:
         return _UNARY[type(node.op)](_walk(node.operand, env))
     if isinstance(node, ast.Constant):
         return node.value
+    if isinstance(node, ast.Compare):
+        same = _COMPARE[type(node.ops[0])](env[_dotted(node.left)], node.comparators[0].value)  # type: ignore[index, attr-defined]
+        return 1 if same else 0
     return env[_dotted(node)]  # type: ignore[index]

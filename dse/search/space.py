@@ -46,6 +46,8 @@ SUMMARY_FIELDS = (
     "parallel.recompute",
     "workload.micro_batch",
     "system.accelerator.hbm_GiB",
+    "workload.serving.kind",
+    *(f"workload.serving.decode.{degree}" for degree in ("dp", "tp", "pp", "ep")),
 )
 """Recorded for every decoded trial, searched or not: reports show a point's shape from the table alone."""
 
@@ -254,12 +256,13 @@ class StudySpec(BaseModel):
                     f"{self.source}: field 'derived.{path}': '{unknown[0]}' is neither a space parameter "
                     f"nor an earlier derived value nor 'world'; known: {', '.join(sorted(known)) or 'none'}"
                 )
-            for name in sorted(expr.names & set(self.space)):
+            for name in sorted(expr.numeric & set(self.space)):
                 param = self.space[name]
                 if param.choices is not None and not all(is_number(c) for c in param.choices):
                     raise SpecError(
                         f"{self.source}: field 'derived.{path}': parameter '{name}' has non-numeric choices "
-                        f"{param.choices}; an expression can only use numeric parameters"
+                        f"{param.choices}; an expression can only use numeric parameters, or compare one with a value "
+                        f"({name} == {param.choices[0]!r})"
                     )
             out[path] = expr
             known.add(path)

@@ -8,6 +8,7 @@ percentiles are noisy near the crossing, and the bisection keeps the highest rat
 from collections.abc import Callable
 
 from dse.errors import InfeasibleError
+from dse.serving.spec import meets
 
 RELATIVE_TOLERANCE = 0.01
 """The search stops when the bracket is within 1% of the rate: below the noise of any measured serving figure."""
@@ -32,3 +33,20 @@ def highest_rate(meets: Callable[[float], bool], ceiling: float, slo: dict[str, 
         rate = (low + high) / 2
         low, high = (rate, high) if meets(rate) else (low, rate)
     return low
+
+
+def at_highest_rate(
+    measure: Callable[[float], dict[str, float]], ceiling: float, slo: dict[str, float]
+) -> dict[str, float]:
+    """The serving metrics (`measure` at a rate) at the highest rate below `ceiling` that meets the SLO, with that
+    rate as max_rate_per_s."""
+    rate = highest_rate(lambda r: _meets(measure, r, slo), ceiling, slo)
+    return measure(rate) | {"max_rate_per_s": rate}
+
+
+def _meets(measure: Callable[[float], dict[str, float]], rate: float, slo: dict[str, float]) -> bool:
+    try:
+        found = measure(rate)
+    except InfeasibleError:  # beyond what the engines sustain
+        return False
+    return meets(found, slo)

@@ -6,18 +6,17 @@ lock step). Each instance keeps `pp` micro-batches in flight, so it is `pp` engi
 sequences each, sharing its KV cache; a request goes to the engine with the fewest outstanding requests.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from dse.errors import InfeasibleError, SpecError
 from dse.interfaces import CostModel, SimResult, WorkloadGenerator
 from dse.modelstats import model_flops
-from dse.serving import events, steady
-from dse.serving.capacity import highest_rate
-from dse.serving.iteration import IterationPricer, nearest, pricer
+from dse.serving import steady
+from dse.serving.iteration import IterationPricer, pricer
 from dse.serving.requests import requests
 from dse.serving.shapes import Engine
-from dse.serving.spec import ServingSpec, meets
+from dse.serving.spec import ServingSpec
+from dse.serving.steps import decode_point, step_point
 from dse.spec import DesignPoint, WorkloadSpec
 from dse.workload import Workload
 
@@ -58,6 +57,8 @@ def kv_capacity(point: DesignPoint, prices: IterationPricer) -> tuple[int, float
 
 
 def engine_of(point: DesignPoint, capacity_tokens: int) -> Engine:
+    """The point's engines: an instance's `pp` micro-batches in flight each an engine; with expert parallelism the
+    `ep` ranks of a group (and their micro-batches) step in lock step, a wave."""
     serving = point.workload.serving
     assert serving is not None
     pp, scheduler = point.parallel.pp, serving.scheduler
@@ -73,6 +74,7 @@ def engine_of(point: DesignPoint, capacity_tokens: int) -> Engine:
         kv_block_tokens=serving.kv_cache.block_tokens,
         draft_tokens=speculative.draft_tokens if speculative else 0,
         acceptance=speculative.acceptance if speculative else 0.0,
+        wave=point.parallel.ep * pp if point.parallel.ep > 1 else 1,
     )
 
 
@@ -109,64 +111,20 @@ def deployment(
     return prices, engine_of(point, capacity), capacity, memory
 
 
-def latencies(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> events.EventStats:
-    """Every measured request's TTFT, TPOT and end-to-end latency under the point's load, from the event simulation
-    whatever the point's depth (for latency CDFs; a max_rate point at its own load is refused)."""
-    serving = point.workload.serving
-    assert serving is not None and not serving.max_rate, "a load, not max_rate"
-    prices, engine, _, _ = deployment(point, generator, cost_model)
-    steady.seats(engine, load_of(serving))  # an engine that cannot seat one request cannot serve at any depth
-    if serving.concurrency is not None:  # a steady point may have more clients than its default stream measures
-        serving = serving.model_copy(update={"requests": max(serving.requests, 2 * serving.concurrency)})
-    return events.simulate(requests(serving), engine, prices.time, serving.concurrency, serving.warmup)
+def mfu(point: DesignPoint, metrics: dict[str, float], isl: float, osl: float, gpus: int) -> float:
+    """Model FLOPs served per second over the deployment's peak."""
+    peak = point.system.accelerator.peak_flops(point.model.dtype) * gpus
+    return metrics["requests_per_s"] * model_flops_per_request(point, isl, osl) / peak
 
 
-def serve(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> ServingResult:
-    """Price a serving point at its `serving.depth` (and, with `max_rate`, at the highest rate meeting its SLO); an
-    InfeasibleError if it cannot run (memory, or a rate beyond what it sustains under the steady state)."""
+def generated_step(point: DesignPoint) -> DesignPoint:
+    """What `dse generate` writes of a serving point: a decode iteration of its (decode pool's) instance full,
+    max_num_seqs sequences over its pp micro-batches, at the mean context (the prompt and half the output): the
+    step its TPOT is made of at full load."""
     serving = point.workload.serving
     assert serving is not None
-    prices, engine, capacity, memory = deployment(point, generator, cost_model)
+    pool = decode_point(point) if serving.kind == "disaggregated" else point
+    scheduler = pool.workload.serving.scheduler  # type: ignore[union-attr]
     load = load_of(serving)
-    isl, osl = load.isl, load.osl
-    most = steady.seats(engine, load)  # an engine that cannot seat one request cannot serve at any depth
-    gpus = point.parallel.world
-
-    def measure(rate: float | None) -> dict[str, float]:
-        """The serving metrics at this rate (None: the point's own load)."""
-        spec = serving if rate is None else serving.model_copy(update={"rate_per_s": rate})
-        if spec.depth == "steady":
-            at = load if rate is None else replace(load, rate_per_s=rate)
-            return steady.metrics(steady.steady_state(engine, prices.time, at), at, engine.engines, gpus, spec.slo)
-        stats = events.simulate(requests(spec), engine, prices.time, spec.concurrency, spec.warmup)
-        return events.metrics(stats, gpus, spec.slo or None)
-
-    if serving.max_rate:
-        full = steady.closed(engine, prices.time, most, load)
-        rate = highest_rate(
-            lambda r: _meets(measure, r, serving.slo), full.requests_per_s * engine.engines, serving.slo
-        )
-        metrics = measure(rate) | {"max_rate_per_s": rate}
-    else:
-        metrics = measure(None)
-    peak = point.system.accelerator.peak_flops(point.model.dtype) * gpus
-    metrics["mfu"] = metrics["requests_per_s"] * model_flops_per_request(point, isl, osl) / peak
-    metrics["kv_capacity_tokens"] = float(capacity)
-    typical = prices.step("decode", nearest(metrics["concurrency_mean"] / engine.engines), nearest(isl + osl / 2))
-    return ServingResult(
-        step_time_s=metrics["tpot_mean_s"] * engine.tokens_per_decode,
-        classes=typical.result.classes,
-        timeline=typical.result.timeline,
-        serving=metrics,
-        memory_bytes=memory,
-        kv_capacity_tokens=capacity,
-        workload=typical.workload,
-    )
-
-
-def _meets(measure: Callable[[float], dict[str, float]], rate: float, slo: dict[str, float]) -> bool:
-    try:
-        found = measure(rate)
-    except InfeasibleError:  # beyond what the engines sustain
-        return False
-    return meets(found, slo)
+    seqs = max(scheduler.max_num_seqs // pool.parallel.pp, 1)
+    return step_point(pool, "decode", seqs, max(round(load.isl + load.osl / 2), 1))

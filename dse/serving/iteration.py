@@ -28,6 +28,7 @@ iteration is its pass through every stage, which is the step of one micro-batch 
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dse.fields import DTYPE_BYTES
@@ -35,7 +36,7 @@ from dse.interfaces import CostModel, SimResult, WorkloadGenerator
 from dse.serving.shapes import IterationShape
 from dse.serving.steps import step_point
 from dse.spec import DesignPoint
-from dse.workload import Workload
+from dse.workload import Collective, Workload
 
 GRID = tuple(sorted({2**k for k in range(25)} | {3 * 2**k for k in range(24)}))
 """Step shapes priced: powers of two and 1.5 times them, 1 to 2**24 (two per octave)."""
@@ -52,6 +53,8 @@ class PricedStep:
     time_s: float
     attention_s: float
     """The step's time spent in attention kernels (the share of its busy time they take, times its time)."""
+    all_to_all_s: float
+    """The step's time in the MoE dispatch and combine all-to-alls (0 without experts split over ep)."""
     workload: Workload
     result: SimResult
 
@@ -60,10 +63,11 @@ class PricedStep:
         return max(c.memory_at_peak.get(kind, 0.0) for c in self.result.classes)
 
 
-def _attention_seconds(result: SimResult) -> float:
+def _seconds_in(result: SimResult, category: str) -> float:
+    """The step's time in one category of ops: the share of its busy time they take, times its time."""
     busy = sum(sum(c.time_by_category.values()) for c in result.classes)
-    attention = sum(c.time_by_category.get("attention", 0.0) for c in result.classes)
-    return 0.0 if busy == 0 else result.step_time_s * attention / busy
+    spent = sum(c.time_by_category.get(category, 0.0) for c in result.classes)
+    return 0.0 if busy == 0 else result.step_time_s * spent / busy
 
 
 def _bracket(value: float) -> tuple[int, int]:
@@ -117,7 +121,13 @@ class IterationPricer:
             point = step_point(self.point, mode, batch, seq_len)
             workload = self.generator.generate(point)
             result = self.cost_model.simulate(workload, point.system)
-            priced = self._steps[key] = PricedStep(result.step_time_s, _attention_seconds(result), workload, result)
+            priced = self._steps[key] = PricedStep(
+                result.step_time_s,
+                _seconds_in(result, "attention"),
+                _seconds_in(result, Collective.ALL_TO_ALL),
+                workload,
+                result,
+            )
         return priced
 
     def linear(self, tokens: float) -> float:
@@ -136,6 +146,26 @@ class IterationPricer:
             step = self.step("decode", tokens, 1)
             found = self._rates["linear", tokens] = step.time_s - step.attention_s
         return found
+
+    def all_to_all(self, tokens: float) -> float:
+        """Seconds of an iteration's MoE all-to-alls when each member of the expert-parallel group sends `tokens`,
+        interpolated between the grid points around it (they move bytes in proportion to the tokens)."""
+        low, high = _bracket(max(tokens, 1.0))
+        at_low = self.step("decode", low, 1).all_to_all_s
+        if high == low:
+            return at_low
+        share = (tokens - low) / (high - low)
+        return at_low + share * (self.step("decode", high, 1).all_to_all_s - at_low)
+
+    def wave_time(self, shapes: Sequence[IterationShape]) -> float:
+        """Seconds of one wave of an expert-parallel group's engines in lock step (`dse.serving.shapes.WaveTime`),
+        as LLMServingSim specifies DP+EP waves: an idle member runs a dummy one-token batch, the all-to-all is
+        sized to the member with the most tokens, and the members meet at it, so the wave lasts as long as the
+        slowest member's own work plus that all-to-all."""
+        members = [shape if shape.tokens else DUMMY_BATCH for shape in shapes]
+        largest = max(shape.tokens for shape in members)
+        own = max(self.time(shape) - self.all_to_all(shape.tokens) for shape in members)
+        return own + self.all_to_all(largest)
 
     def decode_attention_per_kv_token(self, seqs: float, context: float) -> float:
         b, t = nearest(seqs), nearest(context)
@@ -183,6 +213,8 @@ class IterationPricer:
         return sum(step.memory(kind) for kind in ("activation", "temporary", "reserve"))
 
 
+DUMMY_BATCH = IterationShape(1.0, 1.0, 1.0, 0.0, 0.0, 0.0)
+"""What an idle member of a wave runs: one token decoded at a context of one (LLMServingSim's dummy batch)."""
 Steps = dict[tuple[str, int, int], PricedStep]
 """Priced steps of one instance by (mode, batch, seq_len)."""
 _STEPS: OrderedDict[tuple, tuple[WorkloadGenerator, CostModel, Steps]] = OrderedDict()

@@ -8,8 +8,9 @@ chunk's causal scores (compute-bound: proportional to the query-key pairs). Four
 is linear in each, which is what `IterationShape` holds.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -41,11 +42,24 @@ class IterationShape:
 
 IterationTime = Callable[[IterationShape], float]
 """Seconds of one engine iteration of a given shape (`dse.serving.iteration.IterationPricer.time`)."""
+WaveTime = Callable[[Sequence[IterationShape]], float]
+"""Seconds of one wave of engines in lock step, given each member's shape (an idle member's all zeros):
+`dse.serving.iteration.IterationPricer.wave_time`."""
 
 
 def chunk_pairs(tokens: float, cached: float) -> float:
     """Causal query-key pairs of a prefill chunk of `tokens` after `cached` tokens already in the KV cache."""
     return tokens * cached + tokens * (tokens + 1) / 2
+
+
+def prompt_chunks(isl: float, size: float) -> list[tuple[float, float]]:
+    """A prompt of `isl` tokens in chunks of at most `size`, each as (tokens, tokens cached before it)."""
+    out, done = [], 0.0
+    while done < isl:
+        tokens = min(size, isl - done)
+        out.append((tokens, done))
+        done += tokens
+    return out
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,15 @@ class Engine:
     """Speculative decoding (MTP): tokens drafted per decode step, verified in the same forward; 0: none."""
     acceptance: float = 0.0
     """Probability that each drafted token is accepted (given the previous one was)."""
+    role: Literal["both", "prefill", "decode"] = "both"
+    """both: the engine prefills and decodes its requests (an aggregated deployment); prefill: it only prefills, and
+    a request leaves it when its prompt is done (its KV cache then moves to a decode engine); decode: requests
+    arrive with their prompt's KV cache in place and it decodes all their output tokens, the first in their first
+    iteration (a disaggregated deployment's two pools)."""
+    wave: int = 1
+    """Engines that step in lock step (the attention data-parallel ranks of an expert-parallel group, which meet at
+    every MoE layer's all-to-all): consecutive engines of the deployment in groups of this many; a wave's time is
+    `WaveTime` of its members' shapes (LLMServingSim's DP+EP waves)."""
 
     @property
     def tokens_per_decode(self) -> float:

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import Field, model_validator
 
-from dse.fields import Count, Spec
+from dse.fields import Count, Degree, Spec
 from dse.limits import MAX_GLOBAL_BATCH, MAX_SEQ_LEN
 
 Tokens = Annotated[Count, Le(MAX_SEQ_LEN)]
@@ -122,6 +122,33 @@ class SpeculativeSpec(Spec):
     )
 
 
+class DecodePoolSpec(Spec):
+    """The decode pool of a disaggregated deployment (serving.kind: disaggregated), beside the prefill pool that the
+    point's `parallel` then describes: its instances, their layout and their scheduler's limits. Its instances take
+    the system's NPUs after the prefill pool's."""
+
+    dp: Degree = Field(1, description="decode instances (with ep: attention data-parallel ranks, ep to a group)")
+    tp: Degree = Field(1, description="tensor-parallel degree of a decode instance")
+    pp: Degree = Field(1, description="pipeline stages of a decode instance")
+    ep: Degree = Field(1, description="expert-parallel group of attention data-parallel ranks (divides dp)")
+    max_num_seqs: Annotated[Count, Le(MAX_GLOBAL_BATCH)] = Field(
+        256, description="sequences a decode instance runs at once (vLLM max_num_seqs)"
+    )
+    admission: Literal["grow", "reserve"] = Field(
+        "grow", description="as serving.scheduler.admission, for the decode instances (prompts arrive cached)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "DecodePoolSpec":
+        if self.dp % self.ep:
+            raise ValueError(f"serving.decode.ep={self.ep} does not divide serving.decode.dp={self.dp}")
+        return self
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
 class ServingSpec(Spec):
     """A deployment under a load: `parallel.dp` instances of `tp x pp` GPUs each, serving requests of `isl` prompt
     and `osl` output tokens (or a trace) at a rate or a concurrency."""
@@ -164,6 +191,22 @@ class ServingSpec(Spec):
         description="share of the first requests (arrivals; in a closed loop, completions) the event simulation "
         "leaves out of its measurement; 0: every one, as benchmark_serving and genai-perf measure, the first wave of "
         "a closed loop's clients (all sending at once) included",
+    )
+    kind: Literal["aggregated", "disaggregated"] = Field(
+        "aggregated",
+        description="aggregated: every instance (`parallel`) prefills and decodes its own requests; disaggregated: "
+        "`parallel` is a pool of prefill instances and serving.decode a pool of decode instances, each request "
+        "prefilled in one, its KV cache moved over the network, and decoded in the other (DistServe, Splitwise, "
+        "Dynamo, llm-d)",
+    )
+    decode: DecodePoolSpec | None = Field(
+        None, description="with kind disaggregated: the decode pool (the point's parallel is then the prefill pool)"
+    )
+    kv_transfer: Literal["whole", "layers"] = Field(
+        "whole",
+        description="with kind disaggregated, when a prompt's KV cache moves to the decode pool: whole, once its "
+        "prefill ends (vLLM's NIXL connector, Dynamo, SGLang); layers, each layer's as its prefill ends, beside the "
+        "later layers' compute (Splitwise), so that only what outlasts the prefill is exposed",
     )
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
@@ -221,6 +264,11 @@ class ServingSpec(Spec):
                     f"serving.{ignored} only takes effect with depth events (the steady state reads mean lengths "
                     "and rates, not a drawn stream); remove it or set serving.depth: events"
                 )
+        if self.kind == "disaggregated" and self.decode is None:
+            raise ValueError(
+                "serving.kind disaggregated needs serving.decode, its decode pool (dp, tp, pp, ep, max_num_seqs); "
+                "give it, or use kind aggregated"
+            )
         for name in self.slo:
             if name not in SLO_METRICS:
                 raise ValueError(f"serving.slo.{name} is not a latency metric; use one of {', '.join(SLO_METRICS)}")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from scipy.optimize import brentq
 
 from dse.errors import InfeasibleError
-from dse.serving.shapes import Engine, IterationShape, IterationTime, chunk_pairs
+from dse.serving.shapes import Engine, IterationShape, IterationTime, chunk_pairs, prompt_chunks
 from dse.serving.spec import meets
 
 FIXED_POINT_ROUNDS = 50
@@ -70,7 +70,7 @@ def seats(engine: Engine, load: Load) -> float:
     held = load.isl + (load.osl if engine.reserve else load.osl / 2) + engine.kv_block_tokens / 2
     kv = engine.kv_capacity_tokens / held
     most = min(engine.max_seqs, kv)
-    if engine.chunked_prefill:
+    if engine.chunked_prefill and engine.role != "decode":  # a decode engine's prompts arrive in its cache
         most = min(most, engine.max_batched_tokens / (1 + engine.draft_tokens + (e * load.isl / load.osl)))
     if most < 1:
         raise InfeasibleError(
@@ -94,13 +94,7 @@ def _with_prefill(base: IterationShape, tokens: float, pairs: float, chunks: flo
 
 def _chunks(engine: Engine, isl: float, room: float) -> list[tuple[float, float]]:
     """A prompt's chunks as (tokens, cached before it) when each iteration has `room` tokens beside the decodes."""
-    size = max(min(engine.prefill_chunk, room), 1.0)
-    out, done = [], 0.0
-    while done < isl:
-        tokens = min(size, isl - done)
-        out.append((tokens, done))
-        done += tokens
-    return out
+    return prompt_chunks(isl, max(min(engine.prefill_chunk, room), 1.0))
 
 
 @dataclass(frozen=True)
@@ -140,6 +134,9 @@ def state(engine: Engine, time: IterationTime, n: float, load: Load, others: Oth
     point, reached in a few rounds where the engine keeps up, and bounded by the token budget where it does not."""
     e, held = engine.tokens_per_decode, max(n, 1.0)
     decoding = _decodes(engine, held, load)
+    if engine.role == "decode":  # prompts arrive cached: a request's first token is its first iteration's
+        t = time(decoding)
+        return Held(n, t, t, t / e, t / 2)
     beside = _decodes(engine, max(n - 1.0, 0.0), load)
     if engine.chunked_prefill:
         pairs_per_token = chunk_pairs(load.isl, 0.0) / load.isl
@@ -212,7 +209,7 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
 
     def excess(n: float) -> float:
         """Sequences a rate keeps in the engine (Little's law) beyond n: falls through 0 at the steady state."""
-        s, wait = _arriving(engine, time, n, load, rate)
+        s, wait = arriving(engine, time, n, load, rate)
         return rate * (s.residence_s(load) + wait) - n
 
     if excess(most) >= 0:
@@ -223,11 +220,11 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
             "lower the rate or add instances"
         )
     n = brentq(excess, 0.0, most, xtol=TOLERANCE * most, rtol=TOLERANCE)
-    s, wait = _arriving(engine, time, n, load, rate)
+    s, wait = arriving(engine, time, n, load, rate)
     return s.at(rate, wait)
 
 
-def _arriving(engine: Engine, time: IterationTime, n: float, load: Load, rate: float) -> tuple[Held, float]:
+def arriving(engine: Engine, time: IterationTime, n: float, load: Load, rate: float) -> tuple[Held, float]:
     """The open loop at n held, and a request's wait on arrival: while an iteration runs (a share min(n, 1) of the
     time) it waits for the rest of it (`Held.residual_s`). A closed loop's request is sent as its client's last
     one finishes, at the end of an iteration, and waits for none."""

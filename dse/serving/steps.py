@@ -10,6 +10,8 @@ is an engine of its own, and the group's step is every engine's iteration.
 """
 
 from dse.errors import InfeasibleError
+from dse.parallel import ParallelSpec
+from dse.serving.spec import SchedulerSpec
 from dse.spec import DesignPoint, WorkloadSpec
 from dse.system import NetworkDim, SystemSpec
 
@@ -32,8 +34,9 @@ def instance_system(system: SystemSpec, npus: int) -> SystemSpec:
         else:
             sizes = " x ".join(str(d.npus) for d in system.network)
             raise InfeasibleError(
-                f"an instance of parallel.tp*pp = {npus} GPUs does not fill whole dimensions of system "
-                f"'{system.name}' ({sizes}); use tp*pp that divides or is a multiple of each"
+                f"an instance of parallel.tp*pp (times ep, the expert-parallel group priced together) = {npus} GPUs "
+                f"does not fill whole dimensions of system "
+                f"'{system.name}' ({sizes}); use degrees whose product divides or is a multiple of each"
             )
     if not dims:  # one GPU: the innermost dimension's link, unused
         dims = [NetworkDim.model_validate({**system.network[0].model_dump(), "npus": 1, "shape": None})]
@@ -50,7 +53,23 @@ def step_point(point: DesignPoint, mode: str, batch: int, seq_len: int) -> Desig
         micro_batch=batch,
         kernels=point.workload.kernels,
         attention_kernel=point.workload.attention_kernel,
+        routing=point.workload.routing,
     )
     parallel = point.parallel.model_copy(update={"dp": point.parallel.ep})
     system = instance_system(point.system, parallel.world)
     return DesignPoint.model_construct(model=point.model, workload=workload, parallel=parallel, system=system)
+
+
+def decode_point(point: DesignPoint) -> DesignPoint:
+    """The decode pool as an aggregated point of its own: its layout, and a scheduler of its limits."""
+    serving = point.workload.serving
+    assert serving is not None and serving.decode is not None
+    pool = serving.decode
+    draft = serving.speculative.draft_tokens if serving.speculative else 0
+    scheduler = SchedulerSpec(
+        max_num_seqs=pool.max_num_seqs, max_batched_tokens=pool.max_num_seqs * (1 + draft), admission=pool.admission
+    )
+    spec = serving.model_copy(update={"kind": "aggregated", "decode": None, "scheduler": scheduler})
+    workload = point.workload.model_copy(update={"serving": spec})
+    parallel = ParallelSpec(dp=pool.dp, tp=pool.tp, pp=pool.pp, ep=pool.ep)
+    return DesignPoint.model_construct(model=point.model, workload=workload, parallel=parallel, system=point.system)

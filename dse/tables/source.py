@@ -47,6 +47,21 @@ class NcclTables(Spec):
     )
 
 
+class DeepepTables(Spec):
+    """The collection's DeepEP tables: SGLang's wide-EP benchmark of DeepEP's MoE dispatch and combine on 1 to 8
+    nodes of 8 GPUs (`comm/sglang/<version>/wideep_deepep_{ll,normal}_perf.parquet`, dse.tables.deepep; SGLang is
+    the one framework the package times DeepEP under), and the line rates of the nodes they were measured on, which
+    a network of other rates is scaled against."""
+
+    version: Version = Field(description="the SGLang version folder of the tables, e.g. 0.5.6.post2")
+    scale_up_GBps: Bandwidth = Field(
+        description="per-GPU, per-direction line rate within a measured node (NVLink4 on H100/H200 SXM: 450)"
+    )
+    scale_out_GBps: Bandwidth = Field(
+        description="per-GPU, per-direction line rate between the measured nodes (a 400 Gb/s NIC per GPU: 50)"
+    )
+
+
 class KernelTables(Spec):
     """One collection of measured kernel tables and the device it was measured on (the figures a hypothetical
     accelerator's rates are scaled against when a study changes the peak or the bandwidth)."""
@@ -69,9 +84,18 @@ class KernelTables(Spec):
         "GPUs); unset: the network model prices every collective",
     )
 
+    deepep: DeepepTables | None = left_out_at_default(
+        None,
+        description="the DeepEP tables that price a serving step's MoE dispatch and combine over expert "
+        "parallelism (low-latency kernels in decode, normal kernels in prefill); unset: the network model does",
+    )
+
     def provenance(self) -> str:
         nccl = "" if self.nccl is None else f", nccl {self.nccl.version}"
-        return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}{nccl}"
+        deepep = "" if self.deepep is None else f", deepep sglang {self.deepep.version}"
+        fused = data_root() / self.system / "moe" / self.framework / self.version / "moe_perf.parquet"
+        moe = ", moe" * fused.is_file()
+        return f"{PACKAGE} {package_version()} {self.system} {self.framework} {self.version}{moe}{nccl}{deepep}"
 
 
 LATENCY_UNIT_S = 1e-3

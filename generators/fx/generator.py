@@ -22,13 +22,15 @@ piece.
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from dse.errors import InfeasibleError
 from dse.modelstats import LayerKind, layer_kinds
 from dse.spec import DesignPoint
 from dse.workload import Block, Workload
+from generators.fx import UNREAD_FIELDS
 from generators.fx.capture import CaptureError, capture_layer
 from generators.fx.ends import EPILOGUE, PROLOGUE, capture_end
 from generators.fx.factories import check, factory_name, resolve
@@ -142,6 +144,7 @@ class FxGenerator:
     the last generation that captured (0 when it reused one), for benchmarks."""
 
     name = "fx"
+    unread_fields: ClassVar[Mapping[str, str]] = UNREAD_FIELDS
 
     def __init__(self) -> None:
         self._pieces: OrderedDict[tuple, LoweredLayer] = OrderedDict()

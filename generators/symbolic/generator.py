@@ -10,14 +10,23 @@ later points (`recording`); the pipeline schedule is likewise walked once per sh
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from dse.modelstats import layer_kinds, model_flops
 from dse.serving.steps import step_point
 from dse.spec import DesignPoint
-from dse.workload import DeferredPrograms, Program, RankLayout, Tensor, TensorKind, Workload
+from dse.workload import (
+    DeferredPrograms,
+    ExpertCompute,
+    ExpertExchange,
+    Program,
+    RankLayout,
+    Tensor,
+    TensorKind,
+    Workload,
+)
 from generators.symbolic.blocks import layer_keys
 from generators.symbolic.optimizer import ModelStates
 from generators.symbolic.pipeline import Pipeline, Stage
@@ -87,6 +96,8 @@ class _Builder:
             steady,
             point.workload.attention_kernel,
             framework_allreduce=point.workload.mode != "train",
+            expert_exchange=expert_exchange(point),
+            expert_compute=expert_compute(point),
         )
 
     def _backward_gathers(self) -> set[int]:
@@ -94,6 +105,38 @@ class _Builder:
         traces = [*self.layer_traces.values(), *self.outside]
         traces += [t.unrecomputed for t in traces if t.unrecomputed is not None]
         return {t.gathers[1] for t in traces if t.gathers[1] is not None}
+
+
+EXCHANGE_KERNELS: dict[str, Literal["low_latency", "normal"]] = {"decode": "low_latency", "prefill": "normal"}
+"""The DeepEP kernels a serving framework runs the MoE all-to-alls of a step with (SGLang's --deepep-mode auto). A
+training step has none: Megatron's default dispatcher runs NCCL's all-to-all, and no table times DeepEP's
+backward."""
+DISPATCH, COMBINE = "dispatch.all_to_all", "experts.w2.all_to_all"
+"""The tracer's names for the MoE layer's all-to-alls over ep (DenseModule.moe): the dispatched copies, then the
+experts' output going back."""
+
+
+def expert_exchange(point: DesignPoint) -> ExpertExchange | None:
+    """The MoE dispatch and combine of a serving step over expert parallelism, or None."""
+    m, kernel = point.model, EXCHANGE_KERNELS.get(point.workload.mode)
+    if m.moe is None or point.parallel.ep == 1 or kernel is None:
+        return None
+    return ExpertExchange(kernel, m.hidden, m.moe.top_k, m.moe.experts, m.hidden * m.dtype_bytes, DISPATCH, COMBINE)
+
+
+EXPERTS, GATE = "experts.", "experts.w1"
+"""The tracer's names for the routed experts' ops (DenseModule.moe) and for their first GEMM."""
+
+
+def expert_compute(point: DesignPoint) -> ExpertCompute | None:
+    """The routed experts of a serving step, or None. Only gated experts (SwiGLU): the tables time the frameworks'
+    gated fused MoE for the shapes of the models they serve. A training step keeps its ops' own prices: no table
+    times the backward."""
+    m = point.model
+    if m.moe is None or m.activation != "swiglu" or point.workload.mode not in EXCHANGE_KERNELS:
+        return None
+    moe = m.moe
+    return ExpertCompute(m.hidden, moe.expert_ffn, moe.experts, moe.top_k, point.parallel.ep, EXPERTS, GATE)
 
 
 WORKLOAD_CACHE_SIZE = 16

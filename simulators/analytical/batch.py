@@ -41,6 +41,7 @@ import numpy as np
 from dse.errors import InfeasibleError
 from dse.interfaces import ClassResult, SimResult
 from dse.system import SystemSpec
+from dse.tables.deepep import exchange_tables
 from dse.tables.nccl import node_tables
 from dse.workload import OpKind, SteadyForm, Workload
 from simulators.analytical.batch_busy import BusyMany, Spans
@@ -93,12 +94,15 @@ def too_small(workload: Workload, system: SystemSpec) -> InfeasibleError | None:
 
 
 def _timing_key(system: SystemSpec) -> tuple[str, str]:
-    """What every op duration depends on: the accelerator's speeds, and the network with the NCCL tables that price
-    the collectives within a node (`network.within_node`)."""
+    """What every op duration depends on: the accelerator's speeds and kernel tables (its collection names the GEMM,
+    attention and fused-MoE tables that price compute), and the network with the NCCL tables that price the
+    collectives within a node (`network.within_node`) and the DeepEP tables that price MoE all-to-alls."""
     accelerator = system.accelerator.model_dump_json(exclude=set(_TIMELESS))
     network = "[" + ",".join(dim.model_dump_json() for dim in system.network) + "]"
     if (node := node_tables(system.accelerator)) is not None:
         network += f" {node[0]} {node[1].model_dump_json()}"
+    if (exchange := exchange_tables(system.accelerator)) is not None:
+        network += f" {exchange[0]} {exchange[1].model_dump_json()}"
     return accelerator, network
 
 

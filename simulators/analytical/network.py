@@ -48,14 +48,20 @@ first dimension of another bandwidth scaled by this model's time there over its 
 same dimension otherwise): the measured latencies and protocol steps carry over and only the link's rate changes.
 The tables measured the node's own topology, efficiency and latency, so those of the first dimension price only the
 collectives the tables do not (other GPU counts, broadcasts) and the groups that leave the node.
+
+Where it has measured DeepEP tables (`kernel_tables.deepep`, dse.tables.deepep), a serving step's MoE dispatch and
+combine over an EP group of 8 GPUs in each of its nodes (within one first-dimension block, or across blocks of the
+second dimension) is their time at its tokens per rank, scaled as above by this model's time on the group's
+dimensions over its time on them at the measured nodes' line rates (`exchange_time`).
 """
 
 from collections.abc import Sequence
 from math import ceil, log2, prod
 
 from dse.system import NetworkDim
+from dse.tables.deepep import GPUS_PER_NODE, MeasuredExchange
 from dse.tables.nccl import MeasuredCollectives
-from dse.workload import Collective, bus_factor
+from dse.workload import Collective, ExpertExchange, bus_factor
 
 Span = list[tuple[NetworkDim, int]]
 """The dimensions a process group spans (those where it has more than one coordinate) and that count."""
@@ -176,6 +182,25 @@ def collective_time(kind: str, size: float, span: Span, node: MeasuredCollective
 def within_node(node: MeasuredCollectives | None, dims: tuple[int, ...]) -> MeasuredCollectives | None:
     """The node's tables for a group spanning these dimensions: only a group within the first one is in one node."""
     return node if dims == (0,) else None
+
+
+def exchange_time(
+    tables: MeasuredExchange, exchange: ExpertExchange, op: str, size: float, span: Span, dims: tuple[int, ...]
+) -> float | None:
+    """Seconds of a serving step's MoE all-to-all `op` of `size` bytes over a group with this span, occupying
+    these dimensions, from the DeepEP tables; None where they do not price it (a group of other than 8 GPUs per
+    node, or not on the first two dimensions; a shape, EP size or token count they lack): the model prices it."""
+    if dims not in ((0,), (0, 1)) or span[0][1] != GPUS_PER_NODE:
+        return None
+    measured = tables.seconds(exchange, op, span[1][1] if len(span) > 1 else 1, size)
+    rates = tables.rates[: len(span)]
+    if measured is None or all(dim.bandwidth_GBps == rate for (dim, _), rate in zip(span, rates, strict=True)):
+        return measured
+    there = [
+        (dim.model_copy(update={"bandwidth_GBps": rate}), count) for (dim, count), rate in zip(span, rates, strict=True)
+    ]
+    kind = Collective.ALL_TO_ALL
+    return measured * collective_time(kind, size, span) / collective_time(kind, size, there)
 
 
 def _on_this_link(measured: float, kind: Collective, size: float, dim: NetworkDim, count: int, rate: float) -> float:

@@ -5,16 +5,23 @@ on the class: its process groups and peers are those of the class's representati
 cached per (axis, class) because the same groups recur in every layer. Ranks of one class whose groups
 straddle the network differently (a layout misaligned with the dimensions) are all priced like the
 representative, except a ring of sends within the class, which waits for its slowest hop (`hops`). A collective
-within one node is read from the accelerator's NCCL tables where it has them (`network.within_node`).
+within one node is read from the accelerator's NCCL tables where it has them (`network.within_node`), a serving
+step's MoE dispatch and combine from its DeepEP tables (`network.exchange_time`) and its routed experts from its
+fused-MoE table (`expert_block`), where they have them.
 """
+
+from collections.abc import Sequence
 
 from dse.compute import ComputeModel
 from dse.system import SystemSpec
+from dse.tables.deepep import DEEPEP_TABLE, MeasuredExchange
+from dse.tables.moe import MOE_TABLE, MeasuredMoe
 from dse.tables.nccl import NCCL_TABLE, MeasuredCollectives
-from dse.workload import OpKind, Workload
+from dse.workload import Collective, Op, OpKind, Workload
 from simulators.analytical.network import (
     Span,
     collective_time,
+    exchange_time,
     group_span,
     p2p_dim,
     p2p_time,
@@ -29,9 +36,12 @@ class BlockPricer:
         self._system = system
         self._model = ComputeModel(system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
         self._node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
+        self._exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
+        self._moe = None if workload.expert_compute is None else MeasuredMoe.of(system.accelerator, workload.dtype)
         self._compute: dict[int, list[float]] = {}
         self.sources: dict[int, list[str]] = {}
-        """Per block, what priced each compute op ('table', 'gemm_table', 'roofline', ...; '' for communication)."""
+        """Per block, what priced each compute op ('table', 'gemm_table', 'moe_table', 'roofline', ...; '' for
+        communication)."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
         self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
@@ -49,17 +59,19 @@ class BlockPricer:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
         compute = self._compute.get(block)
         if compute is None:
-            priced = [
-                self._model.price(op) if op.kind is OpKind.COMPUTE else (0.0, "")
-                for op in self._workload.blocks[block].ops
-            ]
+            ops = self._workload.blocks[block].ops
+            priced = self.expert_block(
+                ops, [self._model.price(op) if op.kind is OpKind.COMPUTE else (0.0, "") for op in ops]
+            )
             compute = self._compute[block] = [seconds for seconds, _ in priced]
             self.sources[block] = [source for _, source in priced]
         out = []
         for op, seconds in zip(self._workload.blocks[block].ops, compute, strict=True):
             if op.kind is OpKind.COLLECTIVE:
-                node = within_node(self._node, self.dims(op.axis, rank_class))
-                seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
+                seconds = self.exchanged(op, rank_class)
+                if seconds is None:
+                    node = within_node(self._node, self.dims(op.axis, rank_class))
+                    seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
             elif op.is_comm:
                 network = self._system.network
                 seconds = max(
@@ -69,14 +81,42 @@ class BlockPricer:
         return out
 
     def source(self, block: int, op_index: int, rank_class: int) -> str:
-        """What priced an op for this class: its compute source, NCCL_TABLE for a collective the node's NCCL tables
-        priced, '' for communication the network model priced."""
+        """What priced an op for this class: its compute source, DEEPEP_TABLE for a MoE all-to-all the DeepEP tables
+        priced, NCCL_TABLE for a collective the node's NCCL tables priced, '' for communication the network model
+        priced."""
         op = self._workload.blocks[block].ops[op_index]
         if op.kind is OpKind.COMPUTE:
             return self.sources[block][op_index]
-        if op.kind is OpKind.COLLECTIVE and within_node(self._node, self.dims(op.axis, rank_class)) is not None:
-            return NCCL_TABLE
-        return ""
+        if op.kind is not OpKind.COLLECTIVE:
+            return ""
+        if self.exchanged(op, rank_class) is not None:
+            return DEEPEP_TABLE
+        return NCCL_TABLE if within_node(self._node, self.dims(op.axis, rank_class)) is not None else ""
+
+    def expert_block(self, ops: Sequence[Op], priced: list[tuple[float, str]]) -> list[tuple[float, str]]:
+        """The block's (seconds, source) per op with its routed experts, where it has them, priced together from
+        the fused-MoE table (MOE_TABLE), each op at the share of the table's time its own price gives it."""
+        experts = self._workload.expert_compute
+        if self._moe is None or experts is None:
+            return priced
+        members = [i for i, op in enumerate(ops) if op.kind is OpKind.COMPUTE and op.name.startswith(experts.prefix)]
+        gate = next((ops[i] for i in members if ops[i].name == experts.gemm and ops[i].gemm is not None), None)
+        measured = None if gate is None else self._moe.seconds(experts, gate)
+        if measured is None:
+            return priced
+        shares = self._moe.split(measured, [ops[i] for i in members], [priced[i][0] for i in members])
+        out = list(priced)
+        for i, seconds in zip(members, shares, strict=True):
+            out[i] = (seconds, MOE_TABLE)
+        return out
+
+    def exchanged(self, op: Op, rank_class: int) -> float | None:
+        """Seconds of a serving step's MoE all-to-all from the DeepEP tables, or None where they do not price it."""
+        exchange = self._workload.expert_exchange
+        if self._exchange is None or exchange is None or op.category != Collective.ALL_TO_ALL:
+            return None
+        span, dims = self.span(op.axis, rank_class), self.dims(op.axis, rank_class)
+        return exchange_time(self._exchange, exchange, op.name, op.comm_bytes, span, dims)
 
     def hops(self, axis: str, offset: int, rank_class: int) -> list[tuple[int, int]]:
         """The (rank, peer) transfers that price a p2p op of the class.

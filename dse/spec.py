@@ -9,7 +9,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Annotated, Any, Literal, get_args
 
 from annotated_types import Le
@@ -378,6 +378,7 @@ class Reach(IgnoredRule):
         return dict(self.same)
 
 
+@cache
 def default_of(path: str) -> Any:
     """The default of a field of a point, by its dotted path (e.g. 'parallel.zero' -> 0; a section's field within
     an optional section, 'workload.serving.kind', too)."""

@@ -8,6 +8,7 @@ HBM, while `accelerator: h200` or `accelerator: {base: h200, ...}` replaces it.
 """
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from dse.compute import FRAMEWORK_KERNEL, ComputeModel
 from dse.errors import InfeasibleError, SpecError
 from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
+from dse.system import SystemSpec
 from dse.yamlio import describe_validation_error, load_mapping
 
 POINT_FIELDS = ("model", "workload", "parallel", "system")
@@ -130,9 +132,31 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
     if unknown:
         raise SpecError(f"{source}: unknown field '{unknown[0]}'; a point has {', '.join(POINT_FIELDS)}")
     try:
-        return DesignPoint.model_validate(raw)
+        system = validated_system(raw["system"])
+    except ValidationError:
+        system = raw["system"]  # the point's own validation names the field
+    try:
+        return DesignPoint.model_validate({**raw, "system": system})
     except ValidationError as exc:
         raise SpecError(describe_validation_error(exc, source)) from None
+
+
+def validated_system(data: Any) -> SystemSpec:
+    """A system's data validated (a ValidationError where it is not valid), once per distinct data: a study's points
+    share a few systems, and a system's measured kernel tables (thousands of rows) took most of the time of
+    validating a point."""
+    text = json.dumps(data, sort_keys=True, default=str)
+    known = _SYSTEMS.get(text)
+    if known is None:
+        known = SystemSpec.model_validate(data)
+        if len(_SYSTEMS) >= SYSTEMS_KEPT:
+            _SYSTEMS.clear()
+        _SYSTEMS[text] = known
+    return known
+
+
+SYSTEMS_KEPT = 256
+_SYSTEMS: dict[str, SystemSpec] = {}
 
 
 def load_point(path: str | Path) -> DesignPoint:

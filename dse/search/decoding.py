@@ -16,7 +16,7 @@ from pydantic_core import ErrorDetails
 
 from dse.errors import SpecError
 from dse.point.feasibility import infeasibility
-from dse.point.points import assign, build_point, expand
+from dse.point.points import assign, build_point, expand, validated_system
 from dse.search.expressions import Expression
 from dse.spec import DesignPoint, without_ignored_settings
 from dse.system import SystemSpec
@@ -205,7 +205,7 @@ def fields_at(data: dict[str, Any], paths: tuple[str, ...] | list[str]) -> dict[
 def _world(raw: dict[str, Any], source: str) -> int:
     """NPUs of the system as the space left it; a malformed system is reported as build_point reports it."""
     try:
-        return SystemSpec.model_validate(raw.get("system")).npus
+        return validated_system(raw.get("system")).npus
     except ValidationError:
         build_point(raw, f"{source} (base with space applied)")
         raise

@@ -79,6 +79,11 @@ def _prefill_shape(tokens: float, pairs: float, chunks: float) -> IterationShape
     return IterationShape(0.0, 0.0, 0.0, tokens, pairs, chunks)
 
 
+def prompt_alone(time: IterationTime, isl: float) -> float:
+    """A prompt's prefill alone in one iteration: what a layer-by-layer hand-off hides under."""
+    return time(_prefill_shape(isl, chunk_pairs(isl, 0.0), 1.0))
+
+
 def _own_chunks(engine: Engine, isl: float) -> list[tuple[float, float]]:
     """A prompt's chunks as (tokens, cached before it): pieces of prefill_chunk within the budget, or the whole prompt
     in one prefill-only iteration without chunked prefill."""
@@ -93,11 +98,11 @@ def prefill_capacity(engine: Engine, time: IterationTime, isl: float) -> float:
     return budget / (isl * time(_prefill_shape(budget, pairs, max(budget / isl, 1.0))))
 
 
-def prefill_latency(engine: Engine, time: IterationTime, isl: float, rate: float) -> tuple[float, float]:
-    """(seconds from arrival to prompt done, the engine's mean busy iteration) at `rate` requests per second on
-    one engine: the prompt's chunks each share an iteration with the prompt tokens that arrived during the one
-    before (a fixed point: that iteration's length depends on what it carries), after the rest of the iteration in
-    flight on arrival, which is busy a share rho = rate x isl x t / tokens of the time."""
+def prefill_latency(engine: Engine, time: IterationTime, isl: float, rate: float) -> float:
+    """Seconds from arrival to prompt done at `rate` requests per second on one engine: the prompt's chunks each
+    share an iteration with the prompt tokens that arrived during the one before (a fixed point: that iteration's
+    length depends on what it carries), after the rest of the iteration in flight on arrival, which is busy a share
+    rho = rate x isl x t / tokens of the time."""
     own = _own_chunks(engine, isl)
     pairs_per_token = chunk_pairs(isl, 0.0) / isl
     first, cached = own[0]
@@ -115,15 +120,14 @@ def prefill_latency(engine: Engine, time: IterationTime, isl: float, rate: float
         room = min(others, max(engine.max_batched_tokens - tokens, 0.0))
         pairs = chunk_pairs(tokens, done) + room * pairs_per_token
         seconds += time(_prefill_shape(tokens + room, pairs, 1.0 + room / tokens))
-    return seconds, t
+    return seconds
 
 
 def capacities(pools: Pools, load: steady.Load) -> dict[str, float]:
     """Requests per second the deployment's prefill pool, hand-off links and decode pool each sustain."""
     p, d = pools.prefill, pools.decode
     prefill = prefill_capacity(p.engine, p.time, load.isl) * p.engine.engines
-    prefill_s = p.time(_prefill_shape(load.isl, chunk_pairs(load.isl, 0.0), 1.0))
-    transfer = pools.links / pools.link.seconds(load.isl, prefill_s)
+    transfer = pools.links / pools.link.seconds(load.isl, prompt_alone(p.time, load.isl))
     most = steady.seats(d.engine, load)
     full, wait = steady.arriving(d.engine, d.time, most, load, 0.0)  # its prompts arrive cached: none ride along
     decode = most / (full.residence_s(load) + wait) * d.engine.engines
@@ -147,9 +151,8 @@ def at_rate(pools: Pools, load: steady.Load, rate: float, capacity: dict[str, fl
             f"stage takes {capacity[slowest]:.4g}; lower the rate or give that pool more instances"
         )
     p, d = pools.prefill, pools.decode
-    prefill_s, _ = prefill_latency(p.engine, p.time, load.isl, rate / p.engine.engines)
-    compute_s = p.time(_prefill_shape(load.isl, chunk_pairs(load.isl, 0.0), 1.0))
-    hand_off = pools.link.seconds(load.isl, compute_s)
+    prefill_s = prefill_latency(p.engine, p.time, load.isl, rate / p.engine.engines)
+    hand_off = pools.link.seconds(load.isl, prompt_alone(p.time, load.isl))
     busy = rate / pools.links * hand_off
     transfer_s = hand_off + busy * hand_off / (2 * (1 - busy))
     decoding = steady.steady_state(d.engine, d.time, replace(load, rate_per_s=rate, concurrency=None))

@@ -17,7 +17,6 @@ from dse.serving.deployment import ServingResult, engine_of, kv_capacity, load_o
 from dse.serving.disaggregated import Pool, Pools
 from dse.serving.iteration import IterationPricer, nearest, pricer
 from dse.serving.requests import requests
-from dse.serving.shapes import IterationShape, chunk_pairs
 from dse.serving.spec import ServingSpec
 from dse.serving.steps import decode_point
 from dse.serving.transfer import kv_link, meeting_depth, spans
@@ -54,12 +53,11 @@ def deployment(point: DesignPoint, generator: WorkloadGenerator, cost_model: Cos
     p, d = point.parallel, at_decode.parallel
     units = (p.tp * p.pp * p.ep, d.tp * d.pp * d.ep)
     depth = meeting_depth(point.system, *units)
-    busiest = [prefill_prices.step("prefill", 1, serving.scheduler.max_batched_tokens)] * spans(
-        point.system, depth, units[0]
-    )
-    busiest += [decode_prices.step("decode", nearest(decode.max_seqs), nearest(load.isl + load.osl / 2))] * spans(
-        point.system, depth, units[1]
-    )
+    busiest = []  # the largest iteration of each pool whose instances' collectives cross the dimension too
+    if spans(point.system, depth, units[0]):
+        busiest.append(prefill_prices.step("prefill", 1, serving.scheduler.max_batched_tokens))
+    if spans(point.system, depth, units[1]):
+        busiest.append(decode_prices.step("decode", nearest(decode.max_seqs), nearest(load.isl + load.osl / 2)))
     link = kv_link(
         point.model,
         point.system,
@@ -74,11 +72,6 @@ def deployment(point: DesignPoint, generator: WorkloadGenerator, cost_model: Cos
     return Deployment(pools, prefill_prices, decode_prices, decode_tokens, memory)
 
 
-def prompt_seconds(prices: IterationPricer, isl: float) -> float:
-    """A prompt's prefill alone in one iteration: what a layer-by-layer hand-off hides under."""
-    return prices.time(IterationShape(0.0, 0.0, 0.0, isl, chunk_pairs(isl, 0.0), 1.0))
-
-
 def simulate(point: DesignPoint, built: Deployment, serving: ServingSpec) -> events.EventStats:
     """The event simulation of both pools and the links under the serving section's load."""
     pools = built.pools
@@ -88,7 +81,7 @@ def simulate(point: DesignPoint, built: Deployment, serving: ServingSpec) -> eve
         pools.decode.engine,
         pools.prefill.time,
         pools.decode.time,
-        lambda isl: pools.link.seconds(isl, prompt_seconds(built.prefill, isl)),
+        lambda isl: pools.link.seconds(isl, disaggregated.prompt_alone(pools.prefill.time, isl)),
         serving.concurrency,
         serving.warmup,
         engines_per_link=point.parallel.pp,

@@ -14,19 +14,18 @@ LayerKind = tuple[str, str]
 
 
 def layer_kinds(m: ModelSpec) -> list[LayerKind]:
+    """Each layer's (mixer, MLP), built a list at a time (feasibility asks it of every point a sweep decodes)."""
+    if m.family == "mamba":
+        return [("ssm", "none")] * m.layers
     mixer = "mla" if m.mla else "attn"
-    out: list[LayerKind] = []
-    for i in range(m.layers):
-        if m.family == "mamba":
-            out.append(("ssm", "none"))
-            continue
-        mlp = "moe" if m.moe and i >= m.moe.first_dense_layers else "dense"
-        if m.family == "hybrid":
-            assert m.ssm is not None and m.ssm.attention_every is not None
-            out.append((mixer if (i + 1) % m.ssm.attention_every == 0 else "ssm", mlp))
-        else:
-            out.append((mixer, mlp))
-    return out
+    if m.family == "hybrid":
+        assert m.ssm is not None and m.ssm.attention_every is not None
+        every = m.ssm.attention_every
+        mixers = [mixer if (i + 1) % every == 0 else "ssm" for i in range(m.layers)]
+    else:
+        mixers = [mixer] * m.layers
+    dense = min(m.moe.first_dense_layers, m.layers) if m.moe else m.layers
+    return list(zip(mixers, ["dense"] * dense + ["moe"] * (m.layers - dense), strict=True))
 
 
 def ssm_inner(m: ModelSpec) -> int:

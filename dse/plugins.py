@@ -71,8 +71,10 @@ def available(kind: str) -> list[str]:
     return sorted(_registry(kind))
 
 
+@cache
 def load(kind: str, name: str) -> Any:
-    """The class or object registered as `name` in the group of `kind` (see GROUPS)."""
+    """The class or object registered as `name` in the group of `kind` (see GROUPS); loaded once (a sweep asks for
+    each objective at every point)."""
     registry = _registry(kind)
     if name not in registry:
         raise PluginError(f"unknown {kind} '{name}'; installed: {', '.join(sorted(registry)) or 'none'}")

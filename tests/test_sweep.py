@@ -13,7 +13,7 @@ from helpers import run_cli
 from dse.errors import SpecError
 from dse.results import pareto
 from dse.results.sweep_results import write_tables
-from dse.search import sweep
+from dse.search import sweep, sweep_grid
 from dse.search.decoding import decode
 from dse.search.executor import PluginEvaluation
 from dse.search.space import load_study
@@ -121,15 +121,22 @@ def test_a_stopped_sweep_keeps_valid_parts_and_a_rerun_resumes(study, tmp_path, 
     out = tmp_path / "out"
     store = PartStore(out)
     monkeypatch.setattr(sweep, "FLUSH_S", 0.0)  # a part per task: the stop below leaves several on disk
+    monkeypatch.setattr(sweep_grid, "TASK_POINTS", 16)  # a task per structure (16 systems)
     told: list[int] = []
     first = sweep.run(spec, store, sweep.InlinePool(spec), told.append, stop=lambda: len(told) >= 5)
-    assert not first.complete and first.priced == sum(told) == store.rows() and len(store.paths()) == 5
+    assert not first.complete and first.priced == sum(told) == store.rows() == 5 * 16 and len(store.paths()) == 5
     partial = pq.read_table(store.paths()[0])  # each part is a whole Parquet file
     assert partial.num_rows > 0 and "state" in partial.column_names
     assert write_tables(spec, out) is not None and len(pd.read_parquet(out / "trials.parquet")) == first.priced
 
-    second = sweep.run(spec, store, sweep.InlinePool(spec))
-    assert second.complete and second.before == first.priced and second.priced == 384 - first.priced
+    second = sweep.run(spec, store, sweep.InlinePool(spec), told.append, stop=lambda: len(told) >= 20)
+    assert not second.complete and second.before == 80 and second.priced == 15 * 16  # the first 5 skipped
+
+    # Resumed under the default cut (structures 0-15 in one task, 16-23 in the other): the first task's points are
+    # all on disk, so only the second is priced, whole (structures 16-19 again), and each number is one row.
+    monkeypatch.setattr(sweep_grid, "TASK_POINTS", 256)
+    third = sweep.run(spec, store, sweep.InlinePool(spec))
+    assert third.complete and third.before == 320 and third.priced == 8 * 16
     frame = write_tables(spec, out).frame
     assert sorted(frame["number"]) == list(range(384))
 

@@ -30,6 +30,11 @@ def evaluate(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostM
     """A serving point's workload is its typical decode step, and its generate time is in its simulate time (the
     serving model generates its steps as it prices them)."""
     check_feasible(point)
+    return evaluate_feasible(point, generator, cost_model)
+
+
+def evaluate_feasible(point: DesignPoint, generator: WorkloadGenerator, cost_model: CostModel) -> Evaluation:
+    """`evaluate` of a point its caller has found feasible already (a sweep checks every point before pricing)."""
     t0 = time.perf_counter()
     if point.workload.mode == "serve":
         result = serve(point, generator, cost_model)

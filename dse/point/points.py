@@ -10,6 +10,7 @@ HBM, while `accelerator: h200` or `accelerator: {base: h200, ...}` replaces it.
 import copy
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -131,10 +132,9 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
     unknown = [k for k in raw if k not in POINT_FIELDS]
     if unknown:
         raise SpecError(f"{source}: unknown field '{unknown[0]}'; a point has {', '.join(POINT_FIELDS)}")
-    try:
-        system = validated_system(raw["system"])
-    except ValidationError:
-        system = raw["system"]  # the point's own validation names the field
+    system = raw["system"]
+    with suppress(ValidationError):  # where it is not valid, the point's own validation names the field
+        system = system if isinstance(system, SystemSpec) else validated_system(system)
     try:
         return DesignPoint.model_validate({**raw, "system": system})
     except ValidationError as exc:

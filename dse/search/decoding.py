@@ -109,17 +109,21 @@ def decode(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
     return point if isinstance(point, str) else infeasibility(point) or point
 
 
-def decode_point(spec: StudySpec, params: Mapping[str, Any]) -> DesignPoint | str:
+def decode_point(spec: StudySpec, params: Mapping[str, Any], system: SystemSpec | None = None) -> DesignPoint | str:
     """`decode` before the feasibility rules: the valid point of a trial's params, or why a derived value has none;
     raises SpecError as decode does. A field the point would ignore (a decode pool's degrees on an aggregated
     point, set because the study searches them for its disaggregated points) is left at what gives the same step,
-    so that trials of one point have one key and are priced and shown once."""
+    so that trials of one point have one key and are priced and shown once. `system`, where the caller has decoded
+    the params' system already (`decode_system`: a sweep's), is used as it is (no derived value sets a system
+    field) instead of being validated again."""
     try:
-        raw = _assemble(spec, params)
+        raw = _assemble(spec, params, world=system.npus if system is not None else None)
     except SpecError as exc:  # a catalog name among the params that the catalog lacks
         raise located(exc, spec.source, spec.source) from None
     if isinstance(raw, str):
         return raw
+    if system is not None:
+        raw["system"] = system
     return without_ignored_settings(build_point(raw, f"{spec.source} (base with space and derived applied)"))
 
 
@@ -138,9 +142,11 @@ def decode_system(spec: StudySpec, params: Mapping[str, Any]) -> SystemSpec:
         raise SpecError(f"{spec.source} (base with space applied): field '{field}': {error_message(error)}") from None
 
 
-def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -> dict[str, Any] | str:
+def _assemble(
+    spec: StudySpec, params: Mapping[str, Any], derive: bool = True, world: int | None = None
+) -> dict[str, Any] | str:
     """The point data of a trial's params (base, params, and derived values unless derive is false), not yet
-    validated, or the reason a derived value has none."""
+    validated, or the reason a derived value has none; `world` is the system's NPUs where the caller knows them."""
     raw = dict(spec.expanded_base)  # copied on write along each assigned path
     owned = {id(raw)}
     for name, value in params.items():
@@ -153,7 +159,7 @@ def _assemble(spec: StudySpec, params: Mapping[str, Any], derive: bool = True) -
         return raw
     env: dict[str, float] = dict(params)
     if any("world" in expr.names for expr in spec.expressions.values()):
-        env["world"] = _world(raw, spec.source)
+        env["world"] = world if world is not None else _world(raw, spec.source)
     for path, expr in spec.expressions.items():
         value = derived_value(path, expr, env)
         if isinstance(value, str):
@@ -184,8 +190,10 @@ def derived_value(path: str, expr: Expression, env: Mapping[str, Any]) -> int | 
 
 
 def point_fields(point: DesignPoint, paths: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """The values at dotted paths of a point, e.g. {'parallel.tp': 8}; a path the point lacks is left out."""
-    return fields_at(point.model_dump(mode="json"), paths)
+    """The values at dotted paths of a point, e.g. {'parallel.tp': 8}; a path the point lacks is left out. Only the
+    sections the paths name are dumped (a system's measured tables are thousands of rows)."""
+    sections = {path.split(".")[0] for path in paths}
+    return fields_at(point.model_dump(mode="json", include=sections), paths)
 
 
 def fields_at(data: dict[str, Any], paths: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from dse.errors import DseError
@@ -183,8 +184,7 @@ def run(
     """Price the tasks of the grid that no part on disk holds, writing parts as results arrive (every FLUSH_S
     and at the end, also when stopped or failing); on_rows hears how many rows each task brought."""
     grid = SweepGrid(spec)
-    done = store.done_tasks()
-    pending = [task for task in grid.tasks() if task.id not in done]
+    pending = pending_tasks(grid, store)
     before = store.rows()
     start = time.monotonic()
     buffer: list[pa.Table] = []
@@ -200,5 +200,16 @@ def run(
                 buffer, flushed = [], time.monotonic()
     finally:
         store.write(buffer)
-    complete = len(store.done_tasks()) == len(grid.tasks())
+    complete = len(store.numbers()) == grid.size
     return SweepRun(before, priced, complete, time.monotonic() - start)
+
+
+def pending_tasks(grid: SweepGrid, store: PartStore) -> list[Task]:
+    """The tasks with a point that no part on disk holds."""
+    tasks = grid.tasks()
+    done = store.numbers()
+    if not done.size:
+        return tasks
+    held = np.zeros(grid.size, dtype=bool)
+    held[done] = True
+    return [task for task in tasks if not held[grid.task_numbers(task)].all()]

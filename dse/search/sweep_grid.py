@@ -4,9 +4,11 @@ A point's number is its position in the grid as itertools.product enumerates the
 first parameter varies slowest), so a row of the sweep's table says which point it is whatever order the tasks
 finish in, and a resumed sweep knows which points it has. The parameters split in two: the system's fields (HBM
 size, FLOP/s, link bandwidths: `space.is_system_field`) and the rest, the point's structure (model, workload,
-parallel layout), which alone decides the generated workload. A task is one structure and a run of systems, priced
-with one generated workload (`sweep_pricer`); a feasibility-only system field varies fastest among the systems, so
-that the points it resolves from one timing sit in the same task.
+parallel layout), which alone decides the generated workload. A task is a run of structures, each on a run of
+systems priced with one generated workload (`sweep_pricer`); a feasibility-only system field varies fastest among the
+systems, so that the points it resolves from one timing sit in the same task. Structures are grouped when their
+systems are few: a task per structure of a serving study's four systems was 6,656 tasks whose Ray calls and Arrow
+tables cost the driver more than a fifth of the sweep.
 """
 
 from dataclasses import dataclass
@@ -21,14 +23,19 @@ TASK_SYSTEMS = 16_384
 """Systems per task at most: a task of one structure on this many systems is seconds of pricing (hundreds of
 points per CPU-second), short enough to share out and to lose to an interrupt, long enough that a task's fixed cost
 (the workload generated, the batch's schedule recorded) stays small."""
+TASK_POINTS = 256
+"""Points per task at least where a structure has fewer systems: its structures are grouped up to this many
+points (a second or two of serving points, tenths of one of training points), so that a task's Ray call and result
+table are small beside its pricing, and still hundreds of tasks share out a large grid."""
 
 
 @dataclass(frozen=True)
 class Task:
-    """One structure priced on the systems `first` to `stop` - 1 (indices into the system grid)."""
+    """The structures in `structures`, each priced on the systems `first` to `stop` - 1 (indices into the system
+    grid)."""
 
     id: int
-    structure: int
+    structures: range
     first: int
     stop: int
 
@@ -79,12 +86,20 @@ class SweepGrid:
         return base + offsets
 
     def tasks(self) -> list[Task]:
-        """Every structure on every system, TASK_SYSTEMS systems at most per task."""
+        """Every structure on every system: TASK_SYSTEMS systems at most per task, and structures grouped up to
+        TASK_POINTS points where they have fewer systems."""
         out: list[Task] = []
-        for structure in range(self.structures):
+        group = max(1, TASK_POINTS // self.systems)
+        for start in range(0, self.structures, group):
+            structures = range(start, min(start + group, self.structures))
             for first in range(0, self.systems, TASK_SYSTEMS):
-                out.append(Task(len(out), structure, first, min(first + TASK_SYSTEMS, self.systems)))
+                out.append(Task(len(out), structures, first, min(first + TASK_SYSTEMS, self.systems)))
         return out
+
+    def task_numbers(self, task: Task) -> np.ndarray:
+        """The grid numbers of a task's points, structure by structure."""
+        systems = np.arange(task.first, task.stop)
+        return np.concatenate([self.numbers(structure, systems) for structure in task.structures])
 
     def columns(self, numbers: np.ndarray) -> dict[str, pa.Array]:
         """The parameters of the points with these grid numbers, a typed column per parameter: the choices' own

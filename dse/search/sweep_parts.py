@@ -3,9 +3,10 @@ they belong to.
 
 A part is written under a temporary name and renamed into place, so a part on disk is always a valid Parquet file,
 whatever stopped the sweep (a single file written as results arrive has no footer until it is closed, and a kill
-would lose all of it). Each part's metadata names the tasks whose rows it holds, which is what a resumed sweep
-skips. The manifest (`sweep.json`) keeps what decides the rows (base, space, derived, plugins, objectives), so that
-a rerun of another grid into the same folder is refused rather than mixed in, and the MLflow parent run's id.
+would lose all of it). The grid numbers a part's rows hold are what a resumed sweep skips (numbers, not task ids, so
+that parts written under another cut of the grid into tasks still count). The manifest (`sweep.json`) keeps what
+decides the rows (base, space, derived, plugins, objectives), so that a rerun of another grid into the same folder
+is refused rather than mixed in, and the MLflow parent run's id.
 """
 
 import json
@@ -14,16 +15,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dse.errors import SpecError
 from dse.search.space import StudySpec
-from dse.search.sweep_pricer import TASK_COLUMN_META
 
 PARTS_DIR = "sweep-parts"
 MANIFEST = "sweep.json"
-TASKS_META = b"dse.sweep.tasks"
 IDENTITY_EXCLUDED = {"name", "seed", "workers", "tracking", "sampler", "sweep", "trials", "population_size"}
 """Study fields that do not change a sweep's rows: a rerun may change them and still resume."""
 OPTUNA_JOURNAL = "optuna-journal.log"
@@ -38,11 +38,10 @@ class PartStore:
     def paths(self) -> list[Path]:
         return sorted(self.folder.glob("part-*.parquet")) if self.folder.is_dir() else []
 
-    def done_tasks(self) -> set[int]:
-        done: set[int] = set()
-        for path in self.paths():
-            done.update(json.loads(pq.read_schema(path).metadata[TASKS_META]))
-        return done
+    def numbers(self) -> np.ndarray:
+        """The grid numbers of the rows on disk, each once, sorted."""
+        columns = [pq.read_table(path, columns=["number"])["number"].to_numpy() for path in self.paths()]
+        return np.unique(np.concatenate(columns)) if columns else np.empty(0, dtype=np.int64)
 
     def rows(self) -> int:
         return sum(pq.read_metadata(path).num_rows for path in self.paths())
@@ -51,9 +50,7 @@ class PartStore:
         """The tasks' tables as one part (nothing for none)."""
         if not tables:
             return
-        tasks = [int(table.schema.metadata[TASK_COLUMN_META]) for table in tables]
-        joined = pa.concat_tables([t.replace_schema_metadata() for t in tables], promote_options="permissive")
-        joined = joined.replace_schema_metadata({TASKS_META: json.dumps(tasks).encode()})
+        joined = pa.concat_tables(tables, promote_options="permissive")
         self.folder.mkdir(parents=True, exist_ok=True)
         name = f"part-{uuid.uuid4().hex[:12]}.parquet"
         temporary = self.folder / f".{name}.tmp"
@@ -62,7 +59,7 @@ class PartStore:
 
     def read(self) -> pa.Table | None:
         """Every row on disk, one row per grid number (a task written twice by two drivers counts once)."""
-        tables = [pq.read_table(path).replace_schema_metadata() for path in self.paths()]
+        tables = [pq.read_table(path) for path in self.paths()]
         if not tables:
             return None
         table = pa.concat_tables(tables, promote_options="permissive").sort_by("number")

@@ -23,7 +23,7 @@ import pyarrow as pa
 from dse import plugins
 from dse.errors import InfeasibleError, SpecError
 from dse.interfaces import BatchCostModel, SimResult
-from dse.point.evaluate import evaluate, metrics_of
+from dse.point.evaluate import evaluate_feasible, metrics_of
 from dse.point.feasibility import infeasibility
 from dse.search.decoding import decode_point, decode_system, fields_at, point_fields
 from dse.search.executor import NODE, _describe
@@ -40,8 +40,6 @@ KEY_SECTIONS = ("model", "parallel", "system", "workload")
 """The sections of a point key, in the order `DesignPoint.key` joins them."""
 STRUCTURE_SECTIONS = ("model", "parallel", "workload")
 """The sections a structure fixes; with the system's they make the point key (`DesignPoint.key`)."""
-TASK_COLUMN_META = b"dse.sweep.task"
-"""Schema metadata of a task's table: its id, so that the parts on disk say which tasks are done."""
 
 
 class _System:
@@ -100,11 +98,17 @@ class SweepPricer:
         return plugins.generator(spec.generator), plugins.cost_model(spec.cost_model, spec.cost_model_options)
 
     def price(self, task: Task) -> pa.Table:
-        """The task's rows as a table (its id in the schema metadata, TASK_COLUMN_META)."""
+        """The task's rows as a table."""
         rows = _Rows()
-        indices = np.arange(task.first, task.stop)
-        numbers = self.grid.numbers(task.structure, indices)
-        structure_params = self.grid.structure_params(task.structure)
+        for structure in task.structures:
+            self._price_structure(rows, structure, task.first, task.stop)
+        return self._table(rows)
+
+    def _price_structure(self, rows: _Rows, structure: int, first: int, stop: int) -> None:
+        """Rows of one structure on the systems `first` to `stop` - 1, priced world by world."""
+        indices = np.arange(first, stop)
+        numbers = self.grid.numbers(structure, indices)
+        structure_params = self.grid.structure_params(structure)
         worlds: dict[int, list[tuple[int, _System]]] = {}
         first_of_world: dict[int, int] = {}
         for number, index in zip(numbers.tolist(), indices.tolist(), strict=True):
@@ -115,9 +119,8 @@ class SweepPricer:
                 worlds.setdefault(system.system.npus, []).append((number, system))
                 first_of_world.setdefault(system.system.npus, index)
         for world, members in worlds.items():
-            structure = self._structure(task.structure, structure_params, first_of_world[world])
-            self._price_world(rows, structure, members)
-        return self._table(rows).replace_schema_metadata({TASK_COLUMN_META: str(task.id).encode()})
+            decoded = self._structure(structure, structure_params, first_of_world[world])
+            self._price_world(rows, decoded, members)
 
     def _system(self, index: int) -> _System | str:
         """The decoded system at an index of the system grid, or why it cannot be decoded."""
@@ -143,7 +146,7 @@ class SweepPricer:
         cached = self._structures.get(key)
         if cached is None:
             try:
-                point = decode_point(self.spec, {**params, **self.grid.system_params(system_index)})
+                point = decode_point(self.spec, {**params, **self.grid.system_params(system_index)}, system.system)
             except SpecError as exc:
                 point = str(exc)
             if isinstance(point, str):
@@ -195,7 +198,7 @@ class SweepPricer:
         key = self._key(structure, system)
         generator, cost_model = self._plugins
         try:
-            found = evaluate(point, generator, cost_model)
+            found = evaluate_feasible(point, generator, cost_model)
         except InfeasibleError as exc:
             return self._row(number, PRUNED, str(exc), key, structure, system)
         except Exception as exc:
@@ -283,7 +286,7 @@ def _with_system(point: DesignPoint, system: SystemSpec) -> DesignPoint:
 
 def failed_table(grid: SweepGrid, task: Task, reason: str) -> pa.Table:
     """A task's rows, every one FAIL with the reason, for a task whose pricing as a whole went wrong."""
-    numbers = grid.numbers(task.structure, np.arange(task.first, task.stop))
+    numbers = grid.task_numbers(task)
     count = len(numbers)
     arrays = {
         "number": pa.array(numbers),
@@ -295,4 +298,4 @@ def failed_table(grid: SweepGrid, task: Task, reason: str) -> pa.Table:
         NODE: pa.nulls(count, pa.string()),
         **grid.columns(numbers),
     }
-    return pa.table(arrays).replace_schema_metadata({TASK_COLUMN_META: str(task.id).encode()})
+    return pa.table(arrays)

@@ -356,7 +356,7 @@ def _measure(
     tpot = np.full(len(measured), math.nan)
     many = osl > 1
     tpot[many] = (finish[measured][many] - first[many]) / (osl[many] - 1)
-    began, lasted, running = (np.array(column, dtype=float) for column in zip(*iterations, strict=True))
+    began, lasted, running = np.array(iterations, dtype=float).reshape(-1, 3).T  # zip(*) of 1e6 tuples took seconds
     overlap = np.clip(np.minimum(began + lasted, end) - np.maximum(began, start), 0.0, None)
     preempted = np.array(flow.preempted_at)
     duration = end - start

@@ -45,8 +45,8 @@ def test_a_study_refines_its_front_with_astrasim_on_ray(ray_address, binary, tmp
 
 def test_a_study_refines_its_best_point_by_replaying_it_over_gloo(tmp_path, capsys):
     """The emulator contract driving dse's gloo replay: the study's best point runs for real on 4 local processes
-    (the small study's system cut to one ring of 4: each rank is a process that imports torch, 3 s of CPU apiece,
-    so its 8 made this test take a third longer on 2 cores)."""
+    (the small study's system cut to one ring of 4: its 8 ranks, each a process that then imported torch, 3 s of
+    CPU apiece, made this test take a third longer on 2 cores)."""
     refine = {"cost_model": "emulator", "cost_model_options": {"args": ["--scale", "0.05"], "timeout_s": patience(120)}}
     base = {**SMALL["base"], "system": {"base": "tiny-ring", "network": {1: {"npus": 1}}}}
     study = {

@@ -6,6 +6,7 @@ from helpers import make_point
 
 from dse import plugins
 from dse.errors import InfeasibleError, SpecError
+from dse.point.feasibility import infeasibility
 from dse.routing import active_experts
 from dse.workload import Workload
 from generators.symbolic import SymbolicGenerator
@@ -117,3 +118,16 @@ def test_the_fx_generator_refuses_a_routing_skew_it_would_not_read():
     skewed = point(2, 2, **{"workload.routing": SKEW})
     with pytest.raises(SpecError, match=r"p.yaml: field 'workload.routing': generator 'fx' never reads it"):
         plugins.refuse_unread_fields("fx", lambda path: [skewed.workload.routing], "p.yaml")
+
+
+def test_a_prefill_pool_whose_ranks_are_not_whole_ep_groups_is_infeasible():
+    """A pool's engines step in waves of `ep` ranks, so its `dp` ranks must make whole groups (serving.decode's
+    validation says so for the decode pool): DeepSeek-R1's study priced a prefill pool of 4 TP8 ranks with EP 8 and
+    crashed in the event simulation of its front (4 engines in waves of 8) instead of refusing it."""
+    overrides = {"workload.mode": "serve", "workload.seq_len": None, "workload.global_batch": None}
+    serving = {"isl": 64, "osl": 8, "rate_per_s": 1.0, "kind": "disaggregated", "decode": {"tp": 1, "dp": 4}}
+    pool = make_point("tiny-moe", overrides=overrides | {"workload.serving": serving}, tp=2, ep=4, dp=2)
+    reason = infeasibility(pool)
+    assert reason is not None and "parallel.dp = 2" in reason and "parallel.ep = 4" in reason, reason
+    whole = make_point("tiny-moe", overrides=overrides | {"workload.serving": serving}, tp=2, ep=2, dp=2)
+    assert infeasibility(whole) is None

@@ -222,12 +222,12 @@ def _serving_infeasibility(point: DesignPoint) -> str | None:
 
 def _instance_infeasibility(point: DesignPoint, fields: str = "parallel.") -> str | None:
     """Why one instance's steps cannot run, its degrees named as the point names them."""
-    p, npus = point.parallel, point.system.npus
-    if (unit := p.ep * p.tp * p.pp) > npus:
+    p = point.parallel
+    if p.dp % p.ep:
         return (
-            f"an expert-parallel group of {fields}ep*tp*pp = {p.ep}*{p.tp}*{p.pp} = {unit} GPUs (the ranks that "
-            f"share their experts, priced together) is larger than system '{point.system.name}''s {npus} NPUs; "
-            f"lower {fields}ep"
+            f"{fields}dp = {p.dp} attention data-parallel ranks do not make whole expert-parallel groups of "
+            f"{fields}ep = {p.ep} ranks (the ranks that share their experts, priced together and stepping in lock "
+            f"step); use {fields}dp a multiple of {fields}ep, or lower {fields}ep"
         )
     try:
         step = step_point(point, "decode", 1, 1)

@@ -12,7 +12,8 @@ A fused attention kernel's share of peak is not one figure: it grows with the se
 and differs by pass, mask and kernel. Where the accelerator has the measured table of the workload's kernel
 (`dse.kernels`), an attention op that says its shape runs at that table's TFLOP/s for it instead of
 compute_efficiency.attention. Every FLOP rate runs at the accelerator's `clock_share` (a power cap's lower SM clock);
-HBM bandwidth does not.
+HBM bandwidth does not. On an accelerator with memory tiers (SRAM, HBM, DDR) a byte costs the tier-weighted time of
+the tiers the step's working set fills, fastest first (`AcceleratorSpec.seconds_per_byte`).
 
 Where the op says its shape (`Op.gemm`: batch, m, n, k) and the accelerator its SM count, the size model is the
 GEMM's own tiling instead (NVIDIA's 'Matrix Multiplication Background' guide, tile and wave quantization): cuBLAS
@@ -150,10 +151,15 @@ def _check_physics(
 
 
 def compute_time(
-    op: Op, accelerator: AcceleratorSpec, dtype: str, attention: AttentionKernelSpec | None = None
+    op: Op,
+    accelerator: AcceleratorSpec,
+    dtype: str,
+    attention: AttentionKernelSpec | None = None,
+    working_set: float | None = None,
 ) -> float:
     """Seconds one compute op takes by the roofline, its math at the rate `attention` (the workload's kernel table)
-    gives a fused attention op of known shape; an op that neither computes nor moves bytes is free."""
+    gives a fused attention op of known shape, its bytes at the memory tiers the step's `working_set` (bytes)
+    fills (`AcceleratorSpec.seconds_per_byte`); an op that neither computes nor moves bytes is free."""
     if op.flops == 0 and op.bytes == 0:
         return 0.0
     math = 0.0
@@ -179,7 +185,7 @@ def compute_time(
             math = executed / peak
             if op.category == "gemm" and accelerator.gemm_half_efficiency_gflop:
                 math += accelerator.gemm_half_efficiency_gflop * 1e9 / peak
-    memory = op.bytes / (accelerator.hbm_bandwidth * accelerator.memory_efficiency)
+    memory = op.bytes * accelerator.seconds_per_byte(working_set)
     return max(math, memory) + accelerator.kernel_launch_us * 1e-6
 
 
@@ -205,9 +211,17 @@ def _ceil(x: float) -> int:
 class ComputeModel:
     """Prices compute ops for one accelerator and dtype, from its measured table first when it has one."""
 
-    def __init__(self, accelerator: AcceleratorSpec, dtype: str, attention_kernel: str = "auto") -> None:
+    def __init__(
+        self,
+        accelerator: AcceleratorSpec,
+        dtype: str,
+        attention_kernel: str = "auto",
+        working_set: float | None = None,
+    ) -> None:
         self.accelerator = accelerator
         self.dtype = dtype
+        self.working_set = working_set
+        """The step's peak bytes, which place it in the accelerator's memory tiers (None: HBM alone)."""
         framework = attention_kernel == FRAMEWORK_KERNEL
         self.attention = None if framework else attention_table(accelerator, attention_kernel, dtype)
         """The published table of the workload's attention kernel; None: compute_efficiency.attention prices it (or,
@@ -253,6 +267,6 @@ class ComputeModel:
             measured = tables.seconds(op)
             if measured is not None:
                 return max(measured, self._physical_floor(op)), source
-            return compute_time(op, self.accelerator, self.dtype, self.attention), OUTSIDE_TABLE
-        seconds = compute_time(op, self.accelerator, self.dtype, self.attention)
+            return compute_time(op, self.accelerator, self.dtype, self.attention, self.working_set), OUTSIDE_TABLE
+        seconds = compute_time(op, self.accelerator, self.dtype, self.attention, self.working_set)
         return seconds, KERNEL_TABLE if covers(self.attention, op) else ROOFLINE

@@ -27,6 +27,10 @@ from dse.limits import (
 GiB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+PeakDtype = Literal["fp32", "bf16", "fp16", "fp8", "fp4"]
+"""A dtype an accelerator states a peak for: fp4 (Blackwell's NVFP4 tensor cores) is a peak only, not a model,
+cache or reduction dtype (Dtype): its half-byte elements would break the whole-byte itemsizes the generators, the
+Chakra exporter and the fx models' torch dtypes count in, and no stored table times an fp4 op."""
 OpCategory = Literal["gemm", "attention", "elementwise", "norm", "embedding", "optimizer", "other"]
 
 

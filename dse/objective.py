@@ -11,6 +11,8 @@ from dse.workload import Workload
 Direction = Literal["minimize", "maximize"]
 MetricFn = Callable[[DesignPoint, Workload, SimResult], float | None]
 """None: the metric does not apply to the point (a serving metric of a training step), which has no value for it."""
+NeedsFn = Callable[[DesignPoint], str | None]
+"""Why a point cannot have a metric, naming the field to set and how (its accelerator has no price_usd), or None."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class Objective:
     fn: MetricFn
     serving: bool = False
     """A metric of serving points only (workload.mode serve): a study of other points cannot optimise it."""
+    needs: NeedsFn | None = None
+    """What a point must set to have the metric at all: a study that optimises it on a point without is refused."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class Constraint:
     fn: MetricFn
     serving: bool = False
     """A condition on serving points only (workload.mode serve)."""
+    needs: NeedsFn | None = None
+    """What a point must set to be judged by it at all: a study constrained by it on a point without is refused."""
 
 
 def in_seconds(metric: str) -> bool:

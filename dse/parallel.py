@@ -34,7 +34,11 @@ class ParallelSpec(Spec):
     pp: Degree = 1
     cp: Degree = 1
     sp: bool = Field(False, description="Megatron sequence parallelism on the TP group")
-    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(as_whole)] = Field(0, description="ZeRO stage; 3 = FSDP")
+    zero: Annotated[Literal[0, 1, 2, 3], BeforeValidator(as_whole)] = Field(
+        0,
+        description="ZeRO stage; 3 = FSDP. ZeRO shards over the dp x cp ranks, which hold the same weights "
+        "(Megatron's data-parallel group with context parallelism, torchtitan's FSDP mesh dp_shard x cp)",
+    )
     fsdp: Literal["fsdp1", "fsdp2"] = Field(
         "fsdp2",
         description="with zero 3, the PyTorch FSDP whose buffer copies are priced: fsdp2 (fully_shard, PyTorch's "
@@ -66,9 +70,9 @@ class ParallelSpec(Spec):
     )
     dp_shard: Degree | None = left_out_at_default(
         None,
-        description="HSDP: ZeRO shards over groups of dp_shard consecutive data-parallel ranks and replicates "
-        "across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced across); "
-        "unset: over all dp ranks",
+        description="HSDP: ZeRO shards over groups of dp_shard consecutive data-parallel ranks (times the cp ranks) "
+        "and replicates across the dp / dp_shard groups (gradients reduce-scattered in the group, then all-reduced "
+        "across); unset: over all dp (x cp) ranks",
     )
     grad_bucket_mb: Annotated[float, Gt(0), Le(MAX_CAPACITY_GIB * 1024)] | None = left_out_at_default(
         None,

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, get_args
 from annotated_types import Le
 from pydantic import Field, model_validator
 
+from dse.economics import EconomicsSpec
 from dse.fields import (
     DTYPE_BYTES,
     Count,
@@ -276,11 +277,16 @@ class DesignPoint(Spec):
     workload: WorkloadSpec
     parallel: ParallelSpec
     system: SystemSpec
+    economics: EconomicsSpec = left_out_at_default(
+        EconomicsSpec(),
+        description="the owner's terms the cost and energy objectives judge the point under (lifetime, "
+        "utilisation, electricity, PUE) and its budget and power limits (dse/economics.py)",
+    )
 
     @cached_property
     def key(self) -> str:
-        """A hash of the canonical JSON of every field."""
-        return _digest(self, ("model", "parallel", "system", "workload"))
+        """A hash of the canonical JSON of every field (`key_sections`)."""
+        return _digest(self, key_sections(self))
 
     @cached_property
     def workload_key(self) -> str:
@@ -291,6 +297,18 @@ class DesignPoint(Spec):
     def micro_batches(self) -> int:
         """Micro-steps per optimizer step on each DP rank (gradient accumulation)."""
         return self.workload.global_batch // (self.parallel.dp * self.workload.micro_batch)
+
+
+KEY_SECTIONS = ("model", "parallel", "system", "workload")
+"""The sections of every point's key, in the sorted order `digest` joins them."""
+DEFAULT_ECONOMICS = EconomicsSpec()
+
+
+def key_sections(point: DesignPoint) -> tuple[str, ...]:
+    """The sections a point's key is made of: KEY_SECTIONS, and economics when it is not its default (it changes
+    the cost and energy metrics, so it is part of the point; left out at its default, the keys of points stored
+    before it existed stay what they were)."""
+    return KEY_SECTIONS if point.economics == DEFAULT_ECONOMICS else ("economics", *KEY_SECTIONS)
 
 
 @dataclass(frozen=True)

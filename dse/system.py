@@ -7,18 +7,16 @@ Files speak human units (GiB, GB/s, TFLOP/s, ns) with the unit in the field name
 from math import prod
 from typing import Annotated, Literal
 
-from annotated_types import Gt, Le
+from annotated_types import Ge, Gt, Le
 from pydantic import BeforeValidator, Field, model_validator
 
 from dse.fields import (
     Capacity,
     Count,
-    Degree,
-    Dtype,
     GiB,
-    Latency,
     Name,
     OpCategory,
+    PeakDtype,
     Rate,
     Share,
     Spec,
@@ -27,6 +25,7 @@ from dse.fields import (
     left_out_at_default,
 )
 from dse.limits import MAX_LAUNCH_US, MAX_NETWORK_DIMS, MAX_RATE, MAX_WORLD
+from dse.network import NetworkDim
 from dse.tables.source import KernelTables
 
 ATTENTION_TABLE_DTYPES = ("bf16", "fp16")
@@ -102,11 +101,27 @@ class AttentionKernels(Spec):
         return [name for name in ATTENTION_KERNELS if getattr(self, name) is not None]
 
 
-class AcceleratorSpec(Spec):
-    """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches."""
+class MemoryTier(Spec):
+    """One memory tier beside HBM (a dataflow chip's on-chip SRAM, its DDR): its capacity and bandwidth."""
 
     name: Name
-    peak_tflops: dict[Dtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
+    GiB: Annotated[Capacity, Gt(0)]
+    bandwidth_GBps: Rate
+
+
+class AcceleratorSpec(Spec):
+    """One accelerator. Efficiencies are the share of peak a well-sized kernel of that category reaches.
+
+    Memory: HBM (hbm_GiB at hbm_bandwidth_GBps), and on a chip with more tiers (`memory_tiers`: SRAM, DDR) every
+    tier, fastest first. Placement rule: the step's working set (its peak memory: weights, gradients, optimizer
+    states and activations alike) fills the tiers in order of bandwidth, fastest first, and a memory-bound kernel
+    reads its bytes from the tiers in the shares the working set occupies them (a kernel's operands are a fair
+    sample of the working set: nothing tells which tensors a compiler pins in SRAM), so each byte costs the
+    tier-weighted time `seconds_per_byte`. Capacity (the memory constraint) is every tier's total, `memory_bytes`.
+    """
+
+    name: Name
+    peak_tflops: dict[PeakDtype, Rate] = Field(min_length=1, description="dense peak TFLOP/s per dtype")
     hbm_GiB: Annotated[Capacity, Gt(0)]
     hbm_bandwidth_GBps: Rate
     compute_efficiency: dict[OpCategory, Share] = Field(description="share of peak FLOP/s per op category")
@@ -161,6 +176,15 @@ class AcceleratorSpec(Spec):
     kernel_tables: KernelTables | None = left_out_at_default(
         None, description="the measured kernel tables (aiconfigurator-core) that kernel_source: tables reads"
     )
+    price_usd: Annotated[float, Ge(0), Le(1e9)] | None = left_out_at_default(
+        None, description="list price of one accelerator with its share of the server around it (cost objectives)"
+    )
+    memory_tiers: list[MemoryTier] = left_out_at_default(
+        [],
+        description="memory tiers beside HBM (on-chip SRAM, DDR), fastest first: with HBM they hold the step's "
+        "working set fastest tier first and price each memory-bound byte by the tier holding it (see the class "
+        "docstring); empty: HBM only",
+    )
     sources: list[str] = Field(default_factory=list, description="where the figures come from")
 
     @property
@@ -183,6 +207,17 @@ class AcceleratorSpec(Spec):
             )
         if (too_fast := self._kernel_above_peak()) is not None:
             raise ValueError(too_fast)
+        names = [tier.name for tier in self.memory_tiers]
+        if "hbm" in names or len(set(names)) != len(names):
+            raise ValueError(
+                "memory_tiers: each tier needs its own name, and not 'hbm' (HBM is hbm_GiB at hbm_bandwidth_GBps); "
+                "rename the tier"
+            )
+        rates = [tier.bandwidth_GBps for tier in self.memory_tiers]
+        if rates != sorted(rates, reverse=True):
+            raise ValueError(
+                f"memory_tiers: list the tiers fastest first (their bandwidth_GBps are {rates}); reorder them"
+            )
         return self
 
     def _kernel_above_peak(self) -> str | None:
@@ -222,67 +257,37 @@ class AcceleratorSpec(Spec):
     def hbm_bandwidth(self) -> float:
         return self.hbm_bandwidth_GBps * 1e9
 
+    @property
+    def tiers(self) -> list[tuple[float, float]]:
+        """(bytes, bytes/s) of every memory tier, HBM among them, fastest first (HBM after tiers as fast)."""
+        hbm = (self.hbm_bytes, self.hbm_bandwidth)
+        others = [(tier.GiB * GiB, tier.bandwidth_GBps * 1e9) for tier in self.memory_tiers]
+        faster = [tier for tier in others if tier[1] >= hbm[1]]
+        return [*faster, hbm, *others[len(faster) :]]
+
+    @property
+    def memory_bytes(self) -> float:
+        """What the step's tensors may occupy: HBM plus every other memory tier."""
+        return self.hbm_bytes + sum(tier.GiB for tier in self.memory_tiers) * GiB
+
+    def seconds_per_byte(self, working_set: float | None) -> float:
+        """Seconds a memory-bound kernel takes per byte, at memory_efficiency of each tier's bandwidth, with the
+        working set (bytes) placed fastest tier first (the class docstring); bytes beyond every tier's capacity
+        are the slowest tier's. HBM only, or no working set given: the HBM bandwidth."""
+        if not self.memory_tiers or working_set is None or working_set <= 0:
+            return 1.0 / (self.hbm_bandwidth * self.memory_efficiency)
+        tiers = self.tiers
+        seconds, left = 0.0, working_set
+        for index, (capacity, bandwidth) in enumerate(tiers):
+            held = left if index == len(tiers) - 1 else min(left, capacity)
+            seconds += held / bandwidth
+            left -= held
+        return seconds / (working_set * self.memory_efficiency)
+
     def peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
             raise ValueError(f"accelerator {self.name} has no peak_tflops for dtype {dtype}")
         return self.peak_tflops[dtype] * 1e12
-
-
-class NetworkDim(Spec):
-    """One level of the hierarchical network, the same shape as an ASTRA-sim network dimension.
-
-    bandwidth_GBps is what one NPU can send into this dimension in one direction; efficiency scales it to what a
-    collective achieves (the nccl-tests bus bandwidth over the line rate).
-    """
-
-    topology: Literal["ring", "switch", "fully_connected", "torus2d", "torus3d"]
-    npus: Degree
-    bandwidth_GBps: Rate
-    latency_ns: Latency
-    efficiency: Share = 1.0
-    algorithm: Literal["auto", "ring", "direct", "halving_doubling", "tree"] = Field(
-        "auto", description="collective algorithm; auto: direct on fully_connected, ring elsewhere"
-    )
-    shape: list[Degree] | None = Field(
-        None,
-        max_length=3,
-        description="torus side lengths (product = npus); default: as square or cubic as npus allows",
-    )
-    reduction_efficiency: Share | None = left_out_at_default(
-        None,
-        description="a switch that reduces in the network (NVLink SHARP, InfiniBand SHARP): an all-reduce crosses "
-        "each NPU's link once each way, at this share of the line rate; unset: the NPUs reduce",
-    )
-    reduction_latency_ns: Latency | None = left_out_at_default(
-        None,
-        description="fixed cost of an all-reduce through the switch (NCCL's NVLS); an all-reduce runs the faster "
-        "of that and the NPUs' own algorithm at its size; unset: twice latency_ns",
-    )
-
-    @model_validator(mode="after")
-    def _check_shape(self) -> "NetworkDim":
-        if self.shape is not None:
-            if not self.topology.startswith("torus"):
-                raise ValueError(f"shape is only for torus topologies, not '{self.topology}'; remove it")
-            if len(self.shape) != int(self.topology[-2]) or prod(self.shape) != self.npus:
-                raise ValueError(f"shape {self.shape} must have {self.topology[-2]} sides whose product is npus")
-        if self.reduction_efficiency is not None and self.topology != "switch":
-            raise ValueError(
-                f"reduction_efficiency is only for a switch, which can reduce in the network, not '{self.topology}';"
-                " remove it"
-            )
-        if self.reduction_latency_ns is not None and self.reduction_efficiency is None:
-            raise ValueError("reduction_latency_ns needs reduction_efficiency (the switch's reduction); set it")
-        return self
-
-    @property
-    def bandwidth(self) -> float:
-        """Achievable bytes/s per NPU."""
-        return self.bandwidth_GBps * 1e9 * self.efficiency
-
-    @property
-    def latency(self) -> float:
-        return self.latency_ns * 1e-9
 
 
 class SystemSpec(Spec):
@@ -294,6 +299,16 @@ class SystemSpec(Spec):
 
     @model_validator(mode="after")
     def _check_size(self) -> "SystemSpec":
+        if self.network[0].rails:
+            raise ValueError(
+                "network.0.rails: rails route traffic between local ranks through a scale-up dimension inside them, "
+                "and the first dimension has none; remove rails or add the scale-up dimension first"
+            )
+        if self.network[0].collectives != "flat":
+            raise ValueError(
+                f"network.0.collectives: {self.network[0].collectives} says how a group crosses a dimension from the "
+                "ones inside it, and the first dimension has none; remove it or set it on an outer dimension"
+            )
         if self.npus > MAX_WORLD:
             sizes = " x ".join(str(dim.npus) for dim in self.network)
             raise ValueError(

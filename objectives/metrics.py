@@ -39,7 +39,7 @@ def _tokens_per_s_per_gpu(point: DesignPoint, workload: Workload, result: SimRes
 
 
 def _memory_excess(point: DesignPoint, workload: Workload, result: SimResult) -> float:
-    return result.peak_memory_bytes - point.system.accelerator.hbm_bytes
+    return result.peak_memory_bytes - point.system.accelerator.memory_bytes
 
 
 step_time = Objective("step_time", "step_time_s", "minimize", "s", _step_time)

@@ -148,6 +148,25 @@ POINT_SEEDS = [
     {"model": "tiny-llama", "workload": {"seq_len": 256, "global_batch": 16}, "parallel": {"dp": 8}},
 ]
 POINT_SEEDS[-1]["system"] = {"base": "dgx-h100", "accelerator": {"hbm_GiB": 141}, "network": {1: {"npus": 1}}}
+POINT_SEEDS[-1]["system"]["accelerator"]["memory_tiers"] = [{"name": "ddr", "GiB": 512, "bandwidth_GBps": 100.0}]
+POINT_SEEDS[-1]["economics"] = {"lifetime_years": 5, "utilization": 0.7, "idle_power_share": 0.2, "pue": 1.3}
+POINT_SEEDS[-1]["economics"] |= {"electricity_usd_per_kWh": 0.1, "budget_usd": 1e6, "power_limit_kW": 20.0}
+POINT_SEEDS[-1]["system"]["network"][0] = {"hardware": {"nic_price_usd": 100, "nic_power_W": 5, "switch_ports": 64}}
+POINT_SEEDS[-1]["system"]["network"][0]["hardware"] |= {"switch_price_usd": 1e4, "switch_power_W": 500}
+POINT_SEEDS[-1]["system"]["network"][0]["hardware"] |= {"cable_price_usd": 50, "sources": ["a guess for the fuzzer"]}
+FABRICS = [
+    {"topology": "ring", "npus": 2, "bandwidth_GBps": 100.0, "latency_ns": 1000.0},
+    {"topology": "switch", "npus": 2, "bandwidth_GBps": 50.0, "latency_ns": 5000.0, "rails": True},
+    {"topology": "switch", "npus": 2, "bandwidth_GBps": 50.0, "latency_ns": 5000.0},
+]
+DRAGONFLY = {**FABRICS[2], "topology": "dragonfly", "group_npus": 1, "global_bandwidth_GBps": 5.0}
+FABRICS[1] |= {"collectives": "pipelined"}
+FABRICS[2] |= {"leaf_npus": 1, "oversubscription": 2.0}
+"""tiny-llama on rails and leaves under a taper, then on a dragonfly: the fabric fields written out."""
+POINT_SEEDS += [
+    {"model": "tiny-llama", "workload": {"seq_len": 256, "global_batch": 16}, "parallel": {"dp": 8}, "system": system}
+    for system in ({"base": "tiny-ring", "network": network} for network in (FABRICS, [*FABRICS[:2], DRAGONFLY]))
+]
 STUDY_SEEDS = shipped("studies/*.yaml") + shipped("studies/nightly/*.yaml")
 
 

@@ -142,10 +142,11 @@ def test_only_a_switch_reduces_in_the_network_and_others_dump_as_before():
         dim("ring", 8, reduction_efficiency=0.6)
     # Unset, the field stays out of the dump, so points on such networks keep the keys stored studies have (this
     # one changed when the catalog A100 gained sm_count, and again when it gained measured kernel tables: its GEMMs
-    # price differently since each).
+    # price differently since each; and when the A100 gained its price and dgx-a100 its network hardware, which its
+    # cost and energy metrics read).
     assert "reduction_efficiency" not in dim("switch", 8).model_dump(mode="json")
     assert (
-        make_point("llama3-8b", "dgx-a100", seq_len=2048, global_batch=32, tp=4, pp=2, dp=2).key == "2068bda69da407ba"
+        make_point("llama3-8b", "dgx-a100", seq_len=2048, global_batch=32, tp=4, pp=2, dp=2).key == "6b8b44140dbc55d7"
     )
 
 

@@ -24,6 +24,8 @@ METRICS = ("step_time_s", "peak_memory_bytes", "compute_time_s", "comm_time_s", 
 METRICS += ("tokens_per_s_per_gpu", "overlap_ratio", "fits_memory", "hbm_bytes", "model_flops")
 METRICS += ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "e2e_p99_s", "requests_per_s")
 METRICS += ("goodput_requests_per_s", "kv_capacity_tokens", "slo_excess", "preemptions", "max_rate_per_s")
+METRICS += ("capital_usd", "cost_per_step_usd", "cost_per_million_tokens_usd", "tokens_per_dollar", "budget_excess_usd")
+METRICS += ("facility_power_kW", "energy_per_step_J", "energy_per_token_J", "tokens_per_joule", "power_excess_kW")
 
 
 def schema_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -105,6 +107,9 @@ NO_LENGTHS = {"workload.serving.isl": None, "workload.serving.osl": None}
 # point is tiny-llama on the 8-NPU test ring (its H100s have attention kernel tables), pure data parallelism,
 # unless the arguments say otherwise; a degree or a section changes together with what must change beside it.
 ZERO3, TP2, PP2 = {"zero": 3}, {"dp": 4, "tp": 2}, {"dp": 4, "pp": 2}
+DRAGONFLY = {"system.network.1.topology": "dragonfly", "system.network.1.group_npus": 1}
+DRAGONFLY["system.network.1.global_bandwidth_GBps"] = 5.0
+"""The test ring's switch as a dragonfly of one node a group: its global links bound the data-parallel ring."""
 MOE, DEEPSEEK, MAMBA = {"model": "tiny-moe"}, {"model": "tiny-deepseek"}, {"model": "tiny-mamba"}
 SKEW = {"imbalance": 1.5, "source": "a test's skew"}
 EP2, SKEWED = {**MOE, "ep": 2}, {**MOE, "ep": 2, "overrides": {"workload.routing": SKEW}}
@@ -214,7 +219,42 @@ MEASURED_EXCHANGE = {
         {"system.accelerator.kernel_tables.deepep.scale_out_GBps": 100.0},
     ),
 }
+SRAM = {"name": "sram", "GiB": 0.01, "bandwidth_GBps": 100000.0}
+SRAM_TIER = {"overrides": {"system.accelerator.memory_tiers": [SRAM]}}
+LINK = {"nic_price_usd": 1.0, "nic_power_W": 1.0, "switch_price_usd": 1.0, "switch_ports": 8, "switch_power_W": 1.0}
+SWITCHED = {
+    "overrides": {
+        "system.network.0.topology": "switch",
+        "system.network.0.npus": 8,
+        "system.network.1.npus": 1,
+        "system.network.0.hardware": {**LINK, "cable_price_usd": 1.0},
+    }
+}
+"""tiny-ring's 8 GPUs on one 8-port switch: each hardware figure is priced (a 4-port switch takes a two-tier tree)."""
+ECONOMICS = {
+    "economics": ({}, {"economics": {"electricity_usd_per_kWh": 0.1}}),
+    "economics.lifetime_years": ({}, {"economics.lifetime_years": 2.0}),
+    "economics.utilization": ({}, {"economics.utilization": 0.5}),
+    "economics.idle_power_share": ({}, {"economics.idle_power_share": 0.5}),
+    "economics.pue": ({}, {"economics.pue": 1.5}),
+    "economics.electricity_usd_per_kWh": ({}, {"economics.electricity_usd_per_kWh": 0.1}),
+    "economics.budget_usd": ({}, {"economics.budget_usd": 1e5}),
+    "economics.power_limit_kW": ({}, {"economics.power_limit_kW": 1.0}),
+    "system.accelerator.price_usd": ({}, {"system.accelerator.price_usd": 1000.0}),
+    "system.accelerator.tdp_W": ({}, {"system.accelerator.tdp_W": 350.0}),
+    "system.network.0.hardware": ({}, {"system.network.0.hardware": {"nic_price_usd": 100.0}}),
+    **{
+        f"system.network.0.hardware.{name}": (
+            SWITCHED,
+            {f"system.network.0.hardware.{name}": 4 if "ports" in name else 2.0},
+        )
+        for name in (*LINK, "cable_price_usd")
+    },
+}
+"""The cost and energy objectives' inputs (objectives/cost.py, objectives/energy.py): each changes a cost or energy
+metric (tiny-ring's H100 has a price and a TDP)."""
 APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    **ECONOMICS,
     "model": ({}, {"model": section("model", "tiny-gpt")}),
     "model.family": ({"model": "tiny-hybrid"}, {"model.family": "llama", "model.ssm": None}),
     "model.layers": ({}, {"model.layers": 8}),
@@ -391,6 +431,13 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     **MEASURED_COLLECTIVES,
     **MEASURED_EXCHANGE,
     "system.accelerator.clock_share": ({}, {"system.accelerator.clock_share": 0.5}),
+    # A tier faster than HBM holds a share of tiny-llama's working set, which speeds its memory-bound ops.
+    "system.accelerator.memory_tiers": ({}, {"system.accelerator.memory_tiers": [SRAM]}),
+    "system.accelerator.memory_tiers.0.GiB": (SRAM_TIER, {"system.accelerator.memory_tiers.0.GiB": 0.1}),
+    "system.accelerator.memory_tiers.0.bandwidth_GBps": (
+        SRAM_TIER,
+        {"system.accelerator.memory_tiers.0.bandwidth_GBps": 200000.0},
+    ),
     "system.network": (
         {},
         {"system.network": [{"topology": "ring", "npus": 8, "bandwidth_GBps": 100.0, "latency_ns": 1000.0}]},
@@ -405,6 +452,7 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"overrides": {"system.network.0.topology": "torus2d"}},
         {"system.network.0.shape": [4, 1]},
     ),
+    "system.network.0.collectives": ({}, {"system.network.1.collectives": "hierarchical"}),
     "system.network.0.reduction_efficiency": (
         {"system": DGX_NETWORK_MODEL, "overrides": {"system.network.0.reduction_latency_ns": 0.0}},
         {"system.network.0.reduction_efficiency": 1.0},
@@ -413,17 +461,34 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"system": DGX_NETWORK_MODEL},
         {"system.network.0.reduction_latency_ns": 0.0},
     ),
+    "system.network.0.leaf_npus": (
+        {"overrides": {"system.network.1.leaf_npus": 2, "system.network.1.oversubscription": 4.0}},
+        {"system.network.1.leaf_npus": 1},
+    ),
+    "system.network.0.oversubscription": (
+        {"overrides": {"system.network.1.leaf_npus": 1, "system.network.1.oversubscription": 2.0}},
+        {"system.network.1.oversubscription": 4.0},
+    ),
+    "system.network.0.group_npus": ({"overrides": DRAGONFLY}, {"system.network.1.group_npus": 2}),
+    "system.network.0.global_bandwidth_GBps": (
+        {"overrides": DRAGONFLY},
+        {"system.network.1.global_bandwidth_GBps": 1.0},
+    ),
+    "system.network.0.rails": (
+        {**MOE, "ep": 8, "overrides": {"system.network.0.bandwidth_GBps": 10.0}},
+        {"system.network.1.rails": True},
+    ),
 }
 LABELS = {
     "model.name": "a model's name, shown in tables, plots and MLflow",
     "system.name": "a system's name, shown in tables, plots and MLflow",
     "system.accelerator.name": "an accelerator's name, shown in tables and messages",
     "system.accelerator.sources": "where the catalog entry's figures come from",
-    "system.accelerator.tdp_W": "the board power the figures were measured at, for the reader: clock_share is what "
-    "prices running under a lower power cap",
+    "system.accelerator.memory_tiers.0.name": "a memory tier's name, for the reader and messages",
+    "system.network.0.hardware.sources": "where the network hardware's prices and powers come from",
     "workload.routing.source": "where the routing imbalance comes from, for the reader",
 }
-LABELLED = {"workload.routing.source": SKEWED}
+LABELLED = {"workload.routing.source": SKEWED, "system.accelerator.memory_tiers.0.name": SRAM_TIER}
 """The point a label is changed on where it needs one beside it (a source needs its imbalance); else tiny-llama."""
 FX_ONLY = {
     "model.fx_factory": ({"model.fx_factory": "fx_tiny_llama:llama"}, {"model.fx_factory": "fx_tiny_llama:softcapped"})
@@ -471,7 +536,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 184
+    assert len(paths) == 211
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 
@@ -485,7 +550,7 @@ def test_a_field_changes_the_priced_result_where_it_applies(field, table):
 
 @pytest.mark.parametrize("field", sorted(LABELS))
 def test_a_label_changes_no_figure(field):
-    value = 123.0 if field.endswith("tdp_W") else ["a source"] if field.endswith("sources") else "another name"
+    value = ["a source"] if field.endswith("sources") else "another name"
     arguments = LABELLED.get(field, {})
     assert metrics(build(arguments)) == metrics(build(arguments, {field: value}))
 

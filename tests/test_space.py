@@ -97,6 +97,49 @@ def test_a_fractional_value_is_fine_for_a_float_field(tmp_path):
     assert point.system.accelerator.hbm_GiB == pytest.approx(26.6667, rel=1e-4)
 
 
+def test_a_searched_catalog_entry_takes_the_base_files_overrides_on_top(tmp_path):
+    """A searched `system.base` is the preset each point runs on, and the base file's own overrides (here the node
+    count) apply on top of it: the base's expanded preset used to override the searched one, field by field."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: t\nobjectives: {step_time: minimize}\ntrials: 2\nworkers: 1\nbase:\n  model: tiny-llama\n"
+        "  workload: {seq_len: 512, global_batch: 32}\n  parallel: {tp: 8}\n"
+        "  system: {base: dgx-1, network: {1: {npus: 2}}}\n"
+        "space:\n  system.base: {choices: [dgx-1, dgx-2]}\n  model.dtype: {choices: [fp16]}\n"
+        "derived:\n  parallel.dp: world / 8\n"
+    )
+    spec = load_study(path)
+    on_dgx2 = decode(spec, {"system.base": "dgx-2", "model.dtype": "fp16"})
+    on_dgx1 = decode(spec, {"system.base": "dgx-1", "model.dtype": "fp16"})
+    assert on_dgx2.system.name == "dgx-2" and on_dgx1.system.name == "dgx-1"
+    assert [dim.npus for dim in on_dgx2.system.network] == [16, 2]
+    assert on_dgx2.system.network[0].topology == "switch"
+    assert on_dgx1.system.network[0].topology == "hybrid_cube_mesh"
+    assert on_dgx2.parallel.dp == 4 and on_dgx1.parallel.dp == 2
+
+
+def test_a_derived_value_may_be_a_bare_number(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        BASE + "space:\n  parallel.tp: {choices: [1, 2]}\n"
+        "derived:\n  system.network.1.bandwidth_GBps: 50\n  parallel.dp: world / parallel.tp\n"
+    )
+    point = decode(load_study(path), {"parallel.tp": 2})
+    assert point.system.network[1].bandwidth_GBps == 50
+
+
+def test_world_counts_the_derived_values_before_it(tmp_path):
+    """`world` in a derived value is the system as the params and the derived values listed before it left it: a
+    derived node count, then `world / tp`."""
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        BASE + "space:\n  parallel.tp: {choices: [1, 4]}\n"
+        "derived:\n  system.network.0.npus: 2 * parallel.tp\n  parallel.dp: world / parallel.tp\n"
+    )
+    point = decode(load_study(path), {"parallel.tp": 4})
+    assert point.system.npus == 16 and point.parallel.dp == 4  # 8 x 2, not the preset's 4 x 2
+
+
 def test_distributions_follow_the_space(tmp_path):
     spec = load_study(
         write_study(
@@ -117,6 +160,14 @@ def test_expression_arithmetic():
     expr = parse_expression("world // (parallel.tp * parallel.pp) % 3 + -1 - 2 / 4")
     assert expr.names == {"world", "parallel.tp", "parallel.pp"}
     assert expr.evaluate({"world": 64, "parallel.tp": 2, "parallel.pp": 4}) == 64 // 8 % 3 - 1 - 0.5
+
+
+def test_expression_names_a_list_entry_by_its_index():
+    """`system.network.0.bandwidth_GBps` names a field of a list entry (Python alone reads `.0` as a number);
+    numbers with a fraction stay numbers."""
+    expr = parse_expression("400 - system.network.0.bandwidth_GBps * 1.5 + system.network.1.npus")
+    assert expr.names == {"system.network.0.bandwidth_GBps", "system.network.1.npus"}
+    assert expr.evaluate({"system.network.0.bandwidth_GBps": 120, "system.network.1.npus": 8}) == 400 - 180 + 8
 
 
 @pytest.mark.parametrize(

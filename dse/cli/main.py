@@ -36,7 +36,7 @@ from dse.objective import in_seconds
 from dse.point import calibration
 from dse.point.evaluate import evaluate
 from dse.point.points import load_point
-from dse.results import folders, pareto, refinement, report, tracking
+from dse.results import folders, pareto, refinement, report, study_plots, tracking
 from dse.results.tracking import EVALUATION
 from dse.search import preflight, refine
 from dse.search import study as studies
@@ -204,6 +204,8 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
     # Paths and commands are printed whole (soft wrap) so that they can be copied.
     console.print(f"trials table  {out / tracking.PARQUET}", soft_wrap=True)
+    if spec.report is not None and spec.report.plots:
+        console.print(f"report plots  {out / study_plots.PLOTS_DIR}", soft_wrap=True)
     if spec.tracking.timelines == "none" and not best.empty:
         console.print(
             f"timelines     dse timeline {out}  (the Pareto points' simulated steps, for Perfetto)", soft_wrap=True

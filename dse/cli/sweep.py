@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from dse.cli import ui
 from dse.cli.outcome import EXIT_INTERRUPTED, report_failures
-from dse.results import sweep_results, tracking
+from dse.results import study_plots, sweep_results, tracking
 from dse.search import sweep
 from dse.search.space import StudySpec
 from dse.search.sweep_grid import SweepGrid
@@ -76,6 +76,8 @@ def run(
             file=sys.stderr,
         )
     console.print(f"trials table  {out / tracking.PARQUET}", soft_wrap=True)
+    if spec.report is not None and spec.report.plots:
+        console.print(f"report plots  {out / study_plots.PLOTS_DIR}", soft_wrap=True)
     console.print(f"MLflow        {uri}  (experiment '{spec.name}', one run for the sweep)", soft_wrap=True)
     for line in ui.browse_lines(uri, experiment, parent, out):
         if not line.startswith("browse"):  # the runs-table view lists child runs, which a sweep has none of

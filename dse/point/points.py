@@ -25,6 +25,7 @@ from dse.system import SystemSpec
 from dse.yamlio import describe_validation_error, load_mapping
 
 POINT_FIELDS = ("model", "workload", "parallel", "system")
+OPTIONAL_POINT_FIELDS = ("economics",)
 
 
 def merge(base: Any, override: Any, path: str = "") -> Any:
@@ -129,9 +130,10 @@ def build_point(raw: dict[str, Any], source: str) -> DesignPoint:
     missing = [f for f in POINT_FIELDS if f not in raw]
     if missing:
         raise SpecError(f"{source}: field '{missing[0]}' is missing; a point needs {', '.join(POINT_FIELDS)}")
-    unknown = [k for k in raw if k not in POINT_FIELDS]
+    unknown = [k for k in raw if k not in POINT_FIELDS + OPTIONAL_POINT_FIELDS]
     if unknown:
-        raise SpecError(f"{source}: unknown field '{unknown[0]}'; a point has {', '.join(POINT_FIELDS)}")
+        fields = ", ".join(POINT_FIELDS + OPTIONAL_POINT_FIELDS)
+        raise SpecError(f"{source}: unknown field '{unknown[0]}'; a point has {fields}")
     system = raw["system"]
     with suppress(ValidationError):  # where it is not valid, the point's own validation names the field
         system = system if isinstance(system, SystemSpec) else validated_system(system)

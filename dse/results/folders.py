@@ -44,6 +44,7 @@ WRITTEN = (
     CDF_PNG,
     CDF_HTML,
     TIMELINES_DIR,
+    "plots",
     "mlflow.db",
     "mlflow.db-wal",
     "mlflow.db-shm",
@@ -52,8 +53,11 @@ WRITTEN = (
     f".{MANIFEST}.tmp",
 )
 """Everything `dse run` writes into an output folder: what `--force` removes (and nothing else)."""
-SAME_STUDY_FREE = frozenset({"seed", "workers", "tracking", "sampler", "sweep", "trials", "population_size", "refine"})
-"""Study fields a resume may change: how the search goes on, not what its trials are (README: "Output folders")."""
+SAME_STUDY_FREE = frozenset(
+    {"seed", "workers", "tracking", "sampler", "sweep", "trials", "population_size", "refine", "report"}
+)
+"""Study fields a resume may change: how the search goes on or is drawn, not what its trials are (README: "Output
+folders")."""
 TABLE_COLUMNS = ("number", "state", "reason", "feasible", "point_key")
 """Columns every trials table has, whatever its trials' states (a study's and a sweep's alike)."""
 STATES = {"COMPLETE", "PRUNED", "FAIL", "RUNNING", "WAITING"}

@@ -17,7 +17,7 @@ from rich.table import Table
 from dse.errors import DseError
 from dse.fields import GiB
 from dse.objective import in_seconds
-from dse.results import folders, pareto, plots, serving_plots
+from dse.results import folders, pareto, plots, serving_plots, study_plots
 
 SHAPE = ("parallel.tp", "parallel.pp", "parallel.dp", "parallel.zero")
 SLO = "workload.serving.slo"
@@ -173,8 +173,8 @@ def pareto_plots(frame: pd.DataFrame, front: pd.DataFrame, out_dir: Path, title:
 
 def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """The summary after the front (which cli prints): best per objective and the winning shapes (a serving
-    study's: deployments, and the SLO the front met); writes the Pareto plots next to the table and returns their
-    paths."""
+    study's: deployments, and the SLO the front met); writes the Pareto plots next to the table and the study file's
+    report plots (its saved copy's) into OUT/plots, and returns their paths."""
     best = pareto.front(frame)
     serving = pareto.is_serving(frame)
     table = Table(title="best feasible point per objective", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -198,7 +198,13 @@ def print_report(console: Console, frame: pd.DataFrame, out_dir: Path) -> list[P
             console.print(f"  {line}", highlight=False, soft_wrap=True)
     for line in slo_lines(frame, best, out_dir) if serving else []:
         console.print(line, highlight=False, soft_wrap=True)
-    return pareto_plots(frame, best, out_dir, f"study {frame.attrs.get('study', out_dir.name)}")
+    written = pareto_plots(frame, best, out_dir, f"study {frame.attrs.get('study', out_dir.name)}")
+    try:
+        spec = folders.load_saved_spec(out_dir)
+    except DseError as exc:
+        console.print(f"the study file's report plots are not drawn: {exc}", highlight=False, soft_wrap=True)
+        return written
+    return written + [drawn.path for drawn in study_plots.draw(spec, frame, out_dir)]
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str) -> Table:

@@ -32,7 +32,7 @@ import yaml
 from optuna.trial import FrozenTrial, TrialState
 
 from dse.errors import DseError
-from dse.results import browse, mlflow_runs, pareto, refinement, report, serving_plots, sqlite_store
+from dse.results import browse, mlflow_runs, pareto, refinement, report, serving_plots, sqlite_store, study_plots
 from dse.results.folders import BEST_DIR, PARETO_CSV, PARQUET, SPEC_FILE
 from dse.results.folders import read_parquet as read_parquet  # the trials table's reader, where tests look for it
 from dse.search import refine
@@ -242,12 +242,14 @@ def write_best_points(spec: StudySpec, params: dict[int, dict[str, Any]], out_di
 
 
 def write_plots(spec: StudySpec, results: Results, out_dir: Path) -> None:
-    """The Pareto plots (PNG and interactive HTML) and, for a serving study, the latency CDFs of front members,
-    added to the results' artifacts."""
+    """The Pareto plots (PNG and interactive HTML), for a serving study the latency CDFs of front members, and the
+    study's own report plots (its `report:` section), added to the results' artifacts."""
     title = f"study {spec.name}"
     results.artifacts.extend(report.pareto_plots(results.frame, results.front, out_dir, title))
     if pareto.is_serving(results.frame):
         results.artifacts.extend(serving_plots.latency_cdfs(spec, results.front, out_dir, title))
+    if study_plots.draw(spec, results.frame, out_dir):
+        results.artifacts.append(out_dir / study_plots.PLOTS_DIR)
 
 
 def attach_saved_timelines(uri: str, study: optuna.Study, paths: dict[int, Path]) -> int:

@@ -27,11 +27,10 @@ def at_capacity(spec: StudySpec, result: Result, point: DesignPoint) -> Result:
     """An evaluation's result (of any point of the same configuration) as it is for `point`'s HBM capacity."""
     metrics = dict(result["metrics"])
     violations = dict(result["violations"])
-    hbm = point.system.accelerator.hbm_bytes
-    metrics["hbm_bytes"] = hbm
+    metrics["hbm_bytes"] = point.system.accelerator.hbm_bytes
     for constraint in spec.constraint_list:
-        if constraint.name == MEMORY_CONSTRAINT:
-            excess = metrics["peak_memory_bytes"] - hbm
+        if constraint.name == MEMORY_CONSTRAINT:  # against every memory tier, as fits_memory counts them
+            excess = metrics["peak_memory_bytes"] - point.system.accelerator.memory_bytes
             metrics[constraint.metric] = violations[constraint.name] = excess
     metrics["fits_memory"] = all(v <= 0 for v in violations.values())
     return {**result, "metrics": metrics, "violations": violations}

@@ -6,6 +6,7 @@ spending an evaluation on it; a malformed value raises SpecError naming the stud
 check `load_study` runs on a study's first point and each value beside it, decodes the same way.
 """
 
+import copy
 import math
 import types
 from collections.abc import Mapping
@@ -147,7 +148,7 @@ def _assemble(
 ) -> dict[str, Any] | str:
     """The point data of a trial's params (base, params, and derived values unless derive is false), not yet
     validated, or the reason a derived value has none; `world` is the system's NPUs where the caller knows them."""
-    raw = dict(spec.expanded_base)  # copied on write along each assigned path
+    raw = _base_for(spec, params)  # copied on write along each assigned path
     owned = {id(raw)}
     for name, value in params.items():
         try:
@@ -158,9 +159,9 @@ def _assemble(
     if not derive:
         return raw
     env: dict[str, float] = dict(params)
-    if any("world" in expr.names for expr in spec.expressions.values()):
-        env["world"] = world if world is not None else _world(raw, spec.source)
     for path, expr in spec.expressions.items():
+        if "world" in expr.names and "world" not in env:  # the system as the params and earlier derived values left it
+            env["world"] = world if world is not None else _world(raw, spec.source)
         value = derived_value(path, expr, env)
         if isinstance(value, str):
             return value
@@ -169,6 +170,18 @@ def _assemble(
             assign(raw, path, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'derived.{path}': {exc}") from None
+    return raw
+
+
+def _base_for(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The base point the params are assigned onto: expanded, but for a section whose catalog entry is searched
+    (`system.base`, `system.accelerator.base`, `model.base`) the base file's own overrides of it, unexpanded, so
+    that they override the searched entry (the expanded section would carry every field of the base's entry, and
+    they would override it instead: a searched `system.base` with `system: {base: dgx-1}` in base stayed DGX-1)."""
+    raw = dict(spec.expanded_base)
+    for section in {name.split(".")[0] for name in params if name.endswith(".base") and "." in name}:
+        own = spec.base.get(section)
+        raw[section] = {"base": own} if isinstance(own, str) else copy.deepcopy(own or {})
     return raw
 
 
@@ -211,7 +224,8 @@ def fields_at(data: dict[str, Any], paths: tuple[str, ...] | list[str]) -> dict[
 
 
 def _world(raw: dict[str, Any], source: str) -> int:
-    """NPUs of the system as the space left it; a malformed system is reported as build_point reports it."""
+    """NPUs of the system as the space and the derived values so far left it (a derived node count before
+    `parallel.dp: world / ...` counts); a malformed system is reported as build_point reports it."""
     try:
         return validated_system(raw.get("system")).npus
     except ValidationError:

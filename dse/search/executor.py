@@ -88,7 +88,11 @@ class PluginEvaluation:
                 update={"serving": serving.model_copy(update={"depth": self.refine_depth})}
             )
             point = DesignPoint.model_construct(
-                model=point.model, workload=deeper, parallel=point.parallel, system=point.system
+                model=point.model,
+                workload=deeper,
+                parallel=point.parallel,
+                system=point.system,
+                economics=point.economics,
             )
         return self._evaluate(point, self._refiner)
 

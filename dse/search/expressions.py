@@ -7,6 +7,7 @@ minus signs long before they would say so politely.
 
 import ast
 import operator
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,12 +51,25 @@ class Expression:
             return "a result too large for a float"
 
 
+_INDEX = "_index_"
+"""Stands in for a list index in a dotted name: `system.network.0.bandwidth_GBps` is no Python expression, so each
+`.0` is read as `._index_0` and turned back by `_dotted`."""
+_INDEXED = re.compile(r"(?<=[A-Za-z_])(?:\.\w*)*\.\d+\b")
+
+
+def _read_indices(text: str) -> str:
+    """`400 - system.network.0.bandwidth_GBps` as Python can parse it; numbers (`1.5`) are left alone, since only a
+    dot after a name's letter starts a dotted name."""
+    return _INDEXED.sub(lambda match: re.sub(r"\.(\d+)\b", rf".{_INDEX}\1", match.group()), text)
+
+
 def parse_expression(text: str) -> Expression:
-    """Parse `world / (parallel.tp * parallel.pp)`; anything beyond arithmetic raises ValueError saying so."""
+    """Parse `world / (parallel.tp * parallel.pp)` or `400 - system.network.0.bandwidth_GBps`; anything beyond
+    arithmetic raises ValueError saying so."""
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"{len(text)} characters is over the limit of {MAX_EXPRESSION_CHARS}; shorten it")
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = ast.parse(_read_indices(text), mode="eval").body
     except SyntaxError as exc:
         raise ValueError(f"cannot parse {text!r} ({exc.msg}); use {_ALLOWED}") from None
     except (MemoryError, RecursionError):
@@ -75,7 +89,7 @@ def _dotted(node: ast.expr) -> str | None:
         return node.id
     if isinstance(node, ast.Attribute):
         head = _dotted(node.value)
-        return None if head is None else f"{head}.{node.attr}"
+        return None if head is None else f"{head}.{node.attr.removeprefix(_INDEX)}"
     return None
 
 

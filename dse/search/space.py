@@ -15,6 +15,7 @@ import optuna
 from annotated_types import Ge, Gt, Le
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
@@ -33,6 +34,7 @@ from dse.search import bounds
 from dse.search.bounds import is_system_field
 from dse.search.decoding import Value, decode, vary
 from dse.search.expressions import Expression, is_number, parse_expression
+from dse.search.report_spec import ReportSpec, check_report, leaf_paths
 from dse.spec import IGNORED_RULES, DesignPoint, Refinement, default_of
 from dse.yamlio import describe_validation_error, load_mapping
 
@@ -186,6 +188,11 @@ class RefineSpec(BaseModel):
     )
 
 
+def _expression_text(value: Any) -> Any:
+    """A derived value written as a bare number (`system.network.1.bandwidth_GBps: 50`) is the expression `50`."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
 class StudySpec(BaseModel):
     """What a study file holds. Load it with `load_study`, which also checks the names and the space."""
 
@@ -228,7 +235,10 @@ class StudySpec(BaseModel):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     base: dict[str, Any] = Field(description="a partial design point, as in studies/points/*.yaml")
     space: dict[str, Param] = Field(min_length=1, description="dotted path -> choices or range")
-    derived: dict[str, str] = Field(default_factory=dict, description="dotted path -> arithmetic expression")
+    derived: dict[str, Annotated[str, BeforeValidator(_expression_text)]] = Field(
+        default_factory=dict, description="dotted path -> arithmetic expression (a number is one too)"
+    )
+    report: ReportSpec | None = Field(None, description="plots `dse run` and `dse report` draw (line, heatmap, bar)")
 
     _source: str = PrivateAttr("<study>")
 
@@ -387,10 +397,20 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     for point in tables.values():  # each measured kernel table read once now, not by every trial
         check_tables(point)
     _check_serving(spec, [point for point in points if isinstance(point, DesignPoint)])
+    _check_needs(spec, [point for point in points if isinstance(point, DesignPoint)])
     _check_refinements(spec)
+    if spec.report is not None:
+        _check_report(spec, spec.report)
     for warning in bounds.repeated_choices(spec):  # on stdout, as the commands print theirs: stderr is for errors
         print(warning)
     return spec
+
+
+def _check_report(spec: StudySpec, report: ReportSpec) -> None:
+    """The plots name what the trials table has (searched, derived and recorded fields, metrics) or the base sets."""
+    fields = {*spec.space, *spec.derived, *SUMMARY_FIELDS, *leaf_paths(spec.expanded_base)}
+    categorical = [name for name, param in spec.space.items() if not all(map(is_number, param.values))]
+    check_report(report, spec.source, fields, categorical, dict(zip(spec.metrics, spec.directions, strict=True)))
 
 
 GA_SAMPLERS = ("nsga2", "nsga3")
@@ -506,6 +526,17 @@ def _check_serving(spec: StudySpec, points: list[DesignPoint]) -> None:
             f"{spec.source}: field '{serving}': a serving metric, and the study's points include workload.mode "
             f"{other.workload.mode}; serve every point (workload.mode serve with a serving section) or drop it"
         )
+
+
+def _check_needs(spec: StudySpec, points: list[DesignPoint]) -> None:
+    """An objective or constraint that needs a field a point leaves unset (a cost objective, the accelerator's
+    price_usd) would fail every such trial: refused now, naming the field."""
+    items = [(f"objectives.{o.name}", o) for o, _ in spec.objective_list]
+    items += [(f"constraints.{i}", c) for i, c in enumerate(spec.constraint_list)]
+    for field, item in items:
+        why = next((why for point in points if item.needs and (why := item.needs(point))), None)
+        if why is not None:
+            raise SpecError(f"{spec.source}: field '{field}': {why}")
 
 
 def _check_feasibility_only(spec: StudySpec) -> None:

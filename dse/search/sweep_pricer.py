@@ -30,16 +30,12 @@ from dse.search.executor import NODE, _describe
 from dse.search.space import SUMMARY_FIELDS, StudySpec, is_system_field
 from dse.search.study import POINT_KEY
 from dse.search.sweep_grid import SweepGrid, Task
-from dse.spec import DesignPoint, canonical, digest
+from dse.spec import DesignPoint, canonical, digest, key_sections
 from dse.system import SystemSpec
 
 COMPLETE, PRUNED, FAIL = "COMPLETE", "PRUNED", "FAIL"
 LEADING_COLUMNS = ("number", "state", "reason", "feasible", POINT_KEY, "evaluation", NODE)
 """The first columns of every row, as the study's trials table has them."""
-KEY_SECTIONS = ("model", "parallel", "system", "workload")
-"""The sections of a point key, in the order `DesignPoint.key` joins them."""
-STRUCTURE_SECTIONS = ("model", "parallel", "workload")
-"""The sections a structure fixes; with the system's they make the point key (`DesignPoint.key`)."""
 
 
 class _System:
@@ -56,7 +52,8 @@ class _Structure:
 
     def __init__(self, point: DesignPoint, fields: dict[str, Any]) -> None:
         self.point = point
-        self.texts = {name: canonical(getattr(point, name)) for name in STRUCTURE_SECTIONS}
+        self.texts = {name: canonical(getattr(point, name)) for name in key_sections(point) if name != "system"}
+        """The texts of the key's sections but the system's (`DesignPoint.key`), which its points share."""
         self.fields = fields
 
 
@@ -228,8 +225,7 @@ class SweepPricer:
 
     def _key(self, structure: _Structure, system: _System) -> str:
         """The point key (`DesignPoint.key`) from the sections' texts, each made once."""
-        sections = {**structure.texts, "system": system.text}
-        return digest({name: sections[name] for name in KEY_SECTIONS})
+        return digest(dict(sorted({**structure.texts, "system": system.text}.items())))
 
     def _row(
         self,
@@ -280,7 +276,7 @@ def _simulate(cost_model: Any, workload: Any, systems: Sequence[SystemSpec]) -> 
 def _with_system(point: DesignPoint, system: SystemSpec) -> DesignPoint:
     """The point on another system, its sections validated already (no DesignPoint validator crosses sections)."""
     return DesignPoint.model_construct(
-        model=point.model, workload=point.workload, parallel=point.parallel, system=system
+        model=point.model, workload=point.workload, parallel=point.parallel, system=system, economics=point.economics
     )
 
 

@@ -74,9 +74,10 @@ def seats(engine: Engine, load: Load) -> float:
         most = min(most, engine.max_batched_tokens / (1 + engine.draft_tokens + (e * load.isl / load.osl)))
     if most < 1:
         raise InfeasibleError(
-            f"an engine cannot hold one sequence of {load.isl:g} + {load.osl:g} tokens: its KV cache holds "
-            f"{engine.kv_capacity_tokens:,} tokens and its token budget {engine.max_batched_tokens:,}; give it more "
-            "HBM or GPUs (tp, pp), or shorter requests"
+            f"an engine cannot hold one sequence of {load.isl:g} + {load.osl:g} tokens (workload.serving.isl, osl): "
+            f"its KV cache holds {engine.kv_capacity_tokens:,} tokens and its token budget "
+            f"(workload.serving.scheduler.max_batched_tokens) {engine.max_batched_tokens:,}; give it more HBM or GPUs, "
+            "a larger token budget, or shorter requests"
         )
     return most
 

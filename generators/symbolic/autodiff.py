@@ -233,7 +233,8 @@ class Differentiator:
             total = self._sum(grads)
             source = node.inputs[0]
             target = {a: total.dist(a) for a in tr.degrees}
-            target[node.axis] = gradient_layout(source.dist(node.axis))
+            for axis in node.axis.split("+"):  # a joint gather's adjoint: one reduce-scatter over its group
+                target[axis] = gradient_layout(source.dist(axis))
             self._contribute(source, tr.redistribute(total, target, record=False, weight_grad=source.param))
             return
         g = self._settle(node.output, grads)

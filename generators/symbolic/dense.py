@@ -16,10 +16,10 @@ over tp); SSM: i inner width, N state, w convolution width, dt the step-size ran
 Parallel axes of the tensors: tp (Megatron: column-parallel QKV, MLP-in and expert-in, row-parallel outputs,
 vocabulary-parallel embedding and head; SSM inner channels split), cp (sequence split, K/V all-gathered or passed
 around a ring), ep (experts split; tokens reach their experts by all-to-all), dp (batch split, weights duplicated
-or, under ZeRO-3, sharded and all-gathered before use). With ep > 1 the data-parallel ranks are ep x dp, so tokens
-split over both. A layer may use the tp ranks as more data-parallel ranks instead (parallel.layer_strategies
-'dp'): its batch splits over tp and its weights are whole; the matcher moves the residual stream between layers of
-different strategies.
+or, under ZeRO-3, sharded over the data axes and cp together and all-gathered before use). With ep > 1 the
+data-parallel ranks are ep x dp, so tokens split over both. A layer may use the tp ranks as more data-parallel
+ranks instead (parallel.layer_strategies 'dp'): its batch splits over tp and its weights are whole; the matcher
+moves the residual stream between layers of different strategies.
 
 Kernels (workload.kernels): fused prices each norm, RoPE and activation as one kernel (Megatron/TransformerEngine,
 torch.compile); eager decomposes RMSNorm, RoPE and SwiGLU into the aten ops the reference PyTorch Llama code runs,
@@ -162,19 +162,21 @@ class DenseModule:
         return STensor(name, dims, self.layout(**self.residual_layout(strategy)), self.itemsize)
 
     def param(self, name: str, dims: tuple[str, ...], tp: Dist = DUP, ep: Dist = DUP) -> STensor:
-        """A weight: split over tp (and experts over ep); under ZeRO-3 also sharded over the data axes."""
+        """A weight: split over tp (and experts over ep); under ZeRO-3 also sharded over the data axes and cp,
+        whose ranks hold the same weights (`optimizer.SHARD_AXES`)."""
         p = self.point.parallel
         zero3 = p.zero == 3 and self.mode == "train"
         shard = Partition(dims[0]) if zero3 else DUP
         tp = tp if self.strategy == "tp" else DUP
-        layout = self.layout(tp=tp, dp=shard, ep=ep if ep != DUP else shard)
+        layout = self.layout(tp=tp, cp=shard, dp=shard, ep=ep if ep != DUP else shard)
         t = STensor(name, dims, layout, self.itemsize, param=True)
         self.params.append(t)
         self.leaf_ids.add(id(t))
         return t
 
     def use(self, w: STensor) -> STensor:
-        """A parameter in its compute layout: ZeRO-3 gathers it over the data axes first."""
+        """A parameter in its compute layout: ZeRO-3 gathers it over the data axes and cp first, in one
+        all-gather over their joint group (`Tracer.redistribute`)."""
         target = {"tp": w.dist("tp")}
         if isinstance(w.dist("ep"), Partition) and w.dist("ep").dim == "e":  # type: ignore[union-attr]
             target["ep"] = w.dist("ep")

@@ -100,41 +100,26 @@ class Tracer:
         self, t: STensor, target: dict[str, Dist], record: bool = True, weight_grad: bool = False
     ) -> STensor:
         """Bring t to the target layout (axes not named stay Duplicated), one collective per axis that differs;
-        outside the forward tape, the same collective on adjacent data axes (cp, ep, dp) is one collective over
-        their joint group (the dp x cp gradient all-reduce). weight_grad: t is a weight's gradient, whose
-        reduce-scatter is ZeRO-3's gradient sync (`Emitter.emit_grad_reduce`)."""
+        outside the forward tape, and for a weight's gathers (t a parameter: ZeRO-3's) and its gradient's
+        reduce-scatters, the same collective on data axes (cp, ep, dp) is one collective over their joint group
+        (`_moves`): the dp x cp gradient all-reduce, and ZeRO's shard group of the data-parallel and the cp ranks
+        (`DenseModule.param`). weight_grad: t is a weight's gradient, whose reduce-scatter is ZeRO-3's gradient
+        sync (`Emitter.emit_grad_reduce`)."""
         current = t
-        last: tuple[int, Op] | None = None
-        for axis in sorted(self.degrees):
-            src, dst = current.dist(axis), target.get(axis, DUP)
-            if src == dst:
-                continue
+        for axes, dst, collective in self._moves(t, target, join=not record or t.param or weight_grad):
+            axis = "+".join(a for a in AXIS_ORDER if a in axes)
             cached = self.emitter.moved.get((id(current), axis, dst))
             if cached is not None:
                 current = cached
                 continue
-            collective = collective_for(src, dst)
-            moved = current.relayout(axis, dst)
+            moved = current
+            for a in axes:
+                moved = moved.relayout(a, dst)
             routed: tuple[Op, ...] | None = None
             self.emitter.remember_move(current, axis, dst, moved)
             mark = self.mark
             if collective is None:
                 self.emitter.same_origin(moved, current)
-                last = None
-            elif last is not None and not record and last[1].category == collective.value and axis in JOINABLE:
-                index, previous = last
-                size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
-                axes = set(previous.axis.split("+")) | {axis}
-                merged = replace(
-                    previous,
-                    axis="+".join(a for a in AXIS_ORDER if a in axes),
-                    comm_bytes=larger(size, previous.comm_bytes),
-                )
-                self.emitter.ops[index] = merged
-                self.emitter.produced(moved, index)
-                if collective is Collective.ALL_GATHER and t.param:
-                    self.emitter.gathered_params += merged.comm_bytes - previous.comm_bytes
-                last = (index, merged)
             else:
                 size = self.nbytes(moved if collective is Collective.ALL_GATHER else current)
                 op = Op(
@@ -148,18 +133,37 @@ class Tracer:
                 if collective is Collective.ALL_GATHER and t.param:
                     self.emitter.emit_param_gather(op, [moved])
                     routed = (op,)
-                    last = None
+                elif weight_grad and collective is Collective.REDUCE_SCATTER:
+                    self.emitter.emit_grad_reduce(op, [moved])
                 else:
-                    if weight_grad and collective is Collective.REDUCE_SCATTER:
-                        index = self.emitter.emit_grad_reduce(op, [moved])
-                    else:
-                        index = self.emitter.emit(op, [moved])
-                    last = (index, self.emitter.ops[index]) if axis in JOINABLE else None
+                    self.emitter.emit(op, [moved])
             if record:
                 node = Node("redistribute", f"{t.name}.{axis}", (current,), moved, axis=axis)
                 self.record(node, mark, routed)
             current = moved
         return current
+
+    def _moves(
+        self, t: STensor, target: dict[str, Dist], join: bool
+    ) -> list[tuple[tuple[str, ...], Dist, Collective | None]]:
+        """The layout changes that take t to `target`: per axis that differs, its axes, the layout they reach and
+        the collective (None: a local slice). With `join`, one collective to one layout on several data axes is
+        a single move over their joint group: the ranks that split a batch or a sequence hold the same weights,
+        so their gradient reduction, and ZeRO's gathers and reduce-scatters over those ranks, are one collective
+        in the frameworks (Megatron-LM's data-parallel-with-cp group, torchtitan's FSDP mesh)."""
+        moves: list[tuple[tuple[str, ...], Dist, Collective | None]] = []
+        for axis in sorted(self.degrees):
+            src, dst = t.dist(axis), target.get(axis, DUP)
+            if src == dst:
+                continue
+            collective = collective_for(src, dst)
+            if join and moves and collective is not None and axis in JOINABLE:
+                axes, last_dst, last_collective = moves[-1]
+                if last_collective is collective and last_dst == dst and axes[-1] in JOINABLE:
+                    moves[-1] = ((*axes, axis), dst, collective)
+                    continue
+            moves.append(((axis,), dst, collective))
+        return moves
 
     def shift(self, t: STensor, axis: str, peer: int, record: bool = True) -> STensor:
         """Send t `peer` positions along the axis's ring and receive the neighbour's chunk from `peer` positions

@@ -20,7 +20,17 @@ OPTIMIZER_STATE_BYTES = 12
 ADAM_FLOPS = 12
 ADAM_BYTES = 28
 """Per parameter: read the bf16 gradient and the three fp32 states, write the states and the bf16 weight."""
-DATA_AXES = ("dp", "ep")
+SHARD_AXES = ("cp", "dp", "ep")
+"""The axes whose ranks hold the same weights and reduce their gradients, over which ZeRO shards the model
+states: the data-parallel ranks and the cp ranks (which split the sequence of the same batch). Megatron-LM
+reduces gradients and shards its distributed optimizer over the data-parallel group with context parallelism
+(megatron/core/distributed/distributed_data_parallel.py at d98e8a6, ll. 147-149 and 284-290: the buffers of
+dense parameters on `intra_dp_cp_group`, from `get_data_parallel_group(with_context_parallel=True)` in
+megatron/core/process_groups_config.py ll. 373-378; param_and_grad_buffer.py ll. 701-731 reduce-scatter or
+all-reduce each bucket over it), and its expert data-parallel group folds cp in too (parallel_state.py ll.
+880-895: world / (expert tp x ep x pp) ranks, cp=1). torchtitan's FSDP mesh is dp_shard x cp
+(torchtitan/distributed/parallel_dims.py at b5bcd76, ll. 225-228 and 281, `fsdp = dp_shard * cp`; older
+releases named it dp_shard_cp), its routed experts' efsdp = dp_shard x cp x tp / ep."""
 TIED_SYNC_TAG = 0
 """The tied-weight gradient exchange's p2p tag: pipeline transfers' tags start at 1 (`Placement.tag`)."""
 
@@ -38,8 +48,9 @@ def gradient_sync(
     and the same reductions parameter by parameter, in the order backward makes the gradients (`grads`' order),
     for `parallel.grad_bucket_mb`'s buckets.
 
-    Dense weights reduce over every data-parallel rank (dp x ep, and cp, whose tokens also differ); expert
-    weights only over the ranks that hold the same experts (dp / ep)."""
+    Dense weights reduce over every data-parallel rank (dp x ep) and cp, whose tokens also differ; expert
+    weights over the ranks that hold the same experts (dp / ep, and cp). With ZeRO the reduction is one
+    reduce-scatter over that joint group (`SHARD_AXES`)."""
     tr = tracer
     tr.begin_block([g for _, g in grads])
     for param, grad in grads:
@@ -47,7 +58,7 @@ def gradient_sync(
             continue
         synced.add(id(param))
         target: dict[str, Dist] = {"tp": gradient_layout(param.dist("tp"))}
-        for axis in DATA_AXES:
+        for axis in SHARD_AXES:
             if axis == "ep" and is_expert(param):
                 target[axis] = param.dist(axis)
             else:
@@ -106,22 +117,24 @@ class ModelStates:
         return passes
 
     def _by_group(self, weights: list[tuple[STensor, int]]) -> dict[str, float]:
-        """Elements of the weights (each with the layers that hold it) by the data-parallel group that replicates
-        them: dense weights over every data-parallel rank (ep x dp), expert weights over dp / ep ranks."""
+        """Elements of the weights (each with the layers that hold it) by the group that replicates them and
+        that ZeRO shards them over (`SHARD_AXES`): dense weights over cp x ep x dp, expert weights over cp x dp /
+        ep ranks; '' for a group of one rank."""
         p = self.point.parallel
-        data = "+".join(a for a in ("ep", "dp") if (p.ep if a == "ep" else p.dp // p.ep) > 1)
+        degrees = {"cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
+        dense = "+".join(a for a in ("cp", "ep", "dp") if degrees[a] > 1)
+        expert = "+".join(a for a in ("cp", "dp") if degrees[a] > 1)
         by_group: dict[str, float] = defaultdict(float)
         for w, count in weights:
-            by_group["dp" if is_expert(w) else data] += self._replica_elems(w) * count
+            by_group[expert if is_expert(w) else dense] += self._replica_elems(w) * count
         return by_group
 
     def _emit_param_gathers(
         self, emitter: Emitter, name: str, by_group: dict[str, float], deps: tuple[int, ...]
     ) -> None:
         """ZeRO-1/2's all-gather of the updated weights, one per replica group that has more than one rank."""
-        p = self.point.parallel
         for axis, elems in sorted(by_group.items()):
-            if axis and (axis != "dp" or p.dp // p.ep > 1):
+            if axis:
                 emitter.emit(
                     Op(name, OpKind.COLLECTIVE, "all_gather", comm_bytes=elems * self.itemsize, axis=axis, deps=deps)
                 )
@@ -168,7 +181,7 @@ class ModelStates:
         """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
         elems = self._elems.get(id(w))
         if elems is None:
-            unsharded = w.relayout("dp", DUP)
+            unsharded = w.relayout("dp", DUP).relayout("cp", DUP)
             if not is_expert(w):
                 unsharded = unsharded.relayout("ep", DUP)
             elems = self._elems[id(w)] = self.tracer.elems(unsharded)
@@ -178,9 +191,9 @@ class ModelStates:
         """The Adam step over this stage's share of the parameters, and the static memory of model states; the
         stage's modules come with how many layers run each (layers of a kind share their weights' STensors).
 
-        A dense weight has dp (x ep) replicas, an expert weight dp / ep; ZeRO shards over the replicas, or under
-        HSDP over the dp_shard replicas of a shard group. Gradients reduced once per step are accumulated
-        unsharded until then (`Sharding.grad_per_step`): the stage holds all of them."""
+        A dense weight has dp (x ep) x cp replicas, an expert weight dp / ep x cp; ZeRO shards over the replicas
+        (`SHARD_AXES`), or under HSDP over the dp_shard x cp replicas of a shard group. Gradients reduced once per
+        step are accumulated unsharded until then (`Sharding.grad_per_step`): the stage holds all of them."""
         p = self.point.parallel
         sharding = Sharding.of(p)
         item = self.itemsize
@@ -197,7 +210,7 @@ class ModelStates:
         for w, count in uses.values():
             elems = self._replica_elems(w) * count
             local += elems
-            zero_share += elems / (p.dp // p.ep if is_expert(w) else sharding.shard)
+            zero_share += elems / (p.dp // p.ep if is_expert(w) else sharding.shard) / p.cp
         by_group = self._by_group([(w, count) for w, count in uses.values()])
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}

@@ -22,6 +22,12 @@ after the first gathers over the whole shard group rather than from the post-for
 HSDP (FSDP2 on a 2-D device mesh, torchtitan's data_parallel_shard_degree below the dp degree) shards over groups
 of dp_shard consecutive data-parallel ranks and replicates across them: weights are all-gathered and gradients
 reduce-scattered in the shard group, and each reduced shard is then all-reduced over the replicate group.
+
+With context parallelism every ZeRO group also spans the cp ranks, which hold the same weights (torchtitan's FSDP
+mesh is dp_shard x cp, `optimizer.SHARD_AXES`): the traced collectives run over cp joined with dp, and the rank
+layout puts cp inside the data-parallel axes, so the shard group cp x dp_post x dp_shard is contiguous. Left out
+with cp: the post-forward group of an int reshard_after_forward is n data-parallel ranks, where FSDP2 would take
+n consecutive ranks of the flattened dp_shard x cp mesh (cp ranks first).
 """
 
 from dataclasses import dataclass, replace
@@ -43,7 +49,9 @@ class Sharding:
 
     dp: int
     shard: int
-    """Data-parallel ranks a ZeRO shard spans: dp_shard under HSDP, else dp."""
+    """Data-parallel ranks a ZeRO shard spans: dp_shard under HSDP, else dp (times cp: `cp`)."""
+    cp: int
+    """The cp ranks, which every ZeRO group spans besides its data-parallel ranks."""
     post_forward: int | None
     """The ranks a module's weights are resharded to after forward (reshard_after_forward an int), if any."""
     hold: Hold
@@ -71,7 +79,7 @@ class Sharding:
         post = reshard if hold == "shard" and p.zero == 3 else None
         per_step = per_step and p.zero >= 2
         after_stage = per_step and p.zero == 3 and p.pp > 1
-        return Sharding(p.dp, shard, post, hold if p.zero == 3 else "forward", per_step, after_stage)
+        return Sharding(p.dp, shard, p.cp, post, hold if p.zero == 3 else "forward", per_step, after_stage)
 
     @property
     def split(self) -> bool:
@@ -92,10 +100,10 @@ class Sharding:
 
     def regrouped(self, blocks: list[Block], backward_gathers: set[int]) -> list[Block]:
         """The blocks with their data-parallel collectives on the split axes: ZeRO's weight all-gathers and
-        gradient reduce-scatters (every all-gather and reduce-scatter over dp) on the shard group, a backward's
-        weight gathers (`backward_gathers`, block indices) on the post-forward group if any, every other
-        collective over all of dp; under HSDP each gradient reduce-scatter is followed by the all-reduce of its
-        shard over the replicas."""
+        gradient reduce-scatters (every all-gather and reduce-scatter over dp, joined with cp) on the shard group,
+        a backward's weight gathers (`backward_gathers`, block indices) on the post-forward group if any (dp
+        ranks only), every other collective over all of dp; under HSDP each gradient reduce-scatter is followed by
+        the all-reduce of its shard (1 / (dp_shard x cp) of it) over the replicas."""
         if not self.split:
             return blocks
         everywhere = self._joined(("dp_post", "dp_shard", "dp_rep"))
@@ -105,18 +113,23 @@ class Sharding:
         for index, block in enumerate(blocks):
             ops = list(block.ops)
             for i, op in enumerate(block.ops):
-                if "dp" not in op.axis.split("+"):
+                axes = op.axis.split("+")
+                if "dp" not in axes:
                     continue
                 zero = op.category in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER)
-                group = post if zero and index in backward_gathers and post else shard if zero else everywhere
-                ops[i] = replace(op, axis="+".join(group if a == "dp" else a for a in op.axis.split("+")))
+                if zero and index in backward_gathers and post:
+                    axis = post  # the post-forward shard's n data-parallel ranks (module doc)
+                else:
+                    axis = "+".join((shard if zero else everywhere) if a == "dp" else a for a in axes)
+                ops[i] = replace(op, axis=axis)
                 if op.category == Collective.REDUCE_SCATTER and self.shard < self.dp:
+                    shard_ranks = self.shard * (self.cp if "cp" in axes else 1)
                     ops.append(
                         Op(
                             f"{op.name}.replicas_all_reduce",
                             OpKind.COLLECTIVE,
                             Collective.ALL_REDUCE.value,
-                            comm_bytes=op.comm_bytes / self.shard,
+                            comm_bytes=op.comm_bytes / shard_ranks,
                             axis="dp_rep",
                             deps=(i,),
                         )

@@ -56,8 +56,13 @@ MEMORY_BUDGET_BYTES = 256 * 2**20
 steady form, 73k nodes). Each chunk walks the program's ~9k groups once, ~35 ms of numpy calls whatever its
 width, so fewer, larger chunks pay less; a larger budget would only add memory a fresh process first touches."""
 
-_TIMELESS = frozenset({"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W"})
+_TIMELESS = frozenset(
+    {"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W", "price_usd"}
+)
 """Accelerator fields no op duration reads: systems that differ only in them share one schedule."""
+_PLACING = frozenset({"hbm_GiB", "runtime_reserve_GiB", "fragmentation"})
+"""Those of them that, on an accelerator with memory tiers, place the working set in its tiers: there they do
+change what a memory-bound op takes (AcceleratorSpec.seconds_per_byte)."""
 
 
 def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
@@ -97,7 +102,8 @@ def _timing_key(system: SystemSpec) -> tuple[str, str]:
     """What every op duration depends on: the accelerator's speeds and kernel tables (its collection names the GEMM,
     attention and fused-MoE tables that price compute), and the network with the NCCL tables that price the
     collectives within a node (`network.within_node`) and the DeepEP tables that price MoE all-to-alls."""
-    accelerator = system.accelerator.model_dump_json(exclude=set(_TIMELESS))
+    timeless = _TIMELESS - _PLACING if system.accelerator.memory_tiers else _TIMELESS
+    accelerator = system.accelerator.model_dump_json(exclude=set(timeless))
     network = "[" + ",".join(dim.model_dump_json() for dim in system.network) + "]"
     if (node := node_tables(system.accelerator)) is not None:
         network += f" {node[0]} {node[1].model_dump_json()}"

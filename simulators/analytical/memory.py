@@ -88,6 +88,20 @@ class Liveness:
         return float(level[peak]), at_peak
 
 
+def working_set(programs: Sequence[Program], blocks: Sequence[Block], accelerator: AcceleratorSpec) -> float:
+    """The step's peak bytes as placed in a tiered memory (`AcceleratorSpec.seconds_per_byte`): the largest rank
+    class's peak with its runtime reserve and fragmentation, its calls run one after another. Issue order rather
+    than the simulated timeline, because the timeline is what the placement prices: the two differ only by what
+    overlapping streams hold at once."""
+    peaks = [0.0]
+    for program in programs:
+        events = Liveness.of(program, blocks)
+        calls = np.arange(len(program.calls), dtype=float)
+        peak, at_peak = events.peak(events.times(calls, calls + 1))
+        peaks.append(with_runtime_reserve(peak, at_peak, accelerator))
+    return max(peaks)
+
+
 RESERVE, FRAGMENTATION = "reserve", "fragmentation"
 
 

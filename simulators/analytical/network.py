@@ -13,6 +13,11 @@ an all-reduce is a reduce-scatter then an all-gather, so twice the one-phase fig
     halving_doubling   (n-1)/n S/B + log2(n) a                        2 (n-1)/n S/B + 2 log2(n) a  (tree)
     tree (pipelined)   (ring)                                         2 S/B + 2 log2(n) a        S/B + log2(n) a
 
+Today's fabrics (simulators/analytical/fabrics.py) change one dimension's row: leaves under an oversubscribed spine
+or a PCIe root complex, and a dragonfly's global links, multiply its buffer term by a taper max(1, x r) (x the share
+of traffic leaving a leaf or group, r the ratio); DGX-1's hybrid cube-mesh runs as the rings its NVLinks give the
+group; rail-optimised NICs send an all-to-all's cross-rail share over the scale-up dimension first (PXN).
+
 `auto` picks direct on a fully connected dimension and ring elsewhere (NCCL's choice for large buffers on
 NVSwitch and InfiniBand). A torus runs a ring along each of its axes in turn, each axis carrying the shard the
 previous ones left (the bandwidth terms add up to one ring's), with B the bandwidth of one link in one direction.
@@ -36,11 +41,31 @@ with b_d the dimension's own bus bandwidth for the collective (read off its row 
 B_line with in-network reduction) and M_d the group's members inside one of its blocks (the inner counts'
 product): outward bandwidth grows with the members behind it, as eight NICs per node do. An all-to-all sends each
 member's share of the buffer straight to it, so dimension d carries the shares of the members outside the
-sender's block of it, (c_d - 1) M_d / N of the buffer, at b_d. A hierarchical decomposition (reduce-scatter
-inward, all-reduce across, all-gather outward, as ASTRA-sim runs it) crosses the outer dimension with as many
-bytes for many nodes (2(m-1)/m against 2(N-1)/N), but one phase after another: it puts two nodes of eight A100s
-with 4x200G InfiniBand at 100 GB/s bus bandwidth where nccl-tests measures 86 (this model: 90), and DGX H100 nodes
-at 200-300 GB/s, well under the ~376 GB/s their eight 400G NICs carry, which bounds NCCL's rings there.
+sender's block of it, (c_d - 1) M_d / N of the buffer, at b_d. This flat form is the default: it puts two nodes of
+eight A100s with 4x200G InfiniBand at 90 GB/s bus bandwidth where nccl-tests measures 86, and DGX H100 nodes at
+~370 GB/s, what their NVLink rings and eight 400G NICs (~376 GB/s) carry, which bounds NCCL's rings there.
+
+**Hierarchical and pipelined** (`collectives` on an outer dimension). An all-reduce, reduce-scatter or all-gather
+over a group whose span includes a dimension past its first marked `hierarchical` or `pipelined` runs in phases:
+the span is cut before each such dimension, each phase (one dimension, or several priced flat as above) runs the
+collective on the shard the phases inside it leave, S_k = S / P_k with P_k the members of the inner phases. With
+L_k and X_k(S_k) a phase's fixed and buffer terms (its row above; a phase of several dimensions: the flat form's
+latencies and slowest crossing):
+
+    hierarchical:   sum_k L_k + sum_k X_k(S / P_k)        (one phase after another)
+    pipelined:      sum_k L_k + max_k X_k(S / P_k)        (chunks overlap the phases)
+
+A reduce-scatter runs its phases inward and an all-gather outward, which gives the same sum. An all-reduce is a
+reduce-scatter inward, the outermost phase's all-reduce, then an all-gather outward; an inner phase's reduce-scatter
+and all-gather together are its all-reduce row (a ring's exactly; through a switch that reduces in the network,
+NVLS's reduce-scatter by ld_reduce and all-gather by multicast, which is how NCCL runs NVLS inside a node with IB
+SHARP (CollNet) across nodes), so each phase k costs its all-reduce row on S / P_k. E.g. two dimensions of c_0
+and c_1 rings: 2(c_0-1)/c_0 S/B_0 + 2(c_1-1)/c_1 S/(c_0 B_1) + 2(c_0-1) a_0 + 2(c_1-1) a_1. Hierarchical is
+what ASTRA-sim runs for a group of the whole network (dimension after dimension, one chunk), and a 2D
+hierarchical all-reduce; pipelined is NCCL's CollNet and NVLS+SHARP, whose chunks flow through the node's
+reduction, the network's and the node's broadcast at once. In-network reduction on the outer dimension (IB SHARP)
+then carries each NPU's shard S / P once each way, S/(P e B) + L, instead of a ring's 2(c-1)/c of it: a win from
+a few nodes up. A broadcast and an all-to-all have no shard to hand on and stay flat.
 
 Where the accelerator has measured NCCL tables (`kernel_tables.nccl`, dse.tables.nccl), a collective whose group
 lies within one node (spans the first dimension only) over a GPU count the tables ran is their time instead, on a
@@ -62,6 +87,7 @@ from dse.system import NetworkDim
 from dse.tables.deepep import GPUS_PER_NODE, MeasuredExchange
 from dse.tables.nccl import MeasuredCollectives
 from dse.workload import Collective, ExpertExchange, bus_factor
+from simulators.analytical.fabrics import cube_mesh_ring, placed, pxn_share, taper
 
 Span = list[tuple[NetworkDim, int]]
 """The dimensions a process group spans (those where it has more than one coordinate) and that count."""
@@ -71,13 +97,15 @@ _SHARDING = frozenset({Collective.ALL_REDUCE, Collective.ALL_GATHER, Collective.
 
 
 def group_span(ranks: Sequence[int], network: Sequence[NetworkDim]) -> Span:
-    """Per dimension, how many distinct coordinates the members have; dimensions it stays inside drop out."""
+    """Per dimension, how many distinct coordinates the members have; dimensions it stays inside drop out. A
+    dimension whose time depends on where the members sit (a cube-mesh, leaves, dragonfly groups) comes as the
+    group sees it (fabrics.placed)."""
     span: Span = []
     inner = 1
     for dim in network:
-        count = len({(rank // inner) % dim.npus for rank in ranks})
-        if count > 1:
-            span.append((dim, count))
+        coordinates = {(rank // inner) % dim.npus for rank in ranks}
+        if len(coordinates) > 1:
+            span.append((placed(dim, coordinates), len(coordinates)))
         inner *= dim.npus
     return span
 
@@ -121,12 +149,16 @@ def torus_shape(dim: NetworkDim) -> list[int]:
 def _dim_parts(kind: Collective, size: float, dim: NetworkDim, count: int) -> tuple[float, float]:
     """One dimension's share of a collective over `count` of its NPUs as (fixed seconds, seconds of the buffer):
     its algorithm's, or for an all-reduce on a switch that reduces in the network whichever of that and its own
-    algorithm is faster at this size, as NCCL's tuner picks NVLS only where it wins (its fixed cost is larger)."""
-    own = _dim_time(kind, size, dim, count)
+    algorithm is faster at this size, as NCCL's tuner picks NVLS only where it wins (its fixed cost is larger); a
+    cube-mesh as its rings, a tapered dimension's buffer term slowed by its taper (fabrics.py)."""
+    if dim.topology == "hybrid_cube_mesh":
+        dim = cube_mesh_ring(dim, list(range(count)))
+    slowdown = taper(kind, dim, count)
     fixed = _dim_time(kind, 0.0, dim, count)
+    own = fixed + (_dim_time(kind, size, dim, count) - fixed) * slowdown
     if kind is Collective.ALL_REDUCE and dim.reduction_efficiency is not None:
         latency = 2 * dim.latency if dim.reduction_latency_ns is None else dim.reduction_latency_ns * 1e-9
-        streamed = size / (dim.bandwidth_GBps * 1e9 * dim.reduction_efficiency)
+        streamed = size / (dim.bandwidth_GBps * 1e9 * dim.reduction_efficiency) * slowdown
         if latency + streamed <= own:
             return latency, streamed
     return fixed, own - fixed
@@ -173,7 +205,7 @@ def collective_time(kind: str, size: float, span: Span, node: MeasuredCollective
     dimension's node, given for a group within it (`within_node`); None: the model prices the group."""
     collective = Collective(kind)
     if len(span) > 1:
-        return _across(collective, size, span)
+        return sum(_phased(collective, size, span))
     if node is not None and span and (measured := node.seconds(collective, span[0][1], size)) is not None:
         return _on_this_link(measured, collective, size, *span[0], node.bandwidth_GBps)
     return sum(sum(_dim_parts(collective, size, dim, count)) for dim, count in span)
@@ -212,22 +244,56 @@ def _on_this_link(measured: float, kind: Collective, size: float, dim: NetworkDi
     return measured * sum(_dim_parts(kind, size, dim, count)) / there if there > 0 else measured
 
 
-def _across(kind: Collective, size: float, span: Span) -> float:
-    """A group over several dimensions: all of them at once, bound by the slowest crossing, latencies added."""
+def _phased(kind: Collective, size: float, span: Span) -> tuple[float, float]:
+    """A group over several dimensions as (fixed seconds, seconds of the buffer): its phases (`_phases`) one after
+    another, or overlapped where the outer one says pipelined, each phase on the shard the ones inside it left."""
+    fixed = streamed = 0.0
+    for phase in _phases(kind, span):
+        latency, seconds = _dim_parts(kind, size, *phase[0]) if len(phase) == 1 else _across(kind, size, phase)
+        fixed += latency
+        streamed = max(streamed, seconds) if phase[0][0].collectives == "pipelined" else streamed + seconds
+        size /= prod(count for _, count in phase)
+    return fixed, streamed
+
+
+def _phases(kind: Collective, span: Span) -> list[Span]:
+    """The span cut before every dimension past its first that is not flat, for the collectives that shard (a
+    broadcast and an all-to-all have no shard to hand on: one flat phase)."""
+    if kind not in _SHARDING:
+        return [span]
+    phases = [span[:1]]
+    for dim, count in span[1:]:
+        if dim.collectives == "flat":
+            phases[-1].append((dim, count))
+        else:
+            phases.append([(dim, count)])
+    return phases
+
+
+def _across(kind: Collective, size: float, span: Span) -> tuple[float, float]:
+    """A group over several dimensions flat, all of them at once, as (latencies added, the slowest crossing)."""
     group = prod(count for _, count in span)
     members = 1
     slowest = 0.0
     latency = 0.0
+    relayed = 0.0
     for dim, count in span:
         alone, seconds = _dim_parts(kind, size, dim, count)
         if kind is Collective.ALL_TO_ALL:
             crossing = seconds * count * members / group
+            if dim.rails and members > 1:
+                relayed = max(relayed, pxn_share(group, members))
         else:
             crossing = seconds * bus_factor(kind, group) / bus_factor(kind, count) / members
         slowest = max(slowest, crossing)
         latency += alone
         members *= count
-    return slowest + latency
+    if relayed:
+        inner, count = span[0]
+        _, seconds = _dim_parts(kind, size, inner, count)
+        own = seconds * count / group
+        slowest = max(slowest, own + seconds * count / (count - 1) * relayed)
+    return latency, slowest
 
 
 def p2p_dim(src: int, dst: int, network: Sequence[NetworkDim]) -> int | None:
@@ -242,11 +308,19 @@ def p2p_dim(src: int, dst: int, network: Sequence[NetworkDim]) -> int | None:
 
 
 def p2p_time(size: float, src: int, dst: int, network: Sequence[NetworkDim]) -> float:
-    """Seconds of a send of `size` bytes: the outermost dimension where the two ranks differ carries it."""
-    hop = None
+    """Seconds of a send of `size` bytes: the outermost dimension where the two ranks differ carries it; across
+    rails between different local ranks, the innermost dimension where those differ relays it first (PXN), its
+    latency added and the slower of the two links bounding the stream."""
+    hops = []
     inner = 1
     for dim in network:
         if (src // inner) % dim.npus != (dst // inner) % dim.npus:
-            hop = dim
+            hops.append(dim)
         inner *= dim.npus
-    return 0.0 if hop is None else size / hop.bandwidth + hop.latency
+    if not hops:
+        return 0.0
+    hop = hops[-1]
+    if hop.rails and len(hops) > 1:
+        relay = hops[0]
+        return size / min(hop.bandwidth, relay.bandwidth) + hop.latency + relay.latency
+    return size / hop.bandwidth + hop.latency

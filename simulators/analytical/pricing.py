@@ -7,7 +7,8 @@ straddle the network differently (a layout misaligned with the dimensions) are a
 representative, except a ring of sends within the class, which waits for its slowest hop (`hops`). A collective
 within one node is read from the accelerator's NCCL tables where it has them (`network.within_node`), a serving
 step's MoE dispatch and combine from its DeepEP tables (`network.exchange_time`) and its routed experts from its
-fused-MoE table (`expert_block`), where they have them.
+fused-MoE table (`expert_block`), where they have them. On an accelerator with memory tiers, a memory-bound op's
+bytes are priced by the tiers the step's working set fills (`memory.working_set`).
 """
 
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from dse.tables.deepep import DEEPEP_TABLE, MeasuredExchange
 from dse.tables.moe import MOE_TABLE, MeasuredMoe
 from dse.tables.nccl import NCCL_TABLE, MeasuredCollectives
 from dse.workload import Collective, Op, OpKind, Workload
+from simulators.analytical.memory import working_set
 from simulators.analytical.network import (
     Span,
     collective_time,
@@ -34,7 +36,9 @@ class BlockPricer:
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        self._model = ComputeModel(system.accelerator, workload.dtype, attention_kernel=workload.attention_kernel)
+        accelerator = system.accelerator
+        placed = working_set(workload.programs, workload.blocks, accelerator) if accelerator.memory_tiers else None
+        self._model = ComputeModel(accelerator, workload.dtype, workload.attention_kernel, placed)
         self._node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
         self._exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
         self._moe = None if workload.expert_compute is None else MeasuredMoe.of(system.accelerator, workload.dtype)

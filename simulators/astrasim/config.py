@@ -26,11 +26,22 @@ doubleBinaryTree all-reduce is not pipelined (4 S/B against 2 S/B). The congesti
 forwards a message at the switch, so every collective through a Switch dimension takes twice the bandwidth term.
 Ring, switch (ring or halving-doubling) and fully connected (direct) all-reduce, reduce-scatter and all-gather
 agree within 0.2% on the unaware backend (all-gather once the export writes its input shard as comm_size),
-all-to-all too on a fully connected dimension. Across dimensions (ring of 4 x switch of 4, 64 MiB): a group of the
-whole world runs dimension after dimension (+58% against the closed form's all-at-once rings); a smaller group over
-two dimensions runs as one ring at the inner dimension's bandwidth (-50%); a send whose ends differ in several
-dimensions goes at the innermost one's bandwidth (-75%; a pipeline send across nodes differs in one and agrees). A
-switch's in-network reduction (`reduction_efficiency`, NVLS) has no counterpart: ASTRA-sim's NPUs reduce.
+all-to-all too on a fully connected dimension. Across dimensions: a group of the whole world runs dimension after
+dimension, reduce-scatter inward and all-gather outward, which is the closed form of `collectives: hierarchical` on
+every outer dimension: all-reduce, reduce-scatter and all-gather agree within 0.1% from 4 KiB to 64 MiB on a ring of
+4 x switch of 4, a switch of 8 x switch of 4 and three switches of 2 (tests/test_collectives_hierarchical.py); the
+default flat form (every dimension at once) is 37% faster at 64 MiB on the first. A smaller group over two
+dimensions runs as one ring at the inner dimension's bandwidth (-50%); a send whose ends differ in several
+dimensions goes at the innermost one's bandwidth (-75%; a pipeline send across nodes differs in one and agrees).
+`collectives: pipelined` (NCCL's overlapped phases) and a switch's in-network reduction (`reduction_efficiency`:
+NVLS, InfiniBand SHARP) have no counterpart: ASTRA-sim runs one chunk's phases in turn, and its NPUs reduce.
+
+Today's fabrics (simulators/analytical/fabrics.py), where ASTRA-sim's analytical backend can express them:
+- a hybrid cube-mesh becomes one Ring of its 8 GPUs at bandwidth_GBps, the rings NCCL runs over the whole node
+  (a smaller group's fewer links are the closed form's alone: ASTRA-sim runs it as a ring at that rate);
+- rails become a plain Switch: ASTRA-sim sends cross-rail traffic straight, without PXN's scale-up hop;
+- leaves under an oversubscribed spine or root complex (`oversubscription`) and a dragonfly have no counterpart (its
+  Switch is non-blocking, it has no global links): astra_dims refuses them in one line naming the field.
 """
 
 import json
@@ -40,6 +51,7 @@ from pathlib import Path
 from dse.system import NetworkDim, SystemSpec
 from simulators.analytical.network import algorithm, torus_shape
 from simulators.astrasim.options import AstraSimOptions
+from simulators.astrasim.runner import AstraSimError
 
 ASTRA_GB = 2**30
 """Bytes per second in one of ASTRA-sim's GB/s."""
@@ -79,14 +91,23 @@ class AstraDim:
 
 def astra_dims(system: SystemSpec) -> list[AstraDim]:
     """The system's network as ASTRA-sim dimensions, innermost first (a torus expanded into its rings), without
-    dimensions of one NPU (a single node's `network: {1: {npus: 1}}`), which ASTRA-sim refuses and nothing crosses."""
-    return [part for dim in system.network for part in _dims_of(dim)]
+    dimensions of one NPU (a single node's `network: {1: {npus: 1}}`), which ASTRA-sim refuses and nothing crosses;
+    AstraSimError for a fabric it cannot express (module docstring)."""
+    return [part for index, dim in enumerate(system.network) for part in _dims_of(dim, index)]
 
 
-def _dims_of(dim: NetworkDim) -> list[AstraDim]:
+def _dims_of(dim: NetworkDim, index: int) -> list[AstraDim]:
     if dim.npus == 1:
         return []
+    if dim.oversubscription is not None or dim.topology == "dragonfly":
+        field = "topology: dragonfly" if dim.topology == "dragonfly" else "oversubscription"
+        raise AstraSimError(
+            f"system.network.{index}.{field}: ASTRA-sim's analytical backend has no tapered fabric (its switches are "
+            "non-blocking); use the analytical cost model, or a plain switch"
+        )
     bandwidth = dim.bandwidth / ASTRA_GB
+    if dim.topology == "hybrid_cube_mesh":
+        return [AstraDim("Ring", dim.npus, bandwidth, dim.latency_ns, algorithm(dim))]
     if dim.topology.startswith("torus"):
         return [AstraDim("Ring", side, bandwidth, dim.latency_ns, "ring") for side in torus_shape(dim) if side > 1]
     topology = TOPOLOGY[dim.topology]

@@ -8,8 +8,10 @@ from helpers import make_point
 
 from dse import catalog, plugins
 from dse.compute import GEMM_TABLE, ROOFLINE, ComputeModel
+from dse.errors import SpecError
 from dse.fields import GiB
 from dse.point.evaluate import evaluate
+from dse.search.space import load_study
 from dse.system import AcceleratorSpec
 from dse.tables.source import LATENCY_UNIT_S, table_file
 from dse.workload import Op, OpKind
@@ -123,3 +125,16 @@ def test_the_dataflow_chips_ddr_counts_toward_capacity_and_slows_what_spills():
     fast, slow = evaluate(roomy, model, cost), evaluate(spilled, model, cost)
     assert slow.metrics["peak_memory_bytes"] > 0.01 * GiB and slow.metrics["fits_memory"]
     assert slow.metrics["step_time_s"] > fast.metrics["step_time_s"]
+
+
+def test_hbm_cannot_be_feasibility_only_on_a_tiered_accelerator(tmp_path):
+    """With memory tiers, HBM's size places the working set, so one evaluation cannot stand for every size."""
+    study = tmp_path / "study.yaml"
+    study.write_text(
+        "name: t\nobjectives: {step_time: minimize}\nconstraints: [fits_memory]\ntrials: 2\nworkers: 1\nbase:\n"
+        "  model: tiny-llama\n  workload: {seq_len: 512, global_batch: 16}\n"
+        "  system: {base: tiny-ring, accelerator: sn40l}\n  parallel: {dp: 8}\n"
+        "space:\n  system.accelerator.hbm_GiB: {choices: [16, 64], feasibility_only: true}\n"
+    )
+    with pytest.raises(SpecError, match="accelerator 'sn40l' has memory_tiers, where HBM's size decides"):
+        load_study(study)

@@ -396,8 +396,10 @@ def load_study(path: str | Path, **overrides: Any) -> StudySpec:
     }
     for point in tables.values():  # each measured kernel table read once now, not by every trial
         check_tables(point)
-    _check_serving(spec, [point for point in points if isinstance(point, DesignPoint)])
-    _check_needs(spec, [point for point in points if isinstance(point, DesignPoint)])
+    decoded = [point for point in points if isinstance(point, DesignPoint)]
+    _check_serving(spec, decoded)
+    _check_needs(spec, decoded)
+    _check_tiered_capacity(spec, decoded)
     _check_refinements(spec)
     if spec.report is not None:
         _check_report(spec, spec.report)
@@ -566,6 +568,19 @@ def _check_feasibility_only(spec: StudySpec) -> None:
             raise SpecError(
                 f"{where}: constraint {others[0]} may depend on {name}, and only {MEMORY_CONSTRAINT} is derived for "
                 "each value; remove the flag or the constraint"
+            )
+
+
+def _check_tiered_capacity(spec: StudySpec, points: list[DesignPoint]) -> None:
+    """On an accelerator with memory tiers beside HBM, HBM's capacity places the working set among the tiers and so
+    prices memory-bound kernels: it cannot be feasibility-only there (one evaluation would stand for every size)."""
+    for name in feasibility_only(spec):
+        tiered = [point.system.accelerator.name for point in points if point.system.accelerator.memory_tiers]
+        if tiered:
+            raise SpecError(
+                f"{spec.source}: field 'space.{name}.feasibility_only': accelerator '{tiered[0]}' has memory_tiers, "
+                f"where HBM's size decides which tier serves each byte, so {name} changes the step time; remove "
+                "the flag"
             )
 
 

@@ -24,7 +24,7 @@ from dse.system import SystemSpec
 
 
 class Param(decoding.Searched, Protocol):
-    """A searched parameter as these checks read it (space.Param), named here so that the study file's module can
+    """A searched parameter as these checks read it (params.Param), named here so that the study file's module can
     use them without an import circle."""
 
     @property

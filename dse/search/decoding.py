@@ -27,7 +27,7 @@ Value = bool | int | float | str
 
 
 class Searched(Protocol):
-    """A searched parameter as decoding reads it (space.Param)."""
+    """A searched parameter as decoding reads it (params.Param)."""
 
     @property
     def first(self) -> Value: ...

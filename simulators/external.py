@@ -4,6 +4,7 @@ process group of its own, with a timeout, leaving nothing running behind it."""
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -54,12 +55,43 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+OWNER = ".owner"
+"""In a temporary run folder: the id of the process that made it, so that a later run can tell it was orphaned."""
+
+
 def run_folder(keep_runs: str | Path | None, point_key: str, kind: str) -> Path:
-    """A new folder of its own for one run (evaluations run side by side): a temporary `dse-<kind>-*`, or inside
-    keep_runs one named after the point, to be kept."""
+    """A new folder of its own for one run (evaluations run side by side): a temporary `dse-<kind>-*` (the orphans
+    of killed runs removed first), or inside keep_runs one named after the point, to be kept."""
     if keep_runs is None:
-        return Path(tempfile.mkdtemp(prefix=f"dse-{kind}-"))
+        remove_orphans(kind)
+        folder = Path(tempfile.mkdtemp(prefix=f"dse-{kind}-"))
+        (folder / OWNER).write_text(str(os.getpid()))
+        return folder
     root = Path(keep_runs)
     root.mkdir(parents=True, exist_ok=True)
     stem = re.sub(r"[^\w.+-]", "_", point_key)[:48] or "point"
     return Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=root))
+
+
+def remove_orphans(kind: str) -> None:
+    """Delete the temporary run folders of this kind whose process is gone. A run killed with SIGKILL (a Ray worker
+    the pool replaced, the kernel's out-of-memory killer, a timeout's kill) never reaches its cleanup, and its
+    traces of thousands of ranks take gigabytes: left behind they filled a shared disk. A folder without an owner
+    (another program's, or one being made) is left alone."""
+    for folder in Path(tempfile.gettempdir()).glob(f"dse-{kind}-*"):
+        try:
+            owner = int((folder / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if not _alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True

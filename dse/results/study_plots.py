@@ -17,6 +17,7 @@ import pandas as pd
 
 from dse.fields import GiB
 from dse.results.plots import figure, legend
+from dse.search.decoding import fields_at
 from dse.search.report_spec import PlotSpec, metric_direction
 from dse.search.space import StudySpec
 
@@ -64,20 +65,8 @@ def draw(spec: StudySpec, frame: pd.DataFrame, out_dir: Path) -> list[StudyPlot]
 def with_base_columns(spec: StudySpec, frame: pd.DataFrame, plot: PlotSpec) -> pd.DataFrame:
     """The frame with a constant column for each of the plot's fields that the base sets and the table lacks."""
     names = [name for name in (plot.x, plot.y, plot.series) if name and name not in frame]
-    found = {name: value for name in names if (value := _base_value(spec.expanded_base, name)) is not None}
+    found = fields_at(spec.expanded_base, names)
     return frame.assign(**found) if found else frame
-
-
-def _base_value(node: Any, path: str) -> Any:
-    """The value at a dotted path of the expanded base (list items by index), None where it has none."""
-    for part in path.split("."):
-        if isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        elif isinstance(node, dict) and part in node:
-            node = node[part]
-        else:
-            return None
-    return node
 
 
 def best_per_group(

@@ -111,6 +111,30 @@ class FieldReadingGenerator(WorkloadGenerator, Protocol):
     """Dotted point field (e.g. 'model.fx_factory') -> why it is not read and what to do instead."""
 
 
+@dataclass(frozen=True)
+class ModelDescription:
+    """A model as its own code builds it: its ModelSpec fields (`fields`, `moe` a mapping) and its exact parameter
+    counts (the module's sum of numel, a tied table once; active: a MoE layer's routed experts top_k of n)."""
+
+    factory: str
+    fields: dict[str, Any]
+    parameters: int
+    active: int
+    unexpressed: str | None = None
+    """Where ModelSpec's closed-form count (dse.modelstats) of these fields differs from the module's, in words."""
+
+
+class ModelDescriber(Protocol):
+    """`describe_model`, declared on a generator's entry point (as `unread_fields` is) by a generator whose model is
+    code (fx): the point's model is then the code's, and its fields are optional (dse.point.described).
+
+    Called with a point's model and workload data as the file gives them (fields may be missing), it describes
+    the model the code builds, without importing anything heavy into the caller (fx builds it in a child
+    process), or raises a SpecError naming the field and the fix."""
+
+    def __call__(self, model: Mapping[str, Any], workload: Mapping[str, Any]) -> ModelDescription: ...
+
+
 @runtime_checkable
 class PreflightGenerator(WorkloadGenerator, Protocol):
     """A generator that can check, before anything is generated, what would otherwise fail every point it is given.

@@ -38,16 +38,26 @@ def dt_rank(m: ModelSpec) -> int:
     return m.ssm.dt_rank or ceil(m.hidden / 16)
 
 
-def _norm(m: ModelSpec) -> int:
-    return (2 if m.norm == "layernorm" else 1) * m.hidden
+def _norm(m: ModelSpec, width: int | None = None) -> int:
+    """Weights of one norm over `width` (default: hidden): a scale, and LayerNorm's bias unless norm_bias is off."""
+    return (2 if m.norm == "layernorm" and m.norm_bias else 1) * (width or m.hidden)
+
+
+def gated(m: ModelSpec) -> bool:
+    """Whether the MLP is gated (SwiGLU, GeGLU: a gate and an up projection, then down), else two matrices."""
+    return m.activation != "gelu"
 
 
 def mixer_params(m: ModelSpec, mixer: str) -> int:
     h = m.hidden
     if mixer == "attn":
         params = h * m.d_head * (m.heads + 2 * m.n_kv_heads) + m.heads * m.d_head * h
+        if m.bias or m.qkv_bias:
+            params += m.d_head * (m.heads + 2 * m.n_kv_heads)
         if m.bias:
-            params += m.d_head * (m.heads + 2 * m.n_kv_heads) + h
+            params += h
+        if m.qk_norm:
+            params += 2 * _norm(m, m.d_head)
         return params
     if mixer == "mla":
         a = m.mla
@@ -66,7 +76,7 @@ def mixer_params(m: ModelSpec, mixer: str) -> int:
 
 
 def _mlp_mats(m: ModelSpec) -> int:
-    return 3 if m.activation == "swiglu" else 2
+    return 3 if gated(m) else 2
 
 
 def expert_params(m: ModelSpec) -> int:
@@ -80,7 +90,7 @@ def mlp_params(m: ModelSpec, mlp: str, active: bool = False) -> int:
     if mlp == "dense":
         params = _mlp_mats(m) * m.hidden * m.ffn
         if m.bias:
-            params += m.ffn * (2 if m.activation == "swiglu" else 1) + m.hidden
+            params += m.ffn * (2 if gated(m) else 1) + m.hidden
         return params
     assert m.moe is not None
     routed = m.moe.top_k if active else m.moe.experts
@@ -89,7 +99,7 @@ def mlp_params(m: ModelSpec, mlp: str, active: bool = False) -> int:
 
 def kind_params(m: ModelSpec, kind: LayerKind, active: bool = False) -> int:
     mixer, mlp = kind
-    norms = _norm(m) * (1 if mlp == "none" else 2)
+    norms = _norm(m) * (1 if mlp == "none" or m.parallel_block == "shared_norm" else 2)
     return mixer_params(m, mixer) + mlp_params(m, mlp, active) + norms
 
 

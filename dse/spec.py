@@ -94,11 +94,35 @@ class ModelSpec(Spec):
     )
     vocab: Width
     norm: Literal["layernorm", "rmsnorm"]
-    activation: Literal["gelu", "swiglu"]
+    activation: Literal["gelu", "swiglu", "geglu"] = Field(
+        description="the MLP: gelu (two matrices, GPT-2), swiglu (three: silu(gate) * up, Llama) or geglu (three: "
+        "gelu(gate) * up, Gemma)"
+    )
     position: Literal["rope", "learned"] = "rope"
     max_seq: Annotated[Count, Le(MAX_SEQ_LEN)] | None = Field(None, description="rows of a learned position table")
     tied_embeddings: bool = False
     bias: bool = False
+    qkv_bias: bool = left_out_at_default(
+        False,
+        description="biases on the query, key and value projections alone (Qwen2), not on the attention output nor "
+        "the MLP; bias: true has every linear's",
+    )
+    norm_bias: bool = left_out_at_default(
+        True, description="LayerNorm's additive bias; false: a weight alone (nn.LayerNorm(bias=False), nanoGPT)"
+    )
+    qk_norm: bool = left_out_at_default(
+        False,
+        description="a norm (model.norm) over head_dim on each query and key head before RoPE (Qwen3, Gemma 3): "
+        "2 x head_dim weights a layer",
+    )
+    parallel_block: Literal["none", "shared_norm", "two_norms"] = left_out_at_default(
+        "none",
+        description="attention and MLP side by side, read from the same residual stream and added to it together "
+        "(x + attn(ln1(x)) + mlp(ln2(x))): none (one after the other), shared_norm (one norm feeds both: GPT-J, "
+        "Falcon-7B, Phi-2, PaLM) or two_norms (GPT-NeoX, Falcon-40B). Under tp the two branches' row-parallel "
+        "outputs are summed and reduced once (one all-reduce, or reduce-scatter under sp, a layer), as GPT-NeoX "
+        "and PaLM run it",
+    )
     dtype: Dtype = "bf16"
     fx_factory: Name | None = left_out_at_default(
         None,
@@ -106,6 +130,15 @@ class ModelSpec(Spec):
         "in the dse.fx_models entry points (llama, ...) or package.module:callable, called as factory(model, "
         "workload) -> nn.Module; unset: the factory registered under the model's family. Other generators model "
         "the architecture from the fields above and do not read it",
+    )
+    fx_plan: dict[str, Literal["colwise", "rowwise", "sequence_parallel", "replicate", "vocab"]] | None = (
+        left_out_at_default(
+            None,
+            description="the fx generator's tensor-parallel plan for the modules it names, over the derived one: "
+            "module-name patterns (fnmatch, the model's own names: 'layers.*.attn.c_attn', '*.mlp.c_proj') -> "
+            "colwise, rowwise, sequence_parallel, replicate (left unsharded) or vocab (a vocabulary-parallel "
+            "embedding); it wins over a TP_PLAN dict beside the factory. Other generators do not read it",
+        )
     )
 
     @model_validator(mode="after")
@@ -132,6 +165,12 @@ class ModelSpec(Spec):
             )
         if self.family == "mamba" and self.ssm and self.ssm.attention_every is not None:
             raise ValueError("family 'mamba' has no attention layers; remove ssm.attention_every or use family hybrid")
+        if self.parallel_block != "none" and (self.ssm is not None or self.moe is not None):
+            section = "ssm" if self.ssm is not None else "moe"
+            raise ValueError(
+                f"parallel_block '{self.parallel_block}' is modelled for dense attention layers, and the model has "
+                f"'{section}' layers; remove parallel_block or the '{section}' section"
+            )
         if self.moe and self.moe.top_k > self.moe.experts:
             raise ValueError(f"moe.top_k={self.moe.top_k} exceeds moe.experts={self.moe.experts}")
         if self.moe and self.moe.first_dense_layers >= self.layers:
@@ -417,18 +456,28 @@ NOT_MAMBA = (
     "a model.family with attention and MLP layers (mamba's are selective scans alone)",
     "use family hybrid for attention and MLP layers among the scans",
 )
+LAYOUT = ("qkv_bias", "qk_norm")
+"""Fields of the query, key and value projections: a Mamba stack has none, and latent attention (mla) its own."""
+TRANSFORMER_FIELDS = ("heads", "kv_heads", "head_dim", "ffn", "moe", "mla", "bias", "flash_attention", "rope_impl")
+"""Fields of attention and MLP layers, which a Mamba stack of selective scans has none of."""
 LATENT = "remove model.mla (latent attention sets its own heads' widths: mla.qk_nope_head_dim, ...)"
 
 REFINEMENTS = (
     # What the model's own architecture leaves out, first: a Mamba stack's heads, latent attention's head widths.
     *(
         Refinement(f"model.{name}", "model.family", lambda family: family != "mamba", *NOT_MAMBA)
-        for name in ("heads", "kv_heads", "head_dim", "ffn", "moe", "mla", "bias", "flash_attention", "rope_impl")
+        for name in (*TRANSFORMER_FIELDS, *LAYOUT)
     ),
     *(
         Refinement(f"model.{name}", "model.mla", lambda mla: mla is None, "model.mla unset", LATENT)
         for name in ("kv_heads", "head_dim")
     ),
+    *(
+        Refinement(f"model.{name}", "model.mla", lambda mla: mla is None, "model.mla unset", "remove model.mla")
+        for name in LAYOUT
+    ),
+    Refinement("model.qkv_bias", "model.bias", lambda bias: not bias, "model.bias: false"),
+    Refinement("model.norm_bias", "model.norm", lambda norm: norm == "layernorm", "model.norm: layernorm"),
     Refinement("model.max_seq", "model.position", lambda position: position == "learned", "model.position: learned"),
     Refinement("parallel.fsdp", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),
     Refinement("parallel.fsdp_reduce_dtype", "parallel.zero", lambda zero: zero == 3, "parallel.zero: 3"),

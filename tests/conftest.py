@@ -90,6 +90,7 @@ def pytest_configure(config: pytest.Config) -> None:
     stubs = Path(tempfile.mkdtemp(prefix="dse-test-stubs-"))
     config.add_cleanup(partial(shutil.rmtree, stubs, ignore_errors=True))
     _without_slow_import(stubs)
+    os.environ["DSE_FX_CACHE"] = "off"  # captures are not kept between test runs (test_fx_speed.py sets its own)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

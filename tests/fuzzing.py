@@ -167,6 +167,15 @@ POINT_SEEDS += [
     {"model": "tiny-llama", "workload": {"seq_len": 256, "global_batch": 16}, "parallel": {"dp": 8}, "system": system}
     for system in ({"base": "tiny-ring", "network": network} for network in (FABRICS, [*FABRICS[:2], DRAGONFLY]))
 ]
+LAYOUTS = {"norm": "layernorm", "norm_bias": False, "activation": "geglu", "qkv_bias": True, "qk_norm": True}
+LAYOUT_POINT = {
+    "model": {"base": "tiny-llama", **LAYOUTS, "parallel_block": "two_norms"},
+    "workload": {"seq_len": 128, "global_batch": 16},
+    "parallel": {"dp": 4, "tp": 2, "sp": True},
+    "system": "tiny-ring",
+}
+"""tiny-llama with every layout field of the model set away from its default, under tp with sp."""
+POINT_SEEDS.append(LAYOUT_POINT)
 STUDY_SEEDS = shipped("studies/*.yaml") + shipped("studies/nightly/*.yaml")
 
 

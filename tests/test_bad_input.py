@@ -221,6 +221,7 @@ def test_the_seeds_are_valid_and_cover_every_field(tmp_path):
         "parallel.dp_shard",
         "model.head_dim",
         "model.fx_factory",
+        "model.fx_plan",
         "model.kv_heads",
         "model.max_seq",
         "model.mla.q_lora_rank",

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 from helpers import make_point
 
 from dse.spec import DesignPoint
-from dse.workload import Block, Collective, OpKind, Workload
+from dse.workload import Block, OpKind, Workload
 from generators.fx.compare import Row, compare, figures
 from generators.fx.ends import EPILOGUE, PROLOGUE
 from generators.fx.generator import PLAIN_LAYER, FxGenerator
@@ -37,24 +37,13 @@ def gemm_shapes(b: Block) -> Counter:
     return Counter((op.gemm[0], *sorted(op.gemm[1:])) for op in b.ops if op.gemm is not None)
 
 
-def loss_all_reduce_bytes(point: DesignPoint) -> float:
-    """What the captured loss all-reduces over tp beyond the symbolic one in a step: the target's logit, one fp32
-    value per token (Megatron's and torchtitan's vocab-parallel cross-entropy reduce the max, the sum of
-    exponentials and the target's logit; the symbolic loss the first two)."""
-    w = point.workload
-    return point.micro_batches * w.micro_batch * w.seq_len * 4.0 if point.parallel.tp > 1 else 0.0
-
-
 def agreement(generator: FxGenerator, point: DesignPoint) -> tuple[dict[str, Row], Workload, Workload]:
-    """The compare harness's rows for the point's one rank class (by figure), and the fx and symbolic workloads;
-    every figure within its tolerance, or (the all-reduce bytes of a point whose other all-reduces are small)
-    off by the loss's all-reduce exactly."""
+    """The compare harness's rows for the point's one rank class and the step (by figure), and the fx and symbolic
+    workloads; every figure within its bound but the step time, which at these sizes kernel launches decide (the
+    two generators draw kernel boundaries differently): benchmarks/fx_agreement.py checks it at real sizes."""
     ours, theirs = generator.generate(point), SymbolicGenerator().generate(point)
     rows = {r.figure: r for r in compare(figures(ours, point), figures(theirs, point))}
-    reduced = rows.get("all_reduce bytes")
-    if reduced is not None:
-        assert reduced.a - reduced.b == loss_all_reduce_bytes(point)
-    off = [r for r in rows.values() if not r.ok and r is not reduced]
+    off = [r for r in rows.values() if not r.ok and r.figure != "step time s"]
     assert not off, off
     return rows, ours, theirs
 
@@ -134,10 +123,10 @@ def test_recompute_every_second_layer_runs_the_others_plain(generator):
 
 
 def test_selective_recompute_keeps_what_symbolic_keeps(generator):
-    """Saved activations. selective keeps no attention output: the plain fx layer keeps it twice (the kernel's
-    output for its backward, and its copy laid out for the output projection, whose weight gradient reads it),
-    symbolic's once, and each drops what it kept (fx up to the RoPE table's slice for the sequence, s x d_head / 2
-    complex64, which the partitioner keeps under checkpointing in some layouts rather than slice it again).
+    """Saved activations. selective keeps no attention output: the plain layer keeps it once in both generators
+    (fx forms the copy laid out for the output projection again in backward, as a flash kernel's output needs no
+    copy), and each drops it (fx up to the RoPE table's slice for the sequence, s x d_head / 2 complex64, which the
+    partitioner keeps under checkpointing in some layouts rather than slice it again).
     selective_op keeps the symbolic layer's bytes exactly with SP and
     without tp; without SP torch's partitioner also keeps the last matmul's output (torchtitan's policy says save
     it), which backward never reads: one b s h tensor more than symbolic, as a real torchtitan run under
@@ -148,7 +137,7 @@ def test_selective_recompute_keeps_what_symbolic_keeps(generator):
         context = SEQ * base.model.hidden * 2 / parallel["tp"]
         dropped = generator.layer(base).forward.saved_bytes - generator.layer(selective).forward.saved_bytes
         rope_slice = SEQ * base.model.d_head / 2 * 8
-        assert 2 * context - rope_slice <= dropped <= 2 * context
+        assert context - rope_slice <= dropped <= context
         assert symbolic_saved_bytes(base) - symbolic_saved_bytes(selective) == context
     for parallel in (sp, one):
         per_op = make_point(seq_len=SEQ, recompute="selective_op", **parallel)
@@ -179,9 +168,8 @@ def comm(b: Block) -> dict[str, float]:
 def test_embedding_and_head_are_captured(generator, model, parallel, seq_len):
     """The embedding and the head are the model's own code, captured: the vocabulary-parallel lookup with its
     reduce-scatter (SP) and in backward its all-gather; the final norm, the gather of its output, the output
-    projection (its GEMMs the symbolic ones exactly, forward and backward) and the vocab-parallel cross-entropy,
-    whose three per-token all-reduces are one more than symbolic's (the target's logit). Step figures within
-    issue 22's tolerances."""
+    projection (its GEMMs the symbolic ones exactly, forward and backward) and the vocab-parallel cross-entropy
+    with its three per-token all-reduces, the symbolic ones. Step figures within their bounds."""
     point = make_point(model, system="dgx-h100", seq_len=seq_len, **parallel)
     _, ours, theirs = agreement(generator, point)
     for name, piece in (("embed", "prologue"), ("head", "epilogue")):
@@ -189,11 +177,7 @@ def test_embedding_and_head_are_captured(generator, model, parallel, seq_len):
             captured, synthesised = block(ours, f"{name}.{way}"), block(theirs, f"{name}.{way}")
             assert all(op.name.startswith(f"{piece}.{way}.") for op in captured.ops)
             assert flops(captured, "gemm") == pytest.approx(flops(synthesised, "gemm"), rel=1e-12)
-            extra = comm(captured).get(Collective.ALL_REDUCE, 0.0) - comm(synthesised).get(Collective.ALL_REDUCE, 0.0)
-            tokens = point.workload.micro_batch * seq_len
-            assert extra == (4.0 * tokens if (name, way) == ("head", "forward") and point.parallel.tp > 1 else 0.0)
-            others = {k: v for k, v in comm(captured).items() if k != Collective.ALL_REDUCE}
-            assert others == {k: v for k, v in comm(synthesised).items() if k != Collective.ALL_REDUCE}
+            assert comm(captured) == comm(synthesised)
     assert flops(block(ours, "head.forward"), "gemm") == 2 * seq_len * point.model.hidden * point.model.vocab / (
         point.parallel.tp
     )

@@ -223,9 +223,9 @@ def test_hugging_face_models_capture_with_fused_attention(model) -> None:
 def test_a_hugging_face_model_through_the_fx_generator_agrees_with_symbolic(parallel) -> None:
     """LlamaForCausalLM captured by the fx generator (its block, embedding and head, under the same TP plan in
     Hugging Face's module names; mask-free causal attention: one fused op) gives the symbolic generator's figures
-    for the same spec: parameters, GEMM FLOPs and every collective's bytes exact but for the loss's all-reduce of
-    the target logit under tp, which Megatron's vocab-parallel cross-entropy runs and the symbolic loss leaves out
-    (4 bytes per token); peak memory within the issue's 5 %."""
+    for the same spec: parameters, GEMM FLOPs and every collective's bytes exact (the vocab-parallel loss's three
+    all-reduces on both sides), peak memory within the compare's 3 %; not the step time, which at these sizes
+    kernel launches decide (benchmarks/fx_agreement.py checks it at real sizes)."""
     pytest.importorskip("transformers")
     from dse import plugins
     from generators.fx.compare import compare, figures
@@ -236,13 +236,11 @@ def test_a_hugging_face_model_through_the_fx_generator_agrees_with_symbolic(para
         figures(plugins.generator("fx").generate(captured), captured),
         figures(plugins.generator("symbolic").generate(symbolic), symbolic),
     )
-    assert all(r.ok for r in rows), [r for r in rows if not r.ok]
+    assert all(r.ok for r in rows if r.figure != "step time s"), [r for r in rows if not r.ok]
     w, p = symbolic.workload, symbolic.parallel
-    target_logits = 4 * w.global_batch // p.dp * w.seq_len if p.tp > 1 else 0
     for r in rows:
         if r.figure in ("parameters on a rank", "GEMM FLOPs") or r.figure.endswith(" bytes"):
-            extra = target_logits if r.figure == "all_reduce bytes" and r.rank_class.endswith(str(p.pp - 1)) else 0
-            assert r.figure == "peak memory bytes" or r.a - r.b == extra, r
+            assert r.figure == "peak memory bytes" or r.a == r.b, r
     microbatches = w.global_batch // p.dp // w.micro_batch
     assert next(r.a for r in rows if r.figure == "ops: attention") == 2 * symbolic.model.layers // p.pp * microbatches
 

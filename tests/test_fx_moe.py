@@ -10,9 +10,9 @@ import torch.distributed as dist
 from helpers import make_point
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from dse.errors import InfeasibleError
+from dse.errors import InfeasibleError, SpecError
 from dse.workload import Collective, OpKind
-from generators.fx.capture import CaptureError, axis_of, fake_world, mesh_of
+from generators.fx.capture import axis_of, fake_world, mesh_of
 from generators.fx.compare import compare, figures
 from generators.fx.factories import factory_name
 from generators.fx.generator import FxGenerator
@@ -56,12 +56,14 @@ def _case_id(case) -> str:
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_it_agrees_with_the_symbolic_moe(generator, case) -> None:
     """Parameters on a rank exactly (expert weights split over ep and their width over tp), GEMM FLOPs, bytes per
-    collective kind (the all-to-alls included) and peak memory within issue 22's tolerances; every figure of these
-    shapes in fact agrees to 0.2 % (capacity factor 1 on balanced routing: the experts' GEMMs are symbolic's)."""
+    collective kind (the all-to-alls included) and peak memory within the compare's tolerances; every figure of
+    these shapes in fact agrees to 0.2 % (capacity factor 1 on balanced routing: the experts' GEMMs are
+    symbolic's). Not the step time, which at these sizes kernel launches decide (benchmarks/fx_agreement.py checks
+    it at real sizes)."""
     model, shape = case
     point = moe_point(model, **shape)
     rows = compare(figures(generator.generate(point), point), figures(SymbolicGenerator().generate(point), point))
-    checked = [r for r in rows if r.tolerance is not None]
+    checked = [r for r in rows if r.tolerance is not None and r.figure != "step time s"]
     assert all(r.ok for r in checked), [r for r in checked if not r.ok]
     assert all(abs(r.difference) < 0.002 for r in checked)
     kinds = {r.figure for r in checked if r.figure.endswith(" bytes") and r.a > 0}
@@ -90,11 +92,12 @@ def test_a_moe_model_takes_the_moe_factory_and_what_is_not_built_is_named(genera
         generator.generate(make_point("tiny-deepseek", seq_len=SEQ))
 
 
-def test_expert_parallelism_needs_the_experts_where_the_plan_looks(generator) -> None:
-    """A factory whose blocks have no `moe.experts` (here a dense block for a MoE spec) cannot be split over ep:
-    one line saying so, rather than a capture that leaves every expert on every rank and no all-to-all."""
+def test_a_dense_factory_under_a_moe_spec_is_refused(generator) -> None:
+    """A factory whose blocks hold no experts (a dense block for a MoE spec) contradicts the spec: one line naming
+    the field and both values (the model is the truth), rather than a capture that leaves every expert on every
+    rank and no all-to-all."""
     dense = moe_point(overrides={"model.fx_factory": "fx_tiny_llama:llama"}, dp=4, ep=2)
-    with pytest.raises(CaptureError, match=r"expert parallelism needs each block's experts at `moe\.experts`"):
+    with pytest.raises(SpecError, match=r"field 'model\.family': the spec says 'mixtral', .* 'a dense transformer'"):
         generator.generate(dense)
 
 

@@ -297,6 +297,10 @@ APPLIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "model.max_seq": ({"model": "tiny-gpt"}, {"model.max_seq": 2048}),
     "model.tied_embeddings": ({}, {"model.tied_embeddings": True}),
     "model.bias": ({}, {"model.bias": True}),
+    "model.qkv_bias": ({}, {"model.qkv_bias": True}),
+    "model.norm_bias": ({"model": "tiny-gpt"}, {"model.norm_bias": False}),
+    "model.qk_norm": ({}, {"model.qk_norm": True}),
+    "model.parallel_block": ({}, {"model.parallel_block": "shared_norm"}),
     "model.dtype": ({}, {"model.dtype": "fp32"}),
     "workload": ({}, {"workload": {"seq_len": 512, "global_batch": 16}}),
     "workload.mode": ({}, {"workload.mode": "prefill"}),
@@ -491,7 +495,9 @@ LABELS = {
 LABELLED = {"workload.routing.source": SKEWED, "system.accelerator.memory_tiers.0.name": SRAM_TIER}
 """The point a label is changed on where it needs one beside it (a source needs its imbalance); else tiny-llama."""
 FX_ONLY = {
-    "model.fx_factory": ({"model.fx_factory": "fx_tiny_llama:llama"}, {"model.fx_factory": "fx_tiny_llama:softcapped"})
+    "model.fx_factory": ({"model.fx_factory": "fx_tiny_llama:llama"}, {"model.fx_factory": "fx_tiny_llama:softcapped"}),
+    # tests/test_fx_plans.py: a user's plan leaving the MLP unsharded at tp 2 halves the layer's all-reduces
+    "model.fx_plan": ({"model.fx_factory": "fx_zoo_dense:gpt2"}, {"model.fx_plan": {"*.mlp.*": "replicate"}}),
 }
 """Read by the fx generator alone, which captures the named PyTorch code (one evaluation each: torch is slow)."""
 
@@ -536,7 +542,7 @@ def metrics(point: DesignPoint, generator: str = "symbolic") -> dict[str, Any]:
 def test_every_field_of_a_point_is_in_the_tables():
     covered = set(APPLIES) | set(LABELS) | set(FX_ONLY)
     paths = set(schema_paths(DesignPoint))
-    assert len(paths) == 211
+    assert len(paths) == 216
     assert paths - covered == set(), "a field neither changes a figure in APPLIES nor is a label in LABELS"
     assert covered - paths == set()
 
@@ -646,8 +652,20 @@ NOT_APPLICABLE: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
             ("bias", True),
             ("flash_attention", False),
             ("rope_impl", "real"),
+            ("qkv_bias", True),
+            ("qk_norm", True),
         )
     },
+    **{
+        f"model.{name} without model.mla": (
+            DEEPSEEK,
+            {f"model.{name}": True},
+            f"is set; remove model.{name} or remove model.mla",
+        )
+        for name in ("qkv_bias", "qk_norm")
+    },
+    "model.qkv_bias without model.bias": ({"model": "tiny-gpt"}, {"model.qkv_bias": True}, "model.bias: false"),
+    "model.norm_bias without model.norm": ({}, {"model.norm_bias": False}, "model.norm: layernorm"),
     **{
         f"model.{name} without model.mla": (DEEPSEEK, {f"model.{name}": 8}, "model.mla is set; remove")
         for name in ("kv_heads", "head_dim")

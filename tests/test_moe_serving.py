@@ -113,13 +113,6 @@ def test_an_imbalance_comes_with_its_source(routing, fragment):
     assert "\n" not in str(caught.value)
 
 
-def test_the_fx_generator_refuses_a_routing_skew_it_would_not_read():
-    """Its captured MoE block routes in balanced capacity slots."""
-    skewed = point(2, 2, **{"workload.routing": SKEW})
-    with pytest.raises(SpecError, match=r"p.yaml: field 'workload.routing': generator 'fx' never reads it"):
-        plugins.refuse_unread_fields("fx", lambda path: [skewed.workload.routing], "p.yaml")
-
-
 def test_a_prefill_pool_whose_ranks_are_not_whole_ep_groups_is_infeasible():
     """A pool's engines step in waves of `ep` ranks, so its `dp` ranks must make whole groups (serving.decode's
     validation says so for the decode pool): DeepSeek-R1's study priced a prefill pool of 4 TP8 ranks with EP 8 and

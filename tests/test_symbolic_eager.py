@@ -87,14 +87,15 @@ def test_fused_norm_and_activation_stay_one_kernel_each():
 
 
 def test_eager_autograd_keeps_the_fp32_norm_inputs_and_the_silu_output():
-    """Fused, a layer keeps x and x1 (the norms' inputs, 2N each), h1 and h2 (2N each), q and k before RoPE and
-    after (2Mq + 2Mk each), v and the attention output (2Mk + 2Mq), gate, up and their product (6F): 17N + 6F.
+    """Fused, a layer keeps x and x1 (the norms' inputs, 2N each), h1 and h2 (2N each), q and k after RoPE
+    (2Mq + 2Mk; the fused RoPE keeps nothing of its input: TransformerEngine's FusedRoPEFunc saves the table
+    alone), v and the attention output (2Mk + 2Mq), gate, up and their product (6F): 14N + 6F.
     Eager keeps the fp32 x and x1 (4N each) with the reciprocal roots (4T each) and the bf16 normalised values
     (2N each) instead of x and x1, h1 and h2, nothing for RoPE, q, the repeated k and v and the output (8Mq), and
-    silu's output besides gate, up and the product (8F): 24N + 8F + 8T. The difference is 7N + 2F + 8T."""
+    silu's output besides gate, up and the product (8F): 24N + 8F + 8T. The difference is 10N + 2F + 8T."""
     _, eager = _layer("eager")
     _, fused = _layer("fused")
-    assert fused.saved_bytes == 17 * N + 6 * FF
+    assert fused.saved_bytes == 14 * N + 6 * FF
     assert eager.saved_bytes == 24 * N + 8 * FF + 8 * T
 
 
@@ -168,11 +169,12 @@ def test_fms_real_rope_moves_the_bytes_of_its_broadcast_rotation(prefix, m):
 
 
 def test_fms_real_rope_gathers_one_table_per_layer_and_keeps_it_for_backward():
-    """position_ids index the cached table once per attention call (8-byte ids in, the fp32 rows out); the
-    product's backward reads the table, so autograd keeps it: the only saved bytes the complex RoPE lacks."""
+    """position_ids index the cached table once per attention call (8-byte ids in, the fp32 rows read and written
+    out); the product's backward reads the table, so autograd keeps it: the only saved bytes the complex RoPE
+    lacks."""
     builder, traced = _real_rope_layer()
     gathers = _ops("rope.freqs", builder.blocks[traced.forward])
-    assert [op.bytes for op in gathers] == [8 * T + TABLE]
+    assert [op.bytes for op in gathers] == [8 * T + 2 * TABLE]
     assert not _ops("rope.freqs", builder.blocks[traced.backward])
     _, complex_rope = _layer()
     assert traced.saved_bytes - complex_rope.saved_bytes == TABLE

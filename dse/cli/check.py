@@ -15,10 +15,12 @@ from rich.console import Console
 from dse import plugins
 from dse.errors import SpecError
 from dse.modelstats import param_count
+from dse.point.described import description
 from dse.point.points import POINT_FIELDS, load_point
 from dse.search import preflight
 from dse.search.decoding import vary
 from dse.search.space import load_study, space_size
+from dse.spec import DesignPoint
 from dse.yamlio import load_mapping
 
 STUDY_FIELDS = ("base", "space")
@@ -45,15 +47,18 @@ def main(args: argparse.Namespace, console: Console) -> int:
         _refuse_point_flags(args)
         _check_study(args.file, console)
     elif any(field in data for field in POINT_FIELDS):
-        point = load_point(args.file)
+        point = load_point(args.file, args.generator)
         flag = f"--cost-model {args.cost_model}"
         preflight.check_point(point, str(args.file), args.generator, plugins.cost_model_of(args), flag)
+        model = description(point, args.generator)
+        total = param_count(point.model) if model is None else model.parameters
         console.print(
-            f"{args.file}: a valid point: {point.model.name} ({param_count(point.model):.3g} parameters) on "
+            f"{args.file}: a valid point: {point.model.name} ({total:.3g} parameters) on "
             f"{point.parallel.world} NPUs of {point.system.name}, key {point.key}",
             soft_wrap=True,
             highlight=False,
         )
+        _report_factories([point], args.generator, console)
     else:
         raise SpecError(
             f"{args.file}: neither a point file (fields {', '.join(POINT_FIELDS)}) nor a study file (fields name, "
@@ -75,6 +80,21 @@ def _refuse_point_flags(args: argparse.Namespace) -> None:
                 f"{flag}: {args.file} is a study file, which names its own generator, cost_model and "
                 "cost_model_options; remove the flag (it is for a point file) or change the study"
             )
+
+
+def _report_factories(points: list[DesignPoint], generator: str, console: Console) -> None:
+    """Under a generator whose model is code (fx), one line per distinct model the points build: its factory,
+    layer count and exact parameters (dse.point.described), and where ModelSpec's closed form cannot count it."""
+    shown = set()
+    for point in points:
+        model = description(point, generator)
+        if model is None:
+            return
+        line = f"model factory '{model.factory}': {point.model.layers} layers, {model.parameters:,} parameters "
+        line += f"({model.active:,} active){f'; {model.unexpressed}' if model.unexpressed else ''}"
+        if line not in shown:
+            shown.add(line)
+            console.print(line, soft_wrap=True, highlight=False)
 
 
 def _check_study(path: Path, console: Console) -> None:
@@ -99,6 +119,7 @@ def _check_study(path: Path, console: Console) -> None:
             highlight=False,
         )
     variants = vary(spec)
+    _report_factories([point for _, _, point in variants if isinstance(point, DesignPoint)], spec.generator, console)
     reasons = [(name, value, outcome) for name, value, outcome in variants if isinstance(outcome, str)]
     console.print(
         f"{len(variants)} points varying one parameter at a time from the first: "

@@ -132,12 +132,13 @@ def prepare_folder(folder: Path, prefix: str, size: int, max_bytes: int, force: 
 def main(args: argparse.Namespace, console: Console) -> int:
     from dse.modelstats import active_param_count, param_count
     from dse.point import chakra
+    from dse.point.described import description
     from dse.point.feasibility import check_feasible
     from dse.point.summary import summarize
 
     if args.chakra:
         check_prefix(args.prefix)
-    point = load_point(args.point)
+    point = load_point(args.point, args.generator)
     check_feasible(point)
     if point.workload.mode == "serve":
         point = generated_step(point)
@@ -161,8 +162,10 @@ def main(args: argparse.Namespace, console: Console) -> int:
         )
     if args.summary or not args.chakra:
         m = point.model
+        model = description(point, args.generator)  # the module's own count under generator fx
+        total, active = (param_count(m), active_param_count(m)) if model is None else (model.parameters, model.active)
         console.print(
-            f"{point.model.name}: {param_count(m):,} parameters ({active_param_count(m):,} active per token), "
+            f"{point.model.name}: {total:,} parameters ({active:,} active per token), "
             f"{point.parallel.world} ranks in {len(workload.programs)} rank classes, "
             f"{len(workload.blocks)} blocks",
             soft_wrap=True,

@@ -366,7 +366,7 @@ def _evaluate(args: argparse.Namespace, console: Console) -> int:
 def _evaluated(args: argparse.Namespace) -> tuple[DesignPoint, dict[str, float | bool]]:
     """`dse evaluate`'s point and its metrics: loaded, pre-flighted (before anything is generated), generated and
     priced, its trace written if asked."""
-    point = load_point(args.point)
+    point = load_point(args.point, args.generator)
     cost_model = plugins.cost_model_of(args)
     flag = f"--cost-model {args.cost_model}"
     generator = preflight.check_point(point, str(args.point), args.generator, cost_model, flag)

@@ -19,6 +19,8 @@ from pydantic import ValidationError
 from dse import catalog
 from dse.compute import FRAMEWORK_KERNEL, ComputeModel
 from dse.errors import InfeasibleError, SpecError
+from dse.plugins import DEFAULT_GENERATOR
+from dse.point.described import complete_model
 from dse.point.feasibility import infeasibility
 from dse.spec import DesignPoint, ignored_setting
 from dse.system import SystemSpec
@@ -161,12 +163,14 @@ SYSTEMS_KEPT = 256
 _SYSTEMS: dict[str, SystemSpec] = {}
 
 
-def load_point(path: str | Path) -> DesignPoint:
-    """A point file as a runnable point: valid, setting nothing that would be ignored, its tables within physics,
-    and feasible; every error names the file. A relative file path in it is the point file's folder's."""
+def load_point(path: str | Path, generator: str = DEFAULT_GENERATOR) -> DesignPoint:
+    """A point file as a runnable point for `generator`: valid, setting nothing that would be ignored, its tables
+    within physics, and feasible; every error names the file. A relative file path in it is the point file's
+    folder's. Under a generator whose model is code (fx), its model is filled from the code and checked against it
+    (dse.point.described)."""
     raw = load_mapping(path)
     try:
-        expanded = with_paths_from(Path(path).parent, expand(raw))
+        expanded = complete_model(with_paths_from(Path(path).parent, expand(raw)), generator)
     except SpecError as exc:
         raise SpecError(f"{path}: {exc}") from None
     point = build_point(expanded, str(path))

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from dse.errors import SpecError
+from dse.point.described import complete_model
 from dse.point.feasibility import infeasibility
 from dse.point.points import assign, build_point, expand, validated_system
 from dse.search.expressions import Expression
@@ -49,6 +50,8 @@ class StudySpec(Protocol):
     def expanded_base(self) -> dict[str, Any]: ...
     @property
     def expressions(self) -> Mapping[str, Expression]: ...
+    @property
+    def generator(self) -> str: ...
 
 
 def vary(spec: StudySpec) -> list[tuple[str, Value, DesignPoint | str]]:
@@ -170,7 +173,7 @@ def _assemble(
             assign(raw, path, value, owned)
         except SpecError as exc:
             raise SpecError(f"{spec.source}: field 'derived.{path}': {exc}") from None
-    return raw
+    return complete_model(raw, spec.generator)  # the model's code fills and checks its fields (generator fx)
 
 
 def _base_for(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,19 +2,13 @@
 fake tensors under a fake process group), lowered to the IR; the rest of the step as the symbolic generator builds
 it (`generator`). torch is the optional extra `fx`: without it, choosing this generator says how to install it."""
 
-from collections.abc import Mapping
 from importlib.util import find_spec
 
 from dse.errors import PluginError
 from dse.interfaces import WorkloadGenerator
+from generators.fx.factories import describe_model
 
 INSTALL = "pip install 'dse-orchestrator[fx]'"
-UNREAD_FIELDS: Mapping[str, str] = {
-    "workload.routing": "the captured MoE block routes every token in balanced capacity slots, so a skew "
-    "would change nothing; remove it, or use generator symbolic"
-}
-"""Fields of a point this generator never reads (dse.interfaces.FieldReadingGenerator): setting one is refused.
-Declared here, on the entry point, so that a point is checked without importing torch."""
 
 
 def fx_generator() -> WorkloadGenerator:
@@ -26,7 +20,7 @@ def fx_generator() -> WorkloadGenerator:
     return FxGenerator()
 
 
-fx_generator.unread_fields = UNREAD_FIELDS  # type: ignore[attr-defined]
+fx_generator.describe_model = describe_model  # type: ignore[attr-defined]  # dse.interfaces.ModelDescriber
 
 
-__all__ = ["INSTALL", "UNREAD_FIELDS", "fx_generator"]
+__all__ = ["INSTALL", "fx_generator"]

@@ -2,78 +2,59 @@
 
 The model is built on the meta device (no weights) and run until the block captured is called, which gives the
 block's real arguments (rotary tables, masks); the block is tensor-parallelised with DTensor's `parallelize_module`
-(torchtitan's LLaMA plan: column-wise q/k/v and w1/w3, row-wise wo and w2, the norms sequence-parallel with `sp`;
-a MoE block's MLP by `moe_plan`) over a DeviceMesh (dp, tp), or (dp, ep, tp) with expert parallelism, of a fake
-process group of the step's world size, and compiled with an aot_autograd backend that keeps the forward and the
-backward graphs instead of compiling them. Its functional collectives (`_c10d_functional.*`) are in the graphs;
-attention stays one op (`attention`). Blocks of one kind are alike, so one of each kind is captured and serves
-them all (the generator captures the first of each: a MoE model's dense first layers, then its MoE ones).
+(the plan `generators.fx.plans` derives from the block's structure, Megatron's layout: column-parallel Linears
+before a nonlinearity or attention, row-parallel after, split by heads, the norms sequence-parallel with `sp`;
+a MoE block's MLP by `moe_plan`; the user's styles over it) over a DeviceMesh (dp, tp), or (dp, ep, tp) with
+expert parallelism, of a fake process group of the step's world size, and compiled with an aot_autograd backend
+that keeps the forward and the backward graphs instead of compiling them. Its functional collectives
+(`_c10d_functional.*`) are in the graphs; attention stays one op (`attention`). Blocks of one kind are alike, so
+one of each kind is captured and serves them all (the generator captures the first of each: a MoE model's dense
+first layers, then its MoE ones).
 """
 
+import contextlib
 import inspect
 import logging
 import os
+import sysconfig
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import fx, nn
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.distributed_c10d import _resolve_process_group
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor import DTensor, Placement, Replicate
+from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput, parallelize_module
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from dse.errors import DseError
 from dse.limits import MAX_WORLD
 from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
+from generators.fx import plans
 from generators.fx.attention import fused_attention
-from generators.fx.kv_heads import ReplicatedKeyValue, ShardedCache
-from generators.fx.layouts import in_names_of
+from generators.fx.experts import lay_out_experts, user_routing
 from generators.fx.models.hf import allocate_cache
 from generators.fx.moe_plan import moe_plan
-from generators.fx.recompute import Checkpointed, needs_checkpoint
+from generators.fx.pieces import CapturedLayer, CaptureError
+from generators.fx.recompute import Checkpointed, rerun_whole_forward
+from generators.fx.routing import FixedCapacity, compiled_with
 
 # torch warns once per process that a checkpoint's context_fn must not wrap in-place ops: ours wraps the whole
 # model block, captured and never run for real, so the warning would only be noise in every evaluator's log.
 logging.getLogger("torch._higher_order_ops.wrap").setLevel(logging.ERROR)
+# A model's op that fails on fake tensors is logged by torch with its whole traceback before it is raised; the
+# capture reports it in one line naming the model's code (`what_failed`), so the log is only a duplicate.
+logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)
 
 _HERE = os.path.dirname(__file__)
 """Frames in this package's own modules are the capture's, not the model's (its models/ subpackage is a model)."""
-
-
-class CaptureError(DseError):
-    """A model the capture cannot handle (data-dependent control flow, an op without a meta kernel, a block the
-    TP plan does not fit): the trial fails with the op and the module named."""
-
-
-@dataclass(frozen=True)
-class CapturedLayer:
-    """One block's graphs and what the lowering needs to read them."""
-
-    forward: fx.GraphModule
-    backward: fx.GraphModule | None
-    """None for an inference capture."""
-    input_shape: tuple[int, ...]
-    """The block input's local shape: the forward placeholder it is, the backward output that is its gradient."""
-    axes: dict[str, str]
-    """Process-group name -> mesh axis ("tp", "ep", "dp"), for the collectives' `group_name` argument."""
-    parameters: int
-    """Parameters of the whole model as the factory built it (unsharded)."""
 
 
 class _BlockCalled(Exception):
@@ -120,37 +101,24 @@ def axis_of(group_name: str, dp: int, tp: int, ep: int = 1) -> str:
     raise CaptureError(f"a collective on ranks {ranks}, which are not the tp, ep or dp group of rank 0")
 
 
-def tp_plan(block: nn.Module, sp: bool, kv_heads: int, ep_mesh: DeviceMesh | None = None) -> dict[str, ParallelStyle]:
-    """torchtitan's LLaMA tensor-parallel plan for the submodules the block has (Megatron's layout); the block's
-    `kv_heads` key/value heads replicated when the tp ranks outnumber them (`ReplicatedKeyValue`); a MoE block's
-    MLP by `moe_plan` (expert parallel too over `ep_mesh`)."""
-    names = dict(block.named_modules())
-    plan: dict[str, ParallelStyle | partial] = {}
-    output = Shard(1) if sp else Replicate()
-    moe = "moe" in names
-    mlp = () if moe else ("feed_forward",)
-    for inner in ("attention.wq", *(f"{m}.{w}" for m in mlp for w in ("w1", "w3"))):
-        plan[inner] = ColwiseParallel()
-    for inner in ("attention.wk", "attention.wv"):
-        plan[inner] = ReplicatedKeyValue(kv_heads)
-    if "attention.cache" in names:  # a decoding block's KV cache (generators/fx/models/layers.py's KVCache)
-        plan["attention.cache"] = ShardedCache(kv_heads)
-    for inner in ("attention.wo", *(f"{m}.w2" for m in mlp)):
-        plan[inner] = RowwiseParallel(output_layouts=output)
-    # Each branch's input made a replicated DTensor at the branch's entry, so that the input gradients of its
-    # column-parallel projections are summed locally and reduced once there (Megatron's f operator), not once each.
-    for norm, module in (("attention_norm", "attention"), ("ffn_norm", "moe" if moe else "feed_forward")):
-        if sp:
-            plan[norm] = SequenceParallel()
-        if module != "moe":
-            plan[module] = partial(BranchInput, Shard(1) if sp else Replicate())  # made for the module, once named
-    plan |= moe_plan(block, ep_mesh, tensor_parallel=True, sp=sp)
-    plan, missing = in_names_of(plan, names)
-    if missing:
-        raise CaptureError(
-            f"tensor parallelism needs the LLaMA layout in each block; {type(block).__name__} has no {missing[0]}"
-        )
-    return {name: style(names[name]) if isinstance(style, partial) else style for name, style in plan.items()}
+def tp_plan(
+    built: nn.Module,
+    block: nn.Module,
+    model: ModelSpec,
+    sp: bool,
+    args: tuple,
+    kwargs: dict,
+    user: dict[str, str],
+    ep_mesh: DeviceMesh | None = None,
+) -> dict[str, ParallelStyle]:
+    """The block's tensor-parallel plan (`generators.fx.plans`): derived from its structure with its real arguments,
+    a MoE block's MLP by `moe_plan` (expert parallel too over `ep_mesh`), the `user`'s styles over both."""
+    plans.check_patterns(user, built)
+    fixed = moe_plan(block, ep_mesh, tensor_parallel=True, sp=sp)
+    plan = plans.derived_block_plan(block, args, kwargs, plans.Heads.of(model), sp, fixed, BranchInput)
+    prefix = next(name for name, module in built.named_modules() if module is block)
+    names = {name: f"{prefix}.{name}" if name else prefix for name, _ in block.named_modules()}
+    return plans.overridden(plan, user, names, {}, sp)
 
 
 class BranchInput(PrepareModuleInput):
@@ -248,24 +216,34 @@ def capture_layer(
         built, layers = built_on_meta(factory, model, workload, index + 1)
         parameters = sum(p.numel() for p in built.parameters())
         block = layers[index]
+        imbalance = workload.routing.imbalance
         with fused_attention():
-            args, kwargs = _block_arguments(built, step_inputs(built, name, workload), index)
+            with FixedCapacity(imbalance):  # the blocks before this one may route by the data
+                args, kwargs = _block_arguments(built, step_inputs(built, name, workload), index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
-            plan = tp_plan(block, sp, model.n_kv_heads, ep_mesh) if tp > 1 else moe_plan(block, ep_mesh)
-            if ep > 1 and layer_kinds(model)[index][1] == "moe" and "moe.experts" not in plan:
+            found = lay_out_experts(block, args, kwargs, tp > 1 or ep > 1, imbalance)
+            routing = user_routing(block, args, kwargs, imbalance)
+            user = plans.user_plan(model, factory)
+            plan = moe_plan(block, ep_mesh)
+            if tp > 1:
+                plan = tp_plan(built, block, model, sp, args, kwargs, user, ep_mesh)
+            if ep > 1 and layer_kinds(model)[index][1] == "moe" and found is None:
                 raise CaptureError(
-                    f"expert parallelism needs each block's experts at `moe.experts` (the layout of "
-                    f"generators/fx/models/moe.py); {type(block).__name__} has none"
+                    f"expert parallelism needs each MoE block's experts: n identical expert MLPs (an nn.ModuleList, "
+                    f"or stacked [n, ...] weights) beside a router to n outputs; {type(block).__name__} has none"
                 )
             if plan:
                 parallelize_module(block, mesh["tp"], plan)
             heads = max(model.n_kv_heads, tp) // tp
             allocate_cache(kwargs, index, x.new_empty((x.shape[0], heads, 1, model.d_head)))
             x = torch.empty(local, dtype=x.dtype, device="meta", requires_grad=train)
-            checkpointed = train and needs_checkpoint(recompute, regather=sp and tp > 1)
-            captured = Checkpointed(block, recompute) if checkpointed else block
-            run_compiled(captured, (x, *args[1:]), kwargs, train, graphs)
+            # a trained block is always captured under checkpointing: its policy decides what the block keeps
+            captured = Checkpointed(block, recompute) if train else block
+            with compiled_with(routing) if routing else contextlib.nullcontext():
+                run_compiled(captured, (x, *args[1:]), kwargs, train, graphs)
+            if train and recompute == "full":
+                rerun_whole_forward(graphs["forward"], graphs["backward"])
     except DseError:
         raise
     except Exception as exc:
@@ -311,7 +289,7 @@ def _keeping(graphs: dict[str, fx.GraphModule]) -> Callable:
     def keep(kind: str) -> Callable:
         def compiler(gm: fx.GraphModule, example_inputs: list) -> Callable:
             graphs[kind] = gm
-            return gm.forward
+            return make_boxed_func(gm.forward)  # AOTAutograd's calling convention: unboxed, it warns on each run
 
         return compiler
 
@@ -332,23 +310,42 @@ def what_failed(exc: BaseException, block: nn.Module | None) -> str:
         chain.append(inner)
     innermost = chain[-1]
     message = next((line.strip() for line in str(innermost).splitlines() if line.strip()), type(innermost).__name__)
+    detail = ""
+    if "on meta tensors" in message:  # an eager run on meta (the plan's, the routing's) read a value: dynamo's words
+        message, detail = "Data-dependent branching", f": {message}; the capture sees shapes, not values"
     frame = next((f for f in map(_user_frame, chain) if f is not None), None)
     if frame is None:
-        return message
+        return message + detail
     path, line, function = frame
     module = _module_at(block, path, line)
     where = f" in module '{module}'" if module else ""
-    return f"{message}{where} ({path.rsplit('/', 1)[-1]}:{line}, {function})"
+    shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+    return f"{message}{where} ({shown}:{line}, in {function}){detail}"
 
 
 def _user_frame(exc: BaseException) -> tuple[str, int, str] | None:
-    """The innermost frame outside torch: from dynamo's user stack when it tells one, else from the traceback."""
+    """The innermost frame of the model's code: from dynamo's user stack when it tells one, else from the
+    traceback."""
     frames = [(f.filename, f.lineno or 0, f.name) for f in getattr(exc, "real_stack", None) or ()]
     frames = frames or [(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(exc.__traceback__)]
-    for path, line, function in reversed(frames):
-        if "/torch/" not in path and os.path.dirname(path) != _HERE:
-            return path, line, function
-    return None
+    return next((frame for frame in reversed(frames) if _is_models(frame[0])), None)
+
+
+_STDLIB = sysconfig.get_path("stdlib")
+
+
+def _is_models(path: str) -> bool:
+    """Whether a source file is the model's code: not generated (fx's `<eval_with_key>`, `<string>`), not torch's
+    (dynamo's frames are), not this package's (its models/ are models), not the standard library's, and in
+    transformers only an architecture's own modeling file (not its decorators, masks and attention dispatch)."""
+    if path.startswith("<") or f"{os.sep}torch{os.sep}" in path or os.path.dirname(path) == _HERE:
+        return False
+    if path.startswith(_STDLIB + os.sep) and "site-packages" not in path:
+        return False
+    parts = path.split(os.sep)
+    if "transformers" in parts[:-1]:
+        return os.path.basename(path).startswith("modeling_") and "models" in parts
+    return True
 
 
 def _module_at(block: nn.Module | None, path: str, line: int) -> str:

@@ -6,31 +6,30 @@ and in training the cross-entropy loss over the vocabulary), as forward and back
 Both run the model's own forward with its block stack replaced by one seam module (`_Seam`), so whatever the
 model does around its blocks is captured, not assumed: the prologue returns what reaches the seam, the epilogue
 feeds the seam its input and takes the logits; what the other end computes is dead there and pruned from the
-graphs. Under tensor parallelism the ends get torchtitan's plan: the embedding vocabulary-parallel (RowwiseParallel:
-each rank looks up its vocabulary shard, partial sums reduced, scattered over the sequence with `sp`), the final
+graphs. Under tensor parallelism the ends get Megatron's plan, found by structure (`generators.fx.plans`): the
+token embedding vocabulary-parallel (RowwiseParallel: each rank looks up its vocabulary shard, partial sums reduced,
+scattered over the sequence with `sp`), learned positions cut to the rank's sequence shard with `sp`, the final
 norm sequence-parallel with `sp`, the output projection column-parallel over the vocabulary with its logits left
 sharded, and the loss computed on the shards (Megatron's vocab-parallel cross-entropy: the max, the sum of
 exponentials and the target's logit all-reduced per token).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
 from torch import fx, nn
-from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    RowwiseParallel,
-    SequenceParallel,
     parallelize_module,
 )
 
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
+from generators.fx import plans
 from generators.fx.attention import fused_attention
 from generators.fx.capture import (
     CapturedLayer,
@@ -43,10 +42,9 @@ from generators.fx.capture import (
     step_inputs,
     what_failed,
 )
-from generators.fx.layouts import in_names_of
-from generators.fx.recompute import Checkpointed, needs_checkpoint
-
-PROLOGUE, EPILOGUE = "prologue", "epilogue"
+from generators.fx.pieces import EPILOGUE as EPILOGUE  # the ends' names, kept importable from here
+from generators.fx.pieces import PROLOGUE
+from generators.fx.recompute import Checkpointed
 
 
 class _Seam(nn.Module):
@@ -75,17 +73,39 @@ class _Prologue(nn.Module):
 
 
 class _Epilogue(nn.Module):
-    def __init__(self, model: nn.Module, train: bool, tp_group: str | None) -> None:
+    def __init__(self, model: nn.Module, train: bool, tp_group: str | None, inputs: tuple[torch.Tensor, ...]) -> None:
+        """`inputs`, the model's (`step_inputs`): its output is looked at once, run eagerly on meta before the
+        seam hands on a hidden state, so that an output without logits is refused in our words (an error raised
+        while compiling reaches us only as dynamo's)."""
         super().__init__()
         self.model, self.train_loss, self.tp_group = model, train, tp_group
+        with torch.no_grad():
+            logits_of(model(*inputs), type(model).__name__)
 
     def forward(self, hidden: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         """`hidden` is the seam's `given` too, set before the call: a graph input the seam hands on (set here, it
         would be a side effect, which checkpointing refuses); `inputs`, the model's (`step_inputs`)."""
-        logits = self.model(*inputs)
+        logits = logits_of(self.model(*inputs), type(self.model).__name__)
         if not self.train_loss:
             return logits
         return cross_entropy(logits, inputs[0], self.tp_group)  # the tokens stand for the targets
+
+
+def logits_of(out: Any, model: str) -> torch.Tensor:
+    """The logits of what a model's forward returned: a tensor, the first of a tuple (a training script's
+    `(logits, loss)`), or a mapping's `logits` (a Hugging Face ModelOutput); its loss, computed on the token
+    targets, is not the step's (the step's loss is `cross_entropy`), and is pruned from the graphs unread."""
+    if isinstance(out, Mapping) and isinstance(out.get("logits"), torch.Tensor):
+        return out["logits"]
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 3:
+        return out[0]
+    if isinstance(out, torch.Tensor):
+        return out
+    what = f"a {type(out).__name__}" + (f" with keys {sorted(map(str, out))}" if isinstance(out, Mapping) else "")
+    raise CaptureError(
+        f"{model}.forward(tokens) returned {what}; the fx generator needs its logits [batch, seq, vocab]: a tensor, "
+        "a tuple (logits, ...) or a mapping with 'logits'"
+    )
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, tp_group: str | None) -> torch.Tensor:
@@ -129,25 +149,16 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         return (probs * scale).scatter_add(-1, local.unsqueeze(-1), hit.unsqueeze(-1)), None, None
 
 
-def ends_plan(model: nn.Module, end: str, sp: bool) -> dict[str, ParallelStyle]:
-    """torchtitan's plan for the model's embedding (prologue) or its final norm and output (epilogue)."""
-    names = dict(model.named_modules())
-    sequence = Shard(1) if sp else Replicate()
-    if end == PROLOGUE:
-        plan: dict[str, ParallelStyle] = {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=sequence)
-        }
-    else:
-        plan = {"output": ColwiseParallel(input_layouts=sequence, output_layouts=Shard(-1))}
-        if sp:
-            plan["norm"] = SequenceParallel()
-    plan, missing = in_names_of(plan, names)
-    if missing:
-        raise CaptureError(
-            f"tensor parallelism needs torchtitan's module names at the model's ends; {type(model).__name__} has "
-            f"no {missing[0]}"
-        )
-    return plan
+def ends_plan(model: nn.Module, end: str, sp: bool, user: dict[str, str]) -> dict[str, ParallelStyle]:
+    """The plan of the model's embeddings (prologue) or its final norm and output head (epilogue), derived from its
+    modules (`generators.fx.plans.derived_ends_plan`), the `user`'s styles over it."""
+    plan = plans.derived_ends_plan(model, end == PROLOGUE, sp)
+    modules = dict(model.named_modules())
+    kinds = {n: "embedding" if isinstance(m, nn.Embedding) else "block" for n, m in modules.items()}
+    kinds |= {n: "head" for n, style in plan.items() if isinstance(style, ColwiseParallel)}
+    # the prologue runs the embeddings, the epilogue the rest: a user's style for each is applied at its own end
+    modules = {n: m for n, m in modules.items() if isinstance(m, nn.Embedding) == (end == PROLOGUE)}
+    return plans.overridden(plan, user, {n: n for n in modules if n}, kinds, sp)
 
 
 def capture_end(
@@ -175,7 +186,7 @@ def capture_end(
         layers[0] = seam
         inputs = step_inputs(built, name, workload)
         if tp > 1:
-            parallelize_module(built, mesh["tp"], ends_plan(built, end, sp))
+            parallelize_module(built, mesh["tp"], ends_plan(built, end, sp, plans.user_plan(model, factory)))
         with fused_attention():
             if end == PROLOGUE:
                 captured: nn.Module = _Prologue(built, seam)
@@ -186,9 +197,9 @@ def capture_end(
                 local = (workload.micro_batch, seq, model.hidden)
                 hidden = torch.empty(local, dtype=dtype, device="meta", requires_grad=train)
                 group = mesh["tp"].get_group().group_name if tp > 1 else None
-                captured, inputs = _Epilogue(built, train, group), (hidden, *inputs)
+                captured, inputs = _Epilogue(built, train, group, inputs), (hidden, *inputs)
                 seam.given = hidden
-                if train and needs_checkpoint("none", regather=sp and tp > 1):
+                if train:
                     captured = Checkpointed(captured, "none")  # the final norm's output gathered again in backward
             run_compiled(captured, inputs, {}, train, graphs)
     except DseError:

@@ -15,33 +15,42 @@ symbolic module's.
 A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's
 shape and, for a layer, its recompute policy (captured under activation checkpointing with that policy,
 `recompute`), not on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`)
-and reused by every point that shares those, so a study pays it once per distinct shape. Micro-batches above 3 are
+and on disk (`disk_cache`: a later process, a Ray worker, reuses it without importing torch), and reused by every
+point that shares those, so a study pays it once per distinct shape. Micro-batches above 3 are
 scaled from the captures at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures of each
 piece.
 """
 
+import contextlib
+import importlib
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from fractions import Fraction
 
 from dse.errors import InfeasibleError
+from dse.interfaces import ModelDescription
 from dse.modelstats import LayerKind, layer_kinds
-from dse.spec import DesignPoint
+from dse.point.described import agree
+from dse.spec import DesignPoint, ModelSpec, WorkloadSpec
 from dse.workload import Block, Workload
-from generators.fx import UNREAD_FIELDS
-from generators.fx.capture import CaptureError, capture_layer
-from generators.fx.ends import EPILOGUE, PROLOGUE, capture_end
-from generators.fx.factories import check, factory_name, resolve
+from generators.fx import disk_cache
+from generators.fx.factories import check, describe_models, described_workload, factory_name, resolve
 from generators.fx.fsdp import with_fsdp
-from generators.fx.lower import LoweredLayer, lower_backward, lower_forward
+from generators.fx.pieces import EPILOGUE, PROLOGUE, CaptureError, LoweredLayer
 from generators.fx.scaling import CONTEXTS, along, capture_batches
 from generators.symbolic.blocks import LayerKey, Modules, Traced, split_weight_gradients
 from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, SymbolicGenerator, _Builder
 from generators.symbolic.tracing import ModuleTracer
 
 CAPTURE_CACHE_SIZE = 32
+BUILT = "built"
+"""The disk cache's marker that a factory built a model (from the sources it records): its pre-flight passed."""
+IMBALANCE_DENOMINATOR = 100
+"""A routing imbalance is read as a fraction of at most this denominator (1.37 = 137/100) to find the batches at
+which the experts' padded capacity is exact."""
 LAYER, PLAIN_LAYER = "layer", "layer.plain"
 """The pieces besides the ends (`generators.fx.ends`): a layer, and a layer without recompute."""
 
@@ -131,12 +140,23 @@ class _FxBuilder(_Builder):
 
 def _capture_batches(point: DesignPoint, piece: str, index: int) -> tuple[int, int]:
     """The micro-batches a piece is scaled from (`scaling.capture_batches`): a MoE layer's by its experts' capacity
-    on the tokens of a sequence the rank routes (one in decode, a sequence shard under SP)."""
+    on the tokens of a sequence the rank routes (one in decode, a sequence shard under SP), padded by the routing's
+    imbalance (`generators.fx.routing.capacity`: exact where imbalance x tokens x top_k / experts is whole)."""
     m, w, p = point.model, point.workload, point.parallel
     if piece not in (LAYER, PLAIN_LAYER) or m.moe is None or layer_kinds(m)[index][1] != "moe":
         return capture_batches(1)
     tokens = 1 if w.mode == "decode" else w.seq_len // (p.tp if p.sp else 1)
-    return capture_batches(tokens, m.moe.experts, m.moe.top_k)
+    skew = Fraction(w.routing.imbalance).limit_denominator(IMBALANCE_DENOMINATOR)
+    return capture_batches(tokens * skew.numerator, m.moe.experts * skew.denominator, m.moe.top_k)
+
+
+def _agree(point: DesignPoint) -> None:
+    """The fields the point gives agree with the model its factory builds (`dse.point.described.agree`): a point
+    made without a file (a test's, an API caller's) is held to what a loaded one is. Described here, once per
+    model (a loaded point's description is known already)."""
+    name, model = factory_name(point.model), point.model.model_dump(mode="json")
+    (done,) = describe_models([(name, model, described_workload(point.workload))], here=True)
+    agree(point.model.model_dump(mode="json", exclude_unset=True), ModelDescription(name, **done))
 
 
 class FxGenerator:
@@ -144,7 +164,6 @@ class FxGenerator:
     the last generation that captured (0 when it reused one), for benchmarks."""
 
     name = "fx"
-    unread_fields: ClassVar[Mapping[str, str]] = UNREAD_FIELDS
 
     def __init__(self) -> None:
         self._pieces: OrderedDict[tuple, LoweredLayer] = OrderedDict()
@@ -157,6 +176,7 @@ class FxGenerator:
             raise InfeasibleError(reason)
         workload = self._workloads.get(point.workload_key)
         if workload is None:
+            _agree(point)
             self.last_capture_s = 0.0
             pieces = CapturedPieces(
                 self._layers(point, LAYER), *(self._piece(point, end) for end in (PROLOGUE, EPILOGUE))
@@ -205,41 +225,29 @@ class FxGenerator:
 
     def _captured(self, point: DesignPoint, batch: int, piece: str, index: int = 0) -> LoweredLayer:
         """The piece captured at micro-batch `batch`, kept by its capture key (the ends' without the recompute
-        policy, which only a layer is captured under; the plain layer's is the layer's without recompute)."""
-        p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
-        name = factory_name(point.model)
-        fuse, train = w.kernels == "fused", w.mode == "train"
+        policy, which only a layer is captured under; the plain layer's is the layer's without recompute) in this
+        process and on disk (`disk_cache`, with the model's sources), where another process finds it."""
+        p, w = point.parallel, point.workload
         layer = piece in (LAYER, PLAIN_LAYER)
         recompute = p.recompute if piece == LAYER else "none"  # the ends are never recomputed
         ep = p.ep if layer else 1  # the ends hold no experts
         # a decoding step's ends see one token per sequence and no cache: one capture serves every context
         context = None if w.mode == "decode" and not layer else w.seq_len
-        key = (LAYER if layer else piece, name, point.model.model_dump_json(), index, p.tp, p.sp and p.tp > 1, ep)
-        key += (batch, context, fuse, recompute, w.mode)
-        lowered = self._pieces.get(key)
+        name, model = factory_name(point.model), point.model.model_dump_json()
+        key = (LAYER if layer else piece, name, model, index, p.tp, p.sp and p.tp > 1, ep)
+        key += (batch, context, w.kernels == "fused", recompute, w.mode, w.routing.imbalance if layer else None)
+        lowered = self._pieces.get(key) or disk_cache.load(key)
         if lowered is None:
             start = time.perf_counter()
-            if layer:
-                captured = capture_layer(
-                    resolve(name), name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep, index
-                )
-            else:
-                captured = capture_end(piece, resolve(name), name, point.model, w, p.tp, p.dp, p.sp, train)
-            shape, axes = captured.input_shape, captured.axes
-            label = LAYER if layer else piece
-            forward = lower_forward(captured.forward, f"{label}.forward", axes, shape, fuse)
-            if layer and w.mode == "decode" and not forward.state_bytes:
-                raise CaptureError(
-                    f"model factory '{name}': its block updates no KV cache when decoding; build the model with one "
-                    "for a decode workload (see generators/fx/factories.py), or use generator symbolic"
-                )
-            backward = None
-            if captured.backward is not None:
-                backward = lower_backward(captured.backward, captured.forward, f"{label}.backward", axes, shape, fuse)
-            lowered = self._pieces[key] = LoweredLayer(forward, backward, captured)
+            lowered, sources = _capture(point, batch, piece, index, recompute)
             self.last_capture_s += time.perf_counter() - start
-            if len(self._pieces) > CAPTURE_CACHE_SIZE:
-                self._pieces.popitem(last=False)
+            captured = replace(lowered.captured, forward=None, backward=None)  # graphs do not pickle
+            disk_cache.store(key, replace(lowered, captured=captured), sources)
+            disk_cache.store((BUILT, name, model), True, sources)
+        self._pieces[key] = lowered
+        self._pieces.move_to_end(key)
+        if len(self._pieces) > CAPTURE_CACHE_SIZE:
+            self._pieces.popitem(last=False)
         return lowered
 
     @staticmethod
@@ -250,5 +258,67 @@ class FxGenerator:
     @staticmethod
     def preflight(points: Sequence[DesignPoint]) -> None:
         """Each model factory the points name imports and builds its model (dse.interfaces.PreflightGenerator),
-        checked in a child process: a factory that cannot would otherwise fail every point."""
-        check(points)
+        checked in a child process: a factory that cannot would otherwise fail every point. Not checked again
+        when an earlier capture built each model from the same sources (`disk_cache`); while the child runs, this
+        process imports what capturing needs (torch, torch.compile: seconds each), which it is about to."""
+        models = {(factory_name(p.model), p.model.model_dump_json()) for p in points}
+        if all(disk_cache.load((BUILT, *model)) for model in models):
+            return
+        importing = threading.Thread(target=_import_capturing, name="fx-import", daemon=True)
+        importing.start()
+        try:
+            check(points)
+        finally:
+            importing.join()
+
+
+def _import_capturing() -> None:
+    """Imports the capture's modules; a failure is left to their import where they are used, which reports it."""
+    with contextlib.suppress(Exception):
+        for module in ("generators.fx.ends", "generators.fx.lower"):
+            importlib.import_module(module)
+
+
+def _capture(point: DesignPoint, batch: int, piece: str, index: int, recompute: str) -> tuple[LoweredLayer, list[str]]:
+    """The piece captured and lowered at micro-batch `batch`, and the source files of the model it came from."""
+    # torch, imported only on a capture: a process whose pieces are all on disk never pays its import
+    from generators.fx.capture import capture_layer
+    from generators.fx.ends import capture_end
+    from generators.fx.lower import lower_backward, lower_forward
+
+    p, w = point.parallel, point.workload.model_copy(update={"micro_batch": batch})
+    name, fuse, train = factory_name(point.model), w.kernels == "fused", w.mode == "train"
+    factory, layer = resolve(name), piece in (LAYER, PLAIN_LAYER)
+    if layer:
+        captured = capture_layer(factory, name, point.model, w, p.tp, p.dp, p.sp, recompute, train, p.ep, index)
+    else:
+        captured = capture_end(piece, factory, name, point.model, w, p.tp, p.dp, p.sp, train)
+    shape, axes = captured.input_shape, captured.axes
+    label = LAYER if layer else piece
+    assert captured.forward is not None
+    forward = lower_forward(captured.forward, f"{label}.forward", axes, shape, fuse)
+    if layer and w.mode == "decode" and not forward.state_bytes:
+        raise CaptureError(
+            f"model factory '{name}': its block updates no KV cache when decoding; build the model with one "
+            "for a decode workload (see generators/fx/factories.py), or use generator symbolic"
+        )
+    backward = None
+    if captured.backward is not None:
+        backward = lower_backward(captured.backward, captured.forward, f"{label}.backward", axes, shape, fuse)
+    return LoweredLayer(forward, backward, captured), _model_sources(name, point.model, w)
+
+
+def _model_sources(name: str, model: ModelSpec, workload: WorkloadSpec) -> list[str]:
+    """The files the factory's model comes from (`disk_cache.model_sources`), from the model built on meta once
+    per process for each model and mode (a decoding model holds its caches' modules)."""
+    key = (name, model.model_dump_json(), workload.mode)
+    if key not in _SOURCES:
+        import torch
+
+        factory = resolve(name)
+        with torch.device("meta"):
+            _SOURCES[key] = disk_cache.model_sources(factory, factory(model, workload))
+    return _SOURCES[key]
+
+
+_SOURCES: dict[tuple[str, str, str], list[str]] = {}

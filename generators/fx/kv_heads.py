@@ -1,13 +1,17 @@
-"""Key/value heads replicated over the tensor-parallel ranks when there are fewer of them than ranks.
+"""Projections split over the tensor-parallel ranks by whole heads, key/value heads replicated when there are fewer
+of them than ranks.
 
 With tp > kv_heads, column parallelism cannot split the key and value projections by whole heads. Megatron-LM and
 torchtitan (and the symbolic generator: its kv-head dimension is max(kv_heads, tp), split over tp) replicate each
 key/value head on tp / kv_heads consecutive ranks instead, so that every rank holds one kv head beside its
 heads / tp query heads: a rank's wk and wv are the d_head rows of its head, its key and value GEMMs h -> d_head.
-`ReplicatedKeyValue` builds that layout: it repeats each head's rows of the weight (and bias) tp / kv_heads times
-before sharding them column-wise, so rank r holds head r // (tp / kv_heads). The replicas' weight gradients are
-each rank's own, as the symbolic generator has them. `ShardedCache` lays out a decoding layer's KV cache alike:
-a rank's cache holds the heads its wk and wv make.
+`HeadParallel` builds that layout for a projection whose output rows are groups of heads: a query projection (one
+group), a key or value projection (one group of kv heads), a fused QKV ([q heads; kv heads; kv heads], GPT-2's
+c_attn, Phi-3's qkv_proj, Falcon's query_key_value): each group's heads are repeated tp / heads times when the
+ranks outnumber them, and the rows laid out per rank as [q-shard; k-shard; v-shard] before the even column-wise
+split, so rank r holds its heads / tp query heads and its max(kv_heads, tp) / tp key and value heads. The
+replicas' weight gradients are each rank's own, as the symbolic generator has them. `ShardedCache` lays out a
+decoding layer's KV cache alike: a rank's cache holds the heads its wk and wv make.
 """
 
 import torch
@@ -16,31 +20,43 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle
 
 
-class ReplicatedKeyValue(ColwiseParallel):
-    """ColwiseParallel for a key or value projection of `kv_heads` heads: whole heads per rank, each head repeated
-    on tp / kv_heads ranks when there are more ranks than heads (plain ColwiseParallel otherwise)."""
+def local_heads(heads: int, tp: int) -> int:
+    """A rank's heads of a group of `heads`: heads / tp, or one replicated head when the ranks outnumber them."""
+    return max(heads, tp) // tp
 
-    def __init__(self, kv_heads: int) -> None:
+
+class HeadParallel(ColwiseParallel):
+    """ColwiseParallel for a projection whose output rows are `groups` of whole heads in order (rows per head: the
+    output size over all the heads): whole heads per rank, a group of fewer heads than ranks repeated. One group
+    of as many heads as ranks or more is plain ColwiseParallel."""
+
+    def __init__(self, groups: tuple[int, ...]) -> None:
         super().__init__()
-        self.kv_heads = kv_heads
+        self.groups = groups
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        copies = device_mesh.size() // self.kv_heads
-        if copies > 1:
+        tp = device_mesh.size()
+        if len(self.groups) > 1 or self.groups[0] < tp:
             for name, param in list(module.named_parameters(recurse=False)):
-                module.register_parameter(name, nn.Parameter(_repeated(param, self.kv_heads, copies)))
+                module.register_parameter(name, nn.Parameter(_per_rank(param, self.groups, tp)))
         return super()._apply(module, device_mesh)
 
 
-def _repeated(param: torch.Tensor, heads: int, copies: int) -> torch.Tensor:
-    """Each head's rows (dim 0 is heads x head_dim) `copies` times in a row."""
-    rows = param.detach().reshape(heads, -1, *param.shape[1:])
-    return rows.repeat_interleave(copies, dim=0).reshape(-1, *param.shape[1:]).requires_grad_(param.requires_grad)
+def _per_rank(param: torch.Tensor, groups: tuple[int, ...], tp: int) -> torch.Tensor:
+    """The rows (dim 0: the heads of `groups` one after another) with each group's heads repeated up to tp, laid
+    out as tp equal chunks, chunk r holding rank r's heads of each group in turn."""
+    rows = param.detach().reshape(sum(groups), -1, *param.shape[1:])
+    chunks = []
+    for group in rows.split(list(groups)):
+        repeated = group.repeat_interleave(max(tp // group.shape[0], 1), dim=0)
+        chunks.append(repeated.chunk(tp))
+    laid = torch.cat([chunk for rank in zip(*chunks, strict=True) for chunk in rank])
+    return laid.reshape(-1, *param.shape[1:]).requires_grad_(param.requires_grad)
 
 
 class ShardedCache(ParallelStyle):
     """A KV cache module's buffers, [batch, seq, kv_heads, head_dim] each, cut to one rank's heads: kv_heads / tp, or
-    the one head `ReplicatedKeyValue` gives a rank when the ranks outnumber the heads (the symbolic generator's
+    the one head `HeadParallel` gives a rank when the ranks outnumber the heads (the symbolic generator's
     max(kv_heads, tp) heads split over tp). The cache is the rank's own tensor, as an inference engine holds it."""
 
     def __init__(self, kv_heads: int) -> None:
@@ -48,7 +64,7 @@ class ShardedCache(ParallelStyle):
         self.kv_heads = kv_heads
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        heads = max(self.kv_heads, device_mesh.size()) // device_mesh.size()
+        heads = local_heads(self.kv_heads, device_mesh.size())
         for name, buffer in list(module.named_buffers(recurse=False)):
             setattr(module, name, buffer.new_empty((*buffer.shape[:2], heads, *buffer.shape[3:])))
         return module

@@ -23,7 +23,7 @@ layer's saved activations.
 
 import operator
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from math import prod
 from typing import Any
 
@@ -32,7 +32,7 @@ from torch import fx
 from torch.utils.flop_counter import flop_registry
 
 from dse.workload import BLOCK_INPUT, AttentionShape, Block, Collective, Op, OpKind
-from generators.fx.capture import CapturedLayer, CaptureError
+from generators.fx.pieces import CaptureError, LoweredGraph
 from generators.symbolic.attention import SOFTMAX_BACKWARD_FLOPS, SOFTMAX_FLOPS
 from generators.symbolic.autodiff import FUSED_ATTENTION_BACKWARD
 from generators.symbolic.dense import NORM_FLOPS
@@ -66,25 +66,6 @@ PER_ELEMENT = {  # a log-softmax (the loss's) costs what a softmax does
 COPIES = {aten.clone, aten._to_copy, aten.cat, aten.copy, aten.copy_, aten.empty, aten.zeros, aten.full, aten.fill}
 EMBEDDINGS = {aten.embedding, aten.embedding_dense_backward}
 FUSIBLE = ("elementwise", "norm")
-
-
-@dataclass(frozen=True)
-class LoweredGraph:
-    block: Block
-    saved_bytes: float
-    """Forward only: bytes of the activations the forward keeps for backward (weights aside)."""
-    state_bytes: float = 0.0
-    """Bytes of the floating-point inputs the graph updates in place: the KV cache a decoding layer appends to."""
-
-
-@dataclass(frozen=True)
-class LoweredLayer:
-    """A captured layer, lowered: its forward and backward, and the capture they come from."""
-
-    forward: LoweredGraph
-    backward: LoweredGraph | None
-    """None for an inference capture."""
-    captured: CapturedLayer
 
 
 def _packet(node: fx.Node) -> Any:
@@ -140,7 +121,8 @@ class _Lowering:
 
     def lower(self, node: fx.Node) -> None:
         packet, inputs = _packet(node), _inputs(node)
-        if packet in FREE or node.target is operator.getitem or _copied_back(node, self.updates):
+        free = packet in FREE or node.target is operator.getitem or _regrouped(node)
+        if free or _copied_back(node, self.updates):
             self.ready[node] = frozenset(self.deps(inputs))
             self.root[node] = self.root.get(inputs[0], node) if inputs else node
             return
@@ -201,6 +183,9 @@ class _Lowering:
         if packet in GEMMS:
             flops = flop_registry[packet](*_val(node.args), **_val(node.kwargs), out_val=out)
             return Op(name, OpKind.COMPUTE, "gemm", flops=float(flops), gemm=_gemm_shape(packet, node), **common)
+        if packet is aten._grouped_mm:
+            flops, shape = _grouped_gemm(node)
+            return Op(name, OpKind.COMPUTE, "gemm", flops=flops, gemm=shape, **common)
         if packet in flop_registry:
             flops = flop_registry[packet](*_val(node.args), **_val(node.kwargs), out_val=out)
             return Op(name, OpKind.COMPUTE, "other", flops=float(flops), **common)
@@ -293,6 +278,21 @@ def _gemm_shape(packet: Any, node: fx.Node) -> tuple[float, float, float, float]
     return batch, float(a.shape[-2]), float(b.shape[-1]), float(a.shape[-1])
 
 
+def _grouped_gemm(node: fx.Node) -> tuple[float, tuple[float, float, float, float]]:
+    """FLOPs and (groups, m, n, k) of a grouped matrix product (`torch._grouped_mm`: Hugging Face's stacked experts),
+    which torch's flop counter does not count: 2 m n k summed over the groups. Its three layouts: rows [t, k] by
+    stacked weights [g, k, n] (each group's rows by its expert), a batch [g, m, k] by [g, k, n], and the weight
+    gradient [m, t] by [t, n] summed per group into [g, m, n]; `m` of the first is the rows per group."""
+    a, b, out = node.args[0].meta["val"], node.args[1].meta["val"], node.meta["val"]
+    if a.dim() == 2 and b.dim() == 2:  # groups cut the contracted dim: the groups' k sum to t
+        groups, m, n, k = out.shape[0], a.shape[0], b.shape[1], a.shape[1]
+        return 2.0 * m * n * k, (float(groups), float(m), float(n), float(k) / groups)
+    groups = b.shape[0] if b.dim() == 3 else a.shape[0]
+    k, n = a.shape[-1], out.shape[-1]
+    rows = float(prod(out.shape[:-1]))
+    return 2.0 * rows * n * k, (float(groups), rows / groups, float(n), float(k))
+
+
 def lower_forward(
     gm: fx.GraphModule, name: str, axes: dict[str, str], input_shape: tuple[int, ...], fuse: bool
 ) -> LoweredGraph:
@@ -330,3 +330,23 @@ def _input_placeholder(placeholders: list[fx.Node], shape: tuple[int, ...]) -> f
         if isinstance(val, torch.Tensor) and tuple(val.shape) == tuple(shape):
             return node
     raise CaptureError(f"the captured forward has no input of the block input's shape {tuple(shape)}")
+
+
+def _regrouped(node: fx.Node) -> bool:
+    """A cat along dim 0 of every piece, in order, of one split along a dim d with only 1s before it: DTensor moves
+    a [1, s, h] activation's sequence dim first this way before reduce-scattering it over the sequence (SP), and the
+    pieces already lie in memory as the cat lays them out, so it is a view (inductor writes none); with a batch of 2
+    or more it is a real copy."""
+    if _packet(node) is not aten.cat or (node.args[1] if len(node.args) > 1 else 0) != 0:
+        return False
+    pieces = node.args[0]
+    splits = {p.args[0] for p in pieces if isinstance(p, fx.Node) and p.target is operator.getitem}
+    if len(splits) != 1:
+        return False
+    (split,) = splits
+    if _packet(split) not in (aten.split, aten.split_with_sizes) or set(split.users) != set(pieces):
+        return False
+    shape = split.args[0].meta["val"].shape
+    dim = (split.args[2] if len(split.args) > 2 else 0) % len(shape)
+    in_order = [p.args[1] for p in pieces] == list(range(len(split.meta["val"])))
+    return in_order and all(size == 1 for size in shape[:dim])

@@ -1,5 +1,6 @@
-"""The tensor- and expert-parallel plan of a block's mixture-of-experts MLP (the module layout of
-`generators.fx.models.moe`: `moe.router.gate`, `moe.experts.{w1,w2,w3}` stacked per expert, `moe.shared_experts`).
+"""The tensor- and expert-parallel plan of a block's mixture-of-experts MLP in the module layout of
+`generators.fx.models.moe` (`router.gate`, `experts.{w1,w2,w3}` stacked per expert, `shared_experts`), wherever in
+the block `generators.fx.experts` found it (and laid a user's MoE out so).
 
 It lays the MoE out as the symbolic generator prices it (`generators.symbolic.dense: DenseModule.moe`, Megatron's
 all-to-all token dispatcher with expert tensor parallelism), so the two agree collective by collective:
@@ -30,6 +31,9 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleOutput,
     RowwiseParallel,
 )
+
+from generators.fx.experts import find_experts
+from generators.fx.models.moe import GroupedExperts
 
 EXPERT_WEIGHTS = {"w1": 1, "w3": 1, "w2": 2}
 """The dim of each stacked expert weight that tensor parallelism splits: the expert width r of [e, r, h] / [e, h, r]."""
@@ -111,29 +115,33 @@ def _from_experts(out: Tensor, ep_mesh: DeviceMesh) -> Tensor:
 def moe_plan(
     block: nn.Module, ep_mesh: DeviceMesh | None, tensor_parallel: bool = False, sp: bool = False
 ) -> dict[str, ParallelStyle]:
-    """The plan entries (block-relative names) for the block's `moe`: expert parallel over `ep_mesh` (None: not),
-    tensor parallel over the mesh the plan is applied with when `tensor_parallel` (sp: the MoE's input and output
-    sequence-split); none for a block without one."""
-    names = dict(block.named_modules())
-    if "moe" not in names:
+    """The plan entries (block-relative names) for the block's MoE as `generators.fx.experts` found and laid it out
+    (its GroupedExperts at `<moe>.experts`, or `<moe>.experts.experts` in a SlottedExperts): expert parallel over
+    `ep_mesh` (None: not), tensor parallel over the mesh the plan is applied with when `tensor_parallel` (sp: the
+    MoE's input and output sequence-split); none for a block without one in that layout."""
+    found = find_experts(block)
+    if found is None or not isinstance(block.get_submodule(found.experts), GroupedExperts):
         return {}
+    moe, experts = found.moe, found.experts
     if not tensor_parallel:
-        return {} if ep_mesh is None else {"moe.experts": GroupedExpertsParallel(False, ep_mesh)}
-    plan: dict[str, ParallelStyle] = {"moe.experts": GroupedExpertsParallel(sp, ep_mesh)}
+        return {} if ep_mesh is None else {experts: GroupedExpertsParallel(False, ep_mesh)}
+    plan: dict[str, ParallelStyle] = {experts: GroupedExpertsParallel(sp, ep_mesh)}
     if sp:
         # the router, dispatch and combine run on the rank's sequence shard, as plain tensors
-        plan["moe"] = PrepareModuleInput(
+        plan[moe] = PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
     else:
         # routed (and shared) experts' partial sums, combined, reduced once (backward: nothing to reduce)
-        plan["moe"] = PrepareModuleOutput(output_layouts=(Partial(),), desired_output_layouts=(Replicate(),))
-    if "moe.shared_experts" in names:
+        plan[moe] = PrepareModuleOutput(output_layouts=(Partial(),), desired_output_layouts=(Replicate(),))
+    names = dict(block.named_modules())
+    shared = f"{moe}.shared_experts"
+    if names.get(shared) is not None:
         # flattened tokens [b * s, h]: the rank's rows under SP
         rows = Shard(0) if sp else Replicate()
-        plan["moe.shared_experts"] = PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(Replicate(),))
+        plan[shared] = PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(Replicate(),))
         for inner in ("w1", "w3"):
-            if f"moe.shared_experts.{inner}" in names:
-                plan[f"moe.shared_experts.{inner}"] = ColwiseParallel()
-        plan["moe.shared_experts.w2"] = RowwiseParallel(output_layouts=rows if sp else Partial())
+            if f"{shared}.{inner}" in names:
+                plan[f"{shared}.{inner}"] = ColwiseParallel()
+        plan[f"{shared}.w2"] = RowwiseParallel(output_layouts=rows if sp else Partial())
     return plan

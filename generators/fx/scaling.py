@@ -25,7 +25,7 @@ import math
 from dataclasses import replace
 
 from dse.workload import AttentionShape, Block, Op
-from generators.fx.lower import LoweredGraph, LoweredLayer
+from generators.fx.pieces import LoweredGraph, LoweredLayer
 
 LOW, HIGH = 2, 3
 """The micro-batches captured to scale from."""

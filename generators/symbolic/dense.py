@@ -1,9 +1,10 @@
 """Model modules written once over named dimensions and traced for any degrees and sizes.
 
-A layer is a mixer and an MLP, each behind a norm and a residual add:
+A layer is a mixer and an MLP, each behind a norm and a residual add (or, `parallel_block`, side by side behind
+one norm or two and one residual add):
 - mixers: attention (GPT MHA, LLaMA GQA with RoPE), DeepSeek multi-head latent attention (MLA), Mamba selective
   scan (SSM);
-- MLPs: dense (GeLU or SwiGLU), mixture of experts (router, top-k dispatch, experts, combine; shared experts).
+- MLPs: dense (GeLU, SwiGLU or GeGLU), mixture of experts (router, top-k dispatch, experts, combine; shared experts).
 
 Dimensions: b micro-batch (over all data-parallel ranks), s sequence (queries), t keys/values (the KV cache in
 decode), h hidden, n heads, g kv heads, d head dim, f MLP width, v vocabulary, p position-table rows; MoE: e
@@ -30,7 +31,7 @@ single aten kernels either way; MLA's RoPE is applied to the whole query head, n
 from dataclasses import dataclass, field
 
 from dse.errors import InfeasibleError
-from dse.modelstats import LayerKind, dt_rank, ssm_inner
+from dse.modelstats import LayerKind, dt_rank, gated, ssm_inner
 from dse.routing import active_experts, busiest_rank_share
 from dse.spec import DesignPoint
 from generators.symbolic.attention import attend
@@ -42,8 +43,10 @@ RotationTables = dict[str, STensor]
 """fms's per-position 2x2 rotation tables of one layer, by the head dimension they rotate (q and k share one)."""
 
 NORM_FLOPS = {"rmsnorm": 4.0, "layernorm": 7.0}
-ACT_FLOPS = {"gelu": 8.0, "swiglu": 5.0}
-SILU_FLOPS = 4.0
+ACT_FLOPS = {"gelu": 8.0, "swiglu": 5.0, "geglu": 9.0}
+GATES = {"swiglu": ("silu", 4.0), "geglu": ("gelu", ACT_FLOPS["gelu"])}
+"""A gated MLP's nonlinearity on its gate: its eager kernel and FLOPs per element (the product with up is the rest
+of ACT_FLOPS)."""
 ROPE_FLOPS = 3.0
 ROUTER_FLOPS = 6.0
 """Per router logit: softmax (exp, sum, divide) and the top-k selection."""
@@ -196,7 +199,7 @@ class DenseModule:
         m = self.point.model
         dim = x.dims[-1]
         weights = [self.param(f"{name}.weight", (dim,))]
-        if m.norm == "layernorm":
+        if m.norm == "layernorm" and m.norm_bias:
             weights.append(self.param(f"{name}.bias", (dim,)))
         if m.norm == "rmsnorm" and self.eager:
             return self._eager_rmsnorm(name, x, self.use(weights[0]))
@@ -220,13 +223,16 @@ class DenseModule:
         return tr.pointwise(f"{name}.weight_mul", (normed, weight), 1.0, "norm", partials=PRODUCT)
 
     def rope(self, name: str, t: STensor, tables: RotationTables) -> STensor:
-        """Rotary embedding: one kernel, or eagerly as the model code runs it (`model.rope_impl`). Complex (Meta's
-        llama, torchtitan's apply_rotary_emb): x.float() viewed as complex, times the complex rotation table,
-        viewed as real, type_as(x); each step's gradient is one kernel reading only the incoming gradient (the
-        table is a constant), so autograd keeps nothing."""
+        """Rotary embedding: one kernel, or eagerly as the model code runs it (`model.rope_impl`). Fused
+        (TransformerEngine's and Apex's fused_apply_rotary_pos_emb, what torch.compile makes of the complex product):
+        its backward rotates the incoming gradient back, one kernel that reads the constant table and not x, so it
+        keeps nothing (TE's FusedRoPEFunc saves the table alone). Complex (Meta's llama, torchtitan's
+        apply_rotary_emb): x.float() viewed as complex, times the complex rotation table, viewed as real,
+        type_as(x); each step's gradient is one kernel reading only the incoming gradient (the table is a
+        constant), so autograd keeps nothing."""
         tr = self.tracer
         if not self.eager:
-            return tr.pointwise(name, (t,), ROPE_FLOPS)
+            return tr.pointwise(name, (t,), ROPE_FLOPS, partials=(SCALED,))
         tf = tr.pointwise(f"{name}.float", (t,), 0.0, itemsize=FP32, partials=(SCALED,))
         if self.point.model.rope_impl == "real":
             rotated = self._real_rotation(name, tf, tables)
@@ -268,17 +274,18 @@ class DenseModule:
     def add(self, name: str, x: STensor, y: STensor) -> STensor:
         return self.tracer.pointwise(name, (x, y), 1.0, linear=True)
 
-    def residual(self, name: str, x: STensor, y: STensor, bias: STensor | None = None, bias_name: str = "") -> STensor:
-        """x + dropout(y + bias), bias that of the row-parallel linear that made y: y is reduced to the residual
+    def residual(self, name: str, x: STensor, y: STensor, biases: tuple[tuple[STensor, str], ...] = ()) -> STensor:
+        """x + dropout(y + biases), each (weight, name) that of a row-parallel linear that made y (a parallel
+        block's y is the sum of two, whose biases are added after it): y is reduced to the residual
         layout first, so the bias, the dropout mask and the add are sequence-sharded under SP (Korthikanti et
         al.'s sbh/t). Fused kernels run the three as one kernel, Megatron's bias_dropout_add (jit-fused,
         --bias-dropout-fusion on by default) and what torch.compile makes of it: it reads y and x and writes the
         sum and the mask. Eager PyTorch runs each as a kernel of its own."""
         tr, fused = self.tracer, not self.eager
         dropout = self.point.model.dropout and self.mode == "train"
-        if dropout or bias is not None:
+        if dropout or biases:
             y = tr.redistribute(y, {a: x.dist(a) for a in tr.degrees})
-        if bias is not None:
+        for bias, bias_name in biases:
             y = tr.pointwise(bias_name, (y, self.use(bias)), 1.0, linear=True, fused=fused)
         if dropout:
             y = tr.dropout(f"{name}.dropout", y, fused_reads=(x,) if fused else ())
@@ -297,21 +304,40 @@ class DenseModule:
     def _layer(self, x: STensor, kind: LayerKind) -> STensor:
         m = self.point.model
         mixer, mlp = kind
-        h1 = self.norm("ln1", x)
-        if mixer == "attn":
-            a = self.attention(h1)
-        elif mixer == "mla":
-            a = self.latent_attention(h1)
-        else:
-            a = self.selective_scan(h1)
-        bo = self.param("bo", ("h",)) if m.bias and mixer == "attn" else None
-        x = self.residual("residual1", x, a, bo, "wo.bias")
+        if m.parallel_block != "none":
+            return self._parallel_layer(x, mixer)
+        a = self._mixer(self.norm("ln1", x), mixer)
+        x = self.residual("residual1", x, a, self._output_bias("bo", "wo.bias", mixer == "attn"))
         if mlp == "none":
             return x
         h2 = self.norm("ln2", x)
         down = self.dense_mlp(h2) if mlp == "dense" else self.moe(h2)
-        b2 = self.param("b2", ("h",)) if m.bias and mlp == "dense" else None
-        return self.residual("residual2", x, down, b2, "w2.bias")
+        return self.residual("residual2", x, down, self._output_bias("b2", "w2.bias", mlp == "dense"))
+
+    def _parallel_layer(self, x: STensor, mixer: str) -> STensor:
+        """x + attention(ln1(x)) + mlp(ln2(x)), ln2 being ln1 under `parallel_block: shared_norm` (GPT-J, Falcon,
+        PaLM, GPT-NeoX's use_parallel_residual). The two row-parallel outputs are partial sums over tp, added
+        before their one reduction (an all-reduce, under SP a reduce-scatter), as GPT-NeoX's Megatron-style TP
+        (gpt_j_residual: attention and MLP built with parallel_output, then one reduce_from_model_parallel_region)
+        and PaLM run it; both biases, and the dropout, follow the sum. The norm output both branches read is
+        gathered once under SP, and its gradient is the sum of the branches', reduced once (twice with two
+        norms)."""
+        h1 = self.norm("ln1", x)
+        a = self._mixer(h1, mixer)
+        down = self.dense_mlp(h1 if self.point.model.parallel_block == "shared_norm" else self.norm("ln2", x))
+        biases = self._output_bias("bo", "wo.bias", mixer == "attn") + self._output_bias("b2", "w2.bias", True)
+        return self.residual("residual", x, self.add("branch_sum", a, down), biases)
+
+    def _mixer(self, h1: STensor, mixer: str) -> STensor:
+        if mixer == "attn":
+            return self.attention(h1)
+        if mixer == "mla":
+            return self.latent_attention(h1)
+        return self.selective_scan(h1)
+
+    def _output_bias(self, name: str, bias_name: str, has: bool) -> tuple[tuple[STensor, str], ...]:
+        """The bias of a branch's row-parallel output linear (model.bias), added once its output is reduced."""
+        return ((self.param(name, ("h",)), bias_name),) if has and self.point.model.bias else ()
 
     def _kv(self, name: str, new: STensor) -> STensor:
         """Training and prefill attend to the new keys/values (prefill writes them to the cache); decode reads the
@@ -328,7 +354,7 @@ class DenseModule:
     def attention(self, h1: STensor) -> STensor:
         m = self.point.model
         col, heads_split = Partition("n"), Partition("g")
-        bias = m.bias
+        bias = m.bias or m.qkv_bias
         q = self.linear(
             "wq",
             h1,
@@ -350,6 +376,8 @@ class DenseModule:
             ("b", "s", "g", "d"),
             self.param("bv", ("g", "d"), heads_split) if bias else None,
         )
+        if m.qk_norm:
+            q, k = self.norm("q_norm", q), self.norm("k_norm", k)
         if m.position == "rope":
             tables: RotationTables = {}
             q = self.rope("rope_q", q, tables)
@@ -467,29 +495,28 @@ class DenseModule:
         mlp_in = Partition(width)
         dims = ("b", "s", width)
         bias = m.bias and not prefix
-        if m.activation == "swiglu":
-            gate = self.linear(f"{prefix}w1", h2, self.param(f"{prefix}w1", ("h", width), mlp_in), dims)
-            up = self.linear(f"{prefix}w3", h2, self.param(f"{prefix}w3", ("h", width), mlp_in), dims)
-            act = self.swiglu(f"{prefix}swiglu", gate, up)
-        else:
-            fc = self.linear(
-                f"{prefix}w1",
-                h2,
-                self.param(f"{prefix}w1", ("h", width), mlp_in),
-                dims,
-                self.param(f"{prefix}b1", (width,), mlp_in) if bias else None,
+
+        def column(name: str, bias_name: str) -> STensor:
+            weight = self.param(f"{prefix}{name}", ("h", width), mlp_in)
+            return self.linear(
+                f"{prefix}{name}", h2, weight, dims, self.param(bias_name, (width,), mlp_in) if bias else None
             )
-            act = tr.pointwise(f"{prefix}gelu", (fc,), ACT_FLOPS["gelu"])
+
+        if gated(m):
+            act = self.gated(f"{prefix}{m.activation}", column("w1", "b1"), column("w3", "b3"))
+        else:
+            act = tr.pointwise(f"{prefix}gelu", (column("w1", "b1"),), ACT_FLOPS["gelu"])
         return self.linear(f"{prefix}w2", act, self.param(f"{prefix}w2", (width, "h"), mlp_in), ("b", "s", "h"))
 
-    def swiglu(self, name: str, gate: STensor, up: STensor) -> STensor:
-        """silu(gate) * up: one kernel, or eagerly (F.silu(w1(x)) * w3(x)) two, whose autograd keeps the gate (silu's
-        one-kernel backward reads it), its activation and up."""
-        tr = self.tracer
+    def gated(self, name: str, gate: STensor, up: STensor) -> STensor:
+        """act(gate) * up, act SiLU (SwiGLU) or GeLU (GeGLU): one kernel, or eagerly (F.silu(w1(x)) * w3(x)) two,
+        whose autograd keeps the gate (the activation's one-kernel backward reads it), its activation and up."""
+        tr, kind = self.tracer, self.point.model.activation
         if not self.eager:
-            return tr.pointwise(name, (gate, up), ACT_FLOPS["swiglu"])
-        act = tr.pointwise(f"{name}.silu", (gate,), SILU_FLOPS, partials=(Partial((0,)),))
-        return tr.pointwise(f"{name}.mul", (act, up), ACT_FLOPS["swiglu"] - SILU_FLOPS, partials=PRODUCT)
+            return tr.pointwise(name, (gate, up), ACT_FLOPS[kind])
+        kernel, flops = GATES[kind]
+        act = tr.pointwise(f"{name}.{kernel}", (gate,), flops, partials=(Partial((0,)),))
+        return tr.pointwise(f"{name}.mul", (act, up), ACT_FLOPS[kind] - flops, partials=PRODUCT)
 
     def moe(self, h2: STensor) -> STensor:
         """Router and top-k, dispatch of each token's k copies to their experts (an all-to-all over ep when the
@@ -510,10 +537,10 @@ class DenseModule:
         expert_layout = {a: routed.dist(a) for a in tr.degrees if a != "ep"} | {"ep": Partition(x)}
         routed = tr.redistribute(routed, expert_layout)
         mats = (x, "c", "r")
-        if m.activation == "swiglu":
+        if gated(m):
             gate = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
             up = self.expert_linear("experts.w3", routed, ("h", "r"), mats)
-            act = self.swiglu("experts.swiglu", gate, up)
+            act = self.gated(f"experts.{m.activation}", gate, up)
         else:
             fc = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
             act = tr.pointwise("experts.gelu", (fc,), ACT_FLOPS["gelu"])
@@ -557,6 +584,8 @@ class DenseModule:
         m, tr = self.point.model, self.tracer
         table = self.param("wte", ("v", "h"), Partition("v"))
         x = tr.embedding("embed", tokens, self.use(table), ("b", "s", "h"))
+        if x.dist("tp") == PARTIAL:  # Megatron's VocabParallelEmbedding zeroes the rows of tokens off its shard
+            x = tr.pointwise("embed.mask", (x,), 1.0, linear=True)
         x = tr.redistribute(x, self.residual_layout())
         if m.position == "learned":
             pos = tr.embedding("embed_pos", tokens, self.use(self.param("wpe", ("p", "h"))), ("b", "s", "h"))

@@ -151,7 +151,9 @@ class SymbolicGenerator:
     name = "symbolic"
     unread_fields: ClassVar[Mapping[str, str]] = {
         "model.fx_factory": "it names the model's PyTorch code for the fx generator, while this one builds the "
-        "model from its fields; remove it, or use generator fx"
+        "model from its fields; remove it, or use generator fx",
+        "model.fx_plan": "it is the fx generator's tensor-parallel plan over the model's PyTorch modules, while this "
+        "one builds the model from its fields; remove it, or use generator fx",
     }
     """Fields of a point this generator never reads (dse.interfaces.FieldReadingGenerator): setting one is refused."""
 

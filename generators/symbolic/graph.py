@@ -380,35 +380,47 @@ class Tracer:
                 layout[axis] = PARTIAL
         out = STensor(name, out_dims, make_layout(**layout), table.itemsize)
         mark = self.mark
-        self.compute(name, "embedding", 0.0, (tokens,), (out,))
+        self.compute(name, "embedding", 0.0, (tokens, out), (out,))  # reads the rows it writes
         self.record(Node("embedding", name, (tokens, table), out, "embedding"), mark)
         return out
 
     def loss(self, name: str, logits: STensor) -> STensor:
-        """Cross-entropy over a vocabulary that may be partitioned: two small all-reduces (max and sum-exp)."""
+        """Cross-entropy over a vocabulary that may be partitioned, as Megatron's fused vocab-parallel cross-entropy
+        runs it (core/fusions/fused_cross_entropy.py): three passes over the logits in fp32, the maximum per token
+        (reading the logits), the shifted exponentials and their sum (reading the logits, writing the exponentials)
+        and the softmax (reading and writing those), which backward reads. Over a vocabulary split it all-reduces
+        three fp32 values per token on the split's axis: the maximum after the first pass, the target's logit (only
+        the rank holding the target has it) and the sum of exponentials after the second."""
         vocab = logits.dims[-1]
-        tokens_dims = logits.dims[:-1]
         mark = self.mark
-        stats = STensor(f"{name}.stats", tokens_dims, logits.layout, 4)
-        for axis in sorted(self.degrees):
-            if logits.dist(axis) == Partition(vocab):
-                for what in ("max", "sumexp"):
-                    deps = self.emitter.deps([logits, stats])
-                    op = Op(
-                        f"{name}.{what}.all_reduce",
-                        OpKind.COLLECTIVE,
-                        "all_reduce",
-                        comm_bytes=self.nbytes(stats),
-                        axis=axis,
-                        deps=deps,
-                    )
-                    self.emitter.emit(op, [stats])
-        out = STensor(name, (), (), 4)
-        self.compute(name, "elementwise", 5 * self.elems(logits), (logits, stats), (out,))
-        # The cross-entropy runs in fp32 (PyTorch's on logits.float(), Megatron's vocab-parallel one likewise):
-        # the fp32 copy of the logits is held beside them while the fp32 log-probabilities are formed, and
-        # those are what backward reads.
-        log_probs = FP32 * self.elems(logits)
-        self.emitter.peak_temp = larger(self.emitter.peak_temp, self.nbytes(logits) + log_probs)
-        self.record(Node("loss", name, (logits,), out, "elementwise", 5, extra_saved=log_probs), mark)
+        stats = STensor(f"{name}.stats", logits.dims[:-1], logits.layout, FP32)
+        axes = [axis for axis in sorted(self.degrees) if logits.dist(axis) == Partition(vocab)]
+        elems, probs = self.elems(logits), FP32 * self.elems(logits)
+        passes = (
+            ("max", elems, self.nbytes(logits), ("max",)),
+            ("exp_sum", 3 * elems, self.nbytes(logits) + probs, ("target", "sumexp")),
+            ("softmax", elems, 2 * probs, ()),
+        )
+        for what, flops, moved, reduced in passes:
+            written = 0.0 if what == "max" else probs
+            deps = self.emitter.deps([logits, stats])
+            self.kernel(f"{name}.{what}", "elementwise", flops, moved, written, deps, (stats,))
+            for axis, statistic in ((axis, statistic) for axis in axes for statistic in reduced):
+                op = Op(
+                    f"{name}.{statistic}.all_reduce",
+                    OpKind.COLLECTIVE,
+                    "all_reduce",
+                    comm_bytes=self.nbytes(stats),
+                    axis=axis,
+                    deps=self.emitter.deps([logits, stats]),
+                )
+                self.emitter.emit(op, [stats])
+        out = STensor(name, (), (), FP32)
+        self.emitter.same_origin(out, stats)
+        # held at once: the logits and their fp32 copy, then that copy and the exponentials formed from it (what a
+        # fused kernel, torch.compile's or Megatron's cross_entropy_loss_fusion, writes apart); the softmax made
+        # from those is what backward reads
+        held = larger(self.nbytes(logits) + probs, 2 * probs)
+        self.emitter.peak_temp = larger(self.emitter.peak_temp, held)
+        self.record(Node("loss", name, (logits,), out, "elementwise", 5, extra_saved=probs), mark)
         return out

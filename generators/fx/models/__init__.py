@@ -5,8 +5,8 @@ Registered as entry points of the group `dse.fx_models` (`llama`, `moe`, and `hf
 `transformers` is installed); a user's own factory has the same signature. Every factory builds on whatever device
 is current, so under `with torch.device("meta")` no weight is allocated, at any scale.
 
-The fx generator captures their blocks (generators/fx/capture.py: its tensor-parallel plan is torchtitan's
-LLaMA plan for a block).
+The fx generator captures their blocks (generators/fx/capture.py: its tensor-parallel plan is derived from the
+block's structure, generators/fx/plans.py).
 """
 
 from torch import nn

@@ -13,13 +13,13 @@ every expert has `capacity` token slots, so every shape follows from batch x seq
 
 With capacity_factor 1 and tokens x top_k a multiple of the experts, the experts' GEMMs are exactly those of the
 symbolic generator's MoE (c = b s top_k / e slots per expert: perfectly balanced routing), and the router is the
-same h x e GEMM; no one-hot GEMM is used for dispatch, so no FLOPs appear that a GPU MoE does not run.
+same h x e GEMM; no one-hot GEMM is used for dispatch, so no FLOPs appear that a GPU MoE does not run. The fx
+generator multiplies the capacity factor by workload.routing.imbalance (`generators.fx.experts`), the symbolic one's
+padding of the busiest expert's slots. `dispatched` is also what `generators.fx.experts` lays a user's MoE out with.
 
 Module names are torchtitan's (`router.gate`, `experts.w1/w2/w3`, `shared_experts`) and the expert weights keep
 nn.Linear's (out, in) layout per expert, so expert- and tensor-parallel plans shard w1/w3 on dim 1 and w2 on dim 2.
 """
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -27,16 +27,15 @@ from torch import nn
 
 from dse.spec import ModelSpec
 from generators.fx.models.layers import FeedForward, dtype_of, linear
+from generators.fx.routing import capacity
 
 
 class TopKRouter(nn.Module):
-    """Scores each token against every expert (one h x e GEMM) and keeps its top_k, gates renormalised."""
+    """Scores each token against every expert (one h x e GEMM, `gate`) and keeps its top_k, gates renormalised."""
 
-    def __init__(self, m: ModelSpec) -> None:
+    def __init__(self, gate: nn.Linear, top_k: int) -> None:
         super().__init__()
-        assert m.moe is not None
-        self.top_k = m.moe.top_k
-        self.gate = linear(m, m.hidden, m.moe.experts, bias=False)
+        self.top_k, self.gate = top_k, gate
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [tokens, hidden] -> (gates [tokens, top_k] in x's dtype, expert ids [tokens, top_k])."""
@@ -45,20 +44,43 @@ class TopKRouter(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """`experts` MLPs of width expert_ffn, as stacked weights run by batched GEMMs over [experts, slots, hidden]."""
+    """`experts` MLPs of width `width`, as stacked weights run by batched GEMMs over [experts, slots, hidden]: SwiGLU
+    when `gated` (w1, w3 and w2), else GeLU (w1 and w2)."""
 
-    def __init__(self, m: ModelSpec) -> None:
+    def __init__(self, experts: int, hidden: int, width: int, gated: bool, dtype: torch.dtype) -> None:
         super().__init__()
-        assert m.moe is not None
-        e, h, r, dtype = m.moe.experts, m.hidden, m.moe.expert_ffn, dtype_of(m)
-        self.w1 = nn.Parameter(torch.empty(e, r, h, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(e, h, r, dtype=dtype))
-        self.w3 = nn.Parameter(torch.empty(e, r, h, dtype=dtype)) if m.activation == "swiglu" else None
+        self.w1 = nn.Parameter(torch.empty(experts, width, hidden, dtype=dtype))
+        self.w2 = nn.Parameter(torch.empty(experts, hidden, width, dtype=dtype))
+        self.w3 = nn.Parameter(torch.empty(experts, width, hidden, dtype=dtype)) if gated else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         up = torch.bmm(x, self.w1.transpose(1, 2))
         act = F.gelu(up) if self.w3 is None else F.silu(up) * torch.bmm(x, self.w3.transpose(1, 2))
         return torch.bmm(act, self.w2.transpose(1, 2))
+
+
+def dispatched(
+    experts: nn.Module, count: int, flat: torch.Tensor, gates: torch.Tensor, chosen: torch.Tensor, slots: int
+) -> torch.Tensor:
+    """The routed tokens through `experts` (slots [count, slots, hidden] -> the same) and combined: flat [tokens,
+    hidden], each token's `chosen` experts [tokens, top_k] of `count` weighted by its `gates`, every expert given
+    `slots` slots (see the module docstring)."""
+    tokens, top_k = chosen.shape
+    # choice-major order (every token's first choice, then every second choice) gives first choices priority
+    expert_of = chosen.t().reshape(-1)
+    token_of = torch.arange(tokens, device=flat.device).repeat(top_k)
+    one_hot = (expert_of.unsqueeze(1) == torch.arange(count, device=flat.device)).long()
+    position = (one_hot.cumsum(0) * one_hot).sum(1) - 1
+    # a copy past its expert's capacity goes to the spare slot count * slots, which nothing reads
+    kept = position < slots
+    slot = torch.where(kept, expert_of * slots + position, count * slots)
+    # An empty slot reads token 0 and a dropped copy slot 0, weighted 0: no output and no gradient sees either,
+    # and no padded copy of the tokens or of the experts' output is made (a GPU MoE makes none).
+    source = torch.zeros(count * slots + 1, dtype=torch.long, device=flat.device).scatter(0, slot, token_of)
+    out = experts(flat[source[:-1]].view(count, slots, -1))
+    weights = gates.t().reshape(-1, 1) * kept.unsqueeze(1)
+    weighted = out.reshape(count * slots, -1)[torch.where(kept, slot, 0)] * weights.to(out.dtype)
+    return weighted.view(top_k, tokens, -1).sum(0)
 
 
 class MoE(nn.Module):
@@ -67,37 +89,35 @@ class MoE(nn.Module):
     def __init__(self, m: ModelSpec, capacity_factor: float = 1.0) -> None:
         super().__init__()
         assert m.moe is not None
-        self.experts_count, self.capacity_factor = m.moe.experts, capacity_factor
-        self.router = TopKRouter(m)
-        self.experts = GroupedExperts(m)
-        shared = m.moe.shared_experts * m.moe.expert_ffn
-        self.shared_experts = FeedForward(m, shared) if shared else None
+        e, h, r = m.moe.experts, m.hidden, m.moe.expert_ffn
+        router = TopKRouter(linear(m, h, e, bias=False), m.moe.top_k)
+        experts = GroupedExperts(e, h, r, m.activation == "swiglu", dtype_of(m))
+        shared = m.moe.shared_experts * r
+        self._hold(router, experts, FeedForward(m, shared) if shared else None, capacity_factor)
+
+    @classmethod
+    def of(cls, router: TopKRouter, experts: GroupedExperts, capacity_factor: float = 1.0) -> "MoE":
+        """The MoE of given parts, without shared experts (`generators.fx.experts` builds a user's MoE's layout)."""
+        moe = cls.__new__(cls)
+        nn.Module.__init__(moe)
+        moe._hold(router, experts, None, capacity_factor)
+        return moe
+
+    def _hold(
+        self, router: TopKRouter, experts: GroupedExperts, shared: nn.Module | None, capacity_factor: float
+    ) -> None:
+        self.experts_count, self.capacity_factor = experts.w1.shape[0], capacity_factor
+        self.router, self.experts, self.shared_experts = router, experts, shared
 
     def capacity(self, tokens: int) -> int:
         """Token slots per expert for `tokens` tokens."""
-        return math.ceil(self.capacity_factor * tokens * self.router.top_k / self.experts_count)
+        return capacity(tokens, self.router.top_k, self.experts_count, self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        tokens, e = flat.shape[0], self.experts_count
-        slots = self.capacity(tokens)
-        gates, experts = self.router(flat)
-        # choice-major order (every token's first choice, then every second choice) gives first choices priority
-        expert_of = experts.t().reshape(-1)
-        token_of = torch.arange(tokens, device=x.device).repeat(self.router.top_k)
-        chosen = (expert_of.unsqueeze(1) == torch.arange(e, device=x.device)).long()
-        position = (chosen.cumsum(0) * chosen).sum(1) - 1
-        # a copy past its expert's capacity goes to the spare slot e * slots, which nothing reads
-        kept = position < slots
-        slot = torch.where(kept, expert_of * slots + position, e * slots)
-        # An empty slot reads token 0 and a dropped copy slot 0, weighted 0: no output and no gradient sees either,
-        # and no padded copy of the tokens or of the experts' output is made (a GPU MoE makes none).
-        source = torch.zeros(e * slots + 1, dtype=torch.long, device=x.device).scatter(0, slot, token_of)
-        out = self.experts(flat[source[:-1]].view(e, slots, -1))
-        weights = gates.t().reshape(-1, 1) * kept.unsqueeze(1)
-        weighted = out.reshape(e * slots, -1)[torch.where(kept, slot, 0)] * weights
-        y = weighted.view(self.router.top_k, tokens, -1).sum(0)
+        gates, chosen = self.router(flat)
+        y = dispatched(self.experts, self.experts_count, flat, gates, chosen, self.capacity(flat.shape[0]))
         if self.shared_experts is not None:
             y = y + self.shared_experts(flat)
         return y.view(shape)

@@ -60,9 +60,15 @@ def needed(node: Node) -> tuple[STensor, ...]:
 
 
 def _is_gather(node: Node) -> bool:
-    """A value brought from other ranks, which backward brings again rather than keeping."""
+    """A value brought from other ranks, which backward brings again rather than keeping; and a copy (a linear
+    pointwise op with a backward kernel of its own: a regrouping of gathered slots), which backward forms again
+    from what it copies, as a compiled backward re-forms the regathered value's reshuffle."""
     gather = node.kind == "redistribute" and any(op.category == Collective.ALL_GATHER for op in node.ops)
-    return gather or node.kind == "shift"
+    return gather or _is_copy(node) or node.kind == "shift"
+
+
+def _is_copy(node: Node) -> bool:
+    return node.kind == "pointwise" and node.linear and bool(node.partials)
 
 
 def saved_activations(tape: Sequence[Node], replayed: Sequence[Node], kept: Sequence[Node] = ()) -> list[STensor]:
@@ -237,7 +243,8 @@ class Differentiator:
                 target[axis] = gradient_layout(source.dist(axis))
             self._contribute(source, tr.redistribute(total, target, record=False, weight_grad=source.param))
             return
-        g = self._settle(node.output, grads)
+        # a copy (linear, with a kernel of its own in backward) hands partial sums on: they are reduced after it
+        g = self._sum(grads) if _is_copy(node) else self._settle(node.output, grads)
         name = node.name
         match node.kind:
             case "einsum":
@@ -331,6 +338,8 @@ class Differentiator:
                 tr.compute(f"{node.name}.backward.prep{step}", node.category, tr.elems(prepared), reads, (prepared,))
                 reads = [prepared]
             grad = self._input_grad(g, t)
+            if node.linear and not broadcast:  # a linear op (a copy) hands a partial sum's gradient on as it is
+                grad = STensor(grad.name, grad.dims, g.layout, grad.itemsize)
             if broadcast:
                 wide = STensor(f"{t.name}.grad.wide", node.output.dims, g.layout, t.itemsize)
                 tr.compute(f"{node.name}.backward", node.category, tr.elems(wide), (g, *reads), (wide,))

@@ -523,7 +523,8 @@ class DenseModule:
         experts are split: tokens * hidden * top_k bytes each way), the experts as batched GEMMs over the experts
         that receive tokens (TP splits their width), combine weighted by the gates; shared experts run densely
         beside them. The busiest EP rank is traced (workload.routing): its slots, and so its GEMMs and its
-        all-to-all bytes, are the imbalance times the mean's, and the other ranks wait for it at the combine."""
+        all-to-all bytes, are the imbalance times the mean's, and the other ranks wait for it at the combine.
+        Training regroups the slots by local expert as Megatron does (a copy each way, re-formed in backward)."""
         m, tr = self.point.model, self.tracer
         assert m.moe is not None
         x = self.experts_dim
@@ -536,6 +537,13 @@ class DenseModule:
         dispatched_tp = routed.dist("tp")
         expert_layout = {a: routed.dist(a) for a in tr.degrees if a != "ep"} | {"ep": Partition(x)}
         routed = tr.redistribute(routed, expert_layout)
+        # Megatron's permutation 2 (sort_chunks_by_idxs), with more than one local expert: slots arriving by source
+        # rank (all-to-all, SP gather) copied into expert order and back (DeepEP's serving kernels write them so)
+        p = self.point.parallel
+        regrouped = self.mode == "train" and m.moe.experts // p.ep > 1 and (p.ep > 1 or (p.tp > 1 and p.sp))
+        if regrouped:
+            routed = tr.redistribute(routed, expert_layout | {"tp": DUP})
+            routed = tr.pointwise("experts.sort", (routed,), 0.0, linear=True, partials=(SCALED,))
         mats = (x, "c", "r")
         if gated(m):
             gate = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
@@ -545,6 +553,8 @@ class DenseModule:
             fc = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
             act = tr.pointwise("experts.gelu", (fc,), ACT_FLOPS["gelu"])
         out = self.expert_linear("experts.w2", act, ("r", "h"), (x, "c", "h"))
+        if regrouped:
+            out = tr.pointwise("experts.unsort", (out,), 0.0, linear=True, partials=(SCALED,))
         # Back to the tokens' ranks: under SP the experts' partial sums are reduce-scattered over tp to the slots
         # of each rank's sequence shard first, so the all-to-all moves each rank's own tokens only.
         back = {a: out.dist(a) for a in tr.degrees if a != "ep"}

@@ -13,8 +13,9 @@ from the model built on the meta device (no weights) and one forward of one sequ
   TorchFunctionMode), kv_heads from the attention's matrices (the key may be repeated to every head before the
   call);
 - experts by structure (`experts.find_experts`: an nn.ModuleList of identical modules, or parameters stacked
-  [n, ...], beside a router [n, hidden]), top_k from the routing's `topk` over n scores during the forward (which
-  may then fail on meta in data-dependent dispatch: what it saw until then is enough).
+  [n, ...], beside a router [n, hidden]), top_k from the routing's `topk` over n scores during the forward, which
+  runs under the capture's fixed-capacity routing (`routing.FixedCapacity`: it records that topk, and sizes a
+  data-dependent dispatch so that meta can run it).
 
 Parameters are the module's own sum of numel (a tied table once); active ones count each MoE layer's routed experts
 top_k of n. `unexpressed` says where ModelSpec's closed form (dse.modelstats) cannot count the module (a bias on
@@ -36,6 +37,7 @@ from dse.modelstats import active_param_count, param_count
 from dse.spec import ModelSpec, MoESpec, WorkloadSpec
 from generators.fx.disk_cache import model_sources
 from generators.fx.experts import Experts, find_experts
+from generators.fx.routing import FixedCapacity
 
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 ACTIVATIONS = {"silu": "swiglu", "gelu": "gelu"}
@@ -58,11 +60,11 @@ class Description:
 
 @dataclass
 class _Seen:
-    """What the meta forward showed: the attention calls' query/key shapes, the top-k calls' (n, k), the module
-    stack at each, the activation functions called and the embeddings called with their inputs."""
+    """What the meta forward showed: the attention calls' query/key shapes, the module stack at each, the
+    activation functions called and the embeddings called with their inputs, and the routing's last top-k."""
 
     attention: list[tuple[tuple[int, ...], tuple[int, ...], tuple[nn.Module, ...]]] = field(default_factory=list)
-    topk: list[tuple[int, int]] = field(default_factory=list)
+    routing: FixedCapacity = field(default_factory=FixedCapacity)
     activations: list[tuple[str, tuple[nn.Module, ...]]] = field(default_factory=list)
     embeddings: list[tuple[nn.Module, Any]] = field(default_factory=list)
     stack: list[nn.Module] = field(default_factory=list)
@@ -86,11 +88,7 @@ class _Watch(TorchFunctionMode):
             q, k, v = args[:3]
             self.seen.attention.append((tuple(q.shape), tuple(k.shape), stack))
             return q.new_empty((*q.shape[:-1], v.shape[-1]))
-        if name == "topk":
-            k = args[1] if len(args) > 1 else kwargs["k"]
-            dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-            self.seen.topk.append((args[0].shape[dim], int(k)))
-        elif name in ACTIVATIONS:
+        if name in ACTIVATIONS:
             self.seen.activations.append((name, stack))
         return func(*args, **kwargs)
 
@@ -114,7 +112,7 @@ def _watched(model: nn.Module, seen: _Seen) -> Iterator[None]:
     hooks = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in model.modules()]
     hooks += [m.register_forward_hook(leave, always_call=True) for m in model.modules()]
     try:
-        with _Watch(seen):
+        with _Watch(seen), seen.routing:
             yield
     finally:
         for hook in hooks:
@@ -220,7 +218,8 @@ def _dense_family(fields: dict[str, Any]) -> str:
 
 
 def _top_k(seen: _Seen, experts: int) -> int:
-    k = next((k for n, k in seen.topk if n == experts), None)
+    routing = seen.routing.routing  # the forward stops after the first MoE block: its routing is the last
+    k = routing.top_k if routing is not None and routing.experts == experts else None
     if k is None:
         raise SpecError(
             f"field 'model.moe.top_k': the model has {experts} experts but its forward called no topk over "

@@ -4,7 +4,8 @@ A layer is a mixer and an MLP, each behind a norm and a residual add (or, `paral
 one norm or two and one residual add):
 - mixers: attention (GPT MHA, LLaMA GQA with RoPE), DeepSeek multi-head latent attention (MLA), Mamba selective
   scan (SSM);
-- MLPs: dense (GeLU, SwiGLU or GeGLU), mixture of experts (router, top-k dispatch, experts, combine; shared experts).
+- MLPs: dense (GeLU, SwiGLU or GeGLU), mixture of experts (`generators.symbolic.experts`: router, top-k dispatch,
+  experts, combine; shared experts).
 
 Dimensions: b micro-batch (over all data-parallel ranks), s sequence (queries), t keys/values (the KV cache in
 decode), h hidden, n heads, g kv heads, d head dim, f MLP width, v vocabulary, p position-table rows; MoE: e
@@ -28,14 +29,14 @@ in their dtypes, with the gradients and saved tensors of eager autograd (`tensor
 single aten kernels either way; MLA's RoPE is applied to the whole query head, not only its RoPE part.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dse.errors import InfeasibleError
 from dse.modelstats import LayerKind, dt_rank, gated, ssm_inner
-from dse.routing import active_experts, busiest_rank_share
 from dse.spec import DesignPoint
 from generators.symbolic.attention import attend
 from generators.symbolic.dist import DUP, PARTIAL, Dist, Partition
+from generators.symbolic.experts import active_expert_count, moe
 from generators.symbolic.graph import FP32, Tracer
 from generators.symbolic.tensors import OUTPUT, PRODUCT, SCALED, Partial, STensor, make_layout
 
@@ -48,8 +49,6 @@ GATES = {"swiglu": ("silu", 4.0), "geglu": ("gelu", ACT_FLOPS["gelu"])}
 """A gated MLP's nonlinearity on its gate: its eager kernel and FLOPs per element (the product with up is the rest
 of ACT_FLOPS)."""
 ROPE_FLOPS = 3.0
-ROUTER_FLOPS = 6.0
-"""Per router logit: softmax (exp, sum, divide) and the top-k selection."""
 TOKEN_BYTES = 8
 
 
@@ -85,7 +84,7 @@ class DenseModule:
         }
         if m.moe:
             copies = b * s * m.moe.top_k
-            active = self._active_experts(copies)
+            active = active_expert_count(self.point, copies)
             sizes |= {
                 "e": m.moe.experts,
                 "a": active,
@@ -115,20 +114,6 @@ class DenseModule:
             }
         degrees = {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
         self.tracer = Tracer(sizes, degrees)  # type: ignore[arg-type]
-
-    def _active_experts(self, copies: float) -> float:
-        """The experts the micro-batch's `copies` routed token copies reach: inference's grouped GEMM reads only
-        their weights (the copies of one EP group, its ranks' tokens, spread over all e experts). A training step
-        counts every expert: its micro-batches reach them all (4096 tokens x top-2 miss none of 256 experts to
-        within 1e-13) and its backward differentiates the weights as held, not a view of them."""
-        m, p, w = self.point.model, self.point.parallel, self.point.workload
-        assert m.moe is not None
-        unbalanceable = busiest_rank_share(w.routing.imbalance, p.ep)
-        if unbalanceable:
-            raise InfeasibleError(unbalanceable)
-        if w.mode == "train":
-            return m.moe.experts
-        return active_experts(m.moe.experts, copies / (p.dp // p.ep) / p.cp)
 
     @property
     def experts_dim(self) -> str:
@@ -311,7 +296,7 @@ class DenseModule:
         if mlp == "none":
             return x
         h2 = self.norm("ln2", x)
-        down = self.dense_mlp(h2) if mlp == "dense" else self.moe(h2)
+        down = self.dense_mlp(h2) if mlp == "dense" else moe(self, h2)
         return self.residual("residual2", x, down, self._output_bias("b2", "w2.bias", mlp == "dense"))
 
     def _parallel_layer(self, x: STensor, mixer: str) -> STensor:
@@ -491,22 +476,28 @@ class DenseModule:
         return self.linear("out_proj", y, self.param("out_proj", ("i", "h"), col), ("b", "s", "h"))
 
     def dense_mlp(self, h2: STensor, width: str = "f", prefix: str = "") -> STensor:
-        m, tr = self.point.model, self.tracer
+        m = self.point.model
         mlp_in = Partition(width)
         dims = ("b", "s", width)
         bias = m.bias and not prefix
 
-        def column(name: str, bias_name: str) -> STensor:
+        def column(name: str) -> STensor:
             weight = self.param(f"{prefix}{name}", ("h", width), mlp_in)
+            bias_name = f"b{name[1:]}"
             return self.linear(
                 f"{prefix}{name}", h2, weight, dims, self.param(bias_name, (width,), mlp_in) if bias else None
             )
 
-        if gated(m):
-            act = self.gated(f"{prefix}{m.activation}", column("w1", "b1"), column("w3", "b3"))
-        else:
-            act = tr.pointwise(f"{prefix}gelu", (column("w1", "b1"),), ACT_FLOPS["gelu"])
+        act = self.activated(prefix, column)
         return self.linear(f"{prefix}w2", act, self.param(f"{prefix}w2", (width, "h"), mlp_in), ("b", "s", "h"))
+
+    def activated(self, prefix: str, project: Callable[[str], STensor]) -> STensor:
+        """The MLP's nonlinearity on its input projections `project("w1")` (and `project("w3")`, the up projection
+        of a gated MLP, traced after the gate's): one place for the dense MLP, the shared and the routed experts."""
+        kind = self.point.model.activation
+        if gated(self.point.model):
+            return self.gated(f"{prefix}{kind}", project("w1"), project("w3"))
+        return self.tracer.pointwise(f"{prefix}gelu", (project("w1"),), ACT_FLOPS["gelu"])
 
     def gated(self, name: str, gate: STensor, up: STensor) -> STensor:
         """act(gate) * up, act SiLU (SwiGLU) or GeLU (GeGLU): one kernel, or eagerly (F.silu(w1(x)) * w3(x)) two,
@@ -517,73 +508,6 @@ class DenseModule:
         kernel, flops = GATES[kind]
         act = tr.pointwise(f"{name}.{kernel}", (gate,), flops, partials=(Partial((0,)),))
         return tr.pointwise(f"{name}.mul", (act, up), ACT_FLOPS[kind] - flops, partials=PRODUCT)
-
-    def moe(self, h2: STensor) -> STensor:
-        """Router and top-k, dispatch of each token's k copies to their experts (an all-to-all over ep when the
-        experts are split: tokens * hidden * top_k bytes each way), the experts as batched GEMMs over the experts
-        that receive tokens (TP splits their width), combine weighted by the gates; shared experts run densely
-        beside them. The busiest EP rank is traced (workload.routing): its slots, and so its GEMMs and its
-        all-to-all bytes, are the imbalance times the mean's, and the other ranks wait for it at the combine.
-        Training regroups the slots by local expert as Megatron does (a copy each way, re-formed in backward)."""
-        m, tr = self.point.model, self.tracer
-        assert m.moe is not None
-        x = self.experts_dim
-        # Under SP each TP rank routes its own sequence shard; the dispatched copies go over ep (all-to-all), then
-        # are gathered over tp for the TP-split experts (Megatron's all-to-all token dispatcher).
-        router = self.use(self.param("router", ("h", "e")))
-        logits = tr.einsum("router", h2, router, ("b", "s", "e"))
-        gates = tr.pointwise("topk_softmax", (logits,), ROUTER_FLOPS)
-        routed = tr.relabel("dispatch", h2, (x, "c", "h"), {"b": "c", "s": "c"})
-        dispatched_tp = routed.dist("tp")
-        expert_layout = {a: routed.dist(a) for a in tr.degrees if a != "ep"} | {"ep": Partition(x)}
-        routed = tr.redistribute(routed, expert_layout)
-        # Megatron's permutation 2 (sort_chunks_by_idxs), with more than one local expert: slots arriving by source
-        # rank (all-to-all, SP gather) copied into expert order and back (DeepEP's serving kernels write them so)
-        p = self.point.parallel
-        regrouped = self.mode == "train" and m.moe.experts // p.ep > 1 and (p.ep > 1 or (p.tp > 1 and p.sp))
-        if regrouped:
-            routed = tr.redistribute(routed, expert_layout | {"tp": DUP})
-            routed = tr.pointwise("experts.sort", (routed,), 0.0, linear=True, partials=(SCALED,))
-        mats = (x, "c", "r")
-        if gated(m):
-            gate = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
-            up = self.expert_linear("experts.w3", routed, ("h", "r"), mats)
-            act = self.gated(f"experts.{m.activation}", gate, up)
-        else:
-            fc = self.expert_linear("experts.w1", routed, ("h", "r"), mats)
-            act = tr.pointwise("experts.gelu", (fc,), ACT_FLOPS["gelu"])
-        out = self.expert_linear("experts.w2", act, ("r", "h"), (x, "c", "h"))
-        if regrouped:
-            out = tr.pointwise("experts.unsort", (out,), 0.0, linear=True, partials=(SCALED,))
-        # Back to the tokens' ranks: under SP the experts' partial sums are reduce-scattered over tp to the slots
-        # of each rank's sequence shard first, so the all-to-all moves each rank's own tokens only.
-        back = {a: out.dist(a) for a in tr.degrees if a != "ep"}
-        back["ep"] = Partition("c")
-        if "tp" in tr.degrees and isinstance(dispatched_tp, Partition):
-            back["tp"] = dispatched_tp
-            out = tr.redistribute(out, {a: out.dist(a) for a in tr.degrees if a != "tp"} | {"tp": dispatched_tp})
-        out = tr.redistribute(out, back)
-        # combine returns each slot to its token: the batch and sequence splits of h2 (dp, ep, cp, SP) come back
-        restore = {a: d for a, d in h2.layout if isinstance(d, Partition) and out.dist(a) != PARTIAL}
-        y = tr.relabel("combine", out, ("b", "s", "h"), {"c": "b"}, 2.0 * m.moe.top_k, (gates,), overrides=restore)
-        if m.moe.shared_experts:
-            # the routed output is laid out as the tokens are (sequence-split under SP); the shared experts'
-            # tp partial sums come to it (a reduce-scatter under SP, as their row-parallel linear ends in Megatron)
-            shared = self.dense_mlp(h2, "rs", "shared.")
-            y = self.add("moe_sum", y, shared)
-        return y
-
-    def expert_linear(self, name: str, x: STensor, dims: tuple[str, str], out_dims: tuple[str, ...]) -> STensor:
-        """One of the experts' GEMMs: the weights of every expert the rank holds ([e, dims], split over ep, their
-        width r over tp) are what memory holds; the grouped GEMM reads those of the experts that receive tokens,
-        a view of them over dimension `experts_dim` (none in training, which reads them all)."""
-        held = self.use(self.param(name, ("e", *dims), Partition("r"), Partition("e")))
-        read = held
-        if self.experts_dim != "e":
-            layout = {axis: Partition("a") if d == Partition("e") else d for axis, d in held.layout}
-            read = STensor(f"{name}.active", ("a", *dims), make_layout(**layout), held.itemsize, param=True)
-            self.tracer.emitter.same_origin(read, held)
-        return self.tracer.einsum(name, x, read, out_dims)
 
     # -- embedding and head --------------------------------------------------------------------------------------
     def tokens(self) -> STensor:

@@ -129,3 +129,22 @@ def test_fx_agrees_with_symbolic(fx_generator, model, overrides, parallel) -> No
     rows = compare(*(figures(g.generate(point), point) for g in (fx_generator, SymbolicGenerator())))
     assert [r for r in rows if not r.ok] == []
     assert any(r.figure == "GEMM FLOPs" and r.a > 0 for r in rows)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_gather_reads_the_elements_it_picks(fuse) -> None:
+    """The loss picks each token's target logit (`logits.gather(-1, targets)`): a kernel that reads the targets
+    (64 int64) and one fp32 logit per token, not the rows of 1000 it picks from, alone or fused with what follows
+    (which then reads nothing more from outside and writes its result)."""
+    torch = pytest.importorskip("torch")
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from generators.fx.lower import lower_forward
+
+    logits = torch.empty(64, 1000, device="meta")
+    targets = torch.empty(64, 1, dtype=torch.int64, device="meta")
+    gm = make_fx(lambda x, i: (x.gather(-1, i) * 2.0,))(logits, targets)
+    ops = lower_forward(gm, "loss", {}, (64, 1000), fuse).block.ops
+    picked, indices = 64 * 4, 64 * 8
+    expected = [indices + picked + picked] if fuse else [indices + picked + picked, 2 * picked]
+    assert [op.bytes for op in ops] == expected

@@ -2,11 +2,16 @@
 
 FSDP2's `fully_shard` is not captured: its all-gathers and reduce-scatters run in hooks outside the compiled
 graph. The symbolic layer block of the same point has them, with the copies FSDP runs around them (copy-in,
-copy-out, casts, divides) and their prefetch; `with_fsdp` moves those ops onto the captured block: the ones
-before the layer's first op of its own (the gathered weights' copies) stay ahead of the captured ops, which then
-wait for them where they read their weights, and the rest (the gradient reduce-scatters and their copies) follow
-the captured ops, each waiting for the captured block's last op where it waited for a gradient of the symbolic
-layer (the captured graph does not say which op makes which weight's gradient for FSDP's hooks).
+copy-out, casts, divides) and their prefetch; `with_fsdp` moves those ops onto the captured block: the weights'
+gathers and their copies (which read the call's input) go ahead of the captured ops, which then wait for them
+where they read their weights, and the gradient reduce-scatters and their copies (`_trailing`) follow the
+captured ops, each waiting for the captured block's last op where it waited for a gradient of the symbolic layer
+(the captured graph does not say which op makes which weight's gradient for FSDP's hooks).
+
+Which side an op goes to is read from its dependencies, not from its place in the symbolic block: a symbolic
+block issues a module's gather copies just before the module (the output head's after the final norm), and one
+moved behind the captured ops ran after the call's output, the next call (the head's backward) already running
+and holding its working memory too (llama3-8b tp2 pp4 zero3: the last stage's peak +11 % over symbolic's).
 """
 
 from dataclasses import replace
@@ -33,10 +38,9 @@ def with_fsdp(symbolic: Block, captured: Block, name: str) -> Block:
     fsdp = [i for i, op in enumerate(symbolic.ops) if is_fsdp(op)]
     if not fsdp:
         return replace(captured, name=name)
-    own = [i for i, op in enumerate(symbolic.ops) if not is_fsdp(op)]
-    first_own = own[0] if own else len(symbolic.ops)
-    leading = [i for i in fsdp if i < first_own]
-    trailing = [i for i in fsdp if i > first_own]
+    follows = _trailing(symbolic)
+    leading = [i for i in fsdp if not follows[i]]
+    trailing = [i for i in fsdp if follows[i]]
     shift, last_captured = len(leading), len(leading) + len(captured.ops) - 1
     index = {old: new for new, old in enumerate(leading)}
     index |= {old: last_captured + 1 + k for k, old in enumerate(trailing)}
@@ -54,3 +58,14 @@ def with_fsdp(symbolic: Block, captured: Block, name: str) -> Block:
         ops.append(replace(op, deps=tuple(sorted(deps))))
     ops += [moved(symbolic.ops[i]) for i in trailing]
     return Block(name, tuple(ops), captured.output_index + shift, captured.temp_bytes)
+
+
+def _trailing(block: Block) -> list[bool]:
+    """Per op of a symbolic block, whether it is an FSDP op that follows the layer's own: one that waits, directly
+    or through other ops, for an op of the layer's own (not FSDP's), or one that waits for nothing and comes after
+    such an op (the copies after a gradient's reduce-scatter, which run on its stream: `FsdpCopies`)."""
+    trailing: list[bool] = []
+    for op in block.ops:
+        waits = any(d != BLOCK_INPUT and (trailing[d] or not is_fsdp(block.ops[d])) for d in op.deps)
+        trailing.append(is_fsdp(op) and (waits or (not op.deps and any(trailing))))
+    return trailing

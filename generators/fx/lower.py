@@ -9,7 +9,7 @@ Each node is one of:
   send buffer);
 - a compute op: FLOPs from torch.utils.flop_counter's registry where it has a formula (matmuls), our own for
   fused attention (symbolic's convention, with its AttentionShape), norms, softmax and elementwise ops; HBM bytes
-  the tensors it reads and writes; a GEMM's (batch, m, n, k).
+  the tensors it reads and writes (of a gather's source, the elements it picks); a GEMM's (batch, m, n, k).
 - an in-place update of an input: an inference graph keeps its mutations of its inputs (a decoding layer's append
   to its KV cache) as the functional op (`index_copy`, `index_put`, ...) that makes the updated tensor and a `copy_`
   back into the input, which inductor turns into the in-place op again: one kernel that reads and writes the values
@@ -31,6 +31,7 @@ import torch
 from torch import fx
 from torch.utils.flop_counter import flop_registry
 
+import generators.fx.attention  # noqa: F401  (defines torch.ops.dse_fx, whose ops `compute` looks for)
 from dse.workload import BLOCK_INPUT, AttentionShape, Block, Collective, Op, OpKind
 from generators.fx.pieces import CaptureError, LoweredGraph
 from generators.symbolic.attention import SOFTMAX_BACKWARD_FLOPS, SOFTMAX_FLOPS
@@ -127,7 +128,7 @@ class _Lowering:
             self.root[node] = self.root.get(inputs[0], node) if inputs else node
             return
         deps, out = self.deps(inputs), node.meta.get("val")
-        reads = sum(_nbytes(n.meta.get("val")) for n in dict.fromkeys(inputs))
+        reads = sum(_read(node, n) for n in dict.fromkeys(inputs))
         target = self.updates.get(node)
         if target is not None:  # in place: what it reads besides its target, and its values written
             others = [n.meta.get("val") for n in dict.fromkeys(inputs) if self.root.get(n, n) is not target]
@@ -161,8 +162,12 @@ class _Lowering:
         """The elementwise and norm ops issued one after another as one kernel, as inductor fuses them: it reads
         what its ops read from outside it and writes what is read after it, once each."""
         index, inside = len(self.ops) - 1, {node for node, _ in self.fused}
-        outside = {n: None for node in inside for n in _inputs(node) if self.root.get(n, n) not in inside}
-        reads = sum(_nbytes(n.meta.get("val")) for n in outside)
+        outside: dict[fx.Node, float] = {}
+        for node in inside:
+            for n in _inputs(node):
+                if self.root.get(n, n) not in inside:
+                    outside[n] = max(outside.get(n, 0.0), _read(node, n))
+        reads = sum(outside.values())
         written = sum(_nbytes(node.meta.get("val")) for node in inside if _escapes(node, inside))
         first = self.fused[0][1]
         return replace(
@@ -233,6 +238,15 @@ class _Lowering:
             peak = max(peak, live)
             live -= sum(frees.pop(order[node], []))
         return peak
+
+
+def _read(node: fx.Node, source: fx.Node) -> float:
+    """The bytes `node` reads of its input `source`: the whole tensor, but for a gather's source only the elements
+    it picks (one per index: the loss's target logit of each token, not the vocabulary's row)."""
+    val = source.meta.get("val")
+    if _packet(node) is aten.gather and node.args[0] is source and isinstance(val, torch.Tensor):
+        return float(node.meta["val"].numel() * val.element_size())
+    return _nbytes(val)
 
 
 def _updates(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:

@@ -399,16 +399,30 @@ class SteadyForm:
     walking every micro-batch: it checks the timeline really is periodic first, since only its own rules decide
     that. `period`: micro-batches after which a stage repeats its calls (1 for 1F1B, the stage count for
     interleaved 1F1B). It stands for the workload's programs only while those are DeferredPrograms still as
-    built (`holds`): a workload edited since must be priced from its own programs."""
+    built (`holds`): a workload edited since must be priced from its own programs.
+
+    Some pipelines settle into a state that repeats only every few periods (a 1F1B pipeline whose transfers queue
+    behind each other on a shared link can repeat every pp micro-batches, not every one), which this form is too
+    short to show. `longer()` is then a longer form of the step whose `period` is such a cycle (pp periods): a
+    cost model may look on its timeline for any multiple of the shorter form's period that divides it. It is
+    built on first call, so a step whose shorter form repeats never pays for it."""
 
     programs: list[Program]
     microbatches: int
     period: int
     repeats: int
+    build_longer: "Callable[[], SteadyForm] | None" = field(default=None, repr=False)
+    _longer: "SteadyForm | None" = field(default=None, init=False, repr=False)
 
     @staticmethod
     def holds(programs: Sequence[Program]) -> bool:
         return isinstance(programs, DeferredPrograms) and programs.unedited()
+
+    def longer(self) -> "SteadyForm | None":
+        """The longer form, or None if the step has none."""
+        if self.build_longer is not None:
+            self._longer, self.build_longer = self.build_longer(), None
+        return self._longer
 
 
 @dataclass(frozen=True)

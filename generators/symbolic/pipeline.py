@@ -22,8 +22,7 @@ from generators.symbolic.schedule import (
     dualpipev_posts,
     microbatch_group,
     stage_steps,
-    steady_microbatches,
-    steady_period,
+    steady_form,
 )
 from generators.symbolic.sharding import Sharding
 from generators.symbolic.skeleton import (
@@ -131,15 +130,8 @@ class Pipeline:
         return programs
 
     def steady_form(self, stages: list[Stage]) -> SteadyForm | None:
-        """The step with fewer micro-batches that shows its whole pipeline steady state (see SteadyForm and
-        `steady_microbatches`). The cost model checks the periods on the timeline and prices the full step where
-        they do not show."""
-        short = steady_microbatches(self.point)
-        if short is None:
-            return None
-        period = steady_period(self.point)
-        repeats = (self.point.micro_batches - short) // period
-        return SteadyForm(self.programs(stages, short), short, period, repeats)
+        """The step with fewer micro-batches that shows its whole pipeline steady state (`schedule.steady_form`)."""
+        return steady_form(self.point, lambda microbatches: self.programs(stages, microbatches))
 
     def p2p_block(self, kind: OpKind, peer: int, strategy: str) -> int:
         """A send to (recv from) the stage `peer` positions along pp of an activation (or its gradient) laid out as

@@ -1,6 +1,6 @@
 """Pipeline schedules: the order in which one stage runs forward (F) and backward (B) micro-batches, and, for
 zero-bubble schedules, the deferred weight-gradient halves of backwards (W); and how many micro-batches show a
-schedule's steady state (`steady_microbatches`).
+schedule's steady state (`steady_form`).
 
 `gpipe`, `one_f_one_b` and `zb_h1` give (step, micro-batch) pairs for a stage holding one model chunk;
 `interleaved` gives (step, micro-batch, chunk) for a stage holding `chunks` model chunks (Narayanan et al. 2021's
@@ -9,10 +9,13 @@ them for a stage holding two chunks placed in a V (`Placement`).
 """
 
 from collections import defaultdict, deque
+from collections.abc import Callable
 from functools import lru_cache
+from math import lcm
 from typing import Literal, NamedTuple
 
 from dse.spec import DesignPoint
+from dse.workload import Program, SteadyForm
 
 Step = tuple[Literal["F", "B", "W"], int]
 ChunkStep = tuple[Literal["F", "B", "W"], int, int]
@@ -300,8 +303,31 @@ cycle the step is. A steady form with a whole number of such cycles fewer than t
 same place."""
 
 
+def steady_form(point: DesignPoint, programs: Callable[[int], list[Program]]) -> SteadyForm | None:
+    """The step with fewer micro-batches that shows its whole pipeline steady state (`steady_microbatches`), with
+    its longer form (`cycle_microbatches`) built only if asked for; None if it has none. `programs` builds the
+    stages' programs for a number of micro-batches. The cost model checks the periods on the timeline and prices
+    the whole step where they do not show."""
+    short = steady_microbatches(point)
+    if short is None:
+        return None
+    period = steady_period(point)
+    repeats = (point.micro_batches - short) // period
+    longer = cycle_microbatches(point)
+    shorter = programs(short)
+
+    def build() -> SteadyForm:
+        assert longer is not None
+        cycle = point.parallel.pp * period
+        return SteadyForm(
+            shorter if longer == short else programs(longer), longer, cycle, (point.micro_batches - longer) // cycle
+        )
+
+    return SteadyForm(shorter, short, period, repeats, None if longer is None else build)
+
+
 def steady_microbatches(point: DesignPoint) -> int | None:
-    """Micro-batches of the step's SteadyForm, or None when it has none (see `Pipeline.steady_form`).
+    """Micro-batches of the step's SteadyForm, or None when it has none.
 
     A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
     about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
@@ -317,6 +343,26 @@ def steady_microbatches(point: DesignPoint) -> int | None:
     base = 6 * period if period > 1 else 2 * p.pp + 2
     short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
     return short if point.micro_batches > short else None
+
+
+def cycle_microbatches(point: DesignPoint) -> int | None:
+    """Micro-batches of the SteadyForm's longer form (`SteadyForm.longer`), for a 1F1B pipeline whose stages repeat
+    only every k micro-batches, k dividing pp; None where there is none.
+
+    A 1F1B pipeline is a loop of pp stages, and when its stages' sends and receives queue behind each other on
+    shared links (tp 8 with sp off sends tp times the bytes of sp on), a delay can travel round that loop and come
+    back every pp micro-batches: GPT-3 175B on 1,024 H100s at tp 8, pp 16, micro-batch 1 without sp repeats every
+    16 micro-batches (653.4 ms with selective recompute and ZeRO-1), not every one. A cost model needs three such
+    cycles steady between the warm-up and the drain to trust one (`simulators.analytical.steady`); 4p + 2
+    micro-batches give them from pp 8 to 16 (at 3p, the 16-stage one shows it on no stage, at 4p on all). To
+    those, as many as make the difference to the step a multiple of both the cycle and LINK_CYCLE. Interleaved and
+    ZB-H1 forms already repeat over groups of micro-batches and have none."""
+    p = point.parallel
+    if steady_microbatches(point) is None or steady_period(point) != 1 or p.pp < 2:
+        return None
+    base = 4 * p.pp + 2
+    longer = base + (point.micro_batches - base) % lcm(p.pp, LINK_CYCLE)
+    return longer if point.micro_batches > longer else None
 
 
 def steady_period(point: DesignPoint) -> int:

@@ -6,8 +6,14 @@ micro-batches only repeats that state more often, so its timeline is the shorter
 periods spliced into the steady stretch, and everything summed over the timeline grows by as many periods' worth.
 The generator supplies the shorter step (`Workload.steady`); whether its timeline really is periodic is checked
 here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period for
-longer than any of its calls reaches back, and its busy seconds over one period must recur in the next. When a
-check fails the caller simulates the whole step.
+longer than any of its calls reaches back, and its busy seconds over one period must recur in the next.
+
+Some 1F1B pipelines repeat only every few micro-batches: where a stage's sends queue behind each other on a slow
+shared link, a delay travels round the pp stages and comes back every pp micro-batches (GPT-3 175B at tp 8, pp 16
+without sp, on 1,024 H100s: every 16), and the shorter form is too short to show three such cycles. When the
+shorter form's timeline fails the checks, the step's longer form (`SteadyForm.longer`, built only then) is
+simulated and searched for the shortest period that divides its cycle and that every stage repeats with one
+shared length. When that fails too, the caller simulates the whole step.
 
 What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares): where
 pipeline transfers share a link with collectives or ring-attention sends, the links' state can cycle over two or
@@ -44,28 +50,52 @@ class SteadySchedules:
 
 
 def schedule_steady(workload: Workload, system: SystemSpec) -> SteadySchedules | None:
-    """The step's schedules from its shorter form; None when it has none or its timeline is not periodic."""
+    """The step's schedules from its shorter form, or from its longer form where the shorter one's timeline does
+    not repeat; None when it has neither or neither timeline is periodic."""
     form = workload.steady
     if form is None or not SteadyForm.holds(workload.programs):
         return None
-    short = replace(workload, programs=form.programs, steady=None)
-    scheduler = _FastScheduler(short, system)
-    schedules = scheduler.run()
-    periods = [_period(program, sched, form.period) for program, sched in zip(form.programs, schedules, strict=True)]
-    if any(found is None for found in periods):
-        return None
-    shifts = [found[0] for found in periods]  # type: ignore[index]
-    if max(shifts) - min(shifts) > TOLERANCE_S:
-        return None
-    extended = []
-    for index, (program, sched, found) in enumerate(zip(form.programs, schedules, periods, strict=True)):
-        shift, first, calls = found  # type: ignore[misc]
-        window = _window(sched, first, shift)
-        if window is None:
-            return None
-        categories = _period_categories(scheduler, index, program, sched, range(first, first + calls))
-        extended.append(_extend(sched, shift, window, categories, form.repeats))
-    return SteadySchedules(extended, form.programs)
+    simulated: dict[int, tuple[_FastScheduler, list[ClassSchedule]]] = {}
+    found = _extended(workload, system, form, [form.period], simulated)
+    if found is None and (longer := form.longer()) is not None:
+        periods = [k for k in range(form.period, longer.period + 1, form.period) if longer.period % k == 0]
+        found = _extended(workload, system, longer, periods, simulated)
+    return found
+
+
+def _extended(
+    workload: Workload,
+    system: SystemSpec,
+    form: SteadyForm,
+    periods: list[int],
+    simulated: dict[int, tuple[_FastScheduler, list[ClassSchedule]]],
+) -> SteadySchedules | None:
+    """The step from one form: its timeline simulated (once per programs: a longer form may run the shorter one's
+    micro-batches), then extended by the first of `periods` (micro-batches, each dividing the form's period) that
+    every stage repeats with one shared length."""
+    if id(form.programs) not in simulated:
+        scheduler = _FastScheduler(replace(workload, programs=form.programs, steady=None), system)
+        simulated[id(form.programs)] = scheduler, scheduler.run()
+    scheduler, schedules = simulated[id(form.programs)]
+    for period in periods:
+        found = [_period(program, sched, period) for program, sched in zip(form.programs, schedules, strict=True)]
+        if any(f is None for f in found):
+            continue
+        shifts = [f[0] for f in found]  # type: ignore[index]
+        if max(shifts) - min(shifts) > TOLERANCE_S:
+            continue
+        extended = []
+        for index, (program, sched, (shift, first, calls)) in enumerate(
+            zip(form.programs, schedules, found, strict=True)  # type: ignore[arg-type]
+        ):
+            window = _window(sched, first, shift)
+            if window is None:
+                break
+            categories = _period_categories(scheduler, index, program, sched, range(first, first + calls))
+            extended.append(_extend(sched, shift, window, categories, form.repeats * form.period // period))
+        else:
+            return SteadySchedules(extended, form.programs)
+    return None
 
 
 def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float, int, int] | None:

@@ -1,0 +1,69 @@
+"""A 1F1B pipeline whose steady state repeats every pp micro-batches, not every one, priced from its longer steady
+form (`SteadyForm.longer`) to the whole step's figures.
+
+Tiny-Llama at tp 8 without sp on four nodes of a DGX H100 whose InfiniBand runs at 5 GB/s: each stage's
+activation and gradient sends queue on its one slow link, and a delay travels round the four stages and comes back
+every four micro-batches (GPT-3 175B at tp 8, pp 16 on 1,024 H100s does the same every 16).
+"""
+
+from dataclasses import replace
+
+import pytest
+
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.steady import schedule_steady
+from tests.helpers import make_point
+
+SLOW_IB = {"base": "dgx-h100", "network": {1: {"npus": 4, "bandwidth_GBps": 5}}}
+
+
+def _point(micro_batches: int, system: dict = SLOW_IB):
+    return make_point("tiny-llama", system, seq_len=1024, global_batch=micro_batches, tp=8, pp=4, dp=1, sp=False)
+
+
+def _whole(micro_batches: int):
+    point = _point(micro_batches)
+    workload = SymbolicGenerator().generate(point)
+    return AnalyticalCostModel().simulate(replace(workload, steady=None, point_key="whole"), point.system)
+
+
+def test_the_timeline_repeats_every_pp_micro_batches_and_not_every_one():
+    """Two independent readings of the whole step: four more micro-batches add the same time wherever they are
+    added, one more does not add a quarter of that."""
+    t = {m: _whole(m).step_time_s for m in (38, 39, 42, 46)}
+    assert t[46] - t[42] == pytest.approx(t[42] - t[38], rel=1e-9)
+    assert abs((t[39] - t[38]) - (t[42] - t[38]) / 4) > 1e-3 * (t[42] - t[38]) / 4
+
+
+def test_the_longer_form_prices_the_step_as_its_own_programs_do():
+    point = _point(42)
+    workload = SymbolicGenerator().generate(point)
+    form = workload.steady
+    assert (form.microbatches, form.period, form.repeats) == (12, 1, 30)
+    longer = form.longer()
+    assert (longer.microbatches, longer.period, longer.repeats) == (18, 4, 6)  # 4p + 2, 24 = lcm(4, LINK_CYCLE) x 2
+    shorter_only = replace(workload, steady=replace(form, build_longer=None))
+    assert schedule_steady(shorter_only, point.system) is None, "the shorter form repeats: this test shows nothing"
+    assert schedule_steady(workload, point.system) is not None
+    steady = AnalyticalCostModel().simulate(workload, point.system)
+    whole = _whole(42)
+    assert steady.step_time_s == pytest.approx(whole.step_time_s, rel=1e-9)
+    for s, w in zip(steady.classes, whole.classes, strict=True):
+        for field in ("end_s", "compute_s", "comm_s", "exposed_comm_s"):
+            assert getattr(s, field) == pytest.approx(getattr(w, field), rel=1e-9, abs=1e-15), field
+        assert s.peak_memory_bytes == pytest.approx(w.peak_memory_bytes, rel=1e-12)
+        assert s.time_by_category == pytest.approx(w.time_by_category, rel=1e-9)
+
+
+def test_a_step_whose_shorter_form_repeats_never_builds_the_longer_one():
+    point = _point(42, {"base": "dgx-h100", "network": {1: {"npus": 4}}})  # 50 GB/s: every micro-batch alike
+    workload = SymbolicGenerator().generate(point)
+    AnalyticalCostModel().simulate(workload, point.system)
+    assert workload.steady.build_longer is not None
+
+
+def test_only_1f1b_steps_longer_than_the_longer_form_have_one():
+    assert SymbolicGenerator().generate(_point(18)).steady.longer() is None  # 18 micro-batches: the form itself
+    interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=128)
+    assert SymbolicGenerator().generate(interleaved).steady.longer() is None

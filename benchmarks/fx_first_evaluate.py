@@ -3,11 +3,11 @@
 test (the machine a test runs on may be busy).
 
 Each round empties a temporary cache directory ($DSE_FX_CACHE), runs `dse evaluate POINT --generator fx` (cold: it
-captures), then runs it again (warm: it reads its captures from disk). Also printed: the import time of the `dse`
-command and of the capture's modules (torch, torch.compile), which a cold run pays and a warm one should not, and
-the load average, without which the wall times cannot be read (a shared machine's runs take several times longer),
-and each run's CPU time, which a busy machine inflates least (a cold run overlaps its factory check's child process
-with its own import of torch, so its wall time can be below its CPU time on a quiet machine).
+describes its model and captures, in this one process), then runs it again (warm: it reads its description and
+captures from disk, without importing torch). Also printed: the time of `dse --help` and of importing the modules
+`dse evaluate` runs on, which every run pays, and of the capture's modules (torch, torch.compile), which a cold run
+pays and a warm one should not; the load average, without which the wall times cannot be read (a shared machine's
+runs take several times longer); and each run's CPU time, which a busy machine inflates least.
 
     .venv/bin/python benchmarks/fx_first_evaluate.py [--point studies/points/llama3-8b-fsdp.yaml] [--rounds 2]
 
@@ -51,12 +51,13 @@ def main() -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}  ({os.cpu_count()} cpus)")
     env = {**os.environ}
     imports = {
-        "dse command": "import dse.cli.main",
-        "capture (torch, torch.compile)": "import generators.fx.ends, generators.fx.lower",
+        "`dse --help`": [*DSE, "--help"],
+        "import of `dse evaluate`'s modules": [sys.executable, "-c", "import dse.cli.main, dse.cli.evaluate"],
+        "import of the capture's (torch...)": [sys.executable, "-c", "import generators.fx.ends, generators.fx.lower"],
     }
-    for what, statement in imports.items():
-        wall, cpu = timed([sys.executable, "-c", statement], env)
-        print(f"import {what:<32} {wall:6.2f} s wall {cpu:6.2f} s cpu (a process's whole run)")
+    for what, command in imports.items():
+        wall, cpu = timed(command, env)
+        print(f"{what:<38} {wall:6.2f} s wall {cpu:6.2f} s cpu (a process's whole run)")
     evaluate = [*DSE, "evaluate", args.point, "--generator", "fx"]
     cold, warm = [], []
     for _ in range(args.rounds):

@@ -130,7 +130,8 @@ class ModelDescriber(Protocol):
 
     Called with a point's model and workload data as the file gives them (fields may be missing), it describes
     the model the code builds, without importing anything heavy into the caller (fx builds it in a child
-    process), or raises a SpecError naming the field and the fix."""
+    process, unless the caller asks for it in this process: `dse.point.described.in_this_process`, a command about
+    to generate the point here), or raises a SpecError naming the field and the fix."""
 
     def __call__(self, model: Mapping[str, Any], workload: Mapping[str, Any]) -> ModelDescription: ...
 

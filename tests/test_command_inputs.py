@@ -23,9 +23,8 @@ from conftest import ROOT
 from helpers import run_cli
 from optuna.storages.journal._storage import JournalOperation
 
-from dse.cli import generate as generate_command
+from dse.cli import arguments, outcome
 from dse.cli import main as cli_main
-from dse.cli import outcome
 from dse.cli.outcome import EXIT_ALL_FAILED, EXIT_INTERNAL_ERROR, EXIT_USER_ERROR
 from dse.plugins import generator
 from dse.point import chakra
@@ -194,7 +193,7 @@ def test_a_trace_folder_that_is_a_file_or_under_one_is_refused(tmp_path):
 
 
 def test_max_bytes_takes_sizes_with_units_and_refuses_others():
-    parse = generate_command.byte_size
+    parse = arguments.byte_size
     assert [parse(t) for t in ("1000", "20G", "20GB", "1.5T", "64GiB", "500m")] == [
         1000,
         20 * 10**9,

@@ -3,6 +3,8 @@ model outputs it takes logits from. Speed itself is benchmarks/fx_first_evaluate
 
 Every capture here goes to a temporary cache directory ($DSE_FX_CACHE), never the user's."""
 
+import contextlib
+import json
 import os
 import pickle
 import subprocess
@@ -19,9 +21,13 @@ from conftest import ROOT
 from fx_faulty_models import BUG_LINE
 from helpers import make_point
 
+from dse.cli.main import main
+from dse.errors import SpecError
+from dse.point.described import in_this_process
 from dse.spec import DesignPoint
 from dse.workload import Block, Workload
-from generators.fx import disk_cache
+from generators.fx import disk_cache, factories
+from generators.fx import generator as fx_generator
 from generators.fx.generator import FxGenerator
 from generators.fx.pieces import EPILOGUE, CaptureError
 
@@ -171,3 +177,80 @@ def test_logits_are_taken_from_a_tuple_or_a_mapping(cache):
     assert head("fx_faulty_models:with_loss") == plain and head("fx_faulty_models:as_mapping") == plain
     with pytest.raises(CaptureError, match=r"^HiddenOnly\.forward\(tokens\) returned a dict with keys \['hidden'\]; "):
         head("fx_faulty_models:hidden_only")
+
+
+@pytest.fixture
+def children(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[list[factories.Request]]:
+    """The requests each describing child process was started with, in an empty cache (disk and memory)."""
+    monkeypatch.setenv(disk_cache.ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(factories, "_DESCRIBED", {})
+    started: list[list[factories.Request]] = []
+    child = factories._child
+
+    def recorded(requests, timeout_s):
+        started.append(list(requests))
+        return child(requests, timeout_s)
+
+    monkeypatch.setattr(factories, "_child", recorded)
+    return started
+
+
+def test_evaluate_describes_its_model_in_this_process_and_check_in_a_child(children, tmp_path, capsys):
+    """`dse evaluate` captures its model in this process next: it describes it here too (a child would import
+    torch a second time); `dse check`, which only checks, keeps the child's isolation."""
+    point = {
+        "model": {"name": "own", "fx_factory": "fx_cache_model:factory", "base": "tiny-llama"},
+        "workload": {"seq_len": SEQ, "global_batch": 8, "micro_batch": 1},
+        "parallel": {"dp": 8},
+        "system": {"base": "dgx-h100", "network": {1: {"npus": 1}}},
+    }
+    path = tmp_path / "point.yaml"
+    path.write_text(json.dumps(point))
+    assert main(["evaluate", str(path), "--generator", "fx", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+    assert children == []
+    factories._DESCRIBED.clear()
+    for entry in (tmp_path / "cache").glob("*.pkl"):
+        entry.unlink()
+    assert main(["check", str(path), "--generator", "fx"]) == 0
+    assert [[name for name, _, _ in requests] for requests in children] == [["fx_cache_model:factory"]]
+
+
+def test_a_factory_module_that_exits_is_refused_here_as_in_a_child(children, tmp_path, monkeypatch):
+    """sys.exit in a factory's module described in this process is the child's one line with its exit code, not
+    this process's exit."""
+    (tmp_path / "exits_here.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = {"name": "own", "fx_factory": "exits_here:build"}
+    refusals = []
+    for where in (in_this_process(), contextlib.nullcontext()):
+        with where, pytest.raises(SpecError) as caught:
+            factories.describe_model(model, {"seq_len": SEQ})
+        refusals.append(str(caught.value))
+    assert refusals == 2 * [
+        "field 'model.fx_factory': the check of model factory exits_here:build ended with exit code 3; a factory's "
+        "module must import without exiting"
+    ]
+    assert len(children) == 1  # the second
+
+
+def test_a_training_capture_records_the_sources_its_description_found(cache, monkeypatch):
+    """The source files a capture's disk entry records are, for a training step, those the model's description in
+    this process found (no second build); without one, the model's own build on meta finds the same files."""
+    p = point()
+    name = factories.factory_name(p.model)
+    monkeypatch.setenv(disk_cache.ENV, disk_cache.OFF)
+    for memory in ((factories, "_DESCRIBED"), (factories, "_SOURCES"), (fx_generator, "_SOURCES")):
+        monkeypatch.setattr(*memory, {})
+    built = fx_generator._model_sources(name, p.model, p.workload)
+    assert str(cache.parent / "fx_cache_model.py") in built
+    factories.describe_models(
+        [(name, p.model.model_dump(mode="json"), factories.described_workload(p.workload))], here=True
+    )
+    fx_generator._SOURCES.clear()
+
+    def no_build(name: str) -> None:
+        raise AssertionError(f"{name} built again")
+
+    monkeypatch.setattr(fx_generator, "resolve", no_build)
+    assert fx_generator._model_sources(name, p.model, p.workload) == built

@@ -27,20 +27,6 @@ STUDY_FIELDS = ("base", "space")
 SHOWN_REASONS = 10
 
 
-def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    check = commands.add_parser(
-        "check",
-        help="validate a point or study file without running it",
-        description="Validate a design point file (fields, limits, feasibility) or a study file (every choice "
-        "and range end, the points varying one parameter at a time from the first, the size of the space), "
-        "and pre-flight what a run would otherwise find trial by trial (the cost model's binary and its "
-        "libraries, an emulator's command, a model factory's import, the storage), without generating or "
-        "pricing anything. Exit code 0: valid; 2: the one-line error says what to fix.",
-    )
-    check.add_argument("file", type=Path, metavar="FILE.yaml", help="a point file or a study file")
-    plugins.add_arguments(check)
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
     data = load_mapping(args.file)
     if any(field in data for field in STUDY_FIELDS):

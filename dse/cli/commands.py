@@ -1,23 +1,20 @@
 """The commands around a study's results: `dse sync`, `dse compare` and `dse nightly`.
 
-They live here rather than in cli.py so that each stays a small function over tracking, report and nightly;
-cli.py adds their parsers and dispatches to them.
+They live here rather than in dse.cli.main so that each stays a small function over tracking, report and nightly;
+dse.cli.main defines their arguments and imports this module when one of them runs.
 """
 
 import argparse
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
 import optuna
 from rich.console import Console
 
-from dse.cli.arguments import bounded_int
 from dse.cli.outcome import EXIT_CHANGED
 from dse.errors import DseError
-from dse.limits import MAX_WORKERS
 from dse.results import folders, nightly, pareto, report, timelines, tracking
 from dse.search import preflight
 from dse.search import study as studies
@@ -26,73 +23,6 @@ from dse.search.space import StudySpec
 from dse.search.storage import describe, holds_study
 
 T = TypeVar("T")
-MAX_TRIAL_NUMBER = 10**7
-"""Trial numbers `dse timeline --trial` takes: a study has at most 10^7 trials (README: Limits)."""
-
-
-def add_parsers(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    sync = commands.add_parser(
-        "sync",
-        help="write a study's missing MLflow runs (after an MLflow outage)",
-        description="Write to MLflow exactly the child runs and artifacts a study's output folder has but MLflow "
-        "lacks, e.g. after the tracking server was down during `dse run`. Safe to repeat.",
-    )
-    sync.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
-    sync.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
-
-    compare = commands.add_parser(
-        "compare",
-        help="diff two studies' Pareto fronts",
-        description="Compare two studies' best feasible point per objective and their Pareto fronts (from their "
-        "trials tables), e.g. the same study before and after a catalog change.",
-    )
-    compare.add_argument("a", type=Path, metavar="OUT_A", help="first study's output folder")
-    compare.add_argument("b", type=Path, metavar="OUT_B", help="second study's output folder")
-
-    timeline = commands.add_parser(
-        "timeline",
-        help="write the simulated timelines of a study's Pareto points (Perfetto traces)",
-        description="Simulate each Pareto point of a study (or the trials given) again with its timeline kept, write "
-        "OUT_DIR/timelines/trial-N.json.gz (open it in ui.perfetto.dev) and attach it to the trial's MLflow child "
-        "run. Studies leave this to be done on demand unless their file says `tracking: {timelines: pareto}`.",
-    )
-    timeline.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
-    timeline.add_argument(
-        "--trial",
-        type=bounded_int(0, MAX_TRIAL_NUMBER, "a trial number"),
-        action="append",
-        metavar="N",
-        help="a completed trial to trace instead (repeatable)",
-    )
-    timeline.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
-
-    night = commands.add_parser(
-        "nightly",
-        help="run a suite of studies and report changes since the last night",
-        description="Run every study file in SUITE_DIR into ROOT/NIGHT/<study>, compare each study's best "
-        "feasible figures and front with the last successful night (from MLflow, else the trials tables under "
-        "ROOT), write ROOT/NIGHT/report.md, log it to MLflow, and exit 1 when a figure moved beyond --threshold.",
-    )
-    night.add_argument("suite", type=Path, metavar="SUITE_DIR", help="folder of study files, e.g. studies/nightly")
-    night.add_argument("--root", type=Path, default=Path("runs/nightly"), help="nights' folder (default: runs/nightly)")
-    night.add_argument(
-        "--night", type=nightly.night_name, default=None, help="this night's name (default: today's date, UTC)"
-    )
-    night.add_argument("--threshold", type=float, default=0.01, help="relative change that counts (default: 0.01)")
-    night.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///ROOT/mlflow.db)"
-    )
-    night.add_argument("--address", help="Ray cluster to join for every study (default: a local Ray)")
-    night.add_argument(
-        "--workers",
-        type=bounded_int(1, MAX_WORKERS, "a number of workers"),
-        help="evaluations in flight per study (default: the study's)",
-    )
-    night.add_argument(
-        "--force",
-        action="store_true",
-        help="run the night's studies afresh, replacing their results (default: a night run again resumes them)",
-    )
 
 
 def _saved_study(out: Path, spec: StudySpec) -> optuna.Study:
@@ -239,13 +169,3 @@ def _with_ray(address: str | None, work: Callable[[], T]) -> T:
     finally:
         if started:
             ray.shutdown()
-
-
-Handler = Callable[[argparse.Namespace, Console], int]
-
-
-def handlers(run_study: nightly.StudyRunner) -> dict[str, Handler]:
-    """This module's commands by name. The CLI gives the way to run one study (its own `dse run`), which
-    `dse nightly` runs each of its studies with; taking it as an argument keeps this module below the CLI."""
-    nightly_command = partial(run_nightly, run_study=run_study)
-    return {"sync": sync, "compare": compare, "nightly": nightly_command, "timeline": timeline}

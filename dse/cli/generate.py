@@ -1,9 +1,10 @@
 """`dse generate`: one design point's workload as Chakra traces for ASTRA-sim, or as a per-rank-class summary.
 
 Traces are one file per rank, so a large world writes a lot: the trace set's size is measured before anything is
-written (`chakra.estimate_bytes`) and a set over `--max-bytes` (DEFAULT_MAX_BYTES) is refused with its size, as is
-one the folder's file system has no room for. Trace files of the same prefix already in the folder are refused
-too, and replaced only with `--force` (a set of fewer ranks would otherwise leave the old set's last files).
+written (`chakra.estimate_bytes`) and a set over `--max-bytes` (dse.cli.arguments.DEFAULT_MAX_BYTES) is refused
+with its size, as is one the folder's file system has no room for. Trace files of the same prefix already in the
+folder are refused too, and replaced only with `--force` (a set of fewer ranks would otherwise leave the old set's
+last files).
 """
 
 import argparse
@@ -15,65 +16,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from dse import plugins
+from dse.cli.arguments import human
 from dse.errors import DseError
 from dse.fields import GiB
 from dse.point.points import load_point
 from dse.search import preflight
 from dse.serving.deployment import generated_step
 
-DEFAULT_MAX_BYTES = 20 * 10**9
-"""20 GB: Llama-3-70B on 1,024 H100s (README's example point) is about 10 GB; a world of 2^20 ranks about 51 GB."""
-MAX_BYTES_LIMIT = 10**18
 NAME_MAX = 255
 """The longest file name Linux file systems take, in bytes."""
 GROUPS_SUFFIX = ".comm_groups.json"
-UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "p": 10**15}
-UNITS |= {"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40, "pi": 2**50}
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]i?)?b?\s*$", re.IGNORECASE)
-
-
-def byte_size(text: str) -> int:
-    """A size as `--max-bytes` takes it: bytes, or with a suffix (500M, 20G, 1.5T, 64GiB)."""
-    match = SIZE.match(text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or e.g. 500M, 20G, 1.5T, 64GiB")
-    size = float(match.group(1)) * UNITS[(match.group(2) or "").lower()]
-    if not 1 <= size <= MAX_BYTES_LIMIT:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a size from 1 byte to 1000P")
-    return int(size)
-
-
-def human(size: float) -> str:
-    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if size >= scale:
-            return f"{size / scale:,.1f} {unit}"
-    return f"{size:,.0f} bytes"
-
-
-def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    generate = commands.add_parser(
-        "generate",
-        help="generate one design point's workload (Chakra traces, a summary)",
-        description="Generate the distributed execution graph of one design point; write it as Chakra execution "
-        "traces (one .et file per rank and the communicator groups, for ASTRA-sim) and/or print per rank class "
-        "its op counts, FLOPs, communication bytes, parameters and memory.",
-    )
-    generate.add_argument("point", type=Path, metavar="POINT.yaml", help="design point file")
-    generate.add_argument("--chakra", type=Path, metavar="OUT_DIR", help="write OUT_DIR/<prefix>.<rank>.et files")
-    generate.add_argument("--prefix", default="trace", help="file name prefix of the traces (default: trace)")
-    generate.add_argument(
-        "--max-bytes",
-        type=byte_size,
-        default=DEFAULT_MAX_BYTES,
-        metavar="SIZE",
-        help=f"refuse a trace set larger than this (default: {human(DEFAULT_MAX_BYTES)}); bytes, or 500M, 50G, 2T",
-    )
-    generate.add_argument(
-        "--force", action="store_true", help="replace trace files of the same prefix already in OUT_DIR"
-    )
-    generate.add_argument("--summary", action="store_true", help="print the per-rank-class summary")
-    plugins.add_arguments(generate, cost_model=False)
 
 
 def check_prefix(prefix: str) -> None:

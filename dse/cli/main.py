@@ -1,56 +1,44 @@
-"""The `dse` command: run a study, evaluate one point, report a finished study.
+"""The `dse` command: its arguments, and the dispatch to the module that runs each command (dse.cli.run: run and
+report; dse.cli.evaluate; dse.cli.commands: sync, compare, timeline, nightly; dse.cli.check, ui, generate;
+dse.point.calibration).
+
+Every command's arguments are defined here, from light modules only, and each command's module is imported by the
+function that runs it (`_run`, `_evaluate`, ...), not at the top: a command pays for the libraries it uses and for
+no other's (`dse evaluate` imports neither Optuna's samplers nor MLflow's results; `dse --help`, nothing beyond
+argparse and the plugin registry).
 
 Errors a user can cause print as one `error:` line on stderr with exit code 2, never a traceback; an interrupted
 study says how to resume it and exits with 130.
 """
 
 import argparse
-import json
-import math
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-import optuna
-import pandas as pd
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from dse import plugins
-from dse.cli import check, outcome, ui
-from dse.cli import commands as commands_module
-from dse.cli import generate as generate_command
-from dse.cli import sweep as sweep_command
-from dse.cli.outcome import EXIT_INTERRUPTED, EXIT_USER_ERROR
-from dse.cli.stdout import stdout_to_stderr
+from dse.cli import outcome
+from dse.cli.arguments import (
+    DEFAULT_MAX_BYTES,
+    DEMO_OUT,
+    MAX_TRIAL_NUMBER,
+    PORT,
+    bounded_int,
+    byte_size,
+    human,
+    night_name,
+)
+from dse.cli.outcome import EXIT_INTERRUPTED, EXIT_USER_ERROR, RESUME_HINT
 from dse.errors import DseError
-from dse.fields import GiB
-from dse.interfaces import TimelineCostModel
-from dse.objective import in_seconds
-from dse.point import calibration
-from dse.point.evaluate import evaluate
-from dse.point.points import load_point
-from dse.results import folders, pareto, refinement, report, study_plots, tracking
-from dse.results.tracking import EVALUATION
-from dse.search import preflight, refine
-from dse.search import study as studies
-from dse.search.executor import Executor, InlineExecutor, PluginEvaluation, RayExecutor, check_address
-from dse.search.inline_first import InlineFirstExecutor
-from dse.search.space import StudySpec, load_study
-from dse.search.storage import scheme_of
-from dse.search.study import DUPLICATE_OF, POINT_KEY, RESOLVED_FROM
-from dse.search.sweep_parts import MANIFEST
-from dse.spec import DesignPoint
+from dse.limits import MAX_WORKERS
 
 PIPED_WIDTH = 160
 """Columns of tables printed to a file or a pipe."""
-RESUME_HINT = "interrupted; run the same command again to resume the study (finished trials are kept)"
+Handler = Callable[[argparse.Namespace, Console], int]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -132,281 +120,193 @@ def _parser() -> argparse.ArgumentParser:
         "study's output folder (from OUT/trials.parquet alone).",
     )
     report.add_argument("out", type=Path, metavar="OUT_DIR", help="a study's output folder, e.g. runs/quickstart")
-    commands_module.add_parsers(commands)
-    calibration.add_parser(commands)
-    ui.add_parser(commands)
-    check.add_parser(commands)
-
-    generate_command.add_parser(commands)
+    _add_study_commands(commands)
+    _add_point_commands(commands)
     return parser
 
 
+def _add_study_commands(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """The commands around a study's results (dse.cli.commands)."""
+    sync = commands.add_parser(
+        "sync",
+        help="write a study's missing MLflow runs (after an MLflow outage)",
+        description="Write to MLflow exactly the child runs and artifacts a study's output folder has but MLflow "
+        "lacks, e.g. after the tracking server was down during `dse run`. Safe to repeat.",
+    )
+    sync.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
+    sync.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
+
+    compare = commands.add_parser(
+        "compare",
+        help="diff two studies' Pareto fronts",
+        description="Compare two studies' best feasible point per objective and their Pareto fronts (from their "
+        "trials tables), e.g. the same study before and after a catalog change.",
+    )
+    compare.add_argument("a", type=Path, metavar="OUT_A", help="first study's output folder")
+    compare.add_argument("b", type=Path, metavar="OUT_B", help="second study's output folder")
+
+    timeline = commands.add_parser(
+        "timeline",
+        help="write the simulated timelines of a study's Pareto points (Perfetto traces)",
+        description="Simulate each Pareto point of a study (or the trials given) again with its timeline kept, write "
+        "OUT_DIR/timelines/trial-N.json.gz (open it in ui.perfetto.dev) and attach it to the trial's MLflow child "
+        "run. Studies leave this to be done on demand unless their file says `tracking: {timelines: pareto}`.",
+    )
+    timeline.add_argument("out", type=Path, metavar="OUT_DIR", help="the study's output folder (`dse run --out`)")
+    timeline.add_argument(
+        "--trial",
+        type=bounded_int(0, MAX_TRIAL_NUMBER, "a trial number"),
+        action="append",
+        metavar="N",
+        help="a completed trial to trace instead (repeatable)",
+    )
+    timeline.add_argument("--tracking-uri", help="MLflow tracking URI (default: the one the study ran with)")
+
+    night = commands.add_parser(
+        "nightly",
+        help="run a suite of studies and report changes since the last night",
+        description="Run every study file in SUITE_DIR into ROOT/NIGHT/<study>, compare each study's best "
+        "feasible figures and front with the last successful night (from MLflow, else the trials tables under "
+        "ROOT), write ROOT/NIGHT/report.md, log it to MLflow, and exit 1 when a figure moved beyond --threshold.",
+    )
+    night.add_argument("suite", type=Path, metavar="SUITE_DIR", help="folder of study files, e.g. studies/nightly")
+    night.add_argument("--root", type=Path, default=Path("runs/nightly"), help="nights' folder (default: runs/nightly)")
+    night.add_argument("--night", type=night_name, default=None, help="this night's name (default: today's date, UTC)")
+    night.add_argument("--threshold", type=float, default=0.01, help="relative change that counts (default: 0.01)")
+    night.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///ROOT/mlflow.db)"
+    )
+    night.add_argument("--address", help="Ray cluster to join for every study (default: a local Ray)")
+    night.add_argument(
+        "--workers",
+        type=bounded_int(1, MAX_WORKERS, "a number of workers"),
+        help="evaluations in flight per study (default: the study's)",
+    )
+    night.add_argument(
+        "--force",
+        action="store_true",
+        help="run the night's studies afresh, replacing their results (default: a night run again resumes them)",
+    )
+
+
+def _add_point_commands(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """calibrate, ui, check and generate."""
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="model against published measurements",
+        description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
+        "nccl-tests bus bandwidths where the cost model prices a collective alone) and print model against "
+        "measurement with per-case and mean error, the roofline's figure beside the kernel tables' where a case's "
+        "accelerator has them; then the held-out Megatron-LM iteration times, which set nothing.",
+    )
+    plugins.add_arguments(calibrate)
+    calibrate.add_argument(
+        "--json",
+        action="store_true",
+        help="print the rows as JSON: {training: [...], held_out: [...], collectives: [...]} (collectives null "
+        "when the cost model does not price a collective alone)",
+    )
+    ui = commands.add_parser(
+        "ui",
+        help="serve the MLflow UI over a study's local store",
+        description="Start the MLflow UI over OUT_DIR/mlflow.db (the store `dse run` writes without "
+        "--tracking-uri) and print each study's link: its trials in a table with the objectives as columns. "
+        "Ctrl-C or SIGTERM stops the server and every process it started.",
+    )
+    ui.add_argument(
+        "out", type=Path, nargs="?", default=DEMO_OUT, metavar="OUT_DIR", help=f"a study's output folder ({DEMO_OUT})"
+    )
+    ui.add_argument(
+        "--port", type=bounded_int(1, 65535, "a TCP port"), default=PORT, help=f"port to serve on (default: {PORT})"
+    )
+    ui.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: 127.0.0.1, this machine)")
+    check = commands.add_parser(
+        "check",
+        help="validate a point or study file without running it",
+        description="Validate a design point file (fields, limits, feasibility) or a study file (every choice "
+        "and range end, the points varying one parameter at a time from the first, the size of the space), "
+        "and pre-flight what a run would otherwise find trial by trial (the cost model's binary and its "
+        "libraries, an emulator's command, a model factory's import, the storage), without generating or "
+        "pricing anything. Exit code 0: valid; 2: the one-line error says what to fix.",
+    )
+    check.add_argument("file", type=Path, metavar="FILE.yaml", help="a point file or a study file")
+    plugins.add_arguments(check)
+    generate = commands.add_parser(
+        "generate",
+        help="generate one design point's workload (Chakra traces, a summary)",
+        description="Generate the distributed execution graph of one design point; write it as Chakra execution "
+        "traces (one .et file per rank and the communicator groups, for ASTRA-sim) and/or print per rank class "
+        "its op counts, FLOPs, communication bytes, parameters and memory.",
+    )
+    generate.add_argument("point", type=Path, metavar="POINT.yaml", help="design point file")
+    generate.add_argument("--chakra", type=Path, metavar="OUT_DIR", help="write OUT_DIR/<prefix>.<rank>.et files")
+    generate.add_argument("--prefix", default="trace", help="file name prefix of the traces (default: trace)")
+    generate.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        default=DEFAULT_MAX_BYTES,
+        metavar="SIZE",
+        help=f"refuse a trace set larger than this (default: {human(DEFAULT_MAX_BYTES)}); bytes, or 500M, 50G, 2T",
+    )
+    generate.add_argument(
+        "--force", action="store_true", help="replace trace files of the same prefix already in OUT_DIR"
+    )
+    generate.add_argument("--summary", action="store_true", help="print the per-rank-class summary")
+    plugins.add_arguments(generate, cost_model=False)
+
+
 def _run(args: argparse.Namespace, console: Console) -> int:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    overrides = {"sweep": True} if args.sweep else {}
-    spec = load_study(args.study, trials=args.trials, workers=args.workers, storage=args.storage, **overrides)
-    preflight.check_study(spec)  # what would fail every trial, before the output folder is touched
-    out = args.out or Path("runs") / spec.name
-    uri = tracking.tracking_uri(args.tracking_uri, out)
-    scheme_of(spec.storage, out)
-    check_address(args.address)
-    _make_out(out)
-    folders.claim(spec, out, args.force)
-    if spec.sweep:
-        return sweep_command.run(args, spec, out, uri, console, _stop_on_interrupt, _print_summary)
-    if (out / MANIFEST).exists():
-        raise DseError(
-            f"--out {out}: the folder holds a sweep ({MANIFEST}); run the study with another --out, or --force to "
-            "replace the sweep"
-        )
-    tracking.save_spec(spec, out)  # before the journal exists: a folder's results always come with their study
-    study = studies.open_study(spec, out)
-    stop = threading.Event()
-    completed = False
-    with _stop_on_interrupt(stop, console):
-        tracker = tracking.Tracker(uri, spec, out)
-        tracker.start(study)
-        done = len(studies.evaluations(study.get_trials(deepcopy=False)))
-        if done >= spec.trials:
-            console.print(
-                f"study {spec.name} already has {done} of {spec.trials} evaluations in {out}: nothing left to run "
-                "(--trials N asks for more); its results follow",
-                soft_wrap=True,
-            )
-        executor = _executor(args, spec, remaining=spec.trials - done, console=console)
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-        try:
-            with Progress(*columns, console=console, transient=True) as progress:
-                task = progress.add_task(f"study {spec.name}", total=spec.trials, completed=min(done, spec.trials))
+    from dse.cli import run
 
-                def on_trial(trial: optuna.trial.FrozenTrial) -> None:
-                    tracker.record(trial)
-                    if studies.is_evaluation(trial):
-                        progress.advance(task)
-
-                ending = refine.run(spec, study, executor, spec.trials, on_trial, stop.is_set, refining(progress))
-            completed = not stop.is_set()
-        except BaseException:  # a second Ctrl-C or a bug: what has finished is still written, then it goes on up
-            executor.close()
-            tracker.finish(study, tracking.write_results(spec, study, out), completed=False)
-            raise
-        executor.close()
-        results = tracking.write_tables(spec, study, out)
-        frame, best = results.frame, results.front
-        if ending:
-            console.print(f"stopped before {spec.trials} evaluations: {ending}", soft_wrap=True)
-        _print_summary(console, frame, best, f"Pareto front of {spec.name}")
-        refinement.print_refinement(console, frame)
-        with console.status("writing the Pareto plots and the MLflow runs"):
-            tracking.write_plots(spec, results, out)
-            missing = tracker.finish(study, results, completed)
-    if tracker.error:
-        print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
-    # Paths and commands are printed whole (soft wrap) so that they can be copied.
-    console.print(f"trials table  {out / tracking.PARQUET}", soft_wrap=True)
-    if spec.report is not None and spec.report.plots:
-        console.print(f"report plots  {out / study_plots.PLOTS_DIR}", soft_wrap=True)
-    if spec.tracking.timelines == "none" and not best.empty:
-        console.print(
-            f"timelines     dse timeline {out}  (the Pareto points' simulated steps, for Perfetto)", soft_wrap=True
-        )
-    console.print(f"MLflow        {uri}  (experiment '{spec.name}')", soft_wrap=True)
-    for line in ui.browse_lines(uri, tracker.experiment_id, tracker.parent_id, out):
-        console.print(line, soft_wrap=True)
-    if not completed:
-        print(RESUME_HINT, file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return outcome.report_failures(frame)
-
-
-def refining(progress: Progress) -> refine.OnRefined:
-    """A progress line for the refinements (their number is known only as each round starts, so it counts up)."""
-    task = None
-
-    def on_refined(key: str, record: dict) -> None:
-        nonlocal task
-        if task is None:
-            task = progress.add_task(f"refine with {record['cost_model']}", total=None)
-        progress.advance(task)
-
-    return on_refined
-
-
-def _mlflow_behind(uri: str, error: str, missing: int, out: Path) -> str:
-    return (
-        f"warning: MLflow at {uri} failed ({error}); the study went on without it and every trial is in "
-        f"{out / tracking.PARQUET}; {missing} child runs and the study's artifacts are not in MLflow yet: run "
-        f"`dse sync {out}` once it is back"
-    )
-
-
-def _make_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise DseError(f"--out {out}: a file is in the way, not a folder; give a folder path") from None
-    except OSError as exc:
-        raise DseError(f"--out {out}: cannot create the folder ({exc.strerror}); give a writable folder") from None
-
-
-def _executor(args: argparse.Namespace, spec: StudySpec, remaining: int, console: Console) -> Executor:
-    """This process with --inline or when nothing is left to run; the Ray pool at once for a cluster (--address,
-    RAY_ADDRESS, a Ray this process has joined) or with --ray; else this process first, and the pool once the
-    remaining work pays for a local Ray's start (`InlineFirstExecutor`)."""
-    refiner = spec.refine
-    evaluation = PluginEvaluation(
-        spec.generator,
-        spec.cost_model,
-        spec.cost_model_options,
-        refiner and refiner.cost_model,
-        refiner and refiner.cost_model_options,
-        refiner and refiner.serving_depth,
-    )
-    if args.inline or remaining <= 0:
-        return InlineExecutor(evaluation)
-    ray_module = sys.modules.get("ray")
-    if args.ray or args.address or os.environ.get("RAY_ADDRESS") or (ray_module and ray_module.is_initialized()):
-        with console.status("starting Ray" if not args.address else f"joining Ray at {args.address}"):
-            return RayExecutor(evaluation, spec.workers, args.address)
-
-    def announce(seconds: float) -> None:
-        console.print(
-            f"starting Ray: about {seconds:.0f} s of evaluation left in this process, so the rest goes to "
-            f"{spec.workers or os.cpu_count()} Ray workers (--inline stays here)"
-        )
-
-    return InlineFirstExecutor(
-        evaluation, remaining, spec.workers, lambda: RayExecutor(evaluation, spec.workers), announce
-    )
-
-
-@contextmanager
-def _stop_on_interrupt(stop: threading.Event, console: Console) -> Iterator[None]:
-    """The first Ctrl-C asks the study to stop cleanly (results are written); a second one quits at once.
-
-    Letting KeyboardInterrupt land anywhere could leave the Optuna journal's lock held mid-write.
-    """
-
-    def handle(signum: int, frame: object) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-        console.print("stopping: writing what has finished (Ctrl-C again to quit at once)")
-
-    previous = signal.signal(signal.SIGINT, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _print_summary(console: Console, frame: pd.DataFrame, best: pd.DataFrame, title: str) -> None:
-    console.print(trial_counts(frame), soft_wrap=True)
-    if best.empty:
-        console.print("no feasible trial completed, so there is no Pareto front")
-        return
-    console.print(pareto.table(best, frame.attrs["objectives"], title))
-
-
-def trial_counts(frame: pd.DataFrame) -> str:
-    """What became of a study's trials, in one line: evaluations (what the budget counts), trials that reused one
-    (the same point, or the same configuration at another value of a feasibility-only dimension), trials pruned
-    before evaluation; then feasible, infeasible and failed over all trials."""
-    if frame.empty:
-        return "0 trials"
-    state = frame["state"]
-    complete = state == "COMPLETE"
-    fits = int((complete & (frame["feasible"] == True)).sum())  # noqa: E712 - nullable column
-    over = int(complete.sum()) - fits
-    pruned, failed = int((state == "PRUNED").sum()), int((state == "FAIL").sum())
-    constraints = ", ".join(frame.attrs.get("constraints", [])) or "a constraint"
-    duplicates, resolved = (int(frame[c].notna().sum()) if c in frame else 0 for c in (DUPLICATE_OF, RESOLVED_FROM))
-    evaluations = int(frame[EVALUATION].sum()) if EVALUATION in frame else len(frame) - pruned - duplicates
-    derived = f", {resolved} resolved from an evaluation at another value of a feasibility-only field" * bool(resolved)
-    return (
-        f"{len(frame)} trials: {evaluations} evaluations, {duplicates} repeats of an evaluated point{derived}, "
-        f"{pruned} pruned before evaluation; {fits} feasible, {over + pruned} infeasible ({over} evaluated over "
-        f"{constraints}, {pruned} pruned), {failed} failed; {frame[POINT_KEY].nunique()} distinct points"
-    )
+    return run.run_command(args, console)
 
 
 def _report(args: argparse.Namespace, console: Console) -> int:
-    frame = folders.read_parquet(args.out)
-    reasons = frame.loc[frame["state"] == "PRUNED", "reason"].value_counts().head(5)
-    best = pareto.front(frame)
-    _print_summary(console, frame, best, f"Pareto front of {frame.attrs.get('study', args.out)}")
-    written = report.print_report(console, frame, args.out)
-    refinement.print_refinement(console, frame)
-    if not reasons.empty:
-        console.print("most common infeasibility reasons:")
-        for reason, count in reasons.items():
-            console.print(f"  {count:4d}  {reason}", highlight=False, soft_wrap=True)
-    console.print(f"plots         {'  '.join(str(path) for path in written)}", soft_wrap=True)
-    return 0
+    from dse.cli import run
+
+    return run.report_command(args, console)
 
 
 def _evaluate(args: argparse.Namespace, console: Console) -> int:
-    # Under --json stdout holds the one JSON line: what plugins and model factories print goes to stderr.
-    with stdout_to_stderr() if args.json else nullcontext():
-        point, metrics = _evaluated(args)
-    if args.json:
-        print(json.dumps(metrics, allow_nan=False))
-        return 0
-    header = f"{args.point}: {point.model.name} on {point.parallel.world} NPUs, key {point.key}"
-    console.print(header, soft_wrap=True, highlight=False)
-    table = Table()
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, value in metrics.items():
-        table.add_row(name, _human(name, value))
-    console.print(table)
-    return 0
+    from dse.cli import evaluate
+
+    return evaluate.evaluate_command(args, console)
 
 
-def _evaluated(args: argparse.Namespace) -> tuple[DesignPoint, dict[str, float | bool]]:
-    """`dse evaluate`'s point and its metrics: loaded, pre-flighted (before anything is generated), generated and
-    priced, its trace written if asked."""
-    point = load_point(args.point, args.generator)
-    cost_model = plugins.cost_model_of(args)
-    flag = f"--cost-model {args.cost_model}"
-    generator = preflight.check_point(point, str(args.point), args.generator, cost_model, flag)
-    traced = None
-    if args.trace is not None:
-        if not isinstance(cost_model, TimelineCostModel):
-            raise DseError(f"--trace: cost model '{args.cost_model}' keeps no timeline; use --cost-model analytical")
-        traced, cost_model = cost_model, cost_model.with_timeline()
-    try:
-        evaluation = evaluate(point, generator, cost_model)
-    except DseError as exc:  # raised while generating or pricing: name the file as the loading errors do
-        if str(exc).startswith(str(args.point)):
-            raise
-        raise type(exc)(f"{args.point}: {exc}") from None
-    if traced is not None:
-        try:
-            args.trace.write_text(json.dumps(traced.chrome_trace(evaluation.result)))
-        except OSError as exc:
-            raise DseError(f"--trace: cannot write {args.trace} ({exc.strerror}); choose another FILE") from None
-    metrics = {k: v if isinstance(v, bool) else float(v) for k, v in evaluation.metrics.items()}
-    # The limits keep every figure finite; should one slip through, say so rather than print a number (or, in
-    # --json, an Infinity that is not JSON) that cannot be right.
-    if unbounded := [name for name, value in metrics.items() if not math.isfinite(value)]:
-        raise DseError(
-            f"{args.point}: the evaluation gave {unbounded[0]} = {metrics[unbounded[0]]}, not a finite number; the "
-            "point's figures are beyond what the cost model can price: bring them nearer the README's Limits"
-        )
-    return point, metrics
+def _nightly(args: argparse.Namespace, console: Console) -> int:
+    """`dse nightly` (dse.cli.commands), which runs each of its studies as `dse run` does (`run_study`): it is
+    handed that rather than importing the CLI."""
+    from dse.cli import commands
+
+    return commands.run_nightly(args, console, partial(run_study, console=console))
 
 
-def _human(name: str, value: float | bool) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if name.endswith("_bytes"):
-        return f"{value / GiB:,.2f} GiB"
-    if in_seconds(name):
-        return f"{value:.4f} s"
-    if name in ("mfu", "overlap_ratio"):
-        return f"{100 * value:.1f} %"
-    return f"{value:,.4g}"
+def _handler(name: str) -> Handler:
+    """The function that runs command `name`, its module imported only now (see the module docstring)."""
+    own = {"run": _run, "evaluate": _evaluate, "report": _report, "nightly": _nightly}
+    if name in own:
+        return own[name]
+    match name:
+        case "sync" | "compare" | "timeline":
+            from dse.cli import commands
+
+            return {"sync": commands.sync, "compare": commands.compare, "timeline": commands.timeline}[name]
+        case "calibrate":
+            from dse.point import calibration
+
+            return calibration.main
+        case "ui":
+            from dse.cli import ui
+
+            return ui.main
+        case "check":
+            from dse.cli import check
+
+            return check.main
+        case _:
+            from dse.cli import generate
+
+            return generate.main
 
 
 def run_study(study: Path, out: Path, tracking_uri: str, workers: int | None, console: Console) -> int:
@@ -428,12 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=to_stderr, width=width, markup=False)
     try:
         _refuse_nul_bytes(sys.argv[1:] if argv is None else argv)
-        commands = {"run": _run, "evaluate": _evaluate, "report": _report, "generate": generate_command.main}
-        commands |= commands_module.handlers(partial(run_study, console=console))
-        commands["calibrate"] = calibration.main
-        commands["ui"] = ui.main
-        commands["check"] = check.main
-        return commands[args.command](args, console)
+        return _handler(args.command)(args, console)
     except DseError as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return getattr(exc, "exit_code", EXIT_USER_ERROR)

@@ -15,8 +15,10 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # the frames come from the commands that read them: `dse --help` does not import pandas
+    import pandas as pd
 
 EXIT_OK = 0
 EXIT_CHANGED = 1
@@ -28,6 +30,7 @@ EXIT_INTERNAL_ERROR = 70
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 """stdout closed before dse finished writing (piped into `head`): what a shell reports for a SIGPIPE death."""
+RESUME_HINT = "interrupted; run the same command again to resume the study (finished trials are kept)"
 REASONS_SHOWN = 5
 REASON_CHARS = 300
 
@@ -45,15 +48,17 @@ FIXES = {
 }
 
 
-def failures(frame: pd.DataFrame) -> tuple[int, list[tuple[int, str]]]:
+def failures(frame: "pd.DataFrame") -> tuple[int, list[tuple[int, str]]]:
     """The failed trials (rows) of a study or sweep table, and their reasons' first lines by count, most first."""
-    failed = frame.loc[frame["state"] == "FAIL", "reason"] if not frame.empty else pd.Series(dtype=object)
+    if frame.empty:
+        return 0, []
+    failed = frame.loc[frame["state"] == "FAIL", "reason"]
     reasons = failed.fillna("no reason recorded").astype(str).map(lambda r: (r.strip().splitlines() or [""])[0])
     counts = reasons.map(lambda r: r[:REASON_CHARS]).value_counts()
     return len(failed), [(int(count), str(reason)) for reason, count in counts.items()]
 
 
-def report_failures(frame: pd.DataFrame, what: str = "trials") -> int:
+def report_failures(frame: "pd.DataFrame", what: str = "trials") -> int:
     """Print what failed to stderr, by reason; EXIT_ALL_FAILED when none of the table's rows completed (every
     evaluation failed; the others, if any, were pruned before one), else EXIT_OK."""
     failed, reasons = failures(frame)

@@ -21,35 +21,15 @@ from pathlib import Path
 from rich.console import Console
 
 from dse.cli import procgroup
-from dse.cli.arguments import bounded_int
+from dse.cli.arguments import DEMO_OUT
 from dse.errors import DseError
 from dse.results import browse, folders, sqlite_store, tracking
 
-DEMO_OUT = Path("runs/quickstart")
-"""The output folder `make ui` serves (the Makefile's DEMO_OUT)."""
-PORT = 5000
 READY_S = 300.0
 """How long to wait for the server to answer before giving up on printing the studies' links."""
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """The job runner serves GenAI features (judges, issue detection) that a study never uses: eight processes and
 ~0.7 GiB less. The user's environment wins."""
-
-
-def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    ui = commands.add_parser(
-        "ui",
-        help="serve the MLflow UI over a study's local store",
-        description="Start the MLflow UI over OUT_DIR/mlflow.db (the store `dse run` writes without "
-        "--tracking-uri) and print each study's link: its trials in a table with the objectives as columns. "
-        "Ctrl-C or SIGTERM stops the server and every process it started.",
-    )
-    ui.add_argument(
-        "out", type=Path, nargs="?", default=DEMO_OUT, metavar="OUT_DIR", help=f"a study's output folder ({DEMO_OUT})"
-    )
-    ui.add_argument(
-        "--port", type=bounded_int(1, 65535, "a TCP port"), default=PORT, help=f"port to serve on (default: {PORT})"
-    )
-    ui.add_argument("--host", default="127.0.0.1", help="interface to serve on (default: 127.0.0.1, this machine)")
 
 
 def start_command(out: Path) -> str:

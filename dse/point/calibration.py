@@ -398,24 +398,6 @@ def errors(rows: list[Row]) -> list[float]:
     return out
 
 
-def add_parser(commands: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    calibrate = commands.add_parser(
-        "calibrate",
-        help="model against published measurements",
-        description="Price every case of the calibration set (published tokens/s per GPU and peak memory, and "
-        "nccl-tests bus bandwidths where the cost model prices a collective alone) and print model against "
-        "measurement with per-case and mean error, the roofline's figure beside the kernel tables' where a case's "
-        "accelerator has them; then the held-out Megatron-LM iteration times, which set nothing.",
-    )
-    plugins.add_arguments(calibrate)
-    calibrate.add_argument(
-        "--json",
-        action="store_true",
-        help="print the rows as JSON: {training: [...], held_out: [...], collectives: [...]} (collectives null "
-        "when the cost model does not price a collective alone)",
-    )
-
-
 def main(args: argparse.Namespace, console: Console) -> int:
     generator, cost_model = plugins.generator(args.generator), plugins.cost_model_of(args)
     plugins.preflight(generator, {f"--cost-model {args.cost_model}": cost_model}, [])  # not found case by case

@@ -7,8 +7,14 @@ gives must agree with it, or the point is refused in one line naming the field a
 symbolic skeleton, memory, optimizer, DP/ZeRO traffic, model_flops and MFU are then computed from the model's real
 sizes, and the parameter counts reported are the module's own (`description`). Under a generator that models the
 architecture from the fields, a model that leaves them out is refused, saying to give them or to use fx.
+
+A describer builds the model where it keeps the caller light (fx: in a child process, which imports torch), unless
+the caller is about to generate the point in this same process anyway (`in_this_process`).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from dse import plugins
@@ -23,6 +29,27 @@ NOT_DESCRIBED = ("name", "fx_factory", "dtype", "family", "dropout", "flash_atte
 loosely (`family`, checked by `_families`)."""
 FAMILIES = {False: ("gpt", "llama"), True: ("mixtral", "deepseek")}
 """The families a dense (False) and a mixture-of-experts (True) model can be named by."""
+
+_IN_THIS_PROCESS: ContextVar[bool] = ContextVar("describe_in_this_process", default=False)
+
+
+@contextmanager
+def in_this_process() -> Iterator[None]:
+    """While inside, a describer builds the model in this process rather than in a child: for a command that
+    generates the point here next (`dse evaluate`), where fx would otherwise import torch twice, once in the child
+    and once to capture (2-3 s of a first evaluation). `dse check` and a study's pre-flight stay outside: the
+    child's isolation (a factory's module that hangs or crashes the process is one line there) is what they are
+    for."""
+    token = _IN_THIS_PROCESS.set(True)
+    try:
+        yield
+    finally:
+        _IN_THIS_PROCESS.reset(token)
+
+
+def describing_here() -> bool:
+    """Whether a describer is asked to build the model in this process (`in_this_process`)."""
+    return _IN_THIS_PROCESS.get()
 
 
 def describer(generator: str) -> ModelDescriber | None:

@@ -14,7 +14,7 @@ tensor-parallel styles (colwise, rowwise, sequence_parallel, replicate, vocab), 
 generator derives for the modules it names; a point's `model.fx_plan` wins over it (generators/fx/plans.py).
 
 `check` is the generator's pre-flight: each factory a study's points name is imported and called on the meta
-device in a child process (`python -m generators.fx.factories`), whose prints cannot reach our stdout (a
+device in a child process (`CHILD`), whose prints cannot reach our stdout (a
 `dse evaluate --json` prints one JSON line there) and whose hang is ended by a timeout.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 from dse.errors import SpecError
 from dse.interfaces import ModelDescription
-from dse.point.described import filled
+from dse.point.described import describing_here, filled
 from dse.spec import DesignPoint, ModelSpec, WorkloadSpec
 from generators.fx import disk_cache
 
@@ -42,6 +42,9 @@ CHECK_TIMEOUT_S = 120.0
 """How long the child that imports and calls the factories may take (importing torch takes 2-10 s)."""
 
 Factory = Callable[..., Any]
+CHILD = f"from {__name__} import _describe_requested; _describe_requested()"
+"""The child's program. Not `python -m generators.fx.factories`: the package's __init__ imports this module first,
+and runpy's warning that it found it imported already ended every refusal's message."""
 
 
 def factory_name(model: ModelSpec) -> str:
@@ -98,22 +101,35 @@ def described_workload(workload: WorkloadSpec) -> dict[str, Any]:
 
 def describe_model(model: dict[str, Any], workload: dict[str, Any]) -> ModelDescription:
     """The description of the model a point's model fields name (dse.interfaces.ModelDescriber, declared on the
-    entry point): built by its factory in a child process, so that the caller needs no torch."""
+    entry point): built by its factory in a child process, so that the caller needs no torch, or in this process
+    when the caller is about to capture here (`dse.point.described.in_this_process`)."""
     name = factory_name(ModelSpec.model_construct(**model))  # the caller gives fx_factory or family
     try:
         valid = WorkloadSpec.model_validate(workload)
     except ValueError:
         valid = WorkloadSpec(seq_len=128, global_batch=1)
     shape = described_workload(valid)
-    (described,) = describe_models([(name, model, shape)])
+    (described,) = describe_models([(name, model, shape)], here=describing_here())
     description = ModelDescription(name, **described)
     with contextlib.suppress(ValueError):  # the point's model once filled is the same model: known without a build
-        _DESCRIBED.setdefault(_key((name, filled(model, description), shape)), described)
+        same = _key((name, filled(model, description), shape))
+        _DESCRIBED.setdefault(same, described)
+        if (sources := _SOURCES.get(_key((name, model, shape)))) is not None:
+            _SOURCES.setdefault(same, sources)
     return description
 
 
 Request = tuple[str, dict[str, Any], dict[str, Any]]
 _DESCRIBED: dict[str, dict[str, Any]] = {}
+_SOURCES: dict[str, list[str]] = {}
+"""The source files of the models this process built to describe them, by request key (`described_sources`)."""
+
+
+def described_sources(request: Request) -> list[str] | None:
+    """The source files of the model a request describes (`disk_cache.model_sources`), when this process built it
+    to describe it: what a capture's disk entry records, known without building the model once more. None for a
+    description read from disk, or none yet."""
+    return _SOURCES.get(_key(request))
 
 
 def describe_models(
@@ -132,13 +148,18 @@ def describe_models(
         todo = [request for _, request in missing]
         done = [_here(*request) for request in todo] if here else _child(todo, timeout_s)
         for (key, _), (description, sources) in zip(missing, done, strict=True):
-            _DESCRIBED[key] = description
+            _DESCRIBED[key], _SOURCES[key] = description, sources
             disk_cache.store(("describe", key), description, sources)
     return [_DESCRIBED[key] for key in keys]
 
 
 def _here(name: str, model: dict[str, Any], workload: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    done = _described(name, model, WorkloadSpec.model_validate(workload))
+    """A request described in this process; a factory's module that exits is refused as the child's exit is."""
+    try:
+        done = _described(name, model, WorkloadSpec.model_validate(workload))
+    except SystemExit as exited:  # sys.exit(message) prints it and exits 1, as it would in the child
+        code = exited.code
+        raise SpecError(_exited(name, f"1 ({code})" if isinstance(code, str) else code or 0)) from None
     if isinstance(done, str):
         raise SpecError(done)
     return done
@@ -161,7 +182,7 @@ def _child(requests: Sequence[Request], timeout_s: float) -> list[tuple[dict[str
     path = os.pathsep.join(entry or os.getcwd() for entry in sys.path)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-c", CHILD],
             input=json.dumps(list(requests)),
             capture_output=True,
             text=True,
@@ -180,18 +201,22 @@ def _child(requests: Sequence[Request], timeout_s: float) -> list[tuple[dict[str
         reply = json.loads(lines[-1] if done.returncode == 0 and lines else "")
     except json.JSONDecodeError:  # no verdict: the factory's module exited, or crashed the child
         tail = " | ".join(line.strip() for line in done.stderr.strip().splitlines()[-3:] if line.strip())
-        raise SpecError(
-            f"field '{FIELD}': the check of model factory {names} ended with exit code "
-            f"{done.returncode}{f' ({tail})' if tail else ''}; a factory's module must import without exiting"
-        ) from None
+        raise SpecError(_exited(names, f"{done.returncode}{f' ({tail})' if tail else ''}")) from None
     if reply["problem"]:
         raise SpecError(str(reply["problem"]))
     return [(description, sources) for description, sources in reply["described"]]
 
 
+def _exited(names: str, code: object) -> str:
+    return (
+        f"field '{FIELD}': the check of model factory {names} ended with exit code {code}; a factory's module "
+        "must import without exiting"
+    )
+
+
 def _described(name: str, model: dict[str, Any], workload: WorkloadSpec) -> tuple[dict[str, Any], list[str]] | str:
-    """`name`'s model described, with the source files of its modules; or why it cannot be: in the child, which
-    imports torch."""
+    """`name`'s model described, with the source files of its modules; or why it cannot be: in the child, or in
+    this process (`here`), either of which imports torch."""
     try:
         factory = resolve(name)
     except SpecError as error:
@@ -232,7 +257,3 @@ def _describe_requested() -> None:
         reply["described"].append(done)
     with contextlib.suppress(BrokenPipeError), verdict:
         verdict.write(json.dumps(reply) + "\n")
-
-
-if __name__ == "__main__":
-    _describe_requested()

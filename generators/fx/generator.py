@@ -37,7 +37,14 @@ from dse.point.described import agree
 from dse.spec import DesignPoint, ModelSpec, WorkloadSpec
 from dse.workload import Block, Workload
 from generators.fx import disk_cache
-from generators.fx.factories import check, describe_models, described_workload, factory_name, resolve
+from generators.fx.factories import (
+    check,
+    describe_models,
+    described_sources,
+    described_workload,
+    factory_name,
+    resolve,
+)
 from generators.fx.fsdp import with_fsdp
 from generators.fx.pieces import EPILOGUE, PROLOGUE, CaptureError, LoweredLayer
 from generators.fx.scaling import CONTEXTS, along, capture_batches
@@ -309,8 +316,13 @@ def _capture(point: DesignPoint, batch: int, piece: str, index: int, recompute: 
 
 
 def _model_sources(name: str, model: ModelSpec, workload: WorkloadSpec) -> list[str]:
-    """The files the factory's model comes from (`disk_cache.model_sources`), from the model built on meta once
-    per process for each model and mode (a decoding model holds its caches' modules)."""
+    """The files the factory's model comes from (`disk_cache.model_sources`): for a training step those of its
+    description when this process built it (the same build: `factories.described_sources`), else from the model
+    built on meta once per process for each model and mode (a decoding model holds its caches' modules)."""
+    if workload.mode == "train":
+        request = (name, model.model_dump(mode="json"), described_workload(workload))
+        if (described := described_sources(request)) is not None:
+            return described
     key = (name, model.model_dump_json(), workload.mode)
     if key not in _SOURCES:
         import torch

@@ -58,7 +58,8 @@ class ParallelSpec(Spec):
             "weights after its forward and gathers them again for its backward; false keeps them from the forward to "
             "the backward (under pp > 1 for the whole step, as torch.distributed.pipelining keeps them unsharded "
             "after backward too); an int n keeps a 1/n shard after forward and gathers the backward over n ranks; "
-            "auto: false when pp > 1, else true (torchtitan)",
+            "auto: false when pp > 1, else true but for the output head (with the final norm), kept gathered from its "
+            "forward to its backward (torchtitan's rule)",
         )
     )
     grad_reduce: Literal["auto", "per_microbatch", "per_step"] = left_out_at_default(

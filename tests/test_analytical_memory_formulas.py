@@ -146,8 +146,9 @@ def test_zero3_prefetches_one_layer_ahead():
     workload = SymbolicGenerator().generate(point)
     (timeline,) = schedule(workload, point.system)
     weights = [t for t in workload.programs[0].tensors if t.name.endswith(".weights")]
-    # every layer and the head, forward and backward, and the embedding forward (its backward reads no weights)
-    assert len(weights) == 2 * (12 + 1) + 1
+    # every layer forward and backward, the head once (kept gathered from its forward to its backward), and the
+    # embedding forward (its backward reads no weights)
+    assert len(weights) == 2 * 12 + 1 + 1
     events = sorted(
         [(timeline.call_start[t.producer], 1) for t in weights] + [(timeline.call_end[t.consumer], -1) for t in weights]
     )

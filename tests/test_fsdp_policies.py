@@ -61,14 +61,16 @@ def test_resharding_after_forward_gathers_a_layer_twice_per_micro_batch_and_keep
 
 
 def test_without_pipelining_auto_reshards_and_false_gathers_once_per_micro_batch():
-    """pp 1 (dp 8, two micro-batches): auto is True (torchtitan), and False keeps the weights from each
-    micro-batch's forward to its backward only (reshard_after_backward), so each micro-batch gathers once."""
+    """pp 1 (dp 8, two micro-batches): auto is True (torchtitan) but for the head, which torchtitan keeps from its
+    forward to its backward; True reshards it too; False keeps the weights from each micro-batch's forward to its
+    backward only (reshard_after_backward), so each micro-batch gathers once."""
     weights = 2 * (EMBED + 4 * N + EMBED + H)
     auto = _comm(_point(pp=1), Collective.ALL_GATHER)
+    resharded = _comm(_point(pp=1, reshard_after_forward=True), Collective.ALL_GATHER)
     kept = _comm(_point(pp=1, reshard_after_forward=False), Collective.ALL_GATHER)
-    assert auto == _comm(_point(pp=1, reshard_after_forward=True), Collective.ALL_GATHER)
     assert kept == {"dp": 2 * weights}
-    assert auto == {"dp": 2 * (weights + 2 * (4 * N + EMBED + H))}  # the layers and the head again for backward
+    assert auto == {"dp": 2 * (weights + 2 * 4 * N)}  # the layers again for backward
+    assert resharded == {"dp": 2 * (weights + 2 * (4 * N + EMBED + H))}  # the layers and the head
 
 
 def test_weights_kept_under_pipelining_are_held_from_the_first_gather_to_the_last_backward():

@@ -46,14 +46,14 @@ def test_zero_shards_model_states_over_dp_times_cp(zero, per_parameter):
 
 def test_zero3_gathers_and_reduce_scatters_each_weight_once_over_the_dp_x_cp_group():
     """Per micro-batch: every gradient reduce-scattered once (W bytes in), the weights gathered for forward and
-    again for backward, all but the embedding table (W each); one collective over the 4 ranks, none over cp
-    alone but attention's: each layer gathers K and V of the whole sequence (256 tokens x 4 kv heads x 32) in
-    forward and again in backward, and reduce-scatters their gradients."""
+    again for backward, all but the embedding table and the head, kept gathered from its forward (W each); one
+    collective over the 4 ranks, none over cp alone but attention's: each layer gathers K and V of the whole
+    sequence (256 tokens x 4 kv heads x 32) in forward and again in backward, and reduce-scatters their gradients."""
     point = make_point(global_batch=8, dp=2, cp=2, zero=3)
     w = 2 * count_parameters(point)
     kv = 2 * 256 * 4 * 32 * 2  # K and V, bf16
     gathers, scatters = _comm(point, Collective.ALL_GATHER), _comm(point, Collective.REDUCE_SCATTER)
-    assert gathers == pytest.approx({"cp+dp": M * (2 * w - 2 * V * H), "cp": M * 4 * 2 * kv})
+    assert gathers == pytest.approx({"cp+dp": M * (2 * w - 2 * V * H - 2 * (V * H + H)), "cp": M * 4 * 2 * kv})
     assert scatters == pytest.approx({"cp+dp": M * w, "cp": M * 4 * kv})
     assert _comm(point, Collective.ALL_REDUCE) == {}
 

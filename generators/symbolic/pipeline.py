@@ -438,7 +438,7 @@ class Pipeline:
         trace_of = {unit: self.unit_trace(unit) for units in in_order.values() for _, unit in units}
         saved_source = {unit: (*unit, SAVED) for unit in trace_of}
         last_mb = microbatches - 1
-        gathers = WeightGathers(program, trace_of, held, p.fsdp_prefetch)
+        gathers = WeightGathers(program, trace_of, held, p.fsdp_prefetch, sharding.head_hold)
 
         # Weights gathered once per step (`Sharding.hold` step) are all gathered from the step's start, chunk by
         # chunk, before any transfer: torch.distributed.pipelining issues a stage's UNSHARD well ahead of its first
@@ -480,11 +480,12 @@ class Pipeline:
                     prev, blocked = len(calls) - 1, ()
                     if update:
                         first_forwards.append(prev)
-                    if gathered and held in ("microbatch", "step"):
-                        held_to_backward[(index, mb if held == "microbatch" else last_mb)] = (unit, gathered)
+                    kept = gathers.held(unit)
+                    if gathered and kept in ("microbatch", "step"):
+                        held_to_backward[(index, mb if kept == "microbatch" else last_mb)] = (unit, gathered)
                     elif gathered:
                         hold(unit, 0, index, gathered, prev)
-                    if held == "shard" and traced.gathers[0] is not None and (p.pp == 1 or mb == 0):
+                    if kept == "shard" and traced.gathers[0] is not None and (p.pp == 1 or mb == 0):
                         resharded[(index, mb if p.pp == 1 else last_mb)] = prev
                     fwd_call[(index, mb)] = prev
                 last_compute[:] = [prev]

@@ -11,8 +11,12 @@ the last micro-batch's, so under pipelining a module kept gathered after forward
 step and its gradients are reduce-scattered once, the accumulation kept unsharded: by FSDP's post-backward of the
 whole stage module, which the schedule runs as its REDUCE_GRAD action after the stage's last backward and send
 (`_PipelineStageBase.perform_reduce_grad`).
-torchtitan (torchtitan/models/llama3/infra/parallelize.py, `apply_fsdp`) passes reshard_after_forward = not
-pp_enabled by default ("reshard_after_forward_policy: default"), which is the `auto` here.
+torchtitan (torchtitan/distributed/fsdp.py, `apply_fsdp_to_decoder`) passes reshard_after_forward = not
+pp_enabled by default ("reshard_after_forward_policy: default"), which is the `auto` here, to the token embedding
+and each block; the final norm and the output head, sharded as one module, get reshard_after_forward only under
+the policy "always" (here true): their backward runs right after their forward, so the head is kept gathered from
+its forward to its backward (`Sharding.head_hold`); at pp 1 that saves its backward's all-gather. (The root module,
+wrapped last with FSDP2's own default, no reshard after forward, holds no parameters of its own.)
 
 Left out: under pipelining torch also leaves a module that reshards after forward unsharded after each backward
 (reshard_after_backward False), so a forward right after a backward of the same stage would find its weights
@@ -55,6 +59,9 @@ class Sharding:
     post_forward: int | None
     """The ranks a module's weights are resharded to after forward (reshard_after_forward an int), if any."""
     hold: Hold
+    head_hold: Hold
+    """The output head's hold (with the final norm's): under auto, torchtitan's no reshard after forward, whole to
+    its backward (to its last of the step under pipelining); else the other modules' `hold`."""
     grad_per_step: bool
     """Gradients are reduced once per step after the last micro-batch, accumulated unsharded until then."""
     reduce_after_stage: bool
@@ -74,12 +81,19 @@ class Sharding:
             hold = "step" if p.pp > 1 else "microbatch"
         else:
             hold = "shard"
+        head: Hold = hold if p.reshard_after_forward != "auto" else "step" if p.pp > 1 else "microbatch"
         per_step = p.grad_reduce == "per_step" or (p.grad_reduce == "auto" and p.pp > 1)
         shard = p.dp_shard if p.dp_shard is not None and p.zero >= 1 else p.dp
         post = reshard if hold == "shard" and p.zero == 3 else None
         per_step = per_step and p.zero >= 2
         after_stage = per_step and p.zero == 3 and p.pp > 1
-        return Sharding(p.dp, shard, p.cp, post, hold if p.zero == 3 else "forward", per_step, after_stage)
+        if p.zero != 3:
+            hold = head = "forward"
+        return Sharding(p.dp, shard, p.cp, post, hold, head, per_step, after_stage)
+
+    def hold_of(self, module: object) -> Hold:
+        """The hold of a module by its name or layer key ("head", "embed", a LayerKey)."""
+        return self.head_hold if module == "head" else self.hold
 
     @property
     def split(self) -> bool:

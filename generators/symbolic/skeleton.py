@@ -90,6 +90,7 @@ def schedule_shape(point: DesignPoint) -> tuple:
         point.workload.mode,
         p.zero >= 2 and not sharding.grad_per_step,
         sharding.hold,
+        sharding.head_hold,
         p.overlap_grad_reduce,
         p.overlap_p2p_comm,
         p.recompute_every,

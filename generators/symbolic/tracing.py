@@ -147,7 +147,7 @@ class ModuleTracer:
     def held_forward(self, name: str, emitter: Emitter) -> int | None:
         """With weights kept gathered over the step (`Sharding.hold` step), the forward of the micro-batches after
         the first: without FSDP's copies around the gathers, which it does not run."""
-        if self.sharding.hold != "step" or not emitter.gather_copies:
+        if self.sharding.hold_of(name.partition(".")[0]) != "step" or not emitter.gather_copies:
             return None
         held = without_ops(block_of(name, emitter), set(emitter.gather_copies), f"{name}.held")
         return self._add(self._tp_overlapped(f"{name}.held", held))
@@ -168,7 +168,8 @@ class ModuleTracer:
         if self.point.parallel.pp_schedule in ("zb_h1", "dualpipev"):
             backward, weight = split_weight_gradients(self._tp_overlapped(name, block))
             return self._add(backward), None if weight is None else self._add(weight), None, None
-        held = set(emitter.gather_copies) if self.sharding.hold in ("microbatch", "step") else set()
+        kept = self.sharding.hold_of(name.partition(".")[0]) in ("microbatch", "step")
+        held = set(emitter.gather_copies) if kept else set()
         backward = self._add(self._tp_overlapped(name, without_ops(block, held, name) if held else block))
         reduces = emitter.grad_reduces if self.sharding.grad_per_step else []
         if not reduces:

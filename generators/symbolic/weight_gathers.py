@@ -18,27 +18,36 @@ from generators.symbolic.skeleton import Unit
 class WeightGathers:
     """The gather calls of one stage's walk; `on` whether any module of the stage gathers (ZeRO-3 in training)."""
 
-    def __init__(self, program: Program, trace_of: dict[Unit, Traced], held: Hold, depth: int) -> None:
+    def __init__(
+        self, program: Program, trace_of: dict[Unit, Traced], held: Hold, depth: int, head: Hold | None = None
+    ) -> None:
+        """`held`: every module's hold (`Sharding.hold`) but the output head's, `head` (`Sharding.head_hold`;
+        None: the same)."""
         self.program = program
         self.trace_of = trace_of
-        self.held = held
+        self.hold, self.head_hold = held, held if head is None else head
         self.depth = depth
         self.on = any(traced.gathers != (None, None) for traced in trace_of.values())
 
-    def needed(self, way: int, mb: int) -> bool:
+    def held(self, unit: Unit) -> Hold:
+        """How long the weights a unit gathers for its forward stay gathered."""
+        return self.head_hold if unit[0] == "head" else self.hold
+
+    def needed(self, unit: Unit, way: int, mb: int) -> bool:
         """Whether a module's forward (way 0) or backward (1) of micro-batch mb gathers its weights: a forward
         unless the weights are kept over the step and gathered already (by micro-batch 0's), a backward unless the
         weights are kept whole since the forward (see `Sharding.hold`)."""
+        held = self.held(unit)
         if way == 0:
-            return self.held != "step" or mb == 0
-        return self.held in ("forward", "shard")
+            return held != "step" or mb == 0
+        return held in ("forward", "shard")
 
     def gather(
         self, units: list[tuple[int, Unit]], pos: int, way: int, after: tuple[int, ...], mb: int
     ) -> tuple[int, ...]:
         """The call that all-gathers the weights of units[pos] for its forward (way 0) or backward (1), issued
         now after the calls `after`, if the module gathers."""
-        if not self.on or pos >= len(units) or not self.needed(way, mb):
+        if not self.on or pos >= len(units) or not self.needed(units[pos][1], way, mb):
             return ()
         index, unit = units[pos]
         block = self.trace_of[unit].gathers[way]

@@ -180,6 +180,15 @@ def test_a_factory_contradicting_the_spec_is_refused_naming_the_field_and_both_v
         agree({"family": "mixtral"}, description)
 
 
+def test_a_spec_setting_a_section_the_model_has_to_null_is_refused() -> None:
+    """`moe: null` is a claim (no experts), not a field left to the model: a mixture of experts contradicts it."""
+    described, _ = describe(list_moe, "list_moe", {"name": "m"}, WORKLOAD)
+    description = ModelDescription("test_fx_describe:list_moe", described.fields, described.parameters, 0)
+    with pytest.raises(SpecError, match=r"field 'model.moe': the spec says None, the model built by factory"):
+        agree({"name": "m", "moe": None}, description)
+    agree({"name": "m", "mla": None, "ssm": None}, description)  # sections it lacks agree with null
+
+
 @pytest.fixture(scope="module")
 def only_factory(tmp_path_factory) -> object:
     folder = tmp_path_factory.mktemp("describe")

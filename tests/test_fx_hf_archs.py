@@ -1,7 +1,11 @@
 """Hugging Face architectures built from their config classes (generators/fx/models/hf.py): the spec's fields reach
 the config (parameter counts by hand), and a block of each of two unlike layouts captures at tp 1 with one
-mask-free causal attention op each way and the GEMM FLOPs of the hand formula. Every tested architecture through
-the whole fx generator (the ends, decode, tp 2): benchmarks/fx_hf_archs.py."""
+mask-free causal attention op each way and the GEMM FLOPs of the hand formula. Blocks of Gemma 2 and 3 (norms after
+each branch) and Falcon (tuples out, list indexing, a parallel block) split at tp 2 with sp; DeepSeek-V3's latent
+attention splits as the symbolic generator prices it and is described as the catalog has it; a decoding block's
+cache is as wide as its attention writes; whole steps of Falcon and DeepSeek-V3 at tp 2 with sp have the symbolic
+generator's GEMMs and parameters. Every tested architecture through the whole fx generator (the ends, decode,
+tp 2): benchmarks/fx_hf_archs.py."""
 
 import tomllib
 from pathlib import Path
@@ -16,6 +20,7 @@ from helpers import make_point
 from generators.fx.capture import capture_layer
 from generators.fx.lower import lower_backward, lower_forward
 from generators.fx.models import hf
+from generators.fx.plans import PlanError
 
 ROOT = Path(__file__).resolve().parent.parent
 V, H, L, HEADS, KV, D, FFN, E, EFFN = 512, 64, 2, 4, 2, 16, 128, 4, 32
@@ -162,3 +167,146 @@ def test_the_eager_attention_is_causal_sdpa_materialised() -> None:
     torch.testing.assert_close(eager, expected.transpose(1, 2))
     torch.testing.assert_close(fused, expected.transpose(1, 2))
     assert probabilities[0, 0, 0, 1:].abs().sum() == 0
+
+
+FALCON_MATMULS = H * (HEADS + 2 * KV) * D + H * H + 2 * H * FFN
+MLA_MATMULS = H * 48 + 48 * HEADS * 24 + H * (32 + 8) + 32 * HEADS * (16 + 16) + HEADS * 16 * H
+SPLIT_MATMULS = {
+    "gemma2": GQA + 3 * H * FFN,  # norms after each branch too, on the rank's sequence shard
+    "gemma3_text": GQA + 3 * H * FFN,
+    "falcon": FALCON_MATMULS,  # a fused GQA qkv; attention and GeLU MLP side by side; blocks return tuples
+}
+"""A block's matrix weights, all split over the tensor-parallel ranks."""
+
+
+def falcon_point():
+    fields = tiny("falcon") | {"norm": "layernorm", "activation": "gelu", "parallel_block": "two_norms"}
+    return make_point(fields, seq_len=SEQ, global_batch=2 * BATCH, micro_batch=BATCH)
+
+
+def gemm_flops(captured) -> tuple[float, float]:
+    forward = lower_forward(captured.forward, "f", captured.axes, captured.input_shape, True).block
+    backward = lower_backward(captured.backward, captured.forward, "b", captured.axes, captured.input_shape, True)
+    return tuple(sum(op.flops for op in b.ops if op.category == "gemm") for b in (forward, backward.block))
+
+
+def reduce_scatters(graph) -> int:
+    return sum("reduce_scatter" in str(n.target) for n in graph.graph.nodes if n.op == "call_function")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("model_type", sorted(SPLIT_MATMULS))
+def test_a_block_splits_over_tensor_parallel_ranks_with_sp(model_type, tp) -> None:
+    """Trained at tp 1, and tp 2 with sp: the rank's GEMM FLOPs 2 x tokens x the block's matrix weights / tp forward,
+    twice that backward; the model's parameters exact. Under sp a sequential block reduce-scatters each branch's
+    output (Gemma 2's post-norms then normalise the rank's shard), a parallel one the branches' sum once."""
+    p = falcon_point() if model_type == "falcon" else point(model_type)
+    captured = capture_layer(getattr(hf, model_type), model_type, p.model, p.workload, tp=tp, dp=1, sp=tp > 1)
+    tokens = BATCH * SEQ
+    assert gemm_flops(captured) == (
+        2 * tokens * SPLIT_MATMULS[model_type] / tp,
+        4 * tokens * SPLIT_MATMULS[model_type] / tp,
+    )
+    assert captured.parameters == PARAMETERS[model_type]
+    if tp > 1:
+        assert reduce_scatters(captured.forward) == (1 if model_type == "falcon" else 2)
+
+
+def lowered_sums(forward, backward) -> list[tuple[float, dict[str, float]]]:
+    """Per block: its GEMM FLOPs and its collectives' bytes by kind."""
+    sums = []
+    for block in (forward, backward):
+        comm: dict[str, float] = {}
+        for op in block.ops:
+            if op.is_comm:
+                comm[op.category] = comm.get(op.category, 0.0) + op.comm_bytes
+        sums.append((sum(op.flops for op in block.ops if op.category == "gemm"), comm))
+    return sums
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_latent_attention_splits_as_the_symbolic_generator_prices_it(sp) -> None:
+    """DeepSeek-V3's first (dense) block, MLA and SwiGLU: at tp 1 the GEMM FLOPs by hand; at tp 2 (Megatron's MLA:
+    down projections replicated and their latents gathered, up projections split by heads) the rank's GEMM FLOPs
+    and collective bytes of the symbolic generator's block, forward and backward. Under sp the symbolic backward
+    all-gathers the normalised kv latent again where the capture keeps it (kv_lora_rank elements a token)."""
+    from dse import plugins
+
+    p = point("deepseek_v3")
+    captured = capture_layer(hf.deepseek_v3, "deepseek_v3", p.model, p.workload, tp=1, dp=1, sp=False)
+    matmuls = MLA_MATMULS + 3 * H * FFN
+    assert gemm_flops(captured) == (2 * BATCH * SEQ * matmuls, 4 * BATCH * SEQ * matmuls)
+    p = make_point(tiny("deepseek_v3"), seq_len=SEQ, global_batch=2 * BATCH, micro_batch=BATCH, tp=2, sp=sp)
+    captured = capture_layer(hf.deepseek_v3, "deepseek_v3", p.model, p.workload, tp=2, dp=1, sp=sp)
+    forward = lower_forward(captured.forward, "f", captured.axes, captured.input_shape, True).block
+    backward = lower_backward(captured.backward, captured.forward, "b", captured.axes, captured.input_shape, True)
+    blocks = {b.name: b for b in plugins.generator("symbolic").generate(p).blocks}
+    symbolic = lowered_sums(blocks["layer.mla.dense.forward"], blocks["layer.mla.dense.backward"])
+    if sp:
+        symbolic[1][1]["all_gather"] -= BATCH * SEQ * 32 * 2  # the kv latent's regather, bf16
+    assert lowered_sums(forward, backward.block) == symbolic
+
+
+def test_a_latent_attention_without_query_compression_is_refused_at_tp_2_in_one_line() -> None:
+    """Without q_lora_rank (DeepSeek-V2-Lite) the query projection goes from the hidden state straight to the
+    attention's heads beside the latents: refused, naming the attention's class and file."""
+    fields = tiny("deepseek_v3")
+    fields["mla"] = {**MLA, "q_lora_rank": None}
+    p = make_point(fields, seq_len=SEQ, global_batch=2 * BATCH, micro_batch=BATCH)
+    with pytest.raises(PlanError, match=r"^DeepseekV3Attention \(\S+modeling_deepseek_v3\.py:\d+\): its attention's"):
+        capture_layer(hf.deepseek_v3, "deepseek_v3", p.model, p.workload, tp=2, dp=1, sp=True)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "tp", "row"),
+    [
+        ("llama", 2, 2 * KV // 2 * D),  # keys and values of the rank's kv heads
+        ("falcon", 2, 2 * HEADS // 2 * D),  # Falcon caches its keys broadcast to every query head
+        ("deepseek_v3", 1, 32 + 8),  # MLA caches its latent and its shared RoPE key
+    ],
+)
+def test_a_decoding_block_updates_the_cache_its_attention_writes(model_type, tp, row) -> None:
+    """Decoding: the block's graph updates its StaticCache layer in place, allocated as wide as what the model's
+    attention writes into it (not as the spec's kv heads x head_dim): seq_len rows of `row` bf16 elements per
+    sequence of the micro-batch."""
+    p = falcon_point() if model_type == "falcon" else point(model_type)
+    workload = p.workload.model_copy(update={"mode": "decode"})
+    factory = getattr(hf, model_type)
+    captured = capture_layer(factory, model_type, p.model, workload, tp=tp, dp=1, sp=False, train=False)
+    lowered = lower_forward(captured.forward, "f", captured.axes, captured.input_shape, False)
+    assert lowered.state_bytes == BATCH * SEQ * row * 2
+
+
+def test_deepseek_v3s_official_config_is_described_as_the_catalog_has_it() -> None:
+    """Hugging Face's DeepSeek-V3 at its config class's defaults (the official config.json's sizes), read from the
+    module built on meta: its latent attention's widths from its projections, 671,026,404,352 parameters
+    (37,552,282,624 active, 36.63e9 without the output head) as its sum of numel, and both equal to the catalog's
+    deepseek-v3 through dse.modelstats's closed form."""
+    from dse.modelstats import active_param_count, param_count
+    from generators.fx.describe import describe
+
+    description, _ = describe(hf.deepseek_v3, "deepseek_v3", {"fx_factory": "x"}, point("deepseek_v3").workload)
+    catalog = make_point("deepseek-v3").model
+    assert description.fields["mla"] == catalog.mla.model_dump()
+    assert "qk_norm" not in description.fields and "kv_heads" not in description.fields
+    assert (description.parameters, description.active) == (671_026_404_352, 37_552_282_624)
+    assert (param_count(catalog), active_param_count(catalog)) == (description.parameters, description.active)
+    assert description.unexpressed is None
+
+
+@pytest.mark.parametrize("model_type", ["falcon", "deepseek_v3"])
+def test_a_whole_step_prices_the_symbolic_generators_gemms_at_tp_2_with_sp(model_type) -> None:
+    """Falcon (blocks returning tuples, which the ends' seam returns too) and DeepSeek-V3 (latent attention, a dense
+    first layer, shared experts) through the whole fx generator, prologue and epilogue included: the step's GEMM
+    FLOPs on every rank equal the symbolic generator's for the same spec, each rank's parameters too."""
+    from dse import plugins
+    from generators.fx.compare import figures
+
+    fields = tiny(model_type)
+    if model_type == "falcon":  # Falcon-40B's layout: two LayerNorms side by side, GeLU MLP, tied embeddings
+        fields |= {"norm": "layernorm", "activation": "gelu", "parallel_block": "two_norms", "tied_embeddings": True}
+    p = make_point(fields, seq_len=SEQ, global_batch=2 * BATCH, micro_batch=BATCH, tp=2, sp=True)
+    ours = figures(plugins.generator("fx").generate(p), p)
+    theirs = figures(plugins.generator("symbolic").generate(p), p)
+    assert [c.gemm_flops for c in ours.classes] == pytest.approx([c.gemm_flops for c in theirs.classes], rel=1e-12)
+    assert [c.parameters for c in ours.classes] == [c.parameters for c in theirs.classes]

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from dse.errors import SpecError  # noqa: E402
 from dse.modelstats import active_param_count, attention_flops_per_token, matmul_params, param_count  # noqa: E402
 from dse.spec import ModelSpec  # noqa: E402
 from generators.fx.models import llama, moe  # noqa: E402
@@ -75,7 +76,7 @@ def test_factories_refuse_what_they_do_not_build() -> None:
         on_meta(llama, make_point("tiny-moe"))
     with pytest.raises(ValueError, match="use the fx model factory 'llama'"):
         on_meta(moe, make_point("tiny-llama"))
-    with pytest.raises(ValueError, match=r"model.mla \(latent attention\) has no reference FX model"):
+    with pytest.raises(SpecError, match=r"the reference FX model has no latent attention \(model.mla\)"):
         on_meta(moe, make_point("tiny-deepseek"))
 
 

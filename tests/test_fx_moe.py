@@ -10,7 +10,7 @@ import torch.distributed as dist
 from helpers import make_point
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from dse.errors import InfeasibleError, SpecError
+from dse.errors import SpecError
 from dse.workload import Collective, OpKind
 from generators.fx.capture import axis_of, fake_world, mesh_of
 from generators.fx.compare import compare, figures
@@ -88,7 +88,7 @@ def test_the_all_to_alls_are_captured_on_the_ep_axis(generator) -> None:
 
 def test_a_moe_model_takes_the_moe_factory_and_what_is_not_built_is_named(generator) -> None:
     assert factory_name(moe_point().model) == "moe"
-    with pytest.raises(InfeasibleError, match=r"field 'model\.family'"):
+    with pytest.raises(SpecError, match=r"field 'model\.fx_factory': the reference FX model has no latent attention"):
         generator.generate(make_point("tiny-deepseek", seq_len=SEQ))
 
 

@@ -27,6 +27,8 @@ REQUIRED = tuple(name for name, info in ModelSpec.model_fields.items() if info.i
 NOT_DESCRIBED = ("name", "fx_factory", "dtype", "family", "dropout", "flash_attention", "rope_impl")
 """Fields the model's code does not decide (its name, the training's dtype, how kernels run), or decides only
 loosely (`family`, checked by `_families`)."""
+SECTIONS = ("moe", "mla", "ssm")
+"""The model's optional sections: one the spec sets to null that the model has is a contradiction, not a gap."""
 FAMILIES = {False: ("gpt", "llama"), True: ("mixtral", "deepseek")}
 """The families a dense (False) and a mixture-of-experts (True) model can be named by."""
 
@@ -84,6 +86,8 @@ def agree(model: dict[str, Any], description: ModelDescription, where: str = "")
     """A SpecError naming the first field the point gives that the model's code contradicts, and both values."""
     has = description.fields
     for name, value in model.items():
+        if value is None and name in SECTIONS and has.get(name):  # a section the spec says the model lacks
+            _refuse(f"{where}model.{name}", value, has[name], description.factory)
         if name in NOT_DESCRIBED:
             if name == "family" and value not in FAMILIES["moe" in has]:
                 kind = "a mixture of experts" if "moe" in has else "a dense transformer"

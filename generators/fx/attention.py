@@ -15,8 +15,10 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch._subclasses.fake_tensor import fake_tensor_tls
 
 _SDPA = F.scaled_dot_product_attention
+_DROPOUT = F.dropout
 
 
 def _expanded(q: Tensor, kv: Tensor) -> Tensor:
@@ -85,11 +87,27 @@ def _fused_sdpa(
     return attention(query, key, value, is_causal, scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
 
 
+def _dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    return input if p == 0 or not training else _DROPOUT(input, p, training, inplace)
+
+
 @contextmanager
 def fused_attention() -> Iterator[None]:
-    """Route `F.scaled_dot_product_attention` (as model code calls it) to the fused op while capturing."""
-    F.scaled_dot_product_attention = _fused_sdpa
+    """Route `F.scaled_dot_product_attention` (as model code calls it) to the fused op while capturing.
+
+    A dropout of p 0 (or not training) returns its input, as ATen's does on a GPU (`_dropout_impl`): on meta it
+    would run a masking op, which DTensor refuses to take a partial sum through, so a parallel block's branches'
+    sum would be reduced before the residual add rather than at it (GPT-NeoX's nn.Dropout, Falcon's
+    `dropout_add`).
+
+    And let the fake tensor mode of the compile take the meta tensors that torch makes outside it: indexing a meta
+    tensor by a Python list (Falcon's `qkv[:, :, :, [-2]]`) turns the list into an index tensor on the meta device,
+    not a fake one, which the mode otherwise refuses ("Please convert all Tensors to FakeTensors first"). Only its
+    shape is read, as of every tensor here."""
+    F.scaled_dot_product_attention, F.dropout = _fused_sdpa, _dropout
+    before, fake_tensor_tls.allow_non_fake_inputs_override = fake_tensor_tls.allow_non_fake_inputs_override, True
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = _SDPA
+        F.scaled_dot_product_attention, F.dropout = _SDPA, _DROPOUT
+        fake_tensor_tls.allow_non_fake_inputs_override = before

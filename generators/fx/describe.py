@@ -64,6 +64,7 @@ class _Seen:
     activation functions called and the embeddings called with their inputs, and the routing's last top-k."""
 
     attention: list[tuple[tuple[int, ...], tuple[int, ...], tuple[nn.Module, ...]]] = field(default_factory=list)
+    """Each attention call's query and value shapes and the module stack at it."""
     routing: FixedCapacity = field(default_factory=FixedCapacity)
     activations: list[tuple[str, tuple[nn.Module, ...]]] = field(default_factory=list)
     embeddings: list[tuple[nn.Module, Any]] = field(default_factory=list)
@@ -85,8 +86,8 @@ class _Watch(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         stack = tuple(self.seen.stack)
         if name == "scaled_dot_product_attention":
-            q, k, v = args[:3]
-            self.seen.attention.append((tuple(q.shape), tuple(k.shape), stack))
+            q, v = args[0], args[2]
+            self.seen.attention.append((tuple(q.shape), tuple(v.shape), stack))
             return q.new_empty((*q.shape[:-1], v.shape[-1]))
         if name in ACTIVATIONS:
             self.seen.activations.append((name, stack))
@@ -249,16 +250,20 @@ def _block(block: nn.Module, found: Experts | None, hidden: int, seen: _Seen) ->
     mlp = next((m for m in others if any(m in s for _, s in seen.activations)), others[-1] if others else None)
     mixer = [attention] if attention is not None else [m for m in others if m is not mlp]
     out: dict[str, Any] = {"attention": {}, "norm": _norm_kind(norms[0]) if norms else "rmsnorm"}
+    latent = None
     if calls:
-        q, _ = calls[0]
+        q, v = calls[0]
         heads, head_dim = q[-3], q[-1]
+        latent = _latent([m for c in mixer for m in c.modules() if isinstance(m, nn.Linear)], hidden, heads, q, v)
         weights = sum(p.numel() for m in mixer for p in _matrices(m))
         kv = (weights // (hidden * head_dim) - 2 * heads) // 2
-        out["attention"] = {"heads": heads, "kv_heads": kv if kv > 0 else calls[0][1][-3]}
+        out["attention"] = {"heads": heads, "kv_heads": kv if kv > 0 else v[-3]}
         if heads * head_dim != hidden:
             out["attention"]["head_dim"] = head_dim
+        if latent is not None:
+            out["attention"] = {"heads": heads, "mla": latent}
     linears = [m for c in (*mixer, mlp) if c is not None for m in c.modules() if isinstance(m, nn.Linear)]
-    out["layout"] = _layout(attention, mixer, mlp, norms, seen)
+    out["layout"] = _layout(attention, mixer, mlp, norms, seen, latent is not None)
     out["bias"] = any(m.bias is not None for m in linears) and "qkv_bias" not in out["layout"]
     activation = next((name for name, stack in seen.activations if mlp is not None and mlp in stack), "silu")
     out["experts"] = None if found is None else found.count
@@ -279,13 +284,48 @@ def _block(block: nn.Module, found: Experts | None, hidden: int, seen: _Seen) ->
     return out
 
 
+def _latent(
+    linears: list[nn.Linear], hidden: int, heads: int, q: tuple[int, ...], v: tuple[int, ...]
+) -> dict[str, int | None] | None:
+    """The `model.mla` fields of a latent attention (DeepSeek's MLA), by its projections' shapes, else None: the key
+    and value heads come up from a latent (a Linear kv_lora_rank -> heads x (qk_nope_head_dim + v_head_dim)) that a
+    Linear makes from the hidden state with the shared RoPE key (hidden -> kv_lora_rank + qk_rope_head_dim), and the
+    queries from their own latent (q_lora_rank -> heads x (nope + rope)) or from the hidden state."""
+    qk, dv = q[-1], v[-1]
+    downs = {m.out_features for m in linears if m.in_features == hidden != m.out_features}
+    ups = [m for m in linears if m.in_features != hidden and m.out_features % heads == 0]
+
+    def rope(up: nn.Linear) -> int:  # an up projection's RoPE width, were it the key's and value's
+        return qk - (up.out_features // heads - dv)
+
+    # a query up projection (heads x (nope + rope)) could pass for one when v_head_dim == qk_rope_head_dim
+    candidates = [m for m in ups if 0 < rope(m) < qk and m.in_features + rope(m) in downs]
+    if not candidates:
+        return None
+    kv_up = min(candidates, key=lambda m: m.out_features == heads * qk)
+    nope = qk - rope(kv_up)
+    q_up = next((m for m in ups if m is not kv_up and m.out_features == heads * qk and m.in_features in downs), None)
+    return {
+        "kv_lora_rank": kv_up.in_features,
+        "q_lora_rank": None if q_up is None else q_up.in_features,
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": qk - nope,
+        "v_head_dim": dv,
+    }
+
+
 def _layout(
-    attention: nn.Module | None, mixer: list[nn.Module], mlp: nn.Module | None, norms: list[nn.Module], seen: _Seen
+    attention: nn.Module | None,
+    mixer: list[nn.Module],
+    mlp: nn.Module | None,
+    norms: list[nn.Module],
+    seen: _Seen,
+    latent: bool = False,
 ) -> dict[str, Any]:
     """The block's layout fields of ModelSpec that are away from their defaults: biases on the query, key and value
     projections alone (`qkv_bias`), a LayerNorm without bias (`norm_bias`), norms on the query and key heads
-    (`qk_norm`), the attention and the MLP side by side (`parallel_block`: the MLP's input does not come from the
-    attention's output)."""
+    (`qk_norm`; a `latent` attention's norms are its latents'), the attention and the MLP side by side
+    (`parallel_block`: the MLP's input does not come from the attention's output)."""
     out: dict[str, Any] = {}
     called = list(seen.inputs)
     projections = sorted(
@@ -299,7 +339,7 @@ def _layout(
     if norms and _norm_kind(norms[0]) == "layernorm" and getattr(norms[0], "bias", None) is None:
         out["norm_bias"] = False
     inner = [m for c in mixer for m in c.modules() if m is not c and _is_norm(m)]
-    if inner:
+    if inner and not latent:
         out["qk_norm"] = True
     if attention is not None and mlp is not None and _side_by_side(seen, attention, mlp):
         out["parallel_block"] = "shared_norm" if len(norms) == 1 else "two_norms"

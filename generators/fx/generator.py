@@ -69,7 +69,7 @@ def unsupported(point: DesignPoint) -> str | None:
         "parallel.cp": (p.cp > 1, "1"),
         "parallel.tp_comm_overlap": (p.tp_comm_overlap, "false"),
         "parallel.layer_strategies": (any(s != "tp" for s in p.layer_strategies), "every layer tp"),
-        "model.family": (m.ssm is not None or m.mla is not None, "a dense or mixture-of-experts transformer"),
+        "model.family": (m.ssm is not None, "a transformer (attention or latent attention, dense or experts)"),
     }
     for field, (bad, fix) in checks.items():
         if bad:

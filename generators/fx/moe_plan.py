@@ -2,7 +2,7 @@
 `generators.fx.models.moe` (`router.gate`, `experts.{w1,w2,w3}` stacked per expert, `shared_experts`), wherever in
 the block `generators.fx.experts` found it (and laid a user's MoE out so).
 
-It lays the MoE out as the symbolic generator prices it (`generators.symbolic.dense: DenseModule.moe`, Megatron's
+It lays the MoE out as the symbolic generator prices it (`generators.symbolic.experts.moe`, Megatron's
 all-to-all token dispatcher with expert tensor parallelism), so the two agree collective by collective:
 
 - the router is replicated and runs on the tokens the rank holds (its sequence shard under SP), and so do the
@@ -140,8 +140,12 @@ def moe_plan(
         # flattened tokens [b * s, h]: the rank's rows under SP
         rows = Shard(0) if sp else Replicate()
         plan[shared] = PrepareModuleInput(input_layouts=(rows,), desired_input_layouts=(Replicate(),))
-        for inner in ("w1", "w3"):
-            if f"{shared}.{inner}" in names:
-                plan[f"{shared}.{inner}"] = ColwiseParallel()
-        plan[f"{shared}.w2"] = RowwiseParallel(output_layouts=rows if sp else Partial())
+        linears = [n for n, m in names[shared].named_modules() if isinstance(m, nn.Linear)]
+        # by structure, whatever their names (w1, w3, w2; gate_proj, up_proj, down_proj): the Linears from the hidden
+        # size column-parallel, the one back to it row-parallel
+        down = [n for n in linears if names[f"{shared}.{n}"].in_features != found.hidden] or linears[-1:]
+        for inner in linears:
+            plan[f"{shared}.{inner}"] = (
+                ColwiseParallel() if inner not in down else RowwiseParallel(output_layouts=rows if sp else Partial())
+            )
     return plan

@@ -42,6 +42,7 @@ the derived refinement; `replicate` leaves a module unsharded. A pattern naming 
 
 import copy
 import inspect
+import os
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ from torch.overrides import TorchFunctionMode
 
 from dse.errors import SpecError
 from dse.spec import ModelSpec
-from generators.fx.kv_heads import HeadParallel, ShardedCache, local_heads
+from generators.fx.kv_heads import Heads, LocalHeads, ShardedCache
+from generators.fx.latent import LatentDown, LocalRows, latent_input
 
 PLAN_FIELD = "model.fx_plan"
 STYLES: tuple[str, ...] = get_args(get_args(get_args(ModelSpec.model_fields["fx_plan"].annotation)[0])[1])
@@ -74,9 +76,6 @@ MODULE_PLAN = "TP_PLAN"
 """The name of a factory module's plan (a dict of module-name patterns -> styles) beside the factory."""
 ATTENTION_OPS = ("scaled_dot_product_attention", "attention.default", "softmax")
 """What an attention computes by (`generators.fx.attention`'s fused op under capture), by the function's name."""
-SIZE_WORDS = ("embed", "embd", "hidden", "split", "size", "dim")
-"""Attribute names that may hold an attention's width (heads x head_dim), scaled to the rank's."""
-NOT_ATTENTION_WORDS = ("intermediate", "position", "vocab", "ffn", "inner", "max")
 
 
 class PlanError(SpecError):
@@ -124,6 +123,8 @@ class Dataflow:
     """The Linears whose outputs reach the block's output directly."""
     source: dict[str, str | None] = field(default_factory=dict)
     """Linear -> the (non-Linear) module whose output is its input; '' the block's input; None: neither."""
+    attention: bool = False
+    """Whether the block computes attention (an op of ATTENTION_OPS ran)."""
 
 
 def dataflow(block: nn.Module, args: tuple, kwargs: dict, skip: Iterable[str]) -> Dataflow:
@@ -157,6 +158,7 @@ def dataflow(block: nn.Module, args: tuple, kwargs: dict, skip: Iterable[str]) -
         flow.feeds[name] = {STREAM: False} if given is x else _fed_by(given.grad_fn, by_node, attentions.nodes, x)
         flow.source[name] = "" if given is x else outputs.get(given.grad_fn) if given.grad_fn else None
     flow.exits = set(_fed_by(out.grad_fn, by_node, attentions.nodes, x)) - {STREAM}
+    flow.attention = bool(attentions.nodes)
     return flow
 
 
@@ -182,70 +184,6 @@ def _fed_by(start: Any, by_node: dict[Any, str], attentions: set[Any], x: torch.
         through = through or node in attentions
         stack.extend((nxt, through) for nxt, _ in node.next_functions)
     return found
-
-
-@dataclass(frozen=True)
-class Heads:
-    """The attention's head counts and head size, for splitting by heads."""
-
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def of(cls, spec: ModelSpec) -> "Heads":
-        return cls(spec.heads, spec.n_kv_heads, spec.d_head)
-
-    def groups(self, rows: int) -> tuple[int, ...] | None:
-        """The head groups a projection of `rows` output rows is made of: q, k or v alone, or a fused QKV."""
-        h, kv, d = self.heads, self.kv_heads, self.head_dim
-        return {h * d: (h,), kv * d: (kv,), (h + 2 * kv) * d: (h, kv, kv)}.get(rows)
-
-
-class LocalHeads(HeadParallel):
-    """HeadParallel that also sets the attention module's (`owner`) head counts and widths to the rank's, once,
-    so the model code's own slicing and views of the projected heads work on the local shard."""
-
-    def __init__(self, groups: tuple[int, ...], owner: nn.Module, heads: Heads) -> None:
-        super().__init__(groups)
-        self.owner, self.heads = owner, heads
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        if not getattr(self.owner, "_dse_local_heads", False):
-            localise(self.owner, self.heads, device_mesh.size())
-            self.owner._dse_local_heads = True
-        return super()._apply(module, device_mesh)
-
-
-def localise(owner: nn.Module, heads: Heads, tp: int) -> None:
-    """The owner's integer attributes that count heads (named ...head..., not a size) or measure heads x head_dim
-    (named as a width) set to the rank's share; a `config` it holds replaced by a copy so changed."""
-    h, kv, d = heads.heads, heads.kv_heads, heads.head_dim
-    lh, lkv = local_heads(h, tp), local_heads(kv, tp)
-    counts = {h: lh, kv: lkv}
-    sizes = {s: local for s, local in ((kv * d, lkv * d), (h * d, lh * d), ((h + 2 * kv) * d, (lh + 2 * lkv) * d))}
-    sizes.pop(d, None)
-
-    def scaled(attributes: dict[str, Any]) -> dict[str, int]:
-        out = {}
-        for name, value in attributes.items():
-            if type(value) is not int or any(w in name for w in NOT_ATTENTION_WORDS):
-                continue
-            width = any(w in name for w in SIZE_WORDS)
-            if "head" in name and not width and value in counts:
-                out[name] = counts[value]
-            elif width and value in sizes:
-                out[name] = sizes[value]
-        return out
-
-    for name, value in scaled(vars(owner)).items():
-        setattr(owner, name, value)
-    config = getattr(owner, "config", None)
-    if config is not None and not isinstance(config, nn.Module):
-        config = copy.copy(config)
-        for name, value in scaled(vars(config)).items():
-            setattr(config, name, value)
-        owner.config = config
 
 
 class SharedInput(ParallelStyle):
@@ -284,15 +222,6 @@ class PartialRowwise(RowwiseParallel):
     def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, out: Any, mesh: Any) -> Any:
         local = out.to_local(grad_placements=(Replicate(),))
         return DTensor.from_local(local, mesh, (Partial(),), run_check=False)
-
-
-class Skipped(ParallelStyle):
-    """A dropout of p 0 in a parallel block, skipped: it changes nothing, but DTensor's dropout takes no partial sum
-    and would reduce each branch's output before the branches' sum (a dropout of p > 0 does so, as it must)."""
-
-    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
-        module.forward = lambda x, *args, **kwargs: x
-        return module
 
 
 class Replicated(ParallelStyle):
@@ -381,17 +310,26 @@ def derived_block_plan(
     replicated."""
     flow = dataflow(block, args, kwargs, fixed)
     branches = _branches(flow)
+    latent = {exit_: found for exit_, found in _latent(flow).items() if exit_ not in branches}
+    covered = branches | {exit_: [*downs, *ups] for exit_, (downs, ups) in latent.items()}
+    owners = {exit_: _common([*entries, exit_]) for exit_, entries in covered.items()}
+    unsplit = flow.attention and not any(any(flow.feeds[e].values()) for e in covered)
+    if unsplit or any(not owners[exit_] for exit_ in latent):  # a latent attention's input is prepared at its module
+        raise PlanError(_unsplit_attention(block, flow, branches))
     modules = dict(block.named_modules())
     layout = Shard(1) if sp else Replicate()
     # branches side by side (no branch reads another's output): their row-parallel outputs left partial sums that
     # meet in the block's sum and are reduced once there
-    parallel = len(branches) > 1 and not any(set(flow.feeds[e]) & set(branches) for b in branches.values() for e in b)
+    parallel = len(covered) > 1 and not any(set(flow.feeds[e]) & set(covered) for b in covered.values() for e in b)
     plan: dict[str, ParallelStyle] = dict(fixed)
+    for exit_, (downs, ups) in latent.items():  # generators/fx/latent.py
+        owner = owners[exit_]
+        plan |= _latent_plan(flow, downs, ups, modules, (owner, heads, layout))
+        plan[exit_] = PartialRowwise() if parallel else RowwiseParallel(output_layouts=layout)
+        plan[owner] = latent_input(branch_input(layout, modules[owner]), layout)
     sources: dict[str | None, list[list[str]]] = {}
-    owners: list[str] = []
     for exit_, entries in sorted(branches.items()):
-        owner = _common([*entries, exit_])
-        owners.append(owner)
+        owner = owners[exit_]
         attention = any(flow.feeds[exit_].values())
         for entry in entries:
             groups = heads.groups(flow.linears[entry].out_features) if attention else None
@@ -408,17 +346,16 @@ def derived_block_plan(
                 for entry in entries:
                     plan[entry].input_layouts = (layout,)
     for name, module in modules.items():  # a decoding block's KV cache module (generators/fx/models/layers.py)
-        if name.endswith("cache") and list(module.buffers(recurse=False)) and _under(name, owners):
+        if name.endswith("cache") and list(module.buffers(recurse=False)) and _under(name, owners.values()):
             plan[name] = ShardedCache(heads.kv_heads)
-    for name in _norms(modules, args[0].shape[-1], [*[o for o in owners if o], *fixed]):
-        if sp or parallel:  # in a parallel block, the norms read the residual as a DTensor
+    for name in _norms(modules, args[0].shape[-1], [*[o for o in owners.values() if o], *fixed]):
+        if parallel:  # in a parallel block, the norms read the residual as a DTensor
             plan.setdefault(name, SequenceParallel() if sp else Replicated())
+        elif sp:  # a norm of a branch's output (Gemma 2's post-norms) hands the residual add its local shard
+            plan.setdefault(name, SequenceParallel(use_local_output=name not in sources))
     if parallel:
-        plan[""] = ResidualStream(layout, block)
-        for name, module in modules.items():  # a branch output's dropout of p 0 (GPT-NeoX's), a no-op
-            if isinstance(module, nn.Dropout) and module.p == 0 and not _under(name, fixed):
-                plan[name] = Skipped()
-    if not branches:
+        plan[""] = ResidualStream(layout, block)  # a dropout of p 0 between: a no-op (`attention.fused_attention`)
+    if not covered:
         raise PlanError(
             f"{PLAN_FIELD}: no column- and row-parallel nn.Linear pairs found in {type(block).__name__} for tensor "
             "parallelism; name its modules' styles (colwise, rowwise, ...) in model.fx_plan"
@@ -431,11 +368,7 @@ def _branches(flow: Dataflow) -> dict[str, list[str]]:
     block's input, through norms and earlier branches' sums) and only row-parallel Linears read its output; a
     row-parallel one reads only column-parallel outputs (through the branch's own ops: activation, attention) and
     its output reaches the block's."""
-    users: dict[str, set[str]] = {n: set() for n in flow.linears}
-    for name, feeds in flow.feeds.items():
-        if STREAM not in feeds:
-            for fed in feeds:
-                users[fed].add(name)
+    users = _users(flow)
     column = {n for n, feeds in flow.feeds.items() if STREAM in feeds and users[n]}
     row = {n for n, feeds in flow.feeds.items() if feeds and STREAM not in feeds and n in flow.exits}
     while True:  # whole pairs only: a column-parallel output read by anything else would meet it sharded
@@ -444,6 +377,89 @@ def _branches(flow: Dataflow) -> dict[str, list[str]]:
         if (kept_column, kept_row) == (column, row):
             return {exit_: sorted(flow.feeds[exit_]) for exit_ in sorted(row)}
         column, row = kept_column, kept_row
+
+
+def _users(flow: Dataflow) -> dict[str, set[str]]:
+    """Linear -> the Linears reading its output directly."""
+    users: dict[str, set[str]] = {n: set() for n in flow.linears}
+    for name, feeds in flow.feeds.items():
+        if STREAM not in feeds:
+            for fed in feeds:
+                users[fed].add(name)
+    return users
+
+
+def _latent(flow: Dataflow) -> dict[str, tuple[list[str], list[str]]]:
+    """Row-parallel Linear -> the down and up projections of the latent attention before it (`latent`): it reads,
+    through an attention op, up projections and down projections only (the shared RoPE key, past any Linear); an
+    up projection reads down projections only and only it reads the up projection; a down projection reads the
+    residual stream, some up projection reads it, and only they and it do. (A per-head projection from the stream
+    straight to the attention, DeepSeek-V2-Lite's query without q_lora_rank, is none of these: refused.)"""
+    users, found = _users(flow), {}
+    for exit_ in sorted(flow.exits):
+        feeds = flow.feeds.get(exit_, {})
+        ups = sorted(n for n in feeds if n != STREAM and STREAM not in flow.feeds[n])
+        downs = sorted({d for up in ups for d in flow.feeds[up]} | {n for n in feeds if n != STREAM} - set(ups))
+        shaped = ups and any(feeds.values()) and STREAM not in feeds
+        upward = all(users[up] == {exit_} and set(flow.feeds[up]) <= set(downs) for up in ups)
+        downward = all(
+            set(flow.feeds[d]) == {STREAM} and users[d] & set(ups) and users[d] <= {*ups, exit_} for d in downs
+        )
+        if shaped and upward and downward:
+            found[exit_] = (downs, ups)
+    return found
+
+
+def _latent_plan(
+    flow: Dataflow, downs: list[str], ups: list[str], modules: dict[str, nn.Module], split: tuple[str, Heads, Any]
+) -> dict[str, ParallelStyle]:
+    """A latent attention's down and up projections (`_latent`; `split`: the attention's module, its heads and the
+    sequence's layout). A latent only up projections read, through norms at most (DeepSeek's query latent), is
+    under sp Megatron's sequence-parallel pair: the down projection and the norm replicated DTensor modules on the
+    rank's shard, the up projection column-parallel by heads gathering its input (and regathering it in backward,
+    as Megatron's column-parallel Linear does). Without sp (where DTensor would reduce the pair's input gradient
+    at the hidden state, not at the latent), and for a latent read otherwise too (the kv latent, whose shared RoPE
+    key the attention reads past any Linear), the latent is gathered whole at the down projection (`LatentDown`),
+    its up projections the rank's rows (`LocalRows`)."""
+    owner, heads, layout = split
+    users, plan = _users(flow), {}
+    for down in downs:
+        readers = [up for up in ups if down in flow.feeds[up]]
+        between = {flow.source[up] for up in readers} - {down}
+        alone = users[down] <= set(readers) and all(n and _is_norm(modules[n]) for n in between)
+        paired = alone and isinstance(layout, Shard)
+        plan |= {down: Replicated(), **dict.fromkeys(between, Replicated())} if paired else {down: LatentDown()}
+        for up in readers:
+            if paired:
+                plan[up] = LocalHeads((heads.heads,), modules[owner], heads, widths=False)
+                plan[up].input_layouts = (layout,)
+            else:
+                plan[up] = LocalRows((heads.heads,), modules[owner], heads, widths=False)
+    return plan
+
+
+def _is_norm(module: nn.Module) -> bool:
+    params = list(module.parameters(recurse=False))
+    return bool(params) and all(p.dim() == 1 for p in params) and not isinstance(module, nn.Linear | nn.Embedding)
+
+
+def _unsplit_attention(block: nn.Module, flow: Dataflow, branches: dict[str, list[str]]) -> str:
+    """The refusal of a block whose attention no column- then row-parallel pair surrounds (DeepSeek's latent
+    attention: low-rank down projections, replicated in Megatron, before the per-head up projections), naming the
+    attention's module and where its class is written; a tensor-parallel capture would run it unsplit on the
+    rank's sequence shard."""
+    paired = {name for exit_, entries in branches.items() for name in (exit_, *entries)}
+    unpaired = sorted(name for name in flow.linears if name not in paired)
+    owner = block.get_submodule(_common(unpaired)) if unpaired else block
+    try:
+        where = f"{os.path.relpath(inspect.getsourcefile(type(owner)) or '?')}:{inspect.getsourcelines(type(owner))[1]}"
+    except (OSError, TypeError):
+        where = type(owner).__module__
+    return (
+        f"{type(owner).__name__} ({where}): its attention's projections ({', '.join(unpaired)}) are not "
+        "column- then row-parallel pairs around it (low-rank or latent projections), which the fx generator does "
+        "not split over tensor-parallel ranks yet; use parallel.tp 1, or generator symbolic"
+    )
 
 
 def _one(values: set[str | None]) -> str | None:

@@ -108,10 +108,14 @@ class Checkpointed(nn.Module):
         self.block, self.recompute = block, recompute
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The block's output, or its first when it returns a tuple (Falcon's and older Hugging Face blocks'
+        `(hidden_states, attention_weights)`): what the next block reads, from which backward starts."""
         if self.recompute == "full":
-            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
-        context = CONTEXTS[self.recompute]
-        return checkpoint(self.block, *args, use_reentrant=False, context_fn=context, **kwargs)
+            out = checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+        else:
+            context = CONTEXTS[self.recompute]
+            out = checkpoint(self.block, *args, use_reentrant=False, context_fn=context, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
 
 
 def rerun_whole_forward(forward: fx.GraphModule, backward: fx.GraphModule) -> None:

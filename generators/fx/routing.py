@@ -29,8 +29,10 @@ observe its routing), a TorchFunctionMode, `FixedCapacity`: it sees torch's func
 (`mask.nonzero()`, `x[mask]`) and records the topk. Under torch.compile(fullgraph=True), `compiled_with`: dynamo
 traces a TorchFunctionMode, but not inside higher-order ops (the capture checkpoints every block, and dynamo traces
 a checkpointed body with modes off), so for the compile the Python functions themselves are replaced, which
-dynamo inlines everywhere, sized by the routing the eager run observed. Boolean-mask indexing is sized eagerly
-only: dynamo does not look up a replaced `Tensor.__getitem__`.
+dynamo inlines everywhere, sized by the routing the eager run observed. Boolean-mask indexing (`x[mask]`,
+`out[mask] += y`) is sized under compile too, though dynamo does not look up a replaced `Tensor.__getitem__`: the
+fake kernel of the ATen index op it records (`meta_index_Tensor`) finds the mask's elements with
+`mask.nonzero()`, which is replaced (tests/test_fx_masked_routing.py).
 """
 
 import math
@@ -143,8 +145,8 @@ def compiled_with(routing: Routing) -> Iterator[None]:
     """While a block is compiled: its data-dependent index ops sized by `routing` (observed eagerly by
     FixedCapacity). Dynamo traces a TorchFunctionMode, but not inside higher-order ops such as activation
     checkpointing's, whose bodies it traces with modes off; so the Python functions are replaced instead (dynamo
-    inlines them everywhere), without the topk record, a side effect such bodies may not have. Boolean-mask
-    indexing (`x[mask]`) is a Tensor slot dynamo does not look up and stays unsized under compile."""
+    inlines them everywhere), without the topk record, a side effect such bodies may not have; boolean-mask
+    indexing through the index op's fake kernel, which calls `Tensor.nonzero` (see the module docstring)."""
     # dynamo's tables of torch's functions and Tensor methods are built once, on first use: built while ours stand
     # in for them they would lack torch's own, and every later capture would find those untraceable
     trace_rules.get_torch_obj_rule_map()

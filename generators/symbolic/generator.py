@@ -112,8 +112,8 @@ EXCHANGE_KERNELS: dict[str, Literal["low_latency", "normal"]] = {"decode": "low_
 training step has none: Megatron's default dispatcher runs NCCL's all-to-all, and no table times DeepEP's
 backward."""
 DISPATCH, COMBINE = "dispatch.all_to_all", "experts.w2.all_to_all"
-"""The tracer's names for the MoE layer's all-to-alls over ep (DenseModule.moe): the dispatched copies, then the
-experts' output going back."""
+"""The tracer's names for the MoE layer's all-to-alls over ep (generators.symbolic.experts.moe): the dispatched
+copies, then the experts' output going back."""
 
 
 def expert_exchange(point: DesignPoint) -> ExpertExchange | None:
@@ -125,7 +125,7 @@ def expert_exchange(point: DesignPoint) -> ExpertExchange | None:
 
 
 EXPERTS, GATE = "experts.", "experts.w1"
-"""The tracer's names for the routed experts' ops (DenseModule.moe) and for their first GEMM."""
+"""The tracer's names for the routed experts' ops (generators.symbolic.experts.moe) and for their first GEMM."""
 
 
 def expert_compute(point: DesignPoint) -> ExpertCompute | None:

@@ -15,6 +15,7 @@ targets.
 import copy
 import inspect
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -40,7 +41,8 @@ ARCHITECTURES = (
 )
 """The model types whose capture is tested (tests/test_fx_hf_archs.py, benchmarks/fx_hf_archs.py), each registered as
 a factory `hf-<model type, '-' for '_'>`; any other decoder-only model type builds through
-`generators.fx.models.hf:<type>` (Falcon builds, but its blocks return tuples, which the capture does not take yet)."""
+`generators.fx.models.hf:<type>` (Falcon's blocks capture; its ends wait for the capture's stand-in block to return
+a tuple, as Falcon's blocks do)."""
 
 FAMILIES = {"llama": "llama", "mixtral": "mixtral", "deepseek": "deepseek_v3"}
 """The model type the factory `hf` builds for a spec's family."""
@@ -74,6 +76,10 @@ _SPEC_TO_CONFIG: dict[str, tuple[str, ...]] = {
 """A spec field -> the config attributes that may hold it, first the config has wins (names a config's
 `attribute_map` renames, GPT-2's n_embd for hidden_size, are found under the common name)."""
 
+_BUILT_FOR: "weakref.WeakKeyDictionary[Any, nn.Module]" = weakref.WeakKeyDictionary()
+"""A decoding model's StaticCache -> the causal LM it was built for, whose blocks `allocate_cache` runs (a copy of
+the cache, as the plan's dataflow run makes, is not in it)."""
+
 _BIAS = ("attention_bias", "mlp_bias", "bias", "use_bias")
 """Config switches the spec's `bias` sets, all that the config has."""
 
@@ -94,10 +100,12 @@ class HFCausalLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
         """tokens [batch, seq] from position 0; decoding, tokens [batch, 1] at positions `input_pos` [1], the
-        StaticCache's last slot (`generators.fx.factories`)."""
+        StaticCache's last slot (`generators.fx.factories`), without autograd (inference: the cache's layers, run
+        on meta before the captured one, hold plain tensors, which the plan's dataflow run can copy)."""
         if self.cache is None or input_pos is None:
             return self.hf(input_ids=tokens, use_cache=False).logits
-        return self.hf(input_ids=tokens, position_ids=input_pos.unsqueeze(0), use_cache=True, **self.cache).logits
+        with torch.no_grad():
+            return self.hf(input_ids=tokens, position_ids=input_pos.unsqueeze(0), use_cache=True, **self.cache).logits
 
 
 def _block_stack(causal_lm: nn.Module) -> nn.ModuleList:
@@ -240,17 +248,41 @@ def _refuse_window(module: nn.Module, key: torch.Tensor, window: int | None) -> 
         )
 
 
+class _Initialised(Exception):
+    """Stops a block at its cache update, once the cache layer is allocated."""
+
+
+def _initialising(layer: Any, keys: torch.Tensor, values: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    layer.lazy_initialization(keys, values)
+    raise _Initialised
+
+
 def allocate_cache(block_kwargs: dict[str, Any], index: int, like: torch.Tensor) -> None:
-    """Hugging Face's StaticCache allocates a layer's keys and values at their first update: inside a captured
-    block, a fresh tensor that the graph fills, not the cache the step holds. Allocated here first, after keys
-    `like` one token's [batch, heads, 1, head_dim] (the rank's heads under tensor parallelism), the block's cache is
-    an input its graph updates in place, as a decoding step's is. Nothing for a block called without a
-    StaticCache."""
+    """Hugging Face's StaticCache allocates a layer's keys and values at their first update, after the tensors the
+    attention writes: inside a captured block, a fresh tensor that the graph fills, not the cache the step holds.
+    Allocated here first, the block's cache is an input its graph updates in place, as a decoding step's is.
+
+    What an attention caches is its code's to say: [batch, kv heads, ., head_dim] keys and values for most, but
+    all the query heads' keys for Falcon (it broadcasts them before caching), and one latent "head" of
+    kv_lora_rank beside one RoPE key of qk_rope_head_dim for DeepSeek's MLA. So the block (`index` of the model
+    the cache was built for, tensor-parallelised by now: its rank's heads) runs once on meta on a token's hidden
+    state (`like`'s batch and dtype), stopped at its cache update, which allocates the layer from what the
+    attention writes. Nothing for a block called without a StaticCache."""
     # its keyword: cache from transformers 5.2x on, past_key_values before, layer_past in GPT-NeoX's and Falcon's
     cache = next((block_kwargs[k] for k in ("cache", "past_key_values", "layer_past") if k in block_kwargs), None)
-    layers = getattr(cache, "layers", None)
-    if layers is not None and not getattr(layers[index], "is_initialized", True):
-        layers[index].lazy_initialization(like, like)
+    causal_lm = _BUILT_FOR.get(cache) if cache is not None else None
+    if causal_lm is None or getattr(cache.layers[index], "is_initialized", True):
+        return
+    layer = cache.layers[index]
+    layer.update = _initialising.__get__(layer)
+    try:
+        with torch.no_grad():
+            x = like.new_empty((like.shape[0], 1, causal_lm.config.hidden_size))
+            _block_stack(causal_lm)[index](x, **block_kwargs)
+    except _Initialised:
+        pass
+    finally:
+        del layer.update
 
 
 def wrap(causal_lm: nn.Module, cache: dict[str, Any] | None = None, fused: bool = True) -> HFCausalLM:
@@ -294,8 +326,9 @@ def build(model_type: str, model: ModelSpec, workload: WorkloadSpec) -> HFCausal
         return wrap(causal_lm, fused=model.flash_attention)
     # transformers 5.2x renamed past_key_values to cache (the old name warns until 5.40)
     keyword = "cache" if "cache" in inspect.signature(type(causal_lm).forward).parameters else "past_key_values"
-    cache = {keyword: transformers.StaticCache(config=config, max_cache_len=workload.seq_len)}
-    return wrap(causal_lm, cache, fused=model.flash_attention)
+    static = transformers.StaticCache(config=config, max_cache_len=workload.seq_len)
+    _BUILT_FOR[static] = causal_lm
+    return wrap(causal_lm, {keyword: static}, fused=model.flash_attention)
 
 
 def hf(model: ModelSpec, workload: WorkloadSpec) -> HFCausalLM:

@@ -12,12 +12,13 @@ formulas, not by a fudge.
 import torch
 from torch import nn
 
+from dse.errors import SpecError
 from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx.models.layers import Attention, FeedForward, KVCache, dtype_of, linear, norm, rope_table
 from generators.fx.models.moe import MoE
 
-UNSUPPORTED_MIXERS = {"mla": "model.mla (latent attention)", "ssm": "model.ssm (state-space layers)"}
+UNSUPPORTED_MIXERS = {"mla": "latent attention (model.mla)", "ssm": "state-space layers (model.ssm)"}
 
 
 class TransformerBlock(nn.Module):
@@ -53,9 +54,10 @@ class Transformer(nn.Module):
         kinds = layer_kinds(m)
         for mixer, _ in kinds:
             if mixer in UNSUPPORTED_MIXERS:
-                raise ValueError(
-                    f"model '{m.name}': {UNSUPPORTED_MIXERS[mixer]} has no reference FX model; use the symbolic "
-                    "generator or a model factory of your own"
+                raise SpecError(
+                    f"field 'model.fx_factory': the reference FX model has no {UNSUPPORTED_MIXERS[mixer]} (model "
+                    f"'{m.name}'); use a model factory of your own (Hugging Face's: generators.fx.models.hf:<model "
+                    "type>) or generator symbolic"
                 )
         self.spec = m
         self.tok_embeddings = nn.Embedding(m.vocab, m.hidden, dtype=dtype_of(m))

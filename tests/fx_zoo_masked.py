@@ -3,25 +3,19 @@
 
 import fx_zoo_moe
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dse.spec import ModelSpec, WorkloadSpec
 
 
 class MaskedMoE(fx_zoo_moe.SparseMoE):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
-        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+    def combine(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             mask = chosen == e  # [tokens, top_k]: each (token, k) pair routed to expert e
             rows = mask.any(dim=-1)
             out[rows] += expert(x[rows]) * (weights * mask).sum(dim=-1, keepdim=True)[rows]
-        return out.view(shape)
+        return out
 
 
 def factory(model: ModelSpec, workload: WorkloadSpec) -> nn.Module:

@@ -54,11 +54,15 @@ class SparseMoE(nn.Module):
         probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
+        return self.combine(x, weights, chosen).view(shape)
+
+    def combine(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Each token's experts' outputs, weighted: the (token, slot) pairs of each expert found by `torch.where`."""
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(chosen == e)
             out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
-        return out.view(shape)
+        return out
 
 
 class Block(nn.Module):

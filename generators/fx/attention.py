@@ -4,8 +4,11 @@ On the CPU and meta devices PyTorch lowers `F.scaled_dot_product_attention` to i
 matmuls and a softmax, the probabilities kept for backward), which is not what a GPU runs: there the flash or
 memory-efficient kernel is one kernel forward and one backward, and keeps no s x s matrix. During capture the
 function is routed to `dse_fx::attention`, a custom op with its own backward op, so that the graphs hold one fused
-attention op each way with its q, k, v shapes; masks and dropout, which those kernels' plain form does not take,
-keep PyTorch's own path.
+attention op each way with its q, k, v shapes. An explicit mask (nn.MultiheadAttention's and nn.Transformer's
+`attn_mask`, a causal one built by `generate_square_subsequent_mask` included) is an input of the fused op, not
+causal: on a GPU, SDPA runs a masked call as the memory-efficient (or cuDNN) kernel, one fused kernel that reads
+the mask and computes every score, whatever the mask's values (which meta does not have). Attention dropout
+(Hugging Face GPT-2's default 0.1) is applied inside those kernels, at no pass of its own: the fused op too.
 """
 
 import math
@@ -27,43 +30,44 @@ def _expanded(q: Tensor, kv: Tensor) -> Tensor:
 
 
 @torch.library.custom_op("dse_fx::attention", mutates_args=())
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
-    return _SDPA(q, _expanded(q, k), _expanded(q, v), is_causal=causal, scale=scale)
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Tensor | None = None) -> Tensor:
+    return _SDPA(q, _expanded(q, k), _expanded(q, v), mask, is_causal=causal, scale=scale)
 
 
 @attention.register_fake
-def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:
+def _attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, mask: Tensor | None = None) -> Tensor:
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @torch.library.custom_op("dse_fx::attention_backward", mutates_args=())
 def attention_backward(
-    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        result = _SDPA(leaves[0], _expanded(q, leaves[1]), _expanded(q, leaves[2]), is_causal=causal, scale=scale)
+        keys, values = _expanded(q, leaves[1]), _expanded(q, leaves[2])
+        result = _SDPA(leaves[0], keys, values, mask, is_causal=causal, scale=scale)
         dq, dk, dv = torch.autograd.grad(result, leaves, grad)
     return dq, dk, dv
 
 
 @attention_backward.register_fake
 def _attention_backward_fake(
-    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, causal: bool, scale: float, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, causal, scale = inputs
-    ctx.save_for_backward(q, k, v, output)
+    q, k, v, causal, scale, mask = inputs
+    ctx.save_for_backward(q, k, v, output, mask)
     ctx.causal, ctx.scale = causal, scale
 
 
 def _backward(ctx, grad: Tensor) -> tuple:
-    q, k, v, out = ctx.saved_tensors
-    dq, dk, dv = attention_backward(grad, q, k, v, out, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    q, k, v, out, mask = ctx.saved_tensors
+    dq, dk, dv = attention_backward(grad, q, k, v, out, ctx.causal, ctx.scale, mask)
+    return dq, dk, dv, None, None, None
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
@@ -82,9 +86,8 @@ def _fused_sdpa(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Tensor:
-    if attn_mask is not None or dropout_p:
-        return _SDPA(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    return attention(query, key, value, is_causal, scale if scale is not None else 1 / math.sqrt(query.shape[-1]))
+    scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+    return attention(query, key, value, is_causal and attn_mask is None, scale, attn_mask)
 
 
 def _dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:

@@ -39,6 +39,7 @@ from dse.modelstats import layer_kinds
 from dse.spec import ModelSpec, WorkloadSpec
 from generators.fx import plans
 from generators.fx.attention import fused_attention
+from generators.fx.describe import block_stack
 from generators.fx.experts import lay_out_experts, user_routing
 from generators.fx.models.hf import allocate_cache
 from generators.fx.moe_plan import moe_plan
@@ -160,14 +161,16 @@ def step_inputs(built: nn.Module, name: str, workload: WorkloadSpec) -> tuple[to
     return inputs
 
 
-def _block_arguments(model: nn.Module, inputs: tuple[torch.Tensor, ...], index: int) -> tuple[tuple, dict]:
+def _block_arguments(
+    model: nn.Module, layers: nn.ModuleList, inputs: tuple[torch.Tensor, ...], index: int
+) -> tuple[tuple, dict]:
     kept: dict[str, Any] = {}
 
     def keep(module: nn.Module, args: tuple, kwargs: dict) -> None:
         kept["args"], kept["kwargs"] = args, kwargs
         raise _BlockCalled
 
-    hook = model.layers[index].register_forward_pre_hook(keep, with_kwargs=True)
+    hook = layers[index].register_forward_pre_hook(keep, with_kwargs=True)
     try:
         model(*inputs)
     except _BlockCalled:
@@ -175,19 +178,20 @@ def _block_arguments(model: nn.Module, inputs: tuple[torch.Tensor, ...], index: 
     finally:
         hook.remove()
     if "args" not in kept:
-        raise CaptureError(f"{type(model).__name__}.forward never called model.layers[{index}]")
+        raise CaptureError(f"{type(model).__name__}.forward never called its block {index}")
     return kept["args"], kept["kwargs"]
 
 
 def built_on_meta(
     factory: Callable[..., nn.Module], model: ModelSpec, workload: WorkloadSpec, blocks: int = 1
 ) -> tuple[nn.Module, nn.ModuleList]:
-    """The factory's model on the meta device (no weights), with its block stack (`layers`, at least `blocks`)."""
+    """The factory's model on the meta device (no weights), with its block stack (`describe.block_stack`: `layers`,
+    else the nn.ModuleList of its blocks, nanoGPT's `transformer.h`; at least `blocks`)."""
     with torch.device("meta"):
         built = factory(model, workload)
-    layers = getattr(built, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or len(layers) < blocks:
-        raise CaptureError(f"{type(built).__name__} has no `layers` (an nn.ModuleList of its blocks) of {blocks}")
+    layers = block_stack(built)
+    if layers is None or len(layers) < blocks:
+        raise CaptureError(f"{type(built).__name__} has no nn.ModuleList of its blocks (at least {blocks})")
     return built, layers
 
 
@@ -219,7 +223,7 @@ def capture_layer(
         imbalance = workload.routing.imbalance
         with fused_attention():
             with FixedCapacity(imbalance):  # the blocks before this one may route by the data
-                args, kwargs = _block_arguments(built, step_inputs(built, name, workload), index)
+                args, kwargs = _block_arguments(built, layers, step_inputs(built, name, workload), index)
             x = args[0]
             local = (x.shape[0], x.shape[1] // tp, *x.shape[2:]) if sp and tp > 1 else tuple(x.shape)
             found = lay_out_experts(block, args, kwargs, tp > 1 or ep > 1, imbalance)

@@ -5,12 +5,14 @@ With the fx generator the model is the source of truth: a point may leave its mo
 from here), and those it gives must agree with the module (`dse.point.described`). Everything is read
 from the model built on the meta device (no weights) and one forward of one sequence on meta:
 
-- sizes by structure: `len(model.layers)`; the token embedding (the nn.Embedding called on the tokens) gives
-  hidden and vocab, a second embedding called outside the blocks learned positions (max_seq its rows); the MLP's
-  inner width is the narrowest non-hidden side of its matrices (a fused gate+up is twice it), three such matrices a
-  gated MLP, two a plain one; a norm is RMS-style by its class name, else LayerNorm;
-- heads and head_dim from the query of the attention call (F.scaled_dot_product_attention, seen through a
-  TorchFunctionMode), kv_heads from the attention's matrices (the key may be repeated to every head before the
+- sizes by structure: the length of the block stack (`block_stack`: `model.layers`, else the ModuleList of
+  blocks); the token embedding (the nn.Embedding called on the tokens) gives hidden and vocab, a second embedding
+  called outside the blocks learned positions (max_seq its rows), as does a bare [1, positions, hidden] Parameter
+  there; the MLP's inner width is the narrowest non-hidden side of its matrices (a fused gate+up is twice it),
+  three such matrices a gated MLP, two a plain one; a norm is RMS-style by its class name, else LayerNorm;
+- heads and head_dim from the query of the attention call (F.scaled_dot_product_attention, or
+  nn.MultiheadAttention's num_heads, or attention written out: a product making [.., heads, s, s] scores, seen
+  through a TorchFunctionMode), kv_heads from the attention's matrices (the key may be repeated to every head before the
   call);
 - experts by structure (`experts.find_experts`: an nn.ModuleList of identical modules, or parameters stacked
   [n, ...], beside a router [n, hidden]), top_k from the routing's `topk` over n scores during the forward, which
@@ -42,6 +44,8 @@ from generators.fx.routing import FixedCapacity
 DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 ACTIVATIONS = {"silu": "swiglu", "gelu": "gelu"}
 """The activation function of a gated MLP (gated: 'glu' in the spec's word) by the name of what it calls."""
+SCORES = ("matmul", "__matmul__", "einsum", "bmm")
+"""The products that make an attention's scores where the code writes attention out rather than calling SDPA."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,9 @@ class _Seen:
 class _Watch(TorchFunctionMode):
     """Records the calls the description needs; the attention call answered by its output's shape alone."""
 
-    def __init__(self, seen: _Seen) -> None:
+    def __init__(self, seen: _Seen, seq: int) -> None:
         super().__init__()
-        self.seen = seen
+        self.seen, self.seq = seen, seq
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -89,13 +93,23 @@ class _Watch(TorchFunctionMode):
             q, v = args[0], args[2]
             self.seen.attention.append((tuple(q.shape), tuple(v.shape), stack))
             return q.new_empty((*q.shape[:-1], v.shape[-1]))
+        if name == "multi_head_attention_forward":  # nn.MultiheadAttention: its heads an argument, [s, (b,) e]
+            query, heads = args[0], args[4]
+            shape = (heads, query.shape[0], query.shape[-1] // heads)
+            self.seen.attention.append((shape, shape, stack))
         if name in ACTIVATIONS:
             self.seen.activations.append((name, stack))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if name in SCORES and isinstance(out, torch.Tensor) and out.dim() >= 4 and out.shape[-2:] == (self.seq,) * 2:
+            # attention written out (q @ k^T, an einsum): [.., heads, s, s] scores from queries [.., s, head_dim]
+            first = next(a for a in args if isinstance(a, torch.Tensor))
+            shape = (out.shape[-3], self.seq, first.numel() * out.shape[-1] // out.numel())
+            self.seen.attention.append((shape, shape, stack))
+        return out
 
 
 @contextlib.contextmanager
-def _watched(model: nn.Module, seen: _Seen) -> Iterator[None]:
+def _watched(model: nn.Module, seen: _Seen, seq: int) -> Iterator[None]:
     """The module stack kept in `seen` and each embedding's call recorded, while the model runs."""
 
     def enter(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -113,7 +127,7 @@ def _watched(model: nn.Module, seen: _Seen) -> Iterator[None]:
     hooks = [m.register_forward_pre_hook(enter, with_kwargs=True) for m in model.modules()]
     hooks += [m.register_forward_hook(leave, always_call=True) for m in model.modules()]
     try:
-        with _Watch(seen), seen.routing:
+        with _Watch(seen, seq), seen.routing:
             yield
     finally:
         for hook in hooks:
@@ -150,20 +164,33 @@ def describe(
         ) from None
     if not isinstance(built, nn.Module):
         raise SpecError(f"field 'model.fx_factory': '{name}' returned {type(built).__name__}, not a torch.nn.Module")
-    layers = getattr(built, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
+    layers = block_stack(built)
+    if layers is None:
         kind = type(built).__name__
         raise SpecError(
-            f"field 'model.fx_factory': '{name}' built a {kind} without `layers`, the nn.ModuleList of its blocks"
+            f"field 'model.fx_factory': '{name}' built a {kind} without an nn.ModuleList of its blocks (blocks of "
+            "one class, as `layers` or nanoGPT's `transformer.h`); hold them in one"
         )
     seen, experts = _Seen(), [find_experts(block) for block in layers]
     # the forward runs until the first block with experts (its routing's top_k), or the first block, is done
     last = next((index for index, found in enumerate(experts) if found is not None), 0)
     stop = layers[last].register_forward_hook(_stop)
-    with _watched(built, seen), contextlib.suppress(Exception):  # a dispatch meta cannot run: seen is enough
+    # a dispatch meta cannot run: seen is enough
+    with _watched(built, seen, workload.seq_len), contextlib.suppress(Exception):
         built(torch.zeros(1, workload.seq_len, dtype=torch.long, device="meta"))
     stop.remove()
     return _description(built, layers, experts, seen, given), model_sources(factory, built)
+
+
+def block_stack(model: nn.Module) -> nn.ModuleList | None:
+    """The model's block stack: its `layers` if that is an nn.ModuleList, else the nn.ModuleList of modules of one
+    class holding the most parameters (nanoGPT's `transformer.h`, torch's `nn.TransformerEncoder.layers`); None
+    when it has none."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers):
+        return layers
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) and len({type(b) for b in m}) == 1]
+    return max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
 
 
 class _Enough(Exception):
@@ -183,13 +210,14 @@ def _description(
     embedding = tokens[0]
     vocab, hidden = embedding.weight.shape
     inside = {id(m) for m in layers.modules()}
-    positions = [e for e, _ in seen.embeddings if e is not embedding and id(e) not in inside]
+    positions = [e.weight for e, _ in seen.embeddings if e is not embedding and id(e) not in inside]
+    positions = positions or _position_tables(built, layers, vocab, hidden)
     fields: dict[str, Any] = {"layers": len(layers), "hidden": hidden, "vocab": vocab}
     fields["dtype"] = DTYPES.get(embedding.weight.dtype, given.get("dtype", "bf16"))
     fields["position"] = "learned" if positions else given.get("position", "rope")
     if positions:
-        fields["max_seq"] = positions[0].weight.shape[0]
-    tables = {id(e.weight) for e in (embedding, *positions)}  # the head: a [vocab, hidden] matrix besides
+        fields["max_seq"] = positions[0].shape[-2]
+    tables = {id(t) for t in (embedding.weight, *positions)}  # the head: a [vocab, hidden] matrix besides
     outside = {id(p) for p in layers.parameters()} | tables
     head = [p for p in built.parameters() if p.shape == (vocab, hidden) and id(p) not in outside]
     fields["tied_embeddings"] = not head
@@ -212,6 +240,22 @@ def _description(
     parameters = sum(p.numel() for p in built.parameters())
     active = parameters - routed_idle
     return Description(fields, parameters, active, _unexpressed(given, fields, parameters, active))
+
+
+def _position_tables(built: nn.Module, layers: nn.ModuleList, vocab: int, hidden: int) -> list[torch.Tensor]:
+    """Learned positions held as a bare nn.Parameter outside the blocks, [positions, hidden] or [1, positions,
+    hidden] (as ViT's and many a hand-written GPT's), not by an nn.Embedding or an nn.Linear."""
+    inside = {id(p) for p in layers.parameters()}
+    held = [p for m in built.modules() if not isinstance(m, nn.Embedding | nn.Linear) for p in m.parameters(False)]
+    return [
+        p
+        for p in held
+        if id(p) not in inside
+        and p.dim() >= 2
+        and p.shape[-1] == hidden
+        and p.shape[-2] not in (1, vocab)
+        and p.numel() == p.shape[-2] * hidden
+    ]
 
 
 def _dense_family(fields: dict[str, Any]) -> str:

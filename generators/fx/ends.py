@@ -8,12 +8,15 @@ model does around its blocks is captured, not assumed: the prologue returns what
 feeds the seam its input and takes the logits; what the other end computes is dead there and pruned from the
 graphs. Under tensor parallelism the ends get Megatron's plan, found by structure (`generators.fx.plans`): the
 token embedding vocabulary-parallel (RowwiseParallel: each rank looks up its vocabulary shard, partial sums reduced,
-scattered over the sequence with `sp`), learned positions cut to the rank's sequence shard with `sp`, the final
-norm sequence-parallel with `sp`, the output projection column-parallel over the vocabulary with its logits left
-sharded, and the loss computed on the shards (Megatron's vocab-parallel cross-entropy: the max, the sum of
-exponentials and the target's logit all-reduced per token).
+scattered over the sequence with `sp`), learned positions cut to the rank's sequence shard with `sp` (a position
+table that is no nn.Embedding: the token embedding all-reduced and the sequence cut at the first block, as
+Megatron runs learned positions, `capture_end`), the final norm sequence-parallel with `sp`, the output
+projection column-parallel over the vocabulary with its logits left sharded, and the loss computed on the shards
+(Megatron's vocab-parallel cross-entropy: the max, the sum of exponentials and the target's logit all-reduced per
+token). A training forward that takes its targets (nanoGPT's `targets`, `labels`) is given the tokens for them.
 """
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -50,34 +53,50 @@ from generators.fx.pieces import PROLOGUE
 from generators.fx.recompute import Checkpointed
 from generators.fx.routing import FixedCapacity
 
+TARGETS = ("targets", "labels", "target")
+"""The names a model's forward may take its training targets by (`_targets`)."""
+
 
 class _Seam(nn.Module):
     """The block stack's stand-in: keeps the hidden state that reaches it and hands on `given` when there is one,
     in a tuple of one where the model's blocks return tuples (`tupled`: the model reads their first element)."""
 
-    def __init__(self, tupled: bool) -> None:
+    def __init__(self, tupled: bool, block: nn.Module, cut: DeviceMesh | None = None) -> None:
+        """`block`: the first block, whose attributes the seam answers for (torch's nn.TransformerEncoder reads its
+        first layer's `self_attn.batch_first`, ...), not a submodule; `cut`: the tp mesh whose rank's sequence
+        shard the seam takes of a whole-sequence hidden state (the prologue's under sp when its embedding's output
+        was all-reduced: `capture_end`)."""
         super().__init__()
         self.reached: list[torch.Tensor] = []
         self.given: torch.Tensor | None = None
-        self.tupled = tupled
+        self.tupled, self.cut = tupled, cut
+        self.__dict__["block"] = block
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["block"], name)
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor]:
-        if self.given is None:
-            self.reached.append(x)
+        if self.given is None:  # the rank's shard reaches the blocks; the model's rest, pruned, runs on x
+            self.reached.append(x if self.cut is None else self._shard(x, self.cut))
         out = x if self.given is None else self.given  # the epilogue: x, the embedding's output, is pruned
         return (out,) if self.tupled else out
+
+    @staticmethod
+    def _shard(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+        size = x.shape[-2] // mesh.size()
+        return x.narrow(x.dim() - 2, mesh.get_local_rank() * size, size)
 
 
 class _FirstBlockReached(Exception):
     """Stops the forward `_blocks_return_tuples` runs once the first block has returned."""
 
 
-def _blocks_return_tuples(
-    model: nn.Module, block: nn.Module, inputs: tuple[torch.Tensor, ...], imbalance: float
-) -> bool:
+def _blocks_return_tuples(model: nn.Module, block: nn.Module, inputs: tuple[torch.Tensor, ...]) -> bool:
     """Whether the model's blocks return a tuple (Falcon's `(hidden, ...)`), which the seam in their place must
-    return too: one eager forward on meta, stopped when the first block returns (its routing by the data, if it
-    has experts, at the capture's fixed capacity)."""
+    return too: one eager forward on meta, stopped when the first block returns."""
     returned: list[bool] = []
 
     def look(module: nn.Module, args: Any, out: Any) -> None:
@@ -86,7 +105,7 @@ def _blocks_return_tuples(
 
     handle = block.register_forward_hook(look)
     try:
-        with torch.no_grad(), fused_attention(), FixedCapacity(imbalance):
+        with torch.no_grad(), FixedCapacity():  # a first block routing by the data (a MoE's where/nonzero loop)
             model(*inputs)
     except _FirstBlockReached:
         pass
@@ -112,16 +131,39 @@ class _Epilogue(nn.Module):
         while compiling reaches us only as dynamo's)."""
         super().__init__()
         self.model, self.train_loss, self.tp_group = model, train, tp_group
+        self.targets = _targets(model, inputs[0]) if train else {}
         with torch.no_grad():
-            logits_of(model(*inputs), type(model).__name__)
+            _whole(logits_of(model(*inputs, **self.targets), type(model).__name__), inputs[0], type(model).__name__)
 
     def forward(self, hidden: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
         """`hidden` is the seam's `given` too, set before the call: a graph input the seam hands on (set here, it
         would be a side effect, which checkpointing refuses); `inputs`, the model's (`step_inputs`)."""
-        logits = logits_of(self.model(*inputs), type(self.model).__name__)
+        logits = logits_of(self.model(*inputs, **self.targets), type(self.model).__name__)
         if not self.train_loss:
             return logits
         return cross_entropy(logits, inputs[0], self.tp_group)  # the tokens stand for the targets
+
+
+def _targets(model: nn.Module, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The keyword a training forward takes its targets by (nanoGPT's `forward(idx, targets=None)`, Hugging Face's
+    `labels`), given the tokens, which stand for them: a model may compute the logits of the last position alone
+    without them (nanoGPT's inference shortcut). Empty when the forward takes none."""
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {name: tokens for name in TARGETS if name in names}
+
+
+def _whole(logits: torch.Tensor, tokens: torch.Tensor, model: str) -> None:
+    """A CaptureError when the logits are of fewer positions than the tokens (this eager look, on the ends' plan
+    with the seam handing on the embedding's output, sees more under sp)."""
+    if logits.dim() < 2 or logits.shape[-2] < tokens.shape[-1]:
+        raise CaptureError(
+            f"{model}.forward(tokens) returned logits {tuple(logits.shape)} for tokens {tuple(tokens.shape)}, not "
+            f"one row per position; give its forward a `targets` (or `labels`) parameter under which it computes "
+            "the logits of every position, as training does"
+        )
 
 
 def logits_of(out: Any, model: str) -> torch.Tensor:
@@ -216,11 +258,13 @@ class VocabParallelEmbedding(ParallelStyle):
         return module
 
 
-def ends_plan(model: nn.Module, end: str, sp: bool, user: dict[str, str]) -> dict[str, ParallelStyle]:
+def ends_plan(
+    model: nn.Module, end: str, sp: bool, user: dict[str, str], gathered: bool = False
+) -> dict[str, ParallelStyle]:
     """The plan of the model's embeddings (prologue) or its final norm and output head (epilogue), derived from its
-    modules (`generators.fx.plans.derived_ends_plan`), the `user`'s styles over it; a vocabulary-parallel embedding
-    (RowwiseParallel) made Megatron's (`VocabParallelEmbedding`)."""
-    plan = plans.derived_ends_plan(model, end == PROLOGUE, sp)
+    modules (`generators.fx.plans.derived_ends_plan`; `gathered`: the prologue's as without sp), the `user`'s styles
+    over it; a vocabulary-parallel embedding (RowwiseParallel) made Megatron's (`VocabParallelEmbedding`)."""
+    plan = plans.derived_ends_plan(model, end == PROLOGUE, sp and not gathered)
     modules = dict(model.named_modules())
     kinds = {n: "embedding" if isinstance(m, nn.Embedding) else "block" for n, m in modules.items()}
     kinds |= {n: "head" for n, style in plan.items() if isinstance(style, ColwiseParallel)}
@@ -247,7 +291,35 @@ def capture_end(
     train: bool = True,
 ) -> CapturedLayer:
     """The model's `end` (PROLOGUE or EPILOGUE) of `factory(model, workload)`, tp-way parallel, on a micro-batch of
-    the workload; its input_shape is its input's local shape (the tokens', the last block output's)."""
+    the workload; its input_shape is its input's local shape (the tokens', the last block output's).
+
+    A prologue that sp's plan cannot run (one adding to the token embedding's sequence shard a whole-sequence
+    tensor that is no nn.Embedding: a position table held as an nn.Parameter or a buffer) is captured as Megatron
+    runs learned absolute positions: the embedding's partial sums all-reduced, the rest of the prologue on the
+    whole sequence, and the rank's sequence shard cut at the first block (a local split)."""
+    try:
+        return _capture_end(end, factory, name, model, workload, tp, dp, sp, train, gathered=False)
+    except CaptureError as error:
+        if end != PROLOGUE or not sp or tp == 1:
+            raise
+        try:
+            return _capture_end(end, factory, name, model, workload, tp, dp, sp, train, gathered=True)
+        except CaptureError:
+            raise error from None
+
+
+def _capture_end(
+    end: str,
+    factory: Callable[..., nn.Module],
+    name: str,
+    model: ModelSpec,
+    workload: WorkloadSpec,
+    tp: int,
+    dp: int,
+    sp: bool,
+    train: bool,
+    gathered: bool,
+) -> CapturedLayer:
     fake_world(dp * tp)
     mesh = mesh_of(tp, dp, 1)
     graphs: dict[str, fx.GraphModule] = {}
@@ -256,11 +328,11 @@ def capture_end(
         built, layers = built_on_meta(factory, model, workload)
         parameters = sum(p.numel() for p in built.parameters())
         inputs = step_inputs(built, name, workload)
-        seam = _Seam(_blocks_return_tuples(built, layers[0], inputs, workload.routing.imbalance))
+        seam = _Seam(_blocks_return_tuples(built, layers[0], inputs), layers[0], mesh["tp"] if gathered else None)
         del layers[1:]
         layers[0] = seam
         if tp > 1:
-            parallelize_module(built, mesh["tp"], ends_plan(built, end, sp, plans.user_plan(model, factory)))
+            parallelize_module(built, mesh["tp"], ends_plan(built, end, sp, plans.user_plan(model, factory), gathered))
         with fused_attention():
             if end == PROLOGUE:
                 captured: nn.Module = _Prologue(built, seam)

@@ -18,6 +18,8 @@ stitch. Megatron's layout follows from it, with no module name read:
   them), a fused QKV of (heads + 2 kv_heads) heads as [q; k; v] per rank; the attention module's own head-count
   and size attributes (and a `config` it reads them from, copied) are set to the rank's, so code that slices the
   fused output by `self.split_size` or `config.num_attention_heads * head_dim` slices the local one;
+- torch's nn.MultiheadAttention (nn.TransformerEncoderLayer's), which runs no Linear, is split as a whole by its
+  heads (`multihead.MultiheadParallel`);
 - each branch's input is made a replicated DTensor once at its entry (Megatron's f: the input gradients of its
   column-parallel Linears summed locally, reduced once): `capture.BranchInput` on the branch's module when one
   norm feeds one branch; when branches share their input (a parallel block with one norm), at that norm's output,
@@ -66,6 +68,7 @@ from dse.errors import SpecError
 from dse.spec import ModelSpec
 from generators.fx.kv_heads import Heads, LocalHeads, ShardedCache
 from generators.fx.latent import LatentDown, LocalRows, latent_input
+from generators.fx.multihead import multihead_plan
 
 PLAN_FIELD = "model.fx_plan"
 STYLES: tuple[str, ...] = get_args(get_args(get_args(ModelSpec.model_fields["fx_plan"].annotation)[0])[1])
@@ -308,6 +311,8 @@ def derived_block_plan(
     """The block's plan from its structure (the module docstring), `fixed` (a MoE's, by `moe_plan`) kept and the
     modules under it left to it; `branch_input(layout, module)`: the style making a branch module's input
     replicated."""
+    layout = Shard(1) if sp else Replicate()
+    fixed = {**fixed, **multihead_plan(block, layout)}  # nn.MultiheadAttention runs no Linear: split as a whole
     flow = dataflow(block, args, kwargs, fixed)
     branches = _branches(flow)
     latent = {exit_: found for exit_, found in _latent(flow).items() if exit_ not in branches}
@@ -317,7 +322,6 @@ def derived_block_plan(
     if unsplit or any(not owners[exit_] for exit_ in latent):  # a latent attention's input is prepared at its module
         raise PlanError(_unsplit_attention(block, flow, branches))
     modules = dict(block.named_modules())
-    layout = Shard(1) if sp else Replicate()
     # branches side by side (no branch reads another's output): their row-parallel outputs left partial sums that
     # meet in the block's sum and are reduced once there
     parallel = len(covered) > 1 and not any(set(flow.feeds[e]) & set(covered) for b in covered.values() for e in b)

@@ -59,7 +59,7 @@ _SPEC_TO_CONFIG: dict[str, tuple[str, ...]] = {
     "heads": ("num_attention_heads",),
     "kv_heads": ("num_key_value_heads", "num_kv_heads"),
     "head_dim": ("head_dim",),
-    "ffn": ("intermediate_size", "ffn_hidden_size"),
+    "ffn": ("intermediate_size", "ffn_hidden_size", "n_inner", "ffn_dim"),
     "tied_embeddings": ("tie_word_embeddings",),
     "max_seq": ("max_position_embeddings",),
     "moe.experts": ("num_local_experts", "num_experts", "n_routed_experts"),
@@ -74,7 +74,8 @@ _SPEC_TO_CONFIG: dict[str, tuple[str, ...]] = {
     "mla.v_head_dim": ("v_head_dim",),
 }
 """A spec field -> the config attributes that may hold it, first the config has wins (names a config's
-`attribute_map` renames, GPT-2's n_embd for hidden_size, are found under the common name)."""
+`attribute_map` renames, GPT-2's n_embd for hidden_size, are found under the common name; GPT-2's and GPT-J's
+MLP width is n_inner, OPT's ffn_dim)."""
 
 _BUILT_FOR: "weakref.WeakKeyDictionary[Any, nn.Module]" = weakref.WeakKeyDictionary()
 """A decoding model's StaticCache -> the causal LM it was built for, whose blocks `allocate_cache` runs (a copy of
@@ -109,12 +110,17 @@ class HFCausalLM(nn.Module):
 
 
 def _block_stack(causal_lm: nn.Module) -> nn.ModuleList:
-    """The base model's ModuleList of num_hidden_layers blocks (`model.layers`, `gpt_neox.layers`, `transformer.h`)."""
+    """The base model's ModuleList of num_hidden_layers blocks of one class (`model.layers`, `gpt_neox.layers`,
+    `transformer.h`, OPT's `model.decoder.layers`), the one holding the most parameters."""
     layers = causal_lm.config.num_hidden_layers
-    stacks = [m for m in causal_lm.base_model.children() if isinstance(m, nn.ModuleList) and len(m) == layers]
-    if len(stacks) != 1:
-        raise ValueError(f"{type(causal_lm).__name__} has no single ModuleList of its {layers} blocks")
-    return stacks[0]
+    stacks = [
+        m
+        for m in causal_lm.base_model.modules()
+        if isinstance(m, nn.ModuleList) and len(m) == layers and len({type(b) for b in m}) == 1
+    ]
+    if not stacks:
+        raise ValueError(f"{type(causal_lm).__name__} has no ModuleList of its {layers} blocks")
+    return max(stacks, key=lambda m: sum(p.numel() for p in m.parameters()))
 
 
 def _given(model: ModelSpec) -> dict[str, Any]:
@@ -296,6 +302,7 @@ def wrap(causal_lm: nn.Module, cache: dict[str, Any] | None = None, fused: bool 
 
     transformers.AttentionInterface.register(CAUSAL_ATTENTION, causal_attention)
     transformers.AttentionInterface.register(EAGER_ATTENTION, eager_causal_attention)
+    _conv1d_as_linear(causal_lm)
     config = causal_lm.config
     if hasattr(sys.modules[type(causal_lm).__module__], "ALL_ATTENTION_FUNCTIONS"):
         causal_lm.set_attn_implementation(CAUSAL_ATTENTION if fused else EAGER_ATTENTION)
@@ -309,6 +316,22 @@ def wrap(causal_lm: nn.Module, cache: dict[str, Any] | None = None, fused: bool 
                 module.config = blocks
         config._attn_implementation = CAUSAL_ATTENTION
     return HFCausalLM(causal_lm, cache)
+
+
+def _conv1d_as_linear(causal_lm: nn.Module) -> None:
+    """GPT-2's projections (transformers' Conv1D: x @ W + b, W [in, out]) made the nn.Linear they compute (the
+    weight transposed, names kept), so that the tensor-parallel plan, which pairs nn.Linear modules
+    (`generators.fx.plans`), splits them: the same matmuls, parameters and module names."""
+    from transformers.pytorch_utils import Conv1D
+
+    for name, module in list(causal_lm.named_modules()):
+        if isinstance(module, Conv1D):
+            weight = module.weight
+            linear = nn.Linear(*weight.shape, bias=module.bias is not None, device=weight.device, dtype=weight.dtype)
+            linear.weight = nn.Parameter(weight.detach().t().contiguous(), requires_grad=weight.requires_grad)
+            if module.bias is not None:
+                linear.bias = module.bias
+            causal_lm.set_submodule(name, linear)
 
 
 def build(model_type: str, model: ModelSpec, workload: WorkloadSpec) -> HFCausalLM:

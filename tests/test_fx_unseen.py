@@ -137,6 +137,7 @@ def test_code_viewing_a_split_projection_by_a_constant_is_refused_in_one_line() 
     line = first + next(i for i, text in enumerate(source) if "view(b, t, HEADS" in text)
     message = str(refused.value)
     assert "\n" not in message and f"fx_zoo_unseen.py:{line}," in message and "in module 'attention'" in message
+    assert message.endswith("not by the input's width or a constant, or give a plan of your own (model.fx_plan)")
 
 
 def test_hugging_face_gpt2_splits_its_conv1d_projections(generators) -> None:

@@ -317,6 +317,11 @@ def what_failed(exc: BaseException, block: nn.Module | None) -> str:
     detail = ""
     if "on meta tensors" in message:  # an eager run on meta (the plan's, the routing's) read a value: dynamo's words
         message, detail = "Data-dependent branching", f": {message}; the capture sees shapes, not values"
+    elif "is invalid for input of size" in message:  # a view by a width a tensor-parallel rank does not hold
+        detail = (
+            "; under tensor parallelism a rank's projections hold heads / tp of the heads: view by the module's head "
+            "count or -1, not by the input's width or a constant, or give a plan of your own (model.fx_plan)"
+        )
     frame = next((f for f in map(_user_frame, chain) if f is not None), None)
     if frame is None:
         return message + detail

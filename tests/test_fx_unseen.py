@@ -5,13 +5,14 @@ hand), a Hugging Face GPT-2 given its MLP width, and the one-line refusal of cod
 by a constant head count."""
 
 import inspect
+import json
 
 import pytest
 
 pytest.importorskip("torch")
 
 import fx_zoo_unseen as zoo
-from helpers import make_point
+from helpers import make_point, run_cli
 
 from dse.errors import DseError
 from dse.spec import ModelSpec, WorkloadSpec
@@ -152,3 +153,20 @@ def test_hugging_face_gpt2_splits_its_conv1d_projections(generators) -> None:
     assert a.gemm_flops * a.ranks == 6 * TOKENS * (L * 12 * H * H + V * H)
     assert a.ops["attention"] == b.ops["attention"]
     assert dict(a.comm_bytes) == pytest.approx(dict(b.comm_bytes), rel=1e-12)
+
+
+def test_evaluate_says_where_the_closed_form_cannot_count_the_module(tmp_path) -> None:
+    """The einsum model's projections have no bias while its MLP's do, which ModelSpec's fields cannot say: the
+    step is sized by the closed form, and `dse evaluate` says so on stderr with both counts."""
+    fields = {"layers": L, "hidden": H, "heads": zoo.HEADS, "ffn": F, "vocab": V, "tied_embeddings": False}
+    fields |= {"position": "rope", "norm": "layernorm", "activation": "gelu", "dtype": "fp32"}
+    point = {
+        "model": {"base": "tiny-llama", "fx_factory": "fx_zoo_unseen:einsum", **fields},
+        "workload": {"seq_len": SEQ, "global_batch": BATCH, "micro_batch": 1},
+        "parallel": {"dp": 8},
+        "system": {"base": "dgx-h100", "network": {1: {"npus": 1}}},
+    }
+    (tmp_path / "einsum.yaml").write_text(json.dumps(point))
+    code, out, err = run_cli("evaluate", str(tmp_path / "einsum.yaml"), "--generator", "fx", "--json")
+    assert code == 0 and json.loads(out)["step_time_s"] > 0
+    assert f"the module has {COUNTS['einsum']:,}" in err and "sized by the closed form" in err

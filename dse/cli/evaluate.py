@@ -4,6 +4,7 @@ with --json)."""
 import argparse
 import json
 import math
+import sys
 from contextlib import nullcontext
 
 from rich.console import Console
@@ -26,6 +27,7 @@ def evaluate_command(args: argparse.Namespace, console: Console) -> int:
     # Under --json stdout holds the one JSON line: what plugins and model factories print goes to stderr.
     with stdout_to_stderr() if args.json else nullcontext():
         point, metrics = _evaluated(args)
+    _note_uncounted(point, args.generator)
     if args.json:
         print(json.dumps(metrics, allow_nan=False))
         return 0
@@ -38,6 +40,19 @@ def evaluate_command(args: argparse.Namespace, console: Console) -> int:
         table.add_row(name, _human(name, value))
     console.print(table)
     return 0
+
+
+def _note_uncounted(point: DesignPoint, generator: str) -> None:
+    """On stderr, where the model's code has a layout ModelSpec's closed form cannot count (a bias on some
+    projections only, ...): the parameters the step's weights, gradients, optimizer state and data-parallel traffic
+    are sized by are then the closed form's, not the module's, and the user should know by how much."""
+    model = described.description(point, generator)
+    if model is not None and model.unexpressed:
+        print(
+            f"note: model factory '{model.factory}': {model.unexpressed}; the step's weights, gradients, optimizer "
+            "state and data-parallel traffic are sized by the closed form",
+            file=sys.stderr,
+        )
 
 
 def _evaluated(args: argparse.Namespace) -> tuple[DesignPoint, dict[str, float | bool]]:

@@ -24,8 +24,10 @@ _RESULTS = ResultCache()
 
 
 class AnalyticalCostModel:
-    """Prices a workload in CPU milliseconds (about 7 ms for Llama-3-70B on 1024 GPUs with 64 micro-batches, from
-    its steady form of 22; `steady`), cheap enough for a study to sweep thousands of points.
+    """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), simulates in 12 ms on average
+    and 10 ms at the median with its generation (benchmarks/evaluate_rate.py, printed on a shared 2-core machine,
+    2026-11-29).
 
     options (`Options`, a study's cost_model_options): `exact` schedules every call of the whole step by the
     reference rules instead of the fast path (`fastpath`, which prices each run of calls between pipeline

@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from dse import plugins
+from dse import lru, plugins
 from dse.point.points import build_point, expand
 from dse.search.executor import PluginEvaluation, tune_gc
 from dse.spec import DesignPoint
@@ -399,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         + "; ".join(" ".join(f"{x:.2f}" for x in load) for load in loads)
         + f" on {os.cpu_count()} CPUs"
     )
+    print(lru.summary())
     if args.profile:
         profile(evaluation, cost, args.profile, args.rounds)
 

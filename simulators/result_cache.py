@@ -2,22 +2,32 @@
 again, and a refinement re-prices points a screen already saw.
 
 An entry serves only a workload equal to the one it priced (`contents`), so a workload built otherwise under the
-same key, or edited since, is priced afresh; a cache empties when full. Every cost model plugin keeps its own.
+same key, or edited since, is priced afresh. Every cost model plugin keeps its own, least recently used out first
+when its entries' bytes (`_bytes`) pass RESULT_CACHE_BYTES (dse.lru).
 """
 
+import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 
 from dse.interfaces import SimResult
+from dse.lru import MIB, ByteBoundedLru
 from dse.workload import DeferredPrograms, Program, TableTensors, Tensor, Workload
 
-RESULT_CACHE_SIZE = 32
+RESULT_CACHE_BYTES = 64 * MIB
+"""About 500 configurations of GPT-3 175B on 1,024 GPUs at pp 16 (~130 KB each), five times issue 36's study."""
+SNAPSHOT_BYTES_PER_CALL = 16
+"""A snapshot's bytes per call it lists: tracemalloc measured 63,248 B for 4,140 calls (pp 8) and 126,136 B for
+9,332 (pp 16) of benchmarks/vs_calculon.py's workloads, with the result's copy."""
+CLASS_BYTES = 1024
+"""A rank class's figures in a result (two small dicts and a dataclass); an estimate, not measured."""
 
 
 class ResultCache:
-    def __init__(self, size: int = RESULT_CACHE_SIZE) -> None:
-        self.size = size
-        self._entries: dict[Hashable, tuple[tuple, SimResult]] = {}
+    def __init__(self, budget_bytes: int = RESULT_CACHE_BYTES) -> None:
+        self._entries: ByteBoundedLru[Hashable, tuple[tuple, SimResult]] = ByteBoundedLru(
+            "results", budget_bytes, _bytes
+        )
 
     def priced(self, key: Hashable, workload: Workload, price: Callable[[], SimResult]) -> SimResult:
         """The cached result of an equal workload under this key, else `price()`'s, kept; a copy either way."""
@@ -26,13 +36,22 @@ class ResultCache:
         if cached is not None and cached[0] == snapshot:
             return _copy(cached[1])
         result = price()
-        if len(self._entries) >= self.size:
-            self._entries.clear()
-        self._entries[key] = (snapshot, _copy(result))
+        self._entries.put(key, (snapshot, _copy(result)))
         return result
 
     def clear(self) -> None:
         self._entries.clear()
+
+
+def _bytes(entry: tuple[tuple, SimResult]) -> int:
+    """An entry's estimated bytes: its snapshot's calls and its result's classes and timeline events, the events
+    sized by the first one's shallow size."""
+    snapshot, result = entry
+    programs = snapshot[-1]
+    listed = programs[-1] if programs and programs[0] == "steady" else programs
+    calls = sum(len(program[2]) for program in listed)
+    events = len(result.timeline) * sys.getsizeof(result.timeline[0]) if result.timeline else 0
+    return SNAPSHOT_BYTES_PER_CALL * calls + CLASS_BYTES * len(result.classes) + events
 
 
 def contents(workload: Workload) -> tuple:

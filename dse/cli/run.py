@@ -17,6 +17,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dse import lru
 from dse.cli import outcome, ui
 from dse.cli import sweep as sweep_command
 from dse.cli.outcome import EXIT_INTERRUPTED, RESUME_HINT
@@ -92,6 +93,8 @@ def run_command(args: argparse.Namespace, console: Console) -> int:
         with console.status("writing the Pareto plots and the MLflow runs"):
             tracking.write_plots(spec, results, out)
             missing = tracker.finish(study, results, completed)
+    if caches := lru.summary():
+        print(caches, file=sys.stderr)  # the trials priced here (--inline, or before Ray started), not Ray's
     if tracker.error:
         print(_mlflow_behind(uri, tracker.error, missing, out), file=sys.stderr)
     # Paths and commands are printed whole (soft wrap) so that they can be copied.

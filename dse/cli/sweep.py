@@ -13,6 +13,7 @@ import pandas as pd
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from dse import lru
 from dse.cli import ui
 from dse.cli.outcome import EXIT_INTERRUPTED, report_failures
 from dse.results import study_plots, sweep_results, tracking
@@ -89,6 +90,8 @@ def run(
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
+    if caches := lru.summary():
+        print(caches, file=sys.stderr)  # the points priced in this process (an inline pool), not Ray's workers'
     return report_failures(frame, "points")
 
 

@@ -14,7 +14,7 @@ symbolic module's.
 
 A capture depends on the factory, the model, the tensor- and expert-parallel degrees and sp, the micro-batch's
 shape and, for a layer, its recompute policy (captured under activation checkpointing with that policy,
-`recompute`), not on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_SIZE`)
+`recompute`), not on dp, pp, ZeRO, the schedule or the global batch; it is kept per process (`CAPTURE_CACHE_BYTES`)
 and on disk (`disk_cache`: a later process, a Ray worker, reuses it without importing torch), and reused by every
 point that shares those, so a study pays it once per distinct shape. Micro-batches above 3 are
 scaled from the captures at 2 and 3 (`scaling`), so a sweep over the micro-batch pays at most three captures of each
@@ -25,13 +25,13 @@ import contextlib
 import importlib
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from dse.errors import InfeasibleError
 from dse.interfaces import ModelDescription
+from dse.lru import MIB, ByteBoundedLru
 from dse.modelstats import LayerKind, layer_kinds
 from dse.point.described import agree
 from dse.spec import DesignPoint, ModelSpec, WorkloadSpec
@@ -49,10 +49,26 @@ from generators.fx.fsdp import with_fsdp
 from generators.fx.pieces import EPILOGUE, PROLOGUE, CaptureError, LoweredLayer
 from generators.fx.scaling import CONTEXTS, along, capture_batches
 from generators.symbolic.blocks import LayerKey, Modules, Traced, split_weight_gradients
-from generators.symbolic.generator import WORKLOAD_CACHE_SIZE, SymbolicGenerator, _Builder
+from generators.symbolic.generator import WORKLOAD_CACHE_BYTES, SymbolicGenerator, _Builder, workload_bytes
 from generators.symbolic.tracing import ModuleTracer
 
-CAPTURE_CACHE_SIZE = 32
+CAPTURE_CACHE_BYTES = 64 * MIB
+"""About 32 captured layers, as many as were kept by count before."""
+PIECE_BYTES_PER_NODE = 7000
+"""A kept piece's bytes per node of its graphs: tracemalloc measured 1,902,319 B for tiny-llama's layer at tp 2
+under selective recompute (278 nodes, its lowering and the workload built from it included). A piece loaded from
+disk holds no graphs: its ops count instead, which overstates it."""
+
+
+def piece_bytes(piece: LoweredLayer) -> int:
+    """A kept piece's estimated bytes (PIECE_BYTES_PER_NODE)."""
+    graphs = (piece.captured.forward, piece.captured.backward)
+    nodes = sum(len(graph.graph.nodes) for graph in graphs if graph is not None)
+    if nodes == 0:
+        nodes = sum(len(lowered.block.ops) for lowered in (piece.forward, piece.backward) if lowered is not None)
+    return PIECE_BYTES_PER_NODE * nodes
+
+
 BUILT = "built"
 """The disk cache's marker that a factory built a model (from the sources it records): its pre-flight passed."""
 IMBALANCE_DENOMINATOR = 100
@@ -173,8 +189,12 @@ class FxGenerator:
     name = "fx"
 
     def __init__(self) -> None:
-        self._pieces: OrderedDict[tuple, LoweredLayer] = OrderedDict()
-        self._workloads: OrderedDict[str, Workload] = OrderedDict()
+        self._pieces: ByteBoundedLru[tuple, LoweredLayer] = ByteBoundedLru(
+            "fx pieces", CAPTURE_CACHE_BYTES, piece_bytes
+        )
+        self._workloads: ByteBoundedLru[str, Workload] = ByteBoundedLru(
+            "fx workloads", WORKLOAD_CACHE_BYTES, workload_bytes
+        )
         self.last_capture_s = 0.0
 
     def generate(self, point: DesignPoint) -> Workload:
@@ -192,9 +212,7 @@ class FxGenerator:
             if p.recompute_every > 1 and p.recompute != "none":
                 pieces = replace(pieces, plain_layers=self._layers(point, PLAIN_LAYER))
             workload = _FxBuilder(point, pieces).build()
-            self._workloads[point.workload_key] = workload
-            if len(self._workloads) > WORKLOAD_CACHE_SIZE:
-                self._workloads.popitem(last=False)
+            self._workloads.put(point.workload_key, workload)
         return replace(workload, point_key=point.key)
 
     def layer(self, point: DesignPoint, index: int = 0) -> LoweredLayer:
@@ -251,10 +269,7 @@ class FxGenerator:
             captured = replace(lowered.captured, forward=None, backward=None)  # graphs do not pickle
             disk_cache.store(key, replace(lowered, captured=captured), sources)
             disk_cache.store((BUILT, name, model), True, sources)
-        self._pieces[key] = lowered
-        self._pieces.move_to_end(key)
-        if len(self._pieces) > CAPTURE_CACHE_SIZE:
-            self._pieces.popitem(last=False)
+        self._pieces.put(key, lowered)
         return lowered
 
     @staticmethod

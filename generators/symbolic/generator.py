@@ -7,13 +7,14 @@ and runs its optimizer step (`optimizer`). The trace is recorded once per struct
 later points (`recording`); the pipeline schedule is likewise walked once per shape (`skeleton`).
 """
 
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar, Literal
 
 import numpy as np
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.modelstats import layer_kinds, model_flops
 from dse.serving.steps import step_point
 from dse.spec import DesignPoint
@@ -139,14 +140,26 @@ def expert_compute(point: DesignPoint) -> ExpertCompute | None:
     return ExpertCompute(m.hidden, moe.expert_ffn, moe.experts, moe.top_k, point.parallel.ep, EXPERTS, GATE)
 
 
-WORKLOAD_CACHE_SIZE = 16
+WORKLOAD_CACHE_BYTES = 128 * MIB
+"""About 500 of GPT-3 175B's workloads on 1,024 GPUs (~270 KB each as generated), five times issue 36's study."""
+WORKLOAD_BYTES_PER_CALL = 40
+"""A generated workload's bytes per call it holds (its steady form's when it has one): tracemalloc measured
+6,532,732 B for 24 of benchmarks/vs_calculon.py's workloads holding 161,664 calls, skeletons and recordings made
+on the way included. Programs built later (DeferredPrograms, ~290 B per call) are not counted."""
+
+
+def workload_bytes(workload: Workload) -> int:
+    """A workload's estimated bytes as generated (WORKLOAD_BYTES_PER_CALL)."""
+    programs = workload.steady.programs if workload.steady is not None else workload.programs
+    return WORKLOAD_BYTES_PER_CALL * sum(len(program.calls) for program in programs)
 
 
 class SymbolicGenerator:
     """A workload depends on the model, the workload and the parallel layout, never on the system, so a study
-    that sweeps HBM sizes, link bandwidths or topologies prices one generated workload many times. The last
-    WORKLOAD_CACHE_SIZE are kept per instance (an evaluator actor keeps its instance across trials); a hit is a
-    shallow copy carrying the new point's key. Cost models only read workloads."""
+    that sweeps HBM sizes, link bandwidths or topologies prices one generated workload many times. Up to
+    WORKLOAD_CACHE_BYTES of them are kept per instance, least recently used out first (an evaluator actor keeps
+    its instance across trials); a hit is a shallow copy carrying the new point's key. Cost models only read
+    workloads."""
 
     name = "symbolic"
     unread_fields: ClassVar[Mapping[str, str]] = {
@@ -158,17 +171,16 @@ class SymbolicGenerator:
     """Fields of a point this generator never reads (dse.interfaces.FieldReadingGenerator): setting one is refused."""
 
     def __init__(self) -> None:
-        self._workloads: OrderedDict[str, Workload] = OrderedDict()
+        self._workloads: ByteBoundedLru[str, Workload] = ByteBoundedLru(
+            "workloads", WORKLOAD_CACHE_BYTES, workload_bytes
+        )
 
     def generate(self, point: DesignPoint) -> Workload:
         key = point.workload_key
         workload = self._workloads.get(key)
         if workload is None:
-            workload = self._workloads[key] = _Builder(point).build()
-            if len(self._workloads) > WORKLOAD_CACHE_SIZE:
-                self._workloads.popitem(last=False)
-        else:
-            self._workloads.move_to_end(key)
+            workload = _Builder(point).build()
+            self._workloads.put(key, workload)
         return replace(workload, point_key=point.key)
 
     @staticmethod

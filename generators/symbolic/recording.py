@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dse.fields import Spec
+from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec
 from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import LayerKey, Modules, Traced
@@ -165,18 +166,26 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
     return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)
 
 
-RECORDING_CACHE_SIZE = 256
+RECORDING_CACHE_BYTES = 64 * MIB
+"""About 400 recordings of GPT-3 175B's layers (~150 KB each)."""
+RECORDING_BYTES_PER_STEP = 580
+"""A recording's bytes per tape step: a walk of gc referents summed 145-156 KiB for recordings of 260-275 steps
+(benchmarks/vs_calculon.py's GPT-3 175B layers: the tape, its values and the modules traced)."""
 RECORDING_VARIANTS = 4
 """Recordings kept per structure whose comparisons came out differently (FSDP1's gradient divide factors with dp
 4, 8 and 16), so that points alternating between them replay instead of recording again."""
-_RECORDINGS: dict[tuple, list[Recording]] = {}
-"""Per process, like the skeletons; emptied when full."""
+_RECORDINGS: ByteBoundedLru[tuple, list[Recording]] = ByteBoundedLru(
+    "recordings",
+    RECORDING_CACHE_BYTES,
+    lambda variants: RECORDING_BYTES_PER_STEP * sum(len(kept.tape.steps) for kept in variants),
+)
+"""Per process, like the skeletons."""
 
 
 def recorded_modules(key: tuple, numbers: dict[str, Any]) -> Modules | None:
     """The modules of structure `key` replayed on `numbers` (sizes and degrees), from the first recording of that
     structure whose guards hold for them; None if none does."""
-    for recording in _RECORDINGS.get(key, []):
+    for recording in _RECORDINGS.get(key) or []:
         values = recording.tape.replay(numbers)
         if values is not None:
             return recording.numeric(values)
@@ -185,10 +194,5 @@ def recorded_modules(key: tuple, numbers: dict[str, Any]) -> Modules | None:
 
 def keep_recording(key: tuple, recording: Recording) -> None:
     """Keep a recording of structure `key` for later points, the last RECORDING_VARIANTS of the structure."""
-    variants = _RECORDINGS.get(key)
-    if variants is None:
-        if len(_RECORDINGS) >= RECORDING_CACHE_SIZE:
-            _RECORDINGS.clear()
-        variants = _RECORDINGS[key] = []
-    variants.append(recording)
-    del variants[:-RECORDING_VARIANTS]
+    variants = [*(_RECORDINGS.peek(key) or []), recording][-RECORDING_VARIANTS:]
+    _RECORDINGS.put(key, variants)  # put again: its size changed

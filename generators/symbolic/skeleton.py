@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint
 from dse.workload import CallShape, OpKind, Program, TableTensors, TensorTable, tensor_columns
 from generators.symbolic.blocks import LayerKey
@@ -109,9 +110,15 @@ def schedule_affinity(point: DesignPoint) -> tuple:
     return (*schedule_shape(point), steady_microbatches(point) or point.micro_batches)
 
 
-SKELETON_CACHE_SIZE = 256
-_SKELETONS: dict[tuple, Skeleton] = {}
-"""Per process (an evaluator actor keeps it across trials); emptied when full."""
+SKELETON_CACHE_BYTES = 64 * MIB
+"""About 400 stages of GPT-3 175B at pp 16 (~95 KB each); several studies' distinct stage shapes."""
+SKELETON_BYTES_PER_CALL = 170
+"""A skeleton's bytes per call: a walk of gc referents summed 95-97 KiB for each of the 583-call stages of
+benchmarks/vs_calculon.py's pp 16 configurations (its calls, tensor table and sources)."""
+_SKELETONS: ByteBoundedLru[tuple, Skeleton] = ByteBoundedLru(
+    "skeletons", SKELETON_CACHE_BYTES, lambda skeleton: SKELETON_BYTES_PER_CALL * len(skeleton.shape.calls)
+)
+"""Per process (an evaluator actor keeps it across trials), least recently used out first."""
 
 
 def skeleton_for(key: tuple) -> Skeleton | None:
@@ -121,6 +128,4 @@ def skeleton_for(key: tuple) -> Skeleton | None:
 
 def keep_skeleton(key: tuple, skeleton: Skeleton) -> None:
     """Keep a stage's skeleton for later points of its shape."""
-    if len(_SKELETONS) >= SKELETON_CACHE_SIZE:
-        _SKELETONS.clear()
-    _SKELETONS[key] = skeleton
+    _SKELETONS.put(key, skeleton)

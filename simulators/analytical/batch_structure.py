@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical.batch_busy import Spans
@@ -20,9 +21,12 @@ from simulators.analytical.tape import Tape, record
 from simulators.analytical.tape_program import TapeProgram
 from simulators.result_cache import contents
 
-KEPT = 4
-"""Structures kept (the cache empties when full): about 22 MB for Llama-3-70B's steady form, 65 MB for its whole
-step (measured with tracemalloc); a sweep comes back to the workload it is pricing, not to older ones."""
+KEPT_BYTES = 256 * MIB
+"""What the structures kept may weigh, least recently used out first: as much as the four structures of Llama-3-70B's
+whole step (65 MB each, measured with tracemalloc) the cache held before it was bounded in bytes."""
+BYTES_PER_NODE = 380
+"""A structure's bytes per node of its tape, the most measured: tracemalloc put `structure` at 287-378 B per node
+over 14 of benchmarks/vs_calculon.py's configurations (39,352 to 848,500 nodes, 14 to 244 MB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +38,9 @@ class Structure:
     liveness: list[Liveness]
 
 
-_kept: dict[tuple, tuple[tuple, Structure]] = {}
+_kept: ByteBoundedLru[tuple, tuple[tuple, Structure]] = ByteBoundedLru(
+    "structures", KEPT_BYTES, lambda entry: BYTES_PER_NODE * len(entry[1].tape.kind)
+)
 
 
 def structure(workload: Workload, system: SystemSpec) -> Structure:
@@ -53,9 +59,7 @@ def structure(workload: Workload, system: SystemSpec) -> Structure:
         spans=[Spans.of(tape, recorded).rows(program.row_of) for recorded in tape.classes],
         liveness=[Liveness.of(p, workload.blocks) for p in workload.programs],
     )
-    if len(_kept) >= KEPT:
-        _kept.clear()
-    _kept[key] = (snapshot, built)
+    _kept.put(key, (snapshot, built))
     return built
 
 

@@ -1,0 +1,73 @@
+"""dse.lru: caches bounded in bytes, least recently used out first, with hit counts and the summary line."""
+
+import pytest
+
+from dse import lru
+from dse.errors import SpecError
+from dse.lru import MIB, ByteBoundedLru
+
+
+def sized(budget: int, name: str = "test") -> ByteBoundedLru[str, bytes]:
+    return ByteBoundedLru(name, budget, len)
+
+
+def test_entries_are_evicted_by_bytes_not_by_count():
+    cache = sized(10)
+    cache.put("a", b"xxxx")
+    cache.put("b", b"yyyy")
+    assert (len(cache), cache.bytes) == (2, 8)
+    cache.put("c", b"zzz")  # 11 bytes would pass 10: the oldest goes
+    assert cache.peek("a") is None
+    assert (len(cache), cache.bytes) == (2, 7)
+    for many in "defghij":  # ten one-byte entries fit where two four-byte ones did
+        cache.put(many, b"1")
+    assert (len(cache), cache.bytes) == (8, 10)
+
+
+def test_the_least_recently_used_goes_first():
+    cache = sized(8)
+    cache.put("a", b"xxxx")
+    cache.put("b", b"yyyy")
+    assert cache.get("a") == b"xxxx"  # now b is the least recently used
+    cache.put("c", b"zzzz")
+    assert cache.peek("b") is None
+    assert cache.peek("a") == b"xxxx"
+
+
+def test_an_entry_over_the_whole_budget_is_not_kept_and_replaces_nothing_but_its_key():
+    cache = sized(4)
+    cache.put("a", b"xx")
+    cache.put("b", b"y")
+    cache.put("a", b"xxxxx")
+    assert cache.peek("a") is None
+    assert (cache.peek("b"), cache.bytes) == (b"y", 1)
+
+
+def test_putting_a_key_again_counts_its_new_size():
+    cache = sized(10)
+    cache.put("a", b"xx")
+    cache.put("a", b"xxxxxx")
+    assert (len(cache), cache.bytes) == (1, 6)
+
+
+def test_hits_and_misses_are_counted_per_cache_and_in_the_summary():
+    cache = sized(10, name="counted")
+    cache.put("a", b"xx")
+    cache.get("a")
+    cache.get("a")
+    cache.get("b")
+    cache.peek("b")  # not a lookup
+    assert (cache.hits, cache.misses) == (2, 1)
+    assert "counted 2/3 hits (67%), 1 kept, 0.0 of 0 MiB" in lru.summary()
+
+
+def test_the_environment_variable_sets_every_budget(monkeypatch):
+    monkeypatch.setenv(lru.ENV_VAR, "1.5")
+    assert sized(10).budget_bytes == 3 * MIB // 2
+    monkeypatch.setenv(lru.ENV_VAR, "0")
+    cache = sized(10)
+    cache.put("a", b"x")
+    assert len(cache) == 0
+    monkeypatch.setenv(lru.ENV_VAR, "lots")
+    with pytest.raises(SpecError, match="DSE_CACHE_MIB='lots'"):
+        sized(10)

@@ -12,8 +12,10 @@ about 1e-13); the default fast path agrees with that within its 1%.
 
 A workload with a steady form (a 1F1B pipeline with many micro-batches) is evaluated on its shorter step and
 extended by its period, per system, after `steady`'s checks (`batch_steady`); the systems whose timeline does not
-show the period are evaluated on the whole step. Systems that differ only in what no duration reads (HBM size,
-runtime reserve, fragmentation, the overlap slowdown applied after scheduling) are evaluated once.
+show the period are evaluated on the longer form where the step has one (its timeline once for all of them, each
+extended by the first period it shows, as `steady` tries them), and those left on the whole step. Systems that
+differ only in what no duration reads (HBM size, runtime reserve, fragmentation, the overlap slowdown applied after
+scheduling) are evaluated once.
 
 What depends on times, and how each is handled:
 - The scheduler's decisions do not (see `tape`): stream order, dependencies, the programs' round-robin, parking
@@ -49,6 +51,7 @@ from simulators.analytical.batch_steady import Extension, Period, StageArrays, e
 from simulators.analytical.batch_structure import structure
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.pricing import BlockPricer
+from simulators.analytical.steady import forms
 from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 256 * 2**20
@@ -155,10 +158,39 @@ def _price_timings(
     class, its figures.
 
     A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
-    the systems whose timelines are not periodic are evaluated on the whole step."""
+    the systems whose timelines do not show it are evaluated on the longer form (built only then), once for all of
+    them, and extended by the first period that each one's timeline shows, as `steady.schedule_steady` tries them;
+    what is left is evaluated on the whole step."""
     form = workload.steady
-    steady = form is not None and SteadyForm.holds(workload.programs)
-    evaluated = replace(workload, programs=form.programs, steady=None) if steady else workload
+    if form is None or not SteadyForm.holds(workload.programs):
+        return _evaluate(workload, systems, timings, None, [])[0]
+    out: list[list[_Figures]] = [[] for _ in systems]
+    left = list(range(len(systems)))
+    for steady, periods in forms(form):
+        evaluated = replace(workload, programs=steady.programs, steady=None)
+        figures, redo = _evaluate(evaluated, [systems[i] for i in left], [timings[i] for i in left], steady, periods)
+        for at, own in zip(left, figures, strict=True):
+            out[at] = own
+        left = [left[i] for i in redo]
+        if not left:
+            break
+    if left:  # not periodic on these systems: the whole step, as the per-point path prices it then
+        whole = _evaluate(replace(workload, steady=None), [systems[i] for i in left], [timings[i] for i in left])[0]
+        for at, own in zip(left, whole, strict=True):
+            out[at] = own
+    return out
+
+
+def _evaluate(
+    evaluated: Workload,
+    systems: list[SystemSpec],
+    timings: list[tuple[str, str]],
+    form: SteadyForm | None = None,
+    periods: Sequence[int] = (),
+) -> tuple[list[list[_Figures]], list[int]]:
+    """Per system, per rank class, the figures of `evaluated`'s step; with a steady form (whose programs those are),
+    extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
+    figures are meaningless)."""
     built = structure(evaluated, systems[0])
     tape, program, spans, liveness = built.tape, built.program, built.spans, built.liveness
     ordered = False
@@ -173,23 +205,15 @@ def _price_timings(
         if not ordered:
             spans = [s.ordered(values.rows[:, 0], priced.durations[:, 0]) for s in spans]
             ordered = True
-        stages = [
-            _stage(evaluated, tape, c, spans[c], values, priced, form.period if steady else None)
-            for c in range(len(tape.classes))
-        ]
+        stages = [_stage(evaluated, tape, c, spans[c], values, priced, periods) for c in range(len(tape.classes))]
         del values  # the largest array of a batch: gone before the figures are read
-        extensions, valid = extend(form, stages) if steady else ([], np.ones(len(part), dtype=bool))
+        extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(len(part), dtype=bool))
         by_class = [
-            _figures_of(tape, c, stage, liveness[c], extensions[c] if steady else None)
-            for c, stage in enumerate(stages)
+            _figures_of(tape, c, stage, liveness[c], extensions[c] if form else None) for c, stage in enumerate(stages)
         ]
         out.extend(map(list, zip(*by_class, strict=True)))
         redo.extend(lo + i for i in np.flatnonzero(~valid))
-    if redo:  # not periodic on these systems: the whole step, as the per-point path prices it then
-        whole = _price_timings(replace(workload, steady=None), [systems[i] for i in redo], [timings[i] for i in redo])
-        for index, figures in zip(redo, whole, strict=True):
-            out[index] = figures
-    return out
+    return out, redo
 
 
 def _stage(
@@ -199,22 +223,25 @@ def _stage(
     spans: Spans,
     values: "_Values",
     priced: "_Priced",
-    period: int | None,
+    periods: Sequence[int],
 ) -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values; spans: its busy intervals, in
-    rows of the values; period: the steady form's, if the step is its shorter one."""
+    rows of the values; periods: the steady form's periods tried, if the step is a steady form (one busy
+    measurement serves them all)."""
     recorded = tape.classes[rank_class]
     program = workload.programs[rank_class]
     call_start, call_end = values[recorded.call_start], values[recorded.call_end]
-    found = None if period is None else Period.find(program, call_start, call_end, period)
-    busy = BusyMany.of(values.rows, priced.durations, spans, [] if found is None else found.moments(call_start))
+    found = [Period.find(program, call_start, call_end, period) for period in periods]
+    moments = [moment for period in found for moment in period.moments(call_start)]
+    busy = BusyMany.of(values.rows, priced.durations, spans, moments)
+    each = len(moments) // len(found) if found else 0
     transfers = recorded.transfers
     return StageArrays(
         program=program,
         call_start=call_start,
         call_end=call_end,
         busy=busy.totals,
-        period=None if found is None else replace(found, windows=busy.windows()),
+        periods=[replace(f, windows=busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)],
         plan_of_call=np.array(recorded.priced, dtype=np.intp),
         plan_categories=priced.plan_categories,
         transfers=(

@@ -119,11 +119,11 @@ class BusyMany:
             list(zip(compute_before, comm_before, every_before, strict=True)),
         )
 
-    def windows(self) -> list[tuple[np.ndarray, ...]]:
-        """Between each moment and the next, the (compute, communication, exposed communication) seconds per
-        system, as `Busy.between`."""
+    def windows(self, moments: slice = slice(None)) -> list[tuple[np.ndarray, ...]]:
+        """Between each of the given moments (all by default) and the next of them, the (compute, communication,
+        exposed communication) seconds per system, as `Busy.between`."""
         out = []
-        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(self.covered):
+        for (compute_a, comm_a, every_a), (compute_b, comm_b, every_b) in pairwise(self.covered[moments]):
             compute = compute_b - compute_a
             out.append((compute, comm_b - comm_a, np.maximum(0.0, every_b - every_a - compute)))
         return out

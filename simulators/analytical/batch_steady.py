@@ -2,8 +2,10 @@
 and added on as many times as the step has more micro-batches.
 
 The checks are `steady`'s, made per system on arrays (systems as columns): every stage repeats its calls with one
-and the same period for long enough, and its busy seconds over one period recur in the next. A system that fails
-any check is reported, not extended: the caller prices it on the whole step.
+and the same period for long enough, and its busy seconds over one period recur in the next. On a longer form
+(`SteadyForm.longer`) several periods are tried on one timeline, and each system takes the first that passes, as
+`steady._extended` does. A system that fails every check is reported, not extended: the caller prices it on a
+longer form or the whole step.
 """
 
 from dataclasses import dataclass, field
@@ -25,8 +27,8 @@ class StageArrays:
     """calls x systems."""
     busy: tuple[np.ndarray, np.ndarray, np.ndarray]
     """(compute, communication, exposed communication) seconds per system (`BusyMany.totals`)."""
-    period: "Period | None"
-    """Where the workload has a steady form."""
+    periods: "list[Period]"
+    """Where the workload has a steady form, one per period tried (`extend`); else none."""
     plan_of_call: np.ndarray
     """Per call, its plan (an index into plan_categories)."""
     plan_categories: np.ndarray
@@ -70,35 +72,41 @@ class Extension:
     """categories x systems."""
 
 
-def extend(form: SteadyForm, stages: list[StageArrays]) -> tuple[list[Extension], np.ndarray]:
+def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> tuple[list[Extension], np.ndarray]:
     """Per stage what the step's further periods add, and per system whether its timeline is periodic (where it
-    is not, the extensions hold nothing meaningful)."""
+    is not, the extensions hold nothing). `periods`: the periods tried (micro-batches, each dividing the form's
+    period), in order, as each stage's `StageArrays.periods` holds them; a system takes the first one that passes
+    every check, as `steady._extended` does point by point."""
     systems = stages[0].call_start.shape[1]
-    valid = np.ones(systems, dtype=bool)
-    found = [stage.period for stage in stages if stage.period is not None]
-    for period in found:
-        valid &= period.ok
-    lengths = np.array([period.length for period in found])
-    valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
+    chosen = np.full(systems, -1)
+    for index in range(len(periods)):
+        found = [stage.periods[index] for stage in stages]
+        valid = np.ones(systems, dtype=bool)
+        for period in found:
+            valid &= period.ok
+        lengths = np.array([period.length for period in found])
+        valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
+        for period in found:
+            for a, b in zip(*period.windows, strict=True):
+                valid &= np.abs(a - b) <= TOLERANCE_S
+        chosen[(chosen < 0) & valid] = index
     extensions = []
-    for stage, period in zip(stages, found, strict=True):
-        calls = _period_calls(stage.program, form.period)
-        length, first = period.length, period.first
-        once, twice = period.windows
-        for a, b in zip(once, twice, strict=True):
-            valid &= np.abs(a - b) <= TOLERANCE_S
-        compute, comm, exposed = once
-        repeats = form.repeats
-        extensions.append(
-            Extension(
-                end=repeats * length,
-                compute=repeats * compute,
-                comm=repeats * comm,
-                exposed=repeats * exposed,
-                categories=repeats * _categories(stage, first, calls),
-            )
-        )
-    return extensions, valid
+    for stage in stages:
+        categories = np.zeros((stage.plan_categories.shape[1], systems))
+        end, compute, comm, exposed = (np.zeros(systems) for _ in range(4))
+        for index, period in enumerate(periods):
+            columns = np.flatnonzero(chosen == index)
+            if not len(columns):
+                continue
+            found = stage.periods[index]
+            repeats = form.repeats * form.period // period
+            once = found.windows[0]
+            end[columns] = repeats * found.length[columns]
+            compute[columns], comm[columns], exposed[columns] = (repeats * seconds[columns] for seconds in once)
+            calls = _period_calls(stage.program, period)
+            categories[:, columns] = repeats * _categories(stage, found.first, calls, columns)
+        extensions.append(Extension(end=end, compute=compute, comm=comm, exposed=exposed, categories=categories))
+    return extensions, chosen >= 0
 
 
 def _period_calls(program: Program, period: int) -> int:
@@ -154,16 +162,18 @@ def _longest_runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return lo, hi, found
 
 
-def _categories(stage: StageArrays, first: np.ndarray, calls: int) -> np.ndarray:
-    """categories x systems: busy seconds per category of the `calls` calls from `first` on (per system)."""
-    plans, _, systems = stage.plan_categories.shape
-    counts = np.zeros((plans, systems))
-    for system in range(systems):
+def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.ndarray) -> np.ndarray:
+    """categories x columns: busy seconds per category of the `calls` calls from `first` on, on the systems of
+    `columns` (first: per system)."""
+    plans = stage.plan_categories.shape[0]
+    counts = np.zeros((plans, len(columns)))
+    for at, system in enumerate(columns.tolist()):
         window = stage.plan_of_call[first[system] : first[system] + calls]
-        counts[:, system] = np.bincount(window, minlength=plans)
-    out = np.einsum("ps,pcs->cs", counts, stage.plan_categories)
+        counts[:, at] = np.bincount(window, minlength=plans)
+    out = np.einsum("ps,pcs->cs", counts, stage.plan_categories[:, :, columns])
     call, category, seconds = stage.transfers
     if len(call):
-        inside = (call[:, None] >= first) & (call[:, None] < first + calls)
-        np.add.at(out, category, np.where(inside, seconds, 0.0))
+        start = first[columns]
+        inside = (call[:, None] >= start) & (call[:, None] < start + calls)
+        np.add.at(out, category, np.where(inside, seconds[:, columns], 0.0))
     return out

@@ -26,6 +26,7 @@ Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -56,11 +57,20 @@ def schedule_steady(workload: Workload, system: SystemSpec) -> SteadySchedules |
     if form is None or not SteadyForm.holds(workload.programs):
         return None
     simulated: dict[int, tuple[_FastScheduler, list[ClassSchedule]]] = {}
-    found = _extended(workload, system, form, [form.period], simulated)
-    if found is None and (longer := form.longer()) is not None:
-        periods = [k for k in range(form.period, longer.period + 1, form.period) if longer.period % k == 0]
-        found = _extended(workload, system, longer, periods, simulated)
-    return found
+    for steady, periods in forms(form):
+        if (found := _extended(workload, system, steady, periods, simulated)) is not None:
+            return found
+    return None
+
+
+def forms(form: SteadyForm) -> Iterator[tuple[SteadyForm, list[int]]]:
+    """The forms a step is tried on, in order, each with the periods tried on it: the shorter form at its period,
+    then the longer form, built only when asked for, at every multiple of that period dividing its own, smallest
+    first (the per-point path here and the batch path, `batch`, alike)."""
+    yield form, [form.period]
+    if (longer := form.longer()) is not None:
+        steps = range(form.period, longer.period + 1, form.period)
+        yield longer, [k for k in steps if longer.period % k == 0]
 
 
 def _extended(

@@ -286,7 +286,7 @@ def _block(block: nn.Module, found: Experts | None, hidden: int, seen: _Seen) ->
     """One block's attention sizes, norm, bias, MLP width and activation, and its experts if it has them."""
     calls = [(q, k) for q, k, stack in seen.attention if block in stack]
     children = [m for m in block.children() if any(True for _ in m.parameters())]
-    norms = [m for m in children if _is_norm(m)]
+    norms = [m for m in children if is_norm(m)]
     attention = next((m for m in children if any(m in s for _, _, s in seen.attention)), None)
     others = [m for m in children if m not in norms and m is not attention]
     # the MLP: the child whose code calls the activation, else the last; attention done in the block's own
@@ -382,7 +382,7 @@ def _layout(
         out["qkv_bias"] = True
     if norms and _norm_kind(norms[0]) == "layernorm" and getattr(norms[0], "bias", None) is None:
         out["norm_bias"] = False
-    inner = [m for c in mixer for m in c.modules() if m is not c and _is_norm(m)]
+    inner = [m for c in mixer for m in c.modules() if m is not c and is_norm(m)]
     if inner and not latent:
         out["qk_norm"] = True
     if attention is not None and mlp is not None and _side_by_side(seen, attention, mlp):
@@ -390,7 +390,9 @@ def _layout(
     return out
 
 
-def _is_norm(module: nn.Module) -> bool:
+def is_norm(module: nn.Module) -> bool:
+    """Whether a module is a norm by its weights: it has some, and all are vectors (a LayerNorm's, an RMSNorm's, a
+    module wrapping them); an nn.Linear's or an nn.Embedding's are matrices."""
     weights = list(module.parameters())
     return bool(weights) and all(p.dim() == 1 for p in weights)
 

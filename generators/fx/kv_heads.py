@@ -48,11 +48,11 @@ class HeadParallel(ColwiseParallel):
         tp = device_mesh.size()
         if len(self.groups) > 1 or self.groups[0] < tp:
             for name, param in list(module.named_parameters(recurse=False)):
-                module.register_parameter(name, nn.Parameter(_per_rank(param, self.groups, tp)))
+                module.register_parameter(name, nn.Parameter(per_rank(param, self.groups, tp)))
         return super()._apply(module, device_mesh)
 
 
-def _per_rank(param: torch.Tensor, groups: tuple[int, ...], tp: int) -> torch.Tensor:
+def per_rank(param: torch.Tensor, groups: tuple[int, ...], tp: int) -> torch.Tensor:
     """The rows (dim 0: the heads of `groups` one after another) with each group's heads repeated up to tp, laid
     out as tp equal chunks, chunk r holding rank r's heads of each group in turn."""
     rows = param.detach().reshape(sum(groups), -1, *param.shape[1:])

@@ -30,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, distribute_module
 from torch.distributed.tensor.parallel import ParallelStyle, PrepareModuleInput
 
-from generators.fx.kv_heads import LocalHeads, _per_rank
+from generators.fx.kv_heads import LocalHeads, per_rank
 
 
 class LatentDown(ParallelStyle):
@@ -57,7 +57,7 @@ class LocalRows(LocalHeads):
         tp = device_mesh.size()
         self.localise_owner(tp)
         for name, param in list(module.named_parameters(recurse=False)):
-            rows = _per_rank(param, self.groups, tp).chunk(tp)[0]
+            rows = per_rank(param, self.groups, tp).chunk(tp)[0]
             module.register_parameter(name, nn.Parameter(rows.detach(), requires_grad=param.requires_grad))
         if isinstance(module, nn.Linear):
             module.out_features = module.weight.shape[0]

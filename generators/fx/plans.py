@@ -66,6 +66,7 @@ from torch.overrides import TorchFunctionMode
 
 from dse.errors import SpecError
 from dse.spec import ModelSpec
+from generators.fx.describe import is_norm
 from generators.fx.kv_heads import Heads, LocalHeads, ShardedCache
 from generators.fx.latent import LatentDown, LocalRows, latent_input
 from generators.fx.multihead import multihead_plan
@@ -430,7 +431,7 @@ def _latent_plan(
     for down in downs:
         readers = [up for up in ups if down in flow.feeds[up]]
         between = {flow.source[up] for up in readers} - {down}
-        alone = users[down] <= set(readers) and all(n and _is_norm(modules[n]) for n in between)
+        alone = users[down] <= set(readers) and all(n and is_norm(modules[n]) for n in between)
         paired = alone and isinstance(layout, Shard)
         plan |= {down: Replicated(), **dict.fromkeys(between, Replicated())} if paired else {down: LatentDown()}
         for up in readers:
@@ -440,11 +441,6 @@ def _latent_plan(
             else:
                 plan[up] = LocalRows((heads.heads,), modules[owner], heads, widths=False)
     return plan
-
-
-def _is_norm(module: nn.Module) -> bool:
-    params = list(module.parameters(recurse=False))
-    return bool(params) and all(p.dim() == 1 for p in params) and not isinstance(module, nn.Linear | nn.Embedding)
 
 
 def _unsplit_attention(block: nn.Module, flow: Dataflow, branches: dict[str, list[str]]) -> str:

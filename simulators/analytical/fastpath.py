@@ -35,6 +35,7 @@ import numpy as np
 from dse.system import SystemSpec
 from dse.workload import OpKind, Program, Workload
 from simulators.analytical.engine import ClassSchedule, _Parked, _Run, _Scheduler
+from simulators.analytical.fast_compiled import run_compiled
 from simulators.analytical.intervals import Busy, merge
 from simulators.analytical.plans import COMPUTE
 
@@ -265,6 +266,8 @@ class _FastScheduler(_Scheduler):
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         super().__init__(workload, system, timeline=False)
         self._outcomes: dict[tuple, _Outcome] = {}
+        self.simulated = 0
+        """Segments simulated by the reference rules (the rest came from the outcome cache)."""
         self._first_tier: dict[int, int] = {}
         self._structures: dict[tuple, int] = {}
         self._structure_streams: list[tuple[int, ...]] = []
@@ -294,6 +297,8 @@ class _FastScheduler(_Scheduler):
         ]
         self._applied: list[list[tuple[float, _Outcome, int]]] = [[] for _ in programs]
         self._block_plans = plans
+        if (compiled := run_compiled(self)) is not None:
+            return compiled
         runs = [self._start_fast(index, program) for index, program in enumerate(programs)]
         return self._drive(runs)
 
@@ -444,6 +449,7 @@ class _FastScheduler(_Scheduler):
         make t0: the call waits for exactly t0 then. Returns None if a clamped time decided the start of any op
         (then the result would differ from the exact one).
         """
+        self.simulated += 1
         stream_end = list(run.stream_end)
         out_end = run.out_end
         calls = run.program.calls

@@ -2,7 +2,7 @@
 
 The batch evaluates the reference schedule (`exact=True`) for every system at once, over the steady form where the
 workload has one, so it must give the reference's figures to rounding (1e-9 relative is far looser than what it
-reaches, ~1e-13), and the default fast path's within the fast path's own 1% (`test_analytical_fastpath`). The
+reaches, ~1e-13), and the default path's within its 1% (`test_analytical_fastpath`). The
 systems are drawn at random over everything a hardware sweep varies: FLOP/s, HBM bandwidth and size, link
 bandwidths, latencies and algorithms, the runtime reserve and the compute slowdown under communication.
 """

@@ -16,7 +16,7 @@ def priced(monkeypatch):
     """Counts the schedules actually computed (fast, from the steady form or whole, and reference), from an empty
     cache."""
     counts = {"fast": 0, "exact": 0}
-    fast, steady, exact = cost_model.schedule_fast, cost_model.schedule_steady, cost_model.schedule
+    fast, steady, exact = cost_model.schedule_compiled, cost_model.schedule_steady, cost_model.schedule
 
     def counting_fast(*args, **kwargs):
         counts["fast"] += 1
@@ -31,7 +31,7 @@ def priced(monkeypatch):
         counts["exact"] += 1
         return exact(*args, **kwargs)
 
-    monkeypatch.setattr(cost_model, "schedule_fast", counting_fast)
+    monkeypatch.setattr(cost_model, "schedule_compiled", counting_fast)
     monkeypatch.setattr(cost_model, "schedule_steady", counting_steady)
     monkeypatch.setattr(cost_model, "schedule", counting_exact)
     monkeypatch.setattr(cost_model, "_RESULTS", ResultCache())

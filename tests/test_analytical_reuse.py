@@ -3,33 +3,30 @@ derives afresh, and is not used once the program's calls no longer match the sha
 
 import numpy as np
 
-from dse.workload import NO_CALL, OpKind, TableTensors, Tensor, TensorKind, tensor_columns
+from dse.workload import NO_CALL, TableTensors, Tensor, TensorKind, tensor_columns
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import skeleton as module
 from simulators.analytical import AnalyticalCostModel, cost_model
-from simulators.analytical.fastpath import _layout, program_layout
+from simulators.analytical.compiled_engine import _inputs
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
 SHAPE = dict(tp=2, pp=4, dp=2, sp=True, zero=2, grad_reduce="per_microbatch", global_batch=32, system=DGX)
 
 
-def _p2p(workload) -> frozenset[int]:
-    return frozenset(
-        b for b, block in enumerate(workload.blocks) if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in block.ops)
-    )
+def _fresh(calls) -> tuple[np.ndarray, np.ndarray]:
+    return np.array([len(c.inputs) for c in calls]), np.array([i for c in calls for i in c.inputs])
 
 
-def test_a_layout_kept_on_the_shape_equals_a_fresh_one():
+def test_the_call_arrays_kept_on_the_shape_equal_fresh_ones():
     module._SKELETONS.clear()
     first = SymbolicGenerator().generate(make_point(recompute="none", **SHAPE))
     second = SymbolicGenerator().generate(make_point(recompute="full", **SHAPE))
-    p2p = _p2p(second)
     for a, b in zip(first.programs, second.programs, strict=True):
         assert a.shape is b.shape and b.call_shape() is b.shape
-        kept = program_layout(a, p2p)
-        assert program_layout(b, p2p) is kept  # the second point reads the first one's
-        assert kept == _layout(list(b.calls), p2p)
+        kept = _inputs(a)
+        assert _inputs(b) is kept  # the second point reads the first one's
+        assert all(np.array_equal(x, y) for x, y in zip(kept, _fresh(b.calls), strict=True))
 
 
 def test_a_shape_that_no_longer_holds_the_calls_is_ignored():
@@ -40,8 +37,7 @@ def test_a_shape_that_no_longer_holds_the_calls_is_ignored():
     last = program.calls[-1]
     program.calls[-1] = last._replace(inputs=last.inputs[:1])
     assert program.call_shape() is None
-    p2p = _p2p(workload)
-    assert program_layout(program, p2p) == _layout(program.calls, p2p)
+    assert all(np.array_equal(x, y) for x, y in zip(_inputs(program), _fresh(program.calls), strict=True))
     program.calls[-1] = last
     assert program.call_shape() is shape
 

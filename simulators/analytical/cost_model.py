@@ -13,8 +13,8 @@ from dse.tables.nccl import MeasuredCollectives
 from dse.workload import Collective, Workload
 from simulators.analytical import network
 from simulators.analytical.batch import price_many, too_small
+from simulators.analytical.compiled_engine import schedule_compiled
 from simulators.analytical.engine import schedule
-from simulators.analytical.fastpath import schedule_fast
 from simulators.analytical.memory import peak_memory, with_runtime_reserve
 from simulators.analytical.steady import schedule_steady
 from simulators.analytical.trace import to_chrome_trace
@@ -29,10 +29,12 @@ class AnalyticalCostModel:
     and 10 ms at the median with its generation (benchmarks/evaluate_rate.py, printed on a shared 2-core machine,
     2026-11-29).
 
+    By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
+    bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and
+    its verified period added on).
     options (`Options`, a study's cost_model_options): `exact` schedules every call of the whole step by the
-    reference rules instead of the fast path (`fastpath`, which prices each run of calls between pipeline
-    transfers once per entry state, over the workload's steady form when it has one: `steady`); the two agree
-    within 1% (tests pin it), so a study can screen on the fast path and refine its best points exactly.
+    interpreted reference rules (`engine`) instead; the two agree to rounding (tests pin 1e-9), so a study can
+    screen on the default path and refine its best points exactly.
     timeline (for code, not files: `with_timeline`): also keep every op's interval for `to_chrome_trace`. It is
     off by default because a large step has a hundred thousand ops, and because it turns off the fusion of kernel
     runs that the figures do not need. `exact=True` without options is `Options(exact=True)`, for code.
@@ -51,7 +53,7 @@ class AnalyticalCostModel:
 
         model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-        exact: bool = Field(False, description="schedule the whole step by the reference rules, not the fast path")
+        exact: bool = Field(False, description="schedule the whole step by the reference rules, not its steady form")
 
     def __init__(self, options: Options | None = None, *, timeline: bool = False, exact: bool = False) -> None:
         self.options = options or self.Options(exact=exact)
@@ -106,7 +108,7 @@ class AnalyticalCostModel:
         elif (steady := schedule_steady(workload, system)) is not None:
             schedules, programs = steady.schedules, steady.programs
         else:
-            schedules = schedule_fast(workload, system)
+            schedules = schedule_compiled(workload, system)
         ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
         classes = []
         accelerator = system.accelerator

@@ -41,7 +41,7 @@ class ClassSchedule:
     """End of each call's latest op: until then the call holds its inputs and its working memory."""
     events: list[TimelineEvent]
     busy: Busy | None = None
-    """The busy intervals, when the scheduler keeps them (the fast path does, for `steady`)."""
+    """The busy intervals, when the scheduler keeps them (the compiled one does, for `steady`)."""
     transfers: list[tuple[int, int, float]] = field(default_factory=list)
     """(call, category, seconds) of every p2p transfer: unlike other ops', their time is known only once paired."""
 

@@ -34,12 +34,12 @@ import numpy as np
 from dse.system import SystemSpec
 from dse.workload import Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, call_reach, memoised
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
-from simulators.analytical.fastpath import _FastScheduler
 
 TOLERANCE_S = 1e-7
-"""How far apart two times may be and still count as one period apart: the fast path rounds entry states to a
-nanosecond per segment, so repeats of one state can differ by a few of those."""
+"""How far apart two times may be and still count as one period apart: repeats of one state a period apart add
+the same durations to different times, so they can differ by a few roundings of those times."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ def schedule_steady(workload: Workload, system: SystemSpec) -> SteadySchedules |
     form = workload.steady
     if form is None or not SteadyForm.holds(workload.programs):
         return None
-    simulated: dict[int, tuple[_FastScheduler, list[ClassSchedule]]] = {}
+    simulated: dict[int, tuple[CompiledScheduler, list[ClassSchedule]]] = {}
     for steady, periods in forms(form):
         if (found := _extended(workload, system, steady, periods, simulated)) is not None:
             return found
@@ -78,13 +78,13 @@ def _extended(
     system: SystemSpec,
     form: SteadyForm,
     periods: list[int],
-    simulated: dict[int, tuple[_FastScheduler, list[ClassSchedule]]],
+    simulated: dict[int, tuple[CompiledScheduler, list[ClassSchedule]]],
 ) -> SteadySchedules | None:
     """The step from one form: its timeline simulated (once per programs: a longer form may run the shorter one's
     micro-batches), then extended by the first of `periods` (micro-batches, each dividing the form's period) that
     every stage repeats with one shared length."""
     if id(form.programs) not in simulated:
-        scheduler = _FastScheduler(replace(workload, programs=form.programs, steady=None), system)
+        scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
         simulated[id(form.programs)] = scheduler, scheduler.run()
     scheduler, schedules = simulated[id(form.programs)]
     for period in periods:
@@ -177,7 +177,7 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
 
 
 def _period_categories(
-    scheduler: _FastScheduler, index: int, program: Program, sched: ClassSchedule, calls: range
+    scheduler: CompiledScheduler, index: int, program: Program, sched: ClassSchedule, calls: range
 ) -> dict[str, float]:
     """Busy seconds per category of one period's calls: their blocks' priced ops and their p2p transfers."""
     block = call_array(program, "block")

@@ -1,0 +1,299 @@
+"""The reference schedule, compiled: programs and plans laid out as arrays for `engine_kernel`, and its records
+turned into the schedules `engine._Scheduler` gives.
+
+Per point, the plans (each block as a rank class runs it) are built by `plans.Planner` as for the interpreted
+engine and transposed into op rows, once per distinct plan; what the calls decide (their blocks, inputs and tags)
+is read from arrays kept on the program's `CallShape`. The kernel then schedules every op. A deadlock (a generator
+bug) is left to the interpreted engine, which names the ops that wait.
+"""
+
+from itertools import chain
+
+import numpy as np
+
+from dse.system import SystemSpec
+from dse.workload import Program, Workload
+from simulators.analytical import engine_kernel as kernel
+from simulators.analytical.calls import call_array, memoised
+from simulators.analytical.engine import ClassSchedule, _Scheduler
+from simulators.analytical.intervals import Busy
+from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
+
+_INT = np.int64
+
+
+class CompiledScheduler:
+    """`engine._Scheduler` without a timeline, with its loop compiled; the same schedules, plus each class's busy
+    intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`)."""
+
+    def __init__(self, workload: Workload, system: SystemSpec) -> None:
+        self._workload = workload
+        self._system = system
+        self._planner = Planner(workload, system, fuse=True)
+        self._block_plans: list[dict[int, Plan]] = []
+        """Per program, the plan of every block it calls."""
+
+    def run(self) -> list[ClassSchedule]:
+        programs = self._workload.programs
+        self._block_plans = [
+            {b: self._planner.plan(b, index) for b in _used(program)} for index, program in enumerate(programs)
+        ]
+        tables = _Layout(self, programs).tables()
+        kernel.drive(tables)
+        if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
+            return _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
+        return self._schedules(tables)
+
+    def _schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
+        names = list(self._planner.categories)
+        moved = int(t.counters[kernel.TRANSFERS])
+        t_run = t.t_run[:moved]
+        order = np.argsort(t_run, kind="stable")
+        bounds = np.searchsorted(t_run[order], np.arange(len(t.base))).tolist()
+        t_call, t_category = t.t_call[order].tolist(), t.t_category[order].tolist()
+        t_seconds = t.t_seconds[order].tolist()
+        out = []
+        for r, plans in enumerate(self._block_plans):
+            lo, hi = t.base[r], t.base[r + 1]
+            c0, c1 = t.compute_ptr[r], t.compute_ptr[r] + t.compute_count[r]
+            m0, m1 = t.comm_ptr[r], t.comm_ptr[r] + t.comm_count[r]
+            cs, ce, ms, me = t.compute_starts[c0:c1], t.compute_ends[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1]
+            busy = Busy.of(cs, ce, ms, me)
+            compute, comm, exposed = busy.totals
+            latest = max(float(ce.max(initial=0.0)), float(me.max(initial=0.0)))
+            used = set().union(*(plan.categories for plan in plans.values()))
+            b0, b1 = bounds[r], bounds[r + 1]
+            out.append(
+                ClassSchedule(
+                    end_s=latest,
+                    compute_s=compute,
+                    comm_s=comm,
+                    exposed_comm_s=exposed,
+                    time_by_category={names[i]: float(t.category_time[r, i]) for i in sorted(used)},
+                    call_start=t.call_start[lo:hi],
+                    call_end=t.call_end[lo:hi],
+                    events=[],
+                    busy=busy,
+                    transfers=list(zip(t_call[b0:b1], t_category[b0:b1], t_seconds[b0:b1], strict=True)),
+                )
+            )
+        return out
+
+
+def _used(program: Program) -> list[int]:
+    """The blocks a program calls, sorted (kept on its CallShape)."""
+    return memoised(program, ("compiled.used",), lambda _: np.unique(call_array(program, "block")).tolist())
+
+
+def _inputs(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """Per call its number of inputs, and every call's inputs in order (kept on its CallShape)."""
+
+    def derive(calls) -> tuple[np.ndarray, np.ndarray]:
+        counts = np.fromiter(map(len, (call.inputs for call in calls)), _INT, len(calls))
+        flat = np.fromiter(chain.from_iterable(call.inputs for call in calls), _INT, int(counts.sum()))
+        return counts, flat
+
+    return memoised(program, ("compiled.inputs",), derive)
+
+
+def _ptr(lists) -> np.ndarray:
+    """Where each list starts in their concatenation; one more entry for the end."""
+    ptr = np.zeros(len(lists) + 1, dtype=_INT)
+    np.cumsum(np.fromiter(map(len, lists), _INT, len(lists)), out=ptr[1:])
+    return ptr
+
+
+def _csr(lists) -> tuple[np.ndarray, np.ndarray]:
+    """(_ptr, the values concatenated) of lists of ints."""
+    ptr = _ptr(lists)
+    return ptr, np.fromiter(chain.from_iterable(lists), _INT, int(ptr[-1]))
+
+
+class _Layout:
+    """The kernel's arrays for one point's programs and plans."""
+
+    def __init__(self, scheduler: CompiledScheduler, programs: list[Program]) -> None:
+        self._scheduler = scheduler
+        self._programs = programs
+        self._plans: list[Plan] = []
+        self._plan_index: dict[int, int] = {}
+
+    def _plan(self, plan: Plan) -> int:
+        index = self._plan_index.get(id(plan))
+        if index is None:
+            index = self._plan_index[id(plan)] = len(self._plans)
+            self._plans.append(plan)
+        return index
+
+    def tables(self) -> kernel.EngineTables:
+        programs, scheduler = self._programs, self._scheduler
+        runs = len(programs)
+        blocks = [call_array(p, "block") for p in programs]
+        sizes = np.fromiter(map(len, blocks), _INT, runs)
+        base = np.zeros(runs + 1, dtype=_INT)
+        np.cumsum(sizes, out=base[1:])
+        call_plan = np.empty(int(base[-1]), dtype=_INT)
+        for r, (block, plans) in enumerate(zip(blocks, scheduler._block_plans, strict=True)):
+            lookup = np.zeros(max(plans, default=0) + 1, dtype=_INT)
+            for b, plan in plans.items():
+                lookup[b] = self._plan(plan)
+            call_plan[base[r] : base[r + 1]] = lookup[block]
+        ops = self._ops()
+        inputs = [_inputs(p) for p in programs]
+        input_ptr = np.zeros(int(base[-1]) + 1, dtype=_INT)
+        np.cumsum(np.concatenate([c for c, _ in inputs]) if inputs else [], out=input_ptr[1:])
+        counts = ops["counts"]
+        run_of_call = np.repeat(np.arange(runs), sizes)
+        compute_count = np.bincount(run_of_call, counts[0][call_plan], runs).astype(_INT)
+        comm_count = np.bincount(run_of_call, counts[1][call_plan], runs).astype(_INT)
+        mail_ptr, mailbox = self._mailboxes(base, call_plan, ops)
+        moved = len(mailbox)
+        streams = len(scheduler._planner.streams)
+        slots = int(ops["p_slots"].max(initial=1))
+        return kernel.EngineTables(
+            base=base,
+            call_plan=call_plan,
+            input_ptr=input_ptr,
+            inputs=np.concatenate([i for _, i in inputs]) if inputs else np.zeros(0, dtype=_INT),
+            mail_ptr=mail_ptr,
+            mailbox=mailbox,
+            p_op_ptr=ops["p_op_ptr"],
+            p_output=ops["p_output"],
+            p_slots=ops["p_slots"],
+            p_category_ptr=ops["p_category_ptr"],
+            p_category=ops["p_category"],
+            p_category_seconds=ops["p_category_seconds"],
+            o_kind=ops["o_kind"],
+            o_stream=ops["o_stream"],
+            o_seconds=ops["o_seconds"],
+            o_waits=ops["o_waits"],
+            o_slot=ops["o_slot"],
+            o_category=ops["o_category"],
+            o_mail=ops["o_mail"],
+            o_dep_ptr=ops["o_dep_ptr"],
+            o_deps=ops["o_deps"],
+            o_mark_ptr=ops["o_mark_ptr"],
+            o_mark_slot=ops["o_mark_slot"],
+            o_mark_offset=ops["o_mark_offset"],
+            o_share_ptr=ops["o_share_ptr"],
+            o_shares=ops["o_shares"],
+            stream_end=np.zeros((runs, streams)),
+            out_end=np.zeros(int(base[-1])),
+            call_start=np.full(int(base[-1]), np.inf),
+            call_end=np.zeros(int(base[-1])),
+            position=np.zeros(runs, dtype=_INT),
+            op_position=np.zeros(runs, dtype=_INT),
+            local=np.zeros((runs, slots)),
+            queued=np.ones(runs, dtype=np.bool_),
+            ring=np.arange(runs, dtype=_INT),
+            category_time=np.zeros((runs, len(scheduler._planner.categories))),
+            mb_head=np.full(int(mailbox.max(initial=-1)) + 1, -1, dtype=_INT),
+            mb_tail=np.full(int(mailbox.max(initial=-1)) + 1, -1, dtype=_INT),
+            q_next=np.zeros(moved, dtype=_INT),
+            q_run=np.zeros(moved, dtype=_INT),
+            q_call=np.zeros(moved, dtype=_INT),
+            q_row=np.zeros(moved, dtype=_INT),
+            q_ready=np.zeros(moved),
+            compute_ptr=np.cumsum(compute_count) - compute_count,
+            compute_count=np.zeros(runs, dtype=_INT),
+            compute_starts=np.zeros(int(compute_count.sum())),
+            compute_ends=np.zeros(int(compute_count.sum())),
+            comm_ptr=np.cumsum(comm_count) - comm_count,
+            comm_count=np.zeros(runs, dtype=_INT),
+            comm_starts=np.zeros(int(comm_count.sum())),
+            comm_ends=np.zeros(int(comm_count.sum())),
+            t_run=np.zeros(moved, dtype=_INT),
+            t_call=np.zeros(moved, dtype=_INT),
+            t_category=np.zeros(moved, dtype=_INT),
+            t_seconds=np.zeros(moved),
+            counters=np.array([0, runs, 0, 0], dtype=_INT),
+        )
+
+    def _ops(self) -> dict:
+        """Every distinct plan's ops as rows (plans.PlanOp's fields, transposed), and per plan its rows, output,
+        slots, category seconds and its count of compute and of communication ops."""
+        plans = self._plans
+        lengths = np.fromiter((len(p.ops) for p in plans), _INT, len(plans))
+        p_op_ptr = np.zeros(len(plans) + 1, dtype=_INT)
+        np.cumsum(lengths, out=p_op_ptr[1:])
+        rows = list(chain.from_iterable(p.ops for p in plans))
+        kind, stream, seconds, deps, waits, slot, marks, category, link, shares = (
+            zip(*rows, strict=True) if rows else ((),) * 10
+        )
+        o_kind = np.array(kind, dtype=_INT)
+        o_link = [-1 if x is None else 0 for x in link]
+        mail = np.array(o_link, dtype=_INT)
+        p2p = mail >= 0
+        # each p2p op's place among its plan's p2p ops
+        before = np.cumsum(p2p) - p2p
+        plan_of_row = np.repeat(np.arange(len(plans)), lengths)
+        first_p2p = np.zeros(len(plans) + 1, dtype=_INT)
+        np.cumsum(np.bincount(plan_of_row, p2p, len(plans)).astype(_INT), out=first_p2p[1:])
+        o_mail = np.where(p2p, before - first_p2p[plan_of_row], -1)
+        dep_ptr, dep_values = _csr(deps)
+        share_ptr, share_values = _csr(shares)
+        mark_ptr = _ptr(marks)
+        flat_marks = list(chain.from_iterable(marks))
+        categories = [p.category_seconds for p in plans]
+        category_ptr = _ptr(categories)
+        flat_categories = list(chain.from_iterable(categories))
+        compute = o_kind == COMPUTE
+        comm = (o_kind == COLLECTIVE) | p2p
+        return {
+            "p_op_ptr": p_op_ptr,
+            "p_output": np.fromiter((p.output for p in plans), _INT, len(plans)),
+            "p_slots": np.fromiter((len(p.block.ops) for p in plans), _INT, len(plans)),
+            "p_category_ptr": category_ptr,
+            "p_category": np.array([i for i, _ in flat_categories], dtype=_INT),
+            "p_category_seconds": np.array([s for _, s in flat_categories], dtype=float),
+            "p_links": [[x for x in p_links if x is not None] for p_links in _per_plan(link, lengths)],
+            "counts": (
+                np.bincount(plan_of_row, compute, len(plans)),
+                np.bincount(plan_of_row, comm, len(plans)),
+            ),
+            "p_mails": np.diff(first_p2p),
+            "o_kind": o_kind,
+            "o_stream": np.array(stream, dtype=_INT),
+            "o_seconds": np.array(seconds, dtype=float),
+            "o_waits": np.array(waits, dtype=np.bool_),
+            "o_slot": np.array(slot, dtype=_INT),
+            "o_category": np.array(category, dtype=_INT),
+            "o_mail": o_mail.astype(_INT),
+            "o_dep_ptr": dep_ptr,
+            "o_deps": dep_values,
+            "o_mark_ptr": mark_ptr,
+            "o_mark_slot": np.array([k for k, _ in flat_marks], dtype=_INT),
+            "o_mark_offset": np.array([o for _, o in flat_marks], dtype=float),
+            "o_share_ptr": share_ptr,
+            "o_shares": share_values,
+        }
+
+    def _mailboxes(self, base: np.ndarray, call_plan: np.ndarray, ops: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Per call, where its p2p ops' mailboxes start, and the mailboxes: both ends of a transfer, a (link, tag),
+        get the same number."""
+        mails = ops["p_mails"][call_plan]
+        calls = np.flatnonzero(mails)
+        mail_ptr = np.zeros(len(call_plan), dtype=_INT)
+        counts = mails[calls]
+        mail_ptr[calls] = np.cumsum(counts) - counts
+        if not len(calls):
+            return mail_ptr, np.zeros(0, dtype=_INT)
+        links: dict = {}
+        plan_links = [[links.setdefault(x, len(links)) for x in p_links] for p_links in ops["p_links"]]
+        link_ptr, link_ids = _csr(plan_links)
+        tags = np.concatenate([call_array(p, "tag") for p in self._programs]).astype(_INT)
+        record = np.repeat(np.arange(len(calls)), counts)
+        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        link = link_ids[link_ptr[call_plan[calls]][record] + k]
+        code = link * (int(tags.max()) + 1) + tags[calls][record]
+        return mail_ptr, np.unique(code, return_inverse=True)[1].astype(_INT)
+
+
+def _per_plan(values: tuple, lengths: np.ndarray) -> list[tuple]:
+    ends = np.cumsum(lengths).tolist()
+    return [values[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
+
+
+def schedule_compiled(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:
+    """`engine.schedule` without a timeline, compiled: the same schedules, with each class's busy intervals."""
+    return CompiledScheduler(workload, system).run()

@@ -224,6 +224,12 @@ class TableTensors(UserList):
     def data(self, rows: list[Tensor]) -> None:
         self._rows = rows
 
+    @property
+    def unmade(self) -> bool:
+        """Whether its rows were never made as objects: until then nothing can have changed them, so what a cost
+        model derived from these tensors still holds."""
+        return self._rows is None
+
     def columns(self) -> TensorColumns:
         if self._rows is not None:  # read as objects, perhaps changed since
             return tensor_columns(self._rows)
@@ -241,7 +247,15 @@ class TableTensors(UserList):
         if self._rows is not None:
             return ("rows", tuple(self._rows))
         assert self._nbytes is not None
-        return ("table", self._own, self._table, self._nbytes.tobytes())
+        return ("table", self._own, self._table, self._nbytes.tobytes(), self._nbytes.dtype.str)
+
+    @staticmethod
+    def rows_of(snapshot: tuple) -> tuple[Tensor, ...]:
+        """The tensors a snapshot stands for, as objects."""
+        if snapshot[0] == "rows":
+            return snapshot[1]
+        _, own, table, nbytes, dtype = snapshot
+        return tuple(TableTensors(own, table, np.frombuffer(nbytes, dtype=dtype)))
 
 
 def columns_of(tensors: Sequence[Tensor]) -> TensorColumns:
@@ -340,6 +354,11 @@ class RankLayout:
         return rank + ((coord + offset) % size - coord) * self.stride(axis)
 
 
+def _tensor_snapshot(tensors: Sequence[Tensor]) -> tuple:
+    """What tensors are made of, with every list copied (TableTensors.snapshot, or the tensors themselves)."""
+    return tensors.snapshot() if isinstance(tensors, TableTensors) else ("rows", tuple(tensors))
+
+
 class DeferredPrograms(Sequence[Program]):
     """A workload's programs, built on first use.
 
@@ -351,7 +370,7 @@ class DeferredPrograms(Sequence[Program]):
         self._count = count
         self._build: Callable[[], list[Program]] | None = build
         self._programs: list[Program] = []
-        self._as_built: tuple[tuple[tuple[Call, ...], tuple[Tensor, ...]], ...] = ()
+        self._as_built: tuple[tuple[tuple[Call, ...], tuple], ...] = ()
 
     @property
     def built(self) -> bool:
@@ -361,16 +380,18 @@ class DeferredPrograms(Sequence[Program]):
         """Whether the programs are still as built (trivially, when they have not been built)."""
         if self._build is not None:
             return True
-        # Unedited programs share their items with the snapshot, so this compares by identity, item by item.
+        # Unedited programs share their items with the snapshot, so this compares by identity, item by item; a
+        # table of tensors never read as objects compares by its sizes' bytes, without making the objects.
         return all(
-            tuple(p.calls) == calls and tuple(p.tensors) == tensors
+            tuple(p.calls) == calls
+            and (_tensor_snapshot(p.tensors) == tensors or tuple(p.tensors) == TableTensors.rows_of(tensors))
             for p, (calls, tensors) in zip(self._programs, self._as_built, strict=True)
         )
 
     def _get(self) -> list[Program]:
         if self._build is not None:
             self._programs = self._build()
-            self._as_built = tuple((tuple(p.calls), tuple(p.tensors)) for p in self._programs)
+            self._as_built = tuple((tuple(p.calls), _tensor_snapshot(p.tensors)) for p in self._programs)
             self._build = None
         return self._programs
 

@@ -96,7 +96,8 @@ class ModelStates:
         self.tracer = tracer
         self.itemsize = itemsize
         self.blocks = blocks
-        self._elems: dict[int, float] = {}
+        self._weights: dict[int, tuple[float, bool]] = {}
+        """By weight id: its elements on one rank before ZeRO shards it, and whether it is an expert's."""
         self._shared: dict[Block, int] = {}
         """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
         optimizer step of pipeline stages that hold alike layers)."""
@@ -126,7 +127,8 @@ class ModelStates:
         expert = "+".join(a for a in ("cp", "dp") if degrees[a] > 1)
         by_group: dict[str, float] = defaultdict(float)
         for w, count in weights:
-            by_group[expert if is_expert(w) else dense] += self._replica_elems(w) * count
+            elems, of_experts = self._weight(w)
+            by_group[expert if of_experts else dense] += elems * count
         return by_group
 
     def _emit_param_gathers(
@@ -167,7 +169,7 @@ class ModelStates:
         p = self.point.parallel
         if not self.train or p.pp == 1:
             return {}
-        size = self._replica_elems(table) * self.itemsize
+        size = self._weight(table)[0] * self.itemsize
         blocks = {}
         for stage, peer in ((0, p.pp - 1), (p.pp - 1, 1 - p.pp)):
             emitter = Emitter()
@@ -177,15 +179,17 @@ class ModelStates:
             blocks[stage] = add_block(self.blocks, "tied_grad_sync", emitter)
         return blocks
 
-    def _replica_elems(self, w: STensor) -> float:
-        """Elements of a weight on one rank before ZeRO shards it; every layer repeats the same weights."""
-        elems = self._elems.get(id(w))
-        if elems is None:
+    def _weight(self, w: STensor) -> tuple[float, bool]:
+        """Elements of a weight on one rank before ZeRO shards it, and whether it is an expert's; every layer
+        repeats the same weights, and every stage asks of them."""
+        found = self._weights.get(id(w))
+        if found is None:
+            expert = is_expert(w)
             unsharded = w.relayout("dp", DUP).relayout("cp", DUP)
-            if not is_expert(w):
+            if not expert:
                 unsharded = unsharded.relayout("ep", DUP)
-            elems = self._elems[id(w)] = self.tracer.elems(unsharded)
-        return elems
+            found = self._weights[id(w)] = (self.tracer.elems(unsharded), expert)
+        return found
 
     def optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
         """The Adam step over this stage's share of the parameters, and the static memory of model states; the
@@ -208,9 +212,10 @@ class ModelStates:
                 else:
                     use[1] += layers
         for w, count in uses.values():
-            elems = self._replica_elems(w) * count
+            one, expert = self._weight(w)
+            elems = one * count
             local += elems
-            zero_share += elems / (p.dp // p.ep if is_expert(w) else sharding.shard) / p.cp
+            zero_share += elems / (p.dp // p.ep if expert else sharding.shard) / p.cp
         by_group = self._by_group([(w, count) for w, count in uses.values()])
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}

@@ -5,7 +5,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from dse.workload import Call, Program
+from dse.workload import Call, CallShape, Program
 
 T = TypeVar("T")
 
@@ -15,6 +15,12 @@ def memoised(program: Program, key: tuple, derive: Callable[[Sequence[Call]], T]
     shape = program.call_shape()
     if shape is None:
         return derive(program.calls)
+    return on_shape(shape, key, derive)
+
+
+def on_shape(shape: CallShape, key: tuple, derive: Callable[[Sequence[Call]], T]) -> T:
+    """derive(shape.calls), kept on the shape under `key`: for a caller that has checked the shape holds its
+    program's calls already (the check walks every call)."""
     if key not in shape.memo:
         shape.memo[key] = derive(shape.calls)
     return shape.memo[key]
@@ -22,11 +28,16 @@ def memoised(program: Program, key: tuple, derive: Callable[[Sequence[Call]], T]
 
 def call_array(program: Program, field: str) -> np.ndarray:
     """`call.<field>` of every call (an int field: block, microbatch, layer, tag)."""
-    return memoised(
-        program,
-        ("calls", field),
-        lambda calls: np.fromiter((getattr(call, field) for call in calls), np.intp, len(calls)),
-    )
+    return memoised(program, ("calls", field), lambda calls: _field(calls, field))
+
+
+def shape_array(shape: CallShape, field: str) -> np.ndarray:
+    """`call_array` of a program whose shape is known to hold its calls."""
+    return on_shape(shape, ("calls", field), lambda calls: _field(calls, field))
+
+
+def _field(calls: Sequence[Call], field: str) -> np.ndarray:
+    return np.fromiter((getattr(call, field) for call in calls), np.intp, len(calls))
 
 
 def call_reach(program: Program) -> np.ndarray:

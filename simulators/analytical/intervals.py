@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 
 def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -17,14 +18,28 @@ def merge(starts: Sequence[float], ends: Sequence[float]) -> tuple[np.ndarray, n
     if not len(s):
         return s, e
     # Stable sorting (timsort) is fast on what callers pass: a few runs that are each already in order.
-    order = np.argsort(s, kind="stable")
-    s, reach = s[order], np.maximum.accumulate(e[order])
-    opens = np.empty(len(s), dtype=bool)
-    opens[0] = True
-    np.greater(s[1:], reach[:-1], out=opens[1:])
-    first = np.flatnonzero(opens)
-    # a merged interval ends where the reach stood just before the next one opens; the last one, at the last reach
-    return s[first], np.concatenate((reach[first[1:] - 1], reach[-1:]))
+    return _merged(s, e, np.argsort(s, kind="stable"))
+
+
+@njit(cache=True)
+def _merged(s: np.ndarray, e: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`merge` in one pass over the intervals in `order` (by start); it only compares, so its ends are the inputs'
+    own values. `reach` is the furthest end so far, as numpy's maximum.accumulate was."""
+    out_s = np.empty(len(s))
+    out_e = np.empty(len(s))
+    k = 0
+    first = order[0]
+    start, reach = s[first], e[first]
+    for i in range(1, len(order)):
+        j = order[i]
+        if s[j] > reach:
+            out_s[k], out_e[k] = start, reach
+            k += 1
+            start = s[j]
+        if e[j] > reach:
+            reach = e[j]
+    out_s[k], out_e[k] = start, reach
+    return out_s[: k + 1].copy(), out_e[: k + 1].copy()
 
 
 def split_busy(

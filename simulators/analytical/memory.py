@@ -12,9 +12,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.fields import GiB
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import AcceleratorSpec
-from dse.workload import TENSOR_KIND_CODE, TENSOR_KINDS, Block, Program, TensorKind, columns_of
-from simulators.analytical.calls import call_array
+from dse.workload import (
+    TENSOR_KIND_CODE,
+    TENSOR_KINDS,
+    Block,
+    CallShape,
+    Program,
+    TableTensors,
+    TensorColumns,
+    TensorKind,
+    columns_of,
+)
+from simulators.analytical.calls import call_array, shape_array
 
 _TEMPORARY = TENSOR_KIND_CODE[TensorKind.TEMPORARY]
 
@@ -25,7 +36,7 @@ def peak_memory(
     """The peak bytes and, at the moment of the peak, the bytes by tensor kind (block working memory counts as
     temporary). Frees at an instant go before allocations at that instant: a call that starts as another ends
     reuses the memory the other released."""
-    events = Liveness.of(program, blocks)
+    events = _liveness(program, blocks)
     return events.peak(events.times(np.asarray(call_start, dtype=float), np.asarray(call_end, dtype=float)))
 
 
@@ -43,10 +54,15 @@ class Liveness:
 
     @classmethod
     def of(cls, program: Program, blocks: Sequence[Block]) -> "Liveness":
-        producer, consumer, kind, size = columns_of(program.tensors)
+        return cls.from_columns(columns_of(program.tensors), call_array(program, "block"), blocks)
+
+    @classmethod
+    def from_columns(cls, tensors: TensorColumns, call_blocks: np.ndarray, blocks: Sequence[Block]) -> "Liveness":
+        """The events of a program's tensors and calls (the block of each call)."""
+        producer, consumer, kind, size = tensors
         freed = consumer >= 0
         block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
-        temp = block_temp[call_array(program, "block")]
+        temp = block_temp[call_blocks]
         held = np.flatnonzero(temp)
         frees, temps = int(freed.sum()), len(held)
         nowhere = np.full(max(len(producer), frees, temps), -1, dtype=np.intp)
@@ -56,6 +72,11 @@ class Liveness:
             deltas=np.concatenate((size, -size[freed], temp[held], -temp[held])),
             kinds=np.concatenate((kind, kind[freed], np.full(2 * len(held), _TEMPORARY, dtype=np.intp))),
         )
+
+    @property
+    def nbytes(self) -> int:
+        """The arrays' own bytes: what a cache keeping these events holds."""
+        return self.at_start.nbytes + self.at_end.nbytes + self.deltas.nbytes + self.kinds.nbytes
 
     def times(self, call_start: np.ndarray, call_end: np.ndarray) -> np.ndarray:
         """Each event's time, from the calls' times: arrays by call, or (calls x timelines) for many timelines."""
@@ -86,6 +107,31 @@ class Liveness:
         for kind, held_bytes in zip(TENSOR_KINDS, by_kind, strict=True):
             at_peak[kind.value] = float(held_bytes)
         return float(level[peak]), at_peak
+
+
+LIVENESS_BYTES = 128 * MIB
+"""Events of about 2,500 pipeline stages of GPT-3 175B on 1,024 GPUs (~50 KB each, the arrays' own bytes, as a
+steady form schedules them): every stage of issue 36's study of 96 configurations, whole steps of those priced
+without a steady form included (~64 MB in all), which a second pass over them prices again. A budget short of a
+pass's stages keeps none of them for the next pass (least recently used out first)."""
+_LIVENESS: ByteBoundedLru[tuple, tuple[TableTensors, CallShape, Liveness]] = ByteBoundedLru(
+    "liveness", LIVENESS_BYTES, lambda entry: entry[2].nbytes
+)
+
+
+def _liveness(program: Program, blocks: Sequence[Block]) -> Liveness:
+    """The program's events, kept while its tensors are a generator's untouched table and its calls its shape's: a
+    workload priced again (on another system, or the steady form's programs on a second visit) reuses them."""
+    tensors, shape = program.tensors, program.call_shape()
+    if not isinstance(tensors, TableTensors) or not tensors.unmade or shape is None:
+        return Liveness.of(program, blocks)
+    key = (id(tensors), id(shape), tuple([block.temp_bytes for block in blocks]))
+    entry = _LIVENESS.get(key)
+    if entry is not None and entry[0] is tensors and entry[1] is shape:
+        return entry[2]
+    events = Liveness.from_columns(tensors.columns(), shape_array(shape, "block"), blocks)
+    _LIVENESS.put(key, (tensors, shape, events))
+    return events
 
 
 def working_set(programs: Sequence[Program], blocks: Sequence[Block], accelerator: AcceleratorSpec) -> float:

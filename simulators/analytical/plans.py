@@ -7,8 +7,9 @@ layer that leaves about a quarter of the ops. The kernels inside a fused run tha
 their end times through `marks`, offsets from the run's start.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
 from simulators.analytical.pricing import BlockPricer
@@ -52,41 +53,57 @@ class Plan:
     categories: frozenset[int]
 
 
-@dataclass(slots=True)
-class _Draft:
-    """A plan op while its block is read: a kernel, or a run of kernels that later ones keep extending."""
+RECIPE_BYTES = 16 * MIB
+"""Recipes of about 20,000 blocks (RECIPE_BYTES_PER_OP each op), far more than a study's distinct blocks."""
+RECIPE_BYTES_PER_OP = 400
+"""A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
+of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
 
-    kind: int
-    stream: int
-    seconds: float
-    deps: tuple[int, ...]
-    waits_on_inputs: bool
-    slot: int
-    category: int
-    link: Link | None
-    shares: tuple[int, ...] = ()
-    marks: list[tuple[int, float]] = field(default_factory=list)
 
-    def append(self, index: int, seconds: float, mark_previous: bool) -> None:
-        """Extend the run by block op `index`; the op it follows keeps its end time if something needs it."""
-        if mark_previous:
-            self.marks.append((self.slot, self.seconds))
-        self.seconds += seconds
-        self.slot = index
+@dataclass(slots=True, frozen=True)
+class _Recipe:
+    """What of a block's plan depends on the block alone: which ops fuse into which plan op, and the names their
+    streams and categories are numbered by. Every rank class, and every later point whose workload holds the same
+    block (a workload is generated once and priced on many systems), builds its plan from it, adding only the
+    seconds the class's groups give."""
 
-    def freeze(self) -> PlanOp:
-        return (
-            self.kind,
-            self.stream,
-            self.seconds,
-            self.deps,
-            self.waits_on_inputs,
-            self.slot,
-            tuple(self.marks),
-            self.category,
-            self.link,
-            self.shares,
-        )
+    categories: tuple[str, ...]
+    """Per op, its category's name."""
+    priced_alone: tuple[int, ...]
+    """The ops whose seconds the plan's category totals hold (not the p2p ones)."""
+    runs: tuple[tuple[int, int, str, tuple[int, ...], bool, tuple[tuple[int, bool], ...]], ...]
+    """Per plan op: (its first block op, kind, stream name, deps, waits on inputs, and per later kernel fused into
+    it, (block op, whether the kernel before it keeps its end time as a mark))."""
+
+
+_RECIPES: ByteBoundedLru[tuple[int, bool], tuple[Block, _Recipe]] = ByteBoundedLru(
+    "plan recipes", RECIPE_BYTES, lambda entry: RECIPE_BYTES_PER_OP * len(entry[0].ops)
+)
+
+
+def _recipe(block: Block, fuse: bool) -> _Recipe:
+    """The block's recipe, kept by the block's identity (the entry holds the block, so the identity is its own)."""
+    key = (id(block), fuse)
+    entry = _RECIPES.get(key)
+    if entry is not None and entry[0] is block:
+        return entry[1]
+    needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
+    runs: list[tuple[int, int, str, tuple[int, ...], bool, list[tuple[int, bool]]]] = []
+    for index, op in enumerate(block.ops):
+        run = runs[-1] if runs else None
+        if fuse and run is not None and run[1] == COMPUTE and _joins(op, block, run[4]):
+            members = run[5]
+            members.append((index, (members[-1][0] if members else run[0]) in needed))
+            continue
+        deps = tuple(d for d in op.deps if d != BLOCK_INPUT)
+        runs.append((index, _KIND_CODE[op.kind], stream_of(op), deps, BLOCK_INPUT in op.deps, []))
+    recipe = _Recipe(
+        categories=tuple(op.category for op in block.ops),
+        priced_alone=tuple(i for i, op in enumerate(block.ops) if op.kind in _PRICED_ALONE),
+        runs=tuple((*run[:5], tuple(run[5])) for run in runs),  # type: ignore[misc]
+    )
+    _RECIPES.put(key, (block, recipe))
+    return recipe
 
 
 class Planner:
@@ -136,37 +153,34 @@ class Planner:
 
     def _build(self, block_index: int, rank_class: int) -> Plan:
         block = self._workload.blocks[block_index]
+        recipe = _recipe(block, self._fuse)
         seconds = self._pricer.durations(block_index, rank_class)
-        needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
-        drafts: list[_Draft] = []
+        categories = [self.categories.setdefault(name, len(self.categories)) for name in recipe.categories]
         totals: dict[int, float] = {}
-        for index, (op, duration) in enumerate(zip(block.ops, seconds, strict=True)):
-            category = self.categories.setdefault(op.category, len(self.categories))
-            if op.kind in _PRICED_ALONE:
-                totals[category] = totals.get(category, 0.0) + duration
-            run = drafts[-1] if drafts else None
-            if self._fuse and run is not None and run.kind == COMPUTE and _joins(op, block, run.waits_on_inputs):
-                run.append(index, duration, run.slot in needed)
-                continue
-            drafts.append(
-                _Draft(
-                    kind=_KIND_CODE[op.kind],
-                    stream=self.streams.setdefault(stream_of(op), len(self.streams)),
-                    seconds=duration,
-                    deps=tuple(d for d in op.deps if d != BLOCK_INPUT),
-                    waits_on_inputs=BLOCK_INPUT in op.deps,
-                    slot=index,
-                    category=category,
-                    link=self._link(op, rank_class),
-                    shares=self._shares(op, rank_class),
-                )
-            )
+        for index in recipe.priced_alone:
+            category = categories[index]
+            totals[category] = totals.get(category, 0.0) + seconds[index]
+        ops = []
+        for first, kind, stream, deps, waits_on_inputs, members in recipe.runs:
+            number = self.streams.setdefault(stream, len(self.streams))
+            if kind == COMPUTE:
+                link, shares = None, ()
+            else:
+                link, shares = self._link(block.ops[first], rank_class), self._shares(block.ops[first], rank_class)
+            slot, duration, marks = first, seconds[first], []
+            for index, mark_previous in members:
+                if mark_previous:
+                    marks.append((slot, duration))
+                duration += seconds[index]
+                slot = index
+            category = categories[first]
+            ops.append((kind, number, duration, deps, waits_on_inputs, slot, tuple(marks), category, link, shares))
         return Plan(
             block=block,
-            ops=tuple(draft.freeze() for draft in drafts),
+            ops=tuple(ops),
             output=block.output_index,
             category_seconds=tuple(totals.items()),
-            categories=frozenset(self.categories[op.category] for op in block.ops),
+            categories=frozenset(categories),
         )
 
     def source(self, block_index: int, op_index: int, rank_class: int) -> str:

@@ -43,12 +43,15 @@ class BlockPricer:
         self._exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
         self._moe = None if workload.expert_compute is None else MeasuredMoe.of(system.accelerator, workload.dtype)
         self._compute: dict[int, list[float]] = {}
+        self._comm: dict[int, list[int]] = {}
+        """Per block, its communication ops: the only ones whose seconds depend on the class."""
         self.sources: dict[int, list[str]] = {}
         """Per block, what priced each compute op ('table', 'gemm_table', 'moe_table', 'roofline', ...; '' for
         communication)."""
         self._spans: dict[tuple[str, int], Span] = {}
         self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
         self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+        self._span_keys: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
         self._representatives: dict[int, int] = {}
 
     def representative(self, rank_class: int) -> int:
@@ -62,26 +65,28 @@ class BlockPricer:
     def durations(self, block: int, rank_class: int) -> list[float]:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
         compute = self._compute.get(block)
+        ops = self._workload.blocks[block].ops
         if compute is None:
-            ops = self._workload.blocks[block].ops
             priced = self.expert_block(
                 ops, [self._model.price(op) if op.kind is OpKind.COMPUTE else (0.0, "") for op in ops]
             )
             compute = self._compute[block] = [seconds for seconds, _ in priced]
             self.sources[block] = [source for _, source in priced]
-        out = []
-        for op, seconds in zip(self._workload.blocks[block].ops, compute, strict=True):
+            self._comm[block] = [i for i, op in enumerate(ops) if op.kind is not OpKind.COMPUTE]
+        out = list(compute)
+        for i in self._comm[block]:
+            op = ops[i]
             if op.kind is OpKind.COLLECTIVE:
                 seconds = self.exchanged(op, rank_class)
                 if seconds is None:
                     node = within_node(self._node, self.dims(op.axis, rank_class))
                     seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
-            elif op.is_comm:
+            else:
                 network = self._system.network
                 seconds = max(
                     p2p_time(op.comm_bytes, r, p, network) for r, p in self.hops(op.axis, op.peer, rank_class)
                 )
-            out.append(seconds)
+            out[i] = seconds
         return out
 
     def source(self, block: int, op_index: int, rank_class: int) -> str:
@@ -166,4 +171,9 @@ class BlockPricer:
 
     def span_key(self, axis: str, rank_class: int) -> tuple[tuple[int, int], ...]:
         """(dimension index, NPUs spanned) per dimension the axis's group spans: equal keys, equal prices."""
-        return tuple(zip(self.dims(axis, rank_class), (count for _, count in self.span(axis, rank_class)), strict=True))
+        key = (axis, rank_class)
+        found = self._span_keys.get(key)
+        if found is None:
+            counts = (count for _, count in self.span(axis, rank_class))
+            found = self._span_keys[key] = tuple(zip(self.dims(axis, rank_class), counts, strict=True))
+        return found

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
+from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import Program, SteadyForm, Workload
@@ -123,16 +124,12 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     if not found:
         return None
     distance, twin, middle = found
-    start = np.asarray(sched.call_start)
-    end = np.asarray(sched.call_end)
-    here, there = slice(0, len(twin)), slice(distance, len(twin) + distance)
-    shift = start[there] - start[here]
-    length = float(shift[middle])
-    steady = twin & (np.abs(shift - length) <= TOLERANCE_S) & (np.abs(end[there] - end[here] - length) <= TOLERANCE_S)
-    runs = _runs(steady)
-    if not runs or length <= 0:
+    start = np.asarray(sched.call_start, dtype=float)
+    end = np.asarray(sched.call_end, dtype=float)
+    length = float(start[middle + distance] - start[middle])
+    lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
+    if lo < 0 or length <= 0:
         return None
-    lo, hi = max(runs, key=lambda run: run[1] - run[0])
     depth = int(call_reach(program)[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
@@ -157,6 +154,28 @@ def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple
             lo, hi = max(_runs(twin), key=lambda run: run[1] - run[0])
             return distance, twin, (lo + hi) // 2
     return ()
+
+
+@njit(cache=True)
+def _longest_steady(
+    twin: np.ndarray, start: np.ndarray, end: np.ndarray, distance: int, length: float, tolerance: float
+) -> tuple[int, int]:
+    """[start, end) of the first longest run of calls that recur `distance` calls later with their start and end
+    `length` later (within `tolerance`), among the `twin` calls; (-1, -1) if there is none. One pass, with the
+    same float operations as the arrays' (end there - end here - length, in that order)."""
+    best_lo, best_hi, run_lo = -1, -1, -1
+    for i in range(len(twin) + 1):
+        steady = False
+        if i < len(twin) and twin[i]:
+            shift = start[i + distance] - start[i]
+            steady = abs(shift - length) <= tolerance and abs(end[i + distance] - end[i] - length) <= tolerance
+        if steady and run_lo < 0:
+            run_lo = i
+        elif not steady and run_lo >= 0:
+            if i - run_lo > best_hi - best_lo:
+                best_lo, best_hi = run_lo, i
+            run_lo = -1
+    return best_lo, best_hi
 
 
 def _runs(flags: np.ndarray) -> list[tuple[int, int]]:

@@ -10,8 +10,9 @@ makes one interval with it, which keeps a third of Llama-3-70B's intervals out o
 from each system's starts and ends sorted each on its own: with both sorted, the i-th start opens a gap exactly when
 the i earliest ends all come before it, and the gap runs from the i-th end (every interval started before it has
 ended by then, and no other has). So the union covers [first start, last end] less max(0, start[i] - end[i - 1])
-summed over i: no sort of intervals by start, no running maximum, only two sorts of numbers (timsort, fast on what
-`Spans.ordered` leaves: one system's order, which others keep but for a few intervals). `Busy` measures the hidden
+summed over i: no sort of intervals by start, no running maximum, only two sorts of numbers, which a compiled loop
+(`batch_kernels.measure`) makes system by system, by insertion on what `Spans.ordered` leaves (the starts in one
+system's order of them, the ends in its order of them, which others keep but for a few). `Busy` measures the hidden
 communication by interpolating compute time over each merged interval instead; the two agree to rounding.
 """
 
@@ -20,6 +21,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from simulators.analytical import batch_kernels
 from simulators.analytical.tape import MAX_ADD, ClassTape, Tape
 
 
@@ -51,13 +53,17 @@ class Spans:
         return Spans(*(np.stack((row_of[s[0]], s[1], row_of[s[2]])) for s in (self.compute, self.comm, self.every)))
 
     def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
-        """The spans (in rows) in order of their starts on one system (values and durations: a column each), the
-        order most systems' intervals keep but for a few (timsort is fast on that: `_measure`)."""
+        """The spans (in rows) with their starts in order on one system and their ends in order on it (values and
+        durations: a column each), the orders most systems keep but for a few. A span then no longer pairs its
+        start with its end: only the unions are measured, and they read the starts and the ends each sorted on its
+        own."""
 
-        def by_start(span: np.ndarray) -> np.ndarray:
-            return span[:, np.argsort(values[span[0]] - durations[span[1]], kind="stable")]
+        def by_time(span: np.ndarray) -> np.ndarray:
+            starts = np.argsort(values[span[0]] - durations[span[1]], kind="stable")
+            ends = np.argsort(values[span[2]], kind="stable")
+            return np.stack((span[0, starts], span[1, starts], span[2, ends]))
 
-        return Spans(self.compute, by_start(self.comm), by_start(self.every))
+        return Spans(self.compute, by_time(self.comm), by_time(self.every))
 
 
 def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
@@ -86,8 +92,9 @@ def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
 
 
 BLOCK = 32
-"""Systems measured together: a block's intervals stay in the processor's cache while they are sorted and summed
-(the intervals of all systems at once do not, and every pass over them then waits on memory)."""
+"""Systems whose unions are measured together (`batch_kernels.measure`): their intervals stay in the processor's
+cache while they are gathered and sorted; the block also sets where a moment within rounding of a start counts it
+(`batch_kernels._starts_before`), so the figures stay those measured with it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +109,12 @@ class BusyMany:
 
     @classmethod
     def of(cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray]) -> "BusyMany":
-        """From the values of the tape program's rows and the durations (rows x systems both), `spans` in rows;
-        moments: arrays of one time per system."""
+        """From the values of the tape program's rows and the durations (rows x systems both, C-ordered), `spans`
+        in rows (`Spans.ordered`); moments: arrays of one time per system."""
+        at = np.array(moments, dtype=float).reshape(len(moments), values.shape[1])
 
-        def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, list[np.ndarray]]:
-            starts = values[span[0]]
-            taken = np.flatnonzero(span[1] != len(durations) - 1)  # the last row of durations is zeros
-            starts[taken] -= durations[span[1, taken]]
-            return _measure(starts, values[span[2]], ordered, moments)
+        def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, np.ndarray]:
+            return batch_kernels.measure(values, durations, span[0], span[1], span[2], ordered, at, BLOCK)
 
         compute, compute_before = measured(spans.compute, True)  # one stream's: disjoint and in order already
         comm, comm_before = measured(spans.comm, False)
@@ -127,50 +132,3 @@ class BusyMany:
             compute = compute_b - compute_a
             out.append((compute, comm_b - comm_a, np.maximum(0.0, every_b - every_a - compute)))
         return out
-
-
-def _measure(
-    starts: np.ndarray, ends: np.ndarray, ordered: bool, moments: list[np.ndarray]
-) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The union of intervals x systems (see the module docstring): its seconds per system, and per moment the
-    seconds of it before the moment. `ordered`: sorted by start and disjoint already."""
-    count, systems = starts.shape
-    total = np.zeros(systems)
-    before = np.zeros((systems, len(moments)))
-    if count:
-        at = np.stack(moments, axis=1) if moments else before
-        for lo in range(0, systems, BLOCK):
-            part = slice(lo, lo + BLOCK)
-            first, last = np.ascontiguousarray(starts[:, part].T), np.ascontiguousarray(ends[:, part].T)
-            if not ordered:  # timsort: fast on what `Spans.ordered` leaves, one system's order but a few intervals
-                first.sort(axis=1, kind="stable")
-                last.sort(axis=1, kind="stable")
-            gaps = np.empty_like(first)
-            gaps[:, :1] = 0.0
-            np.subtract(first[:, 1:], last[:, :-1], out=gaps[:, 1:])
-            np.maximum(gaps, 0.0, out=gaps)
-            np.cumsum(gaps, axis=1, out=gaps)
-            total[part] = last[:, -1] - first[:, 0] - gaps[:, -1]
-            if moments:
-                before[part] = _covered(first, last, gaps, at[part])
-    return total, list(before.T)
-
-
-def _covered(first: np.ndarray, last: np.ndarray, gaps: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """systems x moments: the seconds covered before each moment (`at`, systems x moments), from a block's sorted
-    starts and ends and its gaps' running sum. Up to the last start before the moment: from the first start to the
-    moment, less the gaps before that start and the part of the gap after it that comes before the moment.
-
-    The starts before each moment are counted by one search over the block: each system's starts, less its first,
-    placed one span apart, in order. A moment within rounding (~1e-13 s) of a start may count it or not; the
-    seconds covered are continuous there, so either gives the same to that rounding."""
-    systems, count = first.shape
-    origin = first[:, :1]
-    span = float((last[:, -1:] - origin).max()) + 1.0
-    offset = np.arange(systems)[:, None] * span
-    placed = (first - origin + offset).ravel()
-    wanted = np.clip(at - origin, -0.5, span - 0.5) + offset
-    started = np.searchsorted(placed, wanted.ravel()).reshape(at.shape) - np.arange(systems)[:, None] * count
-    latest = np.arange(systems)[:, None], np.maximum(started - 1, 0)
-    idle = np.maximum(at - last[latest], 0.0)
-    return np.where(started > 0, at - origin - gaps[latest] - idle, 0.0)

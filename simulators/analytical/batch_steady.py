@@ -132,13 +132,15 @@ def _period(
         & (np.abs(shift - length) <= TOLERANCE_S)
         & (np.abs(call_end[there] - call_end[here] - length) <= TOLERANCE_S)
     )
-    reach = call_reach(program).tolist()
     lo, hi, ok = _longest_runs(steady)
     ok &= length > 0
     first = lo + distance
-    for system in np.flatnonzero(ok).tolist():
-        a, b = int(lo[system]), int(hi[system])
-        ok[system] = b - a >= max(max(reach[a : b + distance]), 2 * distance)
+    found_in = np.flatnonzero(ok)
+    if len(found_in):  # most systems find the same window: each distinct one checked once
+        windows, which = np.unique(np.stack((lo[found_in], hi[found_in]), axis=1), axis=0, return_inverse=True)
+        reach = call_reach(program)
+        long_enough = [b - a >= max(int(reach[a : b + distance].max()), 2 * distance) for a, b in windows.tolist()]
+        ok[found_in] = np.array(long_enough, dtype=bool)[which.ravel()]
     return length, first, ok
 
 
@@ -166,10 +168,9 @@ def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.n
     """categories x columns: busy seconds per category of the `calls` calls from `first` on, on the systems of
     `columns` (first: per system)."""
     plans = stage.plan_categories.shape[0]
-    counts = np.zeros((plans, len(columns)))
-    for at, system in enumerate(columns.tolist()):
-        window = stage.plan_of_call[first[system] : first[system] + calls]
-        counts[:, at] = np.bincount(window, minlength=plans)
+    starts, which = np.unique(first[columns], return_inverse=True)  # most systems' windows start at one call
+    windows = [np.bincount(stage.plan_of_call[at : at + calls], minlength=plans) for at in starts.tolist()]
+    counts = np.ascontiguousarray(np.array(windows, dtype=float)[which.ravel()].T)  # laid out as einsum had it
     out = np.einsum("ps,pcs->cs", counts, stage.plan_categories[:, :, columns])
     call, category, seconds = stage.transfers
     if len(call):

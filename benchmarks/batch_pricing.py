@@ -1,8 +1,8 @@
 """Points per CPU-second of a hardware sweep, priced point by point and in one batch, side by side in one process.
 
 One parallel configuration, one generated workload, many systems: `AnalyticalCostModel.simulate` per system on a
-sample (the default fast path, each system's first and only visit), and `simulate_many` on all of them (the
-reference schedule recorded once and evaluated for every system with numpy; `simulators/analytical/batch.py`),
+sample (the default path, each system's first and only visit), and `simulate_many` on all of them (the
+reference schedule recorded once and evaluated for every system at once; `simulators/analytical/batch.py`),
 twice: first recording the workload's structure (its tape: a sweep's first batch of a workload), then with the
 structure kept (`batch_structure`: the sweep's later batches of it, with systems it has not priced yet).
 Two configurations: evaluate_rate.py's Llama-3-70B on 1024 H100s (TP8 PP8 DP16, 1F1B, GBS 1024, seq 8192,
@@ -14,7 +14,7 @@ The generated workload is shared by both ways (a sweep generates it once). The p
 sweep's evaluator is after its first batch: a fresh process's first batch also pays the kernel's first touch of
 its arrays' memory (about 150 MB for Llama-3-70B's 250 timings, 0.3-0.5 s here), printed once on its own line.
 The batch's figures are checked against the per-point ones on the sample (largest relative difference of step
-time and peak memory printed: the fast path is within 1% of the reference by design, in practice far closer).
+time and peak memory printed: both are the reference schedule over the steady form, equal to rounding).
 Run: .venv/bin/python benchmarks/batch_pricing.py [--sample 30]
 """
 

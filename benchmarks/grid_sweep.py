@@ -11,7 +11,7 @@ the same step's): 96 x 900 = 86,400 distinct timings are priced, 1 in 12 of the 
 timing's figures with HBM capacity, the memory excess and fits_memory computed for their size. Each of those is the
 analytical model's reference schedule (`exact`), evaluated for all systems of a configuration at once
 (`simulate_many`): the figures `dse evaluate --cost-option exact=true` gives point by point (checked on a sample
-below), which the default fast path approximates within 1%.
+below), which the default path matches to rounding.
 
 It runs `dse run` on the study with --sweep --ray --workers 2 (a local Ray, two actors) and prints the command's
 wall time (Ray's start, the sweep, the tables, plots and MLflow run), points per second, configurations generated,

@@ -1,4 +1,5 @@
-"""The analytical cost model alone: fast path against the reference schedule on the issue's reference workload.
+"""The analytical cost model alone: the default path (the compiled reference over the steady form) against the
+interpreted reference schedule of the whole step (`exact`), on the issue's reference workload.
 
 Llama-3-70B on 1024 H100s (TP8 PP8 DP16 1F1B, global batch 1024, seq 8192), the points of evaluate_rate.py.
 Workloads are generated once, outside the timing, so the figures are the cost model's own. Prints milliseconds per
@@ -31,7 +32,7 @@ def main() -> None:
         worst_memory = max(worst_memory, abs(fast.peak_memory_bytes / exact.peak_memory_bytes - 1))
     n = len(batch)
     print(f"{n} points, {sum(len(p.calls) for p in batch[0][1].programs)} calls in the first workload")
-    print(f"  fast path: {1e3 * timings['fast'] / n:.1f} ms per simulation ({n / timings['fast']:.0f} per second)")
+    print(f"  default:   {1e3 * timings['fast'] / n:.1f} ms per simulation ({n / timings['fast']:.0f} per second)")
     print(f"  reference: {1e3 * timings['exact'] / n:.1f} ms per simulation")
     print(
         f"  speed-up {timings['exact'] / timings['fast']:.1f}x; largest difference: step time {worst_step:.2e}, "

@@ -88,8 +88,8 @@ class Liveness:
 
     def order(self, times: np.ndarray) -> np.ndarray:
         """The events in sweep order. Instants closer than a nanosecond are one: a free and an allocation that the
-        schedule puts at the same time must not be ordered by floating-point noise (the fast path shifts cached
-        times by its t0); at one instant frees go first."""
+        schedule puts at the same time must not be ordered by floating-point noise (a steady form's repeats add
+        the same durations to different times); at one instant frees go first."""
         return np.lexsort((self.deltas > 0, np.round(times, 9)))
 
     def peak(self, times: np.ndarray, order: np.ndarray | None = None) -> tuple[float, dict[str, float]]:

@@ -125,7 +125,7 @@ class Planner:
         plan = self._plans.get(key)
         if plan is None:
             # Classes whose groups span the network alike run a block without p2p ops identically: they share
-            # one plan (the fast path then shares its cached segments between such classes too).
+            # one plan.
             alike = self._alike(block_index, rank_class)
             plan = self._shared.get(alike) if alike is not None else None
             if plan is None:

@@ -1,4 +1,4 @@
-"""Batch pricing (`simulate_many`) against the per-point path, system by system.
+"""Batch pricing (`batch.price_many`, behind `simulate_many`) against the per-point path, system by system.
 
 The batch evaluates the reference schedule (`exact=True`) for every system at once, over the steady form where the
 workload has one, so it must give the reference's figures to rounding (1e-9 relative is far looser than what it
@@ -16,6 +16,7 @@ from dse.interfaces import BatchCostModel
 from dse.system import SystemSpec
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.batch import price_many
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
@@ -73,7 +74,7 @@ def test_batch_equals_the_reference_and_the_fast_path_on_random_systems(case):
     point = make_point(**CASES[case])
     workload = SymbolicGenerator().generate(point)
     systems = _systems(CASES[case], SYSTEMS, seed=len(case))
-    batch = AnalyticalCostModel().simulate_many(workload, systems)
+    batch = price_many(workload, systems)
     exact, fast = AnalyticalCostModel(exact=True), AnalyticalCostModel()
     steps = set()
     for system, priced in zip(systems, batch, strict=True):
@@ -87,7 +88,7 @@ def test_systems_that_differ_in_memory_only_share_times_and_differ_in_what_fits(
     case = CASES["tp2-pp4-1f1b-microbatches"]
     workload = SymbolicGenerator().generate(make_point(**case))
     systems = [make_point(**case, overrides={"system.accelerator.hbm_GiB": hbm}).system for hbm in (0.5, 80, 141)]
-    small, h100, h200 = AnalyticalCostModel().simulate_many(workload, systems)
+    small, h100, h200 = price_many(workload, systems)
     assert small.step_time_s == h100.step_time_s == h200.step_time_s
     assert small.peak_memory_bytes == h100.peak_memory_bytes
     assert small.peak_memory_bytes > 0.5 * 2**30  # so only the larger ones fit
@@ -100,12 +101,31 @@ def test_one_call_mixes_network_shapes_and_reports_systems_too_small_in_place():
     ring = make_point(**case).system
     flat = make_point(**case, system={"base": "dgx-h100", "network": {1: {"npus": 1}}}).system
     small = make_point(**case, overrides={"system.network.1.npus": 1}).system
-    priced = AnalyticalCostModel().simulate_many(workload, [ring, small, flat])
+    priced = price_many(workload, [ring, small, flat])
     exact = AnalyticalCostModel(exact=True)
     _same(priced[0], exact.simulate(workload, ring), rel=1e-9)
     _same(priced[2], exact.simulate(workload, flat), rel=1e-9)
     assert isinstance(priced[1], InfeasibleError)
     assert "has 4 NPUs" in str(priced[1])
+
+
+def test_simulate_many_batches_from_batch_from_systems_and_prices_fewer_one_by_one(monkeypatch):
+    """A dozen systems cost less one by one than recording a tape (`cost_model.BATCH_FROM`); either way the figures
+    are the reference schedule over the steady form's."""
+    from simulators.analytical import cost_model
+
+    case = CASES["tp2-pp4-1f1b-microbatches"]
+    workload = SymbolicGenerator().generate(make_point(**case))
+    systems = _systems(case, 4, seed=5)
+    batched = []
+    monkeypatch.setattr(cost_model, "price_many", lambda *args: batched.append(1) or price_many(*args))
+    one_by_one = AnalyticalCostModel().simulate_many(workload, systems)
+    assert not batched
+    assert one_by_one == [AnalyticalCostModel().simulate(workload, system) for system in systems]
+    monkeypatch.setattr(cost_model, "BATCH_FROM", 4)
+    for batch, single in zip(AnalyticalCostModel(exact=True).simulate_many(workload, systems), one_by_one, strict=True):
+        _same(batch, single, rel=1e-9)
+    assert batched
 
 
 def test_the_analytical_model_offers_batch_pricing_and_a_timeline_model_prices_one_by_one():
@@ -115,7 +135,7 @@ def test_the_analytical_model_offers_batch_pricing_and_a_timeline_model_prices_o
     systems = _systems(case, 2, seed=1)
     with_timeline = AnalyticalCostModel().with_timeline().simulate_many(workload, systems)
     assert all(result.timeline for result in with_timeline)
-    for timed, batch in zip(with_timeline, AnalyticalCostModel().simulate_many(workload, systems), strict=True):
+    for timed, batch in zip(with_timeline, price_many(workload, systems), strict=True):
         _same(batch, timed, rel=1e-9)
 
 
@@ -130,7 +150,7 @@ def test_systems_whose_timeline_is_not_periodic_are_priced_on_the_whole_step(mon
     systems = _systems(case, 3, seed=2)
     monkeypatch.setattr(batch_steady, "TOLERANCE_S", -1.0)
     exact = AnalyticalCostModel(exact=True)
-    for system, priced in zip(systems, AnalyticalCostModel().simulate_many(workload, systems), strict=True):
+    for system, priced in zip(systems, price_many(workload, systems), strict=True):
         _same(priced, exact.simulate(workload, system), rel=1e-9)
 
 
@@ -152,7 +172,7 @@ def test_a_workload_priced_again_reuses_its_recorded_structure_unless_it_changed
     assert structure(replace(shorter, tokens=shorter.tokens + 1), systems[0]) is not kept  # not the same workload
     wider = make_point(**{**case, "system": {"base": "dgx-h100", "network": {1: {"npus": 4}}}}).system
     assert structure(shorter, wider) is not structure(shorter, systems[0])  # another network shape
-    first, again = (AnalyticalCostModel().simulate_many(workload, systems) for _ in range(2))
+    first, again = (price_many(workload, systems) for _ in range(2))
     for a, b in zip(first, again, strict=True):
         assert a == b
 

@@ -13,6 +13,7 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel, batch
+from simulators.analytical.batch import price_many
 from simulators.analytical.steady import schedule_steady
 from tests.helpers import make_point
 from tests.test_analytical_batch import _same
@@ -48,7 +49,7 @@ def test_the_batch_prices_each_system_from_the_per_point_paths_form_to_its_figur
         return evaluate(evaluated, priced, timings, form, periods)
 
     monkeypatch.setattr(batch, "_evaluate", spy)
-    priced = AnalyticalCostModel().simulate_many(workload, systems)
+    priced = price_many(workload, systems)
     longer = sorted(b for b, form in BANDWIDTHS_GBPS.items() if form != 12)
     assert evaluations == [(12, sorted(BANDWIDTHS_GBPS)), (18, longer), (None, [3])]
     exact = AnalyticalCostModel(exact=True)

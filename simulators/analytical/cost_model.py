@@ -21,6 +21,10 @@ from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
+BATCH_FROM = 48
+"""Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
+than pricing them one by one: GPT-3 175B's configurations (benchmarks/vs_calculon.py) cost 459 ms a batch of 6
+systems and 529 ms one of 48, against 71 and 452 ms point by point (2026-11-29)."""
 
 
 class AnalyticalCostModel:
@@ -74,18 +78,20 @@ class AnalyticalCostModel:
         return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
 
     def simulate_many(self, workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:
-        """The step on each system (dse.interfaces.BatchCostModel): the reference schedule evaluated for all of
-        them at once (`batch.price_many`), the figures of `exact` point by point whichever way this model is set;
-        with a timeline, every system is simulated by itself."""
-        if self.timeline:
-            out: list[SimResult | InfeasibleError] = []
-            for system in systems:
-                try:
-                    out.append(self.simulate(workload, system))
-                except InfeasibleError as error:
-                    out.append(error)
-            return out
-        return price_many(workload, systems)
+        """The step on each system (dse.interfaces.BatchCostModel): the reference schedule over the workload's
+        steady form, whichever way this model is set, as the default path prices one point; from BATCH_FROM systems
+        on, evaluated for all of them at once (`batch.price_many`), below that one by one. With a timeline, every
+        system is simulated by itself, as this model prices it."""
+        if not self.timeline and len(systems) >= BATCH_FROM:
+            return price_many(workload, systems)
+        model = self if self.timeline else AnalyticalCostModel()
+        out: list[SimResult | InfeasibleError] = []
+        for system in systems:
+            try:
+                out.append(model.simulate(workload, system))
+            except InfeasibleError as error:
+                out.append(error)
+        return out
 
     def collective_time(self, kind: Collective, size: float, ranks: Sequence[int], system: SystemSpec) -> float:
         """The closed form, or within a node the NCCL tables, the simulation prices the collective with

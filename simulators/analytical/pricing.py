@@ -39,8 +39,10 @@ class BlockPricer:
         accelerator = system.accelerator
         placed = working_set(workload.programs, workload.blocks, accelerator) if accelerator.memory_tiers else None
         self._model = ComputeModel(accelerator, workload.dtype, workload.attention_kernel, placed)
-        self._node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
-        self._exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
+        self.node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
+        """The NCCL tables that price a collective within one node (`network.within_node`), or None."""
+        self.exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
+        """The DeepEP tables that price a serving step's MoE all-to-all (`exchanged`), or None."""
         self._moe = None if workload.expert_compute is None else MeasuredMoe.of(system.accelerator, workload.dtype)
         self._compute: dict[int, list[float]] = {}
         self._comm: dict[int, list[int]] = {}
@@ -64,30 +66,35 @@ class BlockPricer:
 
     def durations(self, block: int, rank_class: int) -> list[float]:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
-        compute = self._compute.get(block)
+        out = list(self.compute(block))
         ops = self._workload.blocks[block].ops
+        for i in self._comm[block]:
+            out[i] = self.communication(ops[i], rank_class)
+        return out
+
+    def compute(self, block: int) -> list[float]:
+        """Seconds of each compute op of the block (0 for communication), the same for every class."""
+        compute = self._compute.get(block)
         if compute is None:
+            ops = self._workload.blocks[block].ops
             priced = self.expert_block(
                 ops, [self._model.price(op) if op.kind is OpKind.COMPUTE else (0.0, "") for op in ops]
             )
             compute = self._compute[block] = [seconds for seconds, _ in priced]
             self.sources[block] = [source for _, source in priced]
             self._comm[block] = [i for i, op in enumerate(ops) if op.kind is not OpKind.COMPUTE]
-        out = list(compute)
-        for i in self._comm[block]:
-            op = ops[i]
-            if op.kind is OpKind.COLLECTIVE:
-                seconds = self.exchanged(op, rank_class)
-                if seconds is None:
-                    node = within_node(self._node, self.dims(op.axis, rank_class))
-                    seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
-            else:
-                network = self._system.network
-                seconds = max(
-                    p2p_time(op.comm_bytes, r, p, network) for r, p in self.hops(op.axis, op.peer, rank_class)
-                )
-            out[i] = seconds
-        return out
+        return compute
+
+    def communication(self, op: Op, rank_class: int) -> float:
+        """Seconds of a collective or p2p op of the class."""
+        if op.kind is OpKind.COLLECTIVE:
+            seconds = self.exchanged(op, rank_class)
+            if seconds is None:
+                node = within_node(self.node, self.dims(op.axis, rank_class))
+                seconds = collective_time(op.category, op.comm_bytes, self.span(op.axis, rank_class), node)
+            return seconds
+        network = self._system.network
+        return max(p2p_time(op.comm_bytes, r, p, network) for r, p in self.hops(op.axis, op.peer, rank_class))
 
     def source(self, block: int, op_index: int, rank_class: int) -> str:
         """What priced an op for this class: its compute source, DEEPEP_TABLE for a MoE all-to-all the DeepEP tables
@@ -100,7 +107,7 @@ class BlockPricer:
             return ""
         if self.exchanged(op, rank_class) is not None:
             return DEEPEP_TABLE
-        return NCCL_TABLE if within_node(self._node, self.dims(op.axis, rank_class)) is not None else ""
+        return NCCL_TABLE if within_node(self.node, self.dims(op.axis, rank_class)) is not None else ""
 
     def expert_block(self, ops: Sequence[Op], priced: list[tuple[float, str]]) -> list[tuple[float, str]]:
         """The block's (seconds, source) per op with its routed experts, where it has them, priced together from
@@ -122,10 +129,10 @@ class BlockPricer:
     def exchanged(self, op: Op, rank_class: int) -> float | None:
         """Seconds of a serving step's MoE all-to-all from the DeepEP tables, or None where they do not price it."""
         exchange = self._workload.expert_exchange
-        if self._exchange is None or exchange is None or op.category != Collective.ALL_TO_ALL:
+        if self.exchange is None or exchange is None or op.category != Collective.ALL_TO_ALL:
             return None
         span, dims = self.span(op.axis, rank_class), self.dims(op.axis, rank_class)
-        return exchange_time(self._exchange, exchange, op.name, op.comm_bytes, span, dims)
+        return exchange_time(self.exchange, exchange, op.name, op.comm_bytes, span, dims)
 
     def hops(self, axis: str, offset: int, rank_class: int) -> list[tuple[int, int]]:
         """The (rank, peer) transfers that price a p2p op of the class.

@@ -2,10 +2,12 @@
 
 Llama-3-70B, sequence 8192, global batch 1024, over 8,640 parallel configurations (tp 1-8 x pp 1-8 x cp 1-2 x the
 1F1B, interleaved and ZB-H1 schedules x micro-batch 1-16 x recompute none, selective or full x ZeRO 0-2 x sp on or
-off, dp taking the rest of the world) on 12 systems each (256 or 2,048 H100s x InfiniBand 50 or 100 GB/s x NVLink
-450, 900 or 1,800 GB/s): 103,680 points. Unlike a hardware grid (benchmarks/grid_sweep.py: 96 structures x 10,800
-systems), every structure carries only a dozen systems, so what a structure costs (generating its workload, laying
-out its schedule) is paid 8,640 times and the batch pricer's per-structure work is not spread thin.
+off, dp taking the rest of the world, two model chunks per stage when interleaved) on 12 systems each (256 or 2,048
+H100s x InfiniBand 50 or 100 GB/s x NVLink 450, 900 or 1,800 GB/s): 103,680 points. Unlike a hardware grid
+(benchmarks/grid_sweep.py: 96 structures x 10,800 systems), every structure carries only a dozen systems, so what a
+structure costs (generating its workload, laying out its schedule) is paid 8,640 times and a batch pricer's
+per-structure work is not spread thin. Most points are infeasible (a global batch that dp x micro-batch does not
+divide, too few micro-batches for an interleaved pipeline, ...) and pruned before pricing, as a sweep prunes them.
 
 It runs `dse run` on the study with --sweep --ray --workers 2 (a local Ray, two actors) and prints the command's
 wall time and points per second. `--quick` sweeps about 1 in 7 of the structures (tp 2 or 8, pp 2 or 8,
@@ -37,7 +39,6 @@ STUDY = {
     "base": {
         "model": "llama3-70b",
         "workload": {"seq_len": 8192, "global_batch": 1024},
-        "parallel": {"virtual_stages": 2},
         "system": {"base": "dgx-h100"},
     },
     "space": {
@@ -53,7 +54,10 @@ STUDY = {
         "system.network.1.bandwidth_GBps": {"choices": [50, 100]},
         "system.network.0.bandwidth_GBps": {"choices": [450, 900, 1800]},
     },
-    "derived": {"parallel.dp": "world / (parallel.tp * parallel.pp * parallel.cp)"},
+    "derived": {
+        "parallel.dp": "world / (parallel.tp * parallel.pp * parallel.cp)",
+        "parallel.virtual_stages": "1 + (parallel.pp_schedule == 'interleaved')",
+    },
 }
 QUICK = {"parallel.tp": [2, 8], "parallel.pp": [2, 8], "workload.micro_batch": [1, 4, 16]}
 LIMIT_S = 5 * 60

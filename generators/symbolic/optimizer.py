@@ -101,6 +101,9 @@ class ModelStates:
         self._shared: dict[Block, int] = {}
         """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
         optimizer step of pipeline stages that hold alike layers)."""
+        self._stages: dict[tuple[tuple[int, int], ...], tuple[int | None, dict[TensorKind, float]]] = {}
+        """`optimizer_block`'s answers by the modules asked of (ids and layer counts, in order): the middle stages of
+        a pipeline hold the same ones, and summing their weights again is most of a point's optimizer work."""
 
     def _gradient_passes(self) -> list[tuple[str, float, float]]:
         """(name, FLOPs, bytes) per gradient element of the memory-bound passes over the gradient shard before Adam:
@@ -185,9 +188,8 @@ class ModelStates:
         found = self._weights.get(id(w))
         if found is None:
             expert = is_expert(w)
-            unsharded = w.relayout("dp", DUP).relayout("cp", DUP)
-            if not expert:
-                unsharded = unsharded.relayout("ep", DUP)
+            whole = ("dp", "cp") if expert else ("dp", "cp", "ep")  # gathered over them: relayout to DUP on each
+            unsharded = STensor(w.name, w.dims, tuple(e for e in w.layout if e[0] not in whole), w.itemsize, w.param)
             found = self._weights[id(w)] = (self.tracer.elems(unsharded), expert)
         return found
 
@@ -198,6 +200,13 @@ class ModelStates:
         A dense weight has dp (x ep) x cp replicas, an expert weight dp / ep x cp; ZeRO shards over the replicas
         (`SHARD_AXES`), or under HSDP over the dp_shard x cp replicas of a shard group. Gradients reduced once per
         step are accumulated unsharded until then (`Sharding.grad_per_step`): the stage holds all of them."""
+        key = tuple((id(traced), layers) for traced, layers in modules)
+        found = self._stages.get(key)
+        if found is None:
+            found = self._stages[key] = self._optimizer_block(modules)
+        return found[0], dict(found[1])
+
+    def _optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
         p = self.point.parallel
         sharding = Sharding.of(p)
         item = self.itemsize

@@ -32,8 +32,10 @@ from generators.symbolic.skeleton import (
     SAVED_FOR_WEIGHT_GRAD,
     Skeleton,
     Source,
+    StepShape,
     Unit,
     keep_skeleton,
+    runs,
     schedule_shape,
     skeleton_for,
 )
@@ -122,12 +124,39 @@ class Pipeline:
         """One program per pipeline stage, running `microbatches` micro-batches."""
         self.microbatches = microbatches
         self.sends = None
+        shape = self.step_shape()
         programs = []
         for stage, (layers, optimizer, fixed) in enumerate(stages):
             program = Program(stage, f"stage{stage}", tensors=list(fixed))
-            self.scheduled(program, stage, layers, optimizer)
+            self.scheduled(program, stage, layers, optimizer, shape)
             programs.append(program)
         return programs
+
+    def step_shape(self) -> StepShape:
+        """What every stage's skeleton is keyed by besides the stage's own (see `scheduled`), for the micro-batches
+        being scheduled."""
+        traces = (self.embed, self.head, *self.layer_traces.values())
+        return StepShape.of(
+            (
+                schedule_shape(self.point),
+                self.microbatches,
+                tuple(self.param_gathers.items()),
+                runs(self.keys),
+                tuple(
+                    (
+                        t.forward,
+                        t.backward,
+                        t.backward_weight,
+                        t.sync,
+                        t.gathers,
+                        t.unsynced,
+                        t.post_backward,
+                        t.held_forward,
+                    )
+                    for t in traces
+                ),
+            )
+        )
 
     def steady_form(self, stages: list[Stage]) -> SteadyForm | None:
         """The step with fewer micro-batches that shows its whole pipeline steady state (`schedule.steady_form`)."""
@@ -183,39 +212,31 @@ class Pipeline:
                 buckets += gradient_buckets(chunk, self.point.parallel.grad_bucket_mb, self.blocks, self.bucket_blocks)
         return buckets
 
-    def scheduled(self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None) -> None:
+    def scheduled(
+        self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None, shape: StepShape
+    ) -> None:
         """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
 
         The calls of a stage depend only on the shape of the step (stages, chunks, micro-batches, layer kinds,
         block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
         from this point's traced blocks. A study's points share few shapes, so most generations skip the walk
-        over every layer and micro-batch."""
-        traces = (self.embed, self.head, *self.layer_traces.values())
-        buckets = tuple(self.stage_buckets(stage, layers)) if self.train else ()
+        over every layer and micro-batch. Without a bucket size, a stage's gradient buckets are its modules' own
+        syncs (`gradient_buckets`), which the key holds already (its layers, their kinds and the traces' blocks),
+        so they are made only for a walk; with one, what they pack depends on sizes, and the key holds them."""
+        if not self.train:
+            buckets: tuple[Bucket, ...] | None = ()
+        elif self.point.parallel.grad_bucket_mb is None:
+            buckets = None
+        else:
+            buckets = tuple(self.stage_buckets(stage, layers))
         key = (
             stage,
-            schedule_shape(self.point),
-            self.microbatches,
+            shape,
             len(self.blocks),
             tuple(self.p2p.items()),
             optimizer,
-            tuple(self.param_gathers.items()),
-            tuple(self.keys),
             tuple((c, tuple(indices)) for c, indices in layers.items()),
             buckets,
-            tuple(
-                (
-                    t.forward,
-                    t.backward,
-                    t.backward_weight,
-                    t.sync,
-                    t.gathers,
-                    t.unsynced,
-                    t.post_backward,
-                    t.held_forward,
-                )
-                for t in traces
-            ),
         )
         skeleton = skeleton_for(key)
         if skeleton is None:

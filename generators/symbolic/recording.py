@@ -156,14 +156,25 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         p.tp if p.tp_comm_overlap else None,  # TE's overlap splits the layer's TP collectives into tp chunks
     )
     # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
-    # schedule's and the optimizer's business, not the trace's); so do the fields that only schedule them
+    # schedule's and the optimizer's business, not the trace's); so do the fields that only schedule them. Of the
+    # pipeline's depth a trace reads only whether there is one (`Sharding.of`, a tied table's copies): pp 8 and 16
+    # share recordings
     layout = tuple(
-        (name, min(value, 1) if name == "zero" and value < 3 else value)
+        (name, _traced_value(name, value))
         for name, value in p
         if name not in RECORDED_DEGREES and name not in SCHEDULING_FIELDS
     )
     kinds = tuple(dict.fromkeys(keys))
     return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)
+
+
+def _traced_value(name: str, value: Any) -> Any:
+    """A parallel field's value as far as a module trace reads it (`trace_structure`)."""
+    if name == "zero" and value < 3:
+        return min(value, 1)
+    if name == "pp":
+        return min(value, 2)
+    return value
 
 
 RECORDING_CACHE_BYTES = 64 * MIB

@@ -77,6 +77,36 @@ class Skeleton:
         program.tensors = TableTensors(program.tensors, self.table, nbytes[self.source_of])
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class StepShape:
+    """The part of a stage skeleton's key that every stage of a step shares (`Pipeline.step_shape`): a long tuple
+    (a layer kind per layer, the traces' blocks) hashed once per step rather than once per stage."""
+
+    key: tuple
+    digest: int
+
+    @staticmethod
+    def of(key: tuple) -> "StepShape":
+        return StepShape(key, hash(key))
+
+    def __hash__(self) -> int:
+        return self.digest
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, StepShape) and self.digest == other.digest and self.key == other.key)
+
+
+def runs(items: list) -> tuple[tuple[object, int], ...]:
+    """A list as its runs of equal items, (item, length) each: a model's layer kinds are a few runs of many layers."""
+    out: list[tuple[object, int]] = []
+    for item in items:
+        if out and out[-1][0] == item:
+            out[-1] = (item, out[-1][1] + 1)
+        else:
+            out.append((item, 1))
+    return tuple(out)
+
+
 def schedule_shape(point: DesignPoint) -> tuple:
     """The fields of a point that its stages' schedule skeletons are keyed by, besides the model's structure and
     the number of micro-batches scheduled."""

@@ -156,3 +156,18 @@ def test_models_whose_structure_differs_are_traced_apart():
                 make_point(model, SYSTEM, 1024, 64, 1, {"workload.kernels": kernels}, tp=2, dp=4)
             )
         assert len(_recordings()) == 2, (first, second)
+
+
+def test_a_moe_recording_does_not_carry_its_slot_regrouping_to_another_ep(monkeypatch):
+    """Whether a MoE layer regroups its slots by local expert is decided on the ep and tp degrees outside the
+    tape (`experts.regroups_slots`): a recording made where it does (ep 2, four local experts) must not be
+    replayed where it does not (ep 8, one local expert), which once added a sort to the second point's layers
+    depending on which point a study generated first."""
+    regrouped = make_point("mixtral-8x7b", SYSTEM, 1024, 64, 1, tp=2, dp=16, ep=2, sp=True)
+    single = make_point("mixtral-8x7b", SYSTEM, 1024, 64, 1, tp=2, dp=16, ep=8, sp=True)
+    recording._RECORDINGS.clear()
+    SymbolicGenerator().generate(regrouped)
+    workload = SymbolicGenerator().generate(single)
+    names = {op.name.rsplit(".", 1)[-1] for block in workload.blocks for op in block.ops}
+    assert "sort" not in names
+    assert _contents(workload) == _traced_plainly(single, monkeypatch)

@@ -36,6 +36,17 @@ def active_expert_count(point: DesignPoint, copies: float) -> float:
     return active_experts(m.moe.experts, copies / (p.dp // p.ep) / p.cp)
 
 
+def regroups_slots(point: DesignPoint) -> bool:
+    """Whether a training step's MoE layer regroups its slots by local expert (Megatron's permutation 2): with more
+    than one local expert, and slots arriving over ep or gathered over tp under SP. It reads the ep and tp degrees
+    as plain numbers, not as the sizes a module trace is recorded over, so recordings are keyed by it
+    (`recording.trace_structure`)."""
+    m, p = point.model, point.parallel
+    if point.workload.mode != "train" or m.moe is None:
+        return False
+    return m.moe.experts // p.ep > 1 and (p.ep > 1 or (p.tp > 1 and p.sp))
+
+
 def moe(mod: DenseModule, h2: STensor) -> STensor:
     """Router and top-k, dispatch of each token's k copies to their experts (an all-to-all over ep when the
     experts are split: tokens * hidden * top_k bytes each way), the experts as batched GEMMs over the experts
@@ -57,8 +68,7 @@ def moe(mod: DenseModule, h2: STensor) -> STensor:
     routed = tr.redistribute(routed, expert_layout)
     # Megatron's permutation 2 (sort_chunks_by_idxs), with more than one local expert: slots arriving by source
     # rank (all-to-all, SP gather) copied into expert order and back (DeepEP's serving kernels write them so)
-    p = mod.point.parallel
-    regrouped = mod.mode == "train" and m.moe.experts // p.ep > 1 and (p.ep > 1 or (p.tp > 1 and p.sp))
+    regrouped = regroups_slots(mod.point)
     if regrouped:
         routed = tr.redistribute(routed, expert_layout | {"tp": DUP})
         routed = tr.pointwise("experts.sort", (routed,), 0.0, linear=True, partials=(SCALED,))

@@ -15,6 +15,8 @@ from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec
 from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import LayerKey, Modules, Traced
+from generators.symbolic.experts import regroups_slots
+from generators.symbolic.sharding import Sharding
 from generators.symbolic.tape import Sym, Tape
 
 SHAPE_SIZES = ("queries", "keys", "head_dim", "batch", "heads", "kv_heads")
@@ -154,6 +156,9 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         m.mla is not None and m.mla.q_lora_rank is None,
         p.layer_strategy(m.layers - 1),
         p.tp if p.tp_comm_overlap else None,  # TE's overlap splits the layer's TP collectives into tp chunks
+        # decided on the recorded degrees outside the tape, so not guarded by it
+        regroups_slots(point),
+        p.zero == 3 and Sharding.of(p).shard < p.dp,  # FSDP's copies know a shard group narrower than dp
     )
     # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
     # schedule's and the optimizer's business, not the trace's); so do the fields that only schedule them. Of the

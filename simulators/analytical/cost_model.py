@@ -29,9 +29,10 @@ systems and 529 ms one of 48, against 71 and 452 ms point by point (2026-11-29).
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), simulates in 12 ms on average
-    and 10 ms at the median with its generation (benchmarks/evaluate_rate.py, printed on a shared 2-core machine,
-    2026-11-29).
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 7.5-8 ms at the median
+    with its generation, and 15 ms of simulation on average over 18 points of which the process's first also loads
+    the compiled kernels (0.17 s); a revisit of the same points runs at 132-137 per second (benchmarks/
+    evaluate_rate.py, printed on a shared 2-core machine at load 2, 2026-11-29).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

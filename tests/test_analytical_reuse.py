@@ -7,15 +7,25 @@ from dse.workload import NO_CALL, TableTensors, Tensor, TensorKind, tensor_colum
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import skeleton as module
 from simulators.analytical import AnalyticalCostModel, cost_model
-from simulators.analytical.compiled_engine import _inputs
+from simulators.analytical.compiled_engine import _calls
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
 SHAPE = dict(tp=2, pp=4, dp=2, sp=True, zero=2, grad_reduce="per_microbatch", global_batch=32, system=DGX)
 
 
-def _fresh(calls) -> tuple[np.ndarray, np.ndarray]:
-    return np.array([len(c.inputs) for c in calls]), np.array([i for c in calls for i in c.inputs])
+def _fresh(calls) -> tuple[np.ndarray, ...]:
+    return (
+        np.array([c.block for c in calls]),
+        np.array([c.tag for c in calls]),
+        np.array([len(c.inputs) for c in calls]),
+        np.array([i for c in calls for i in c.inputs]),
+    )
+
+
+def _arrays(program) -> tuple[np.ndarray, ...]:
+    kept = _calls(program)
+    return kept.blocks, kept.tags, kept.input_counts, kept.inputs
 
 
 def test_the_call_arrays_kept_on_the_shape_equal_fresh_ones():
@@ -24,9 +34,9 @@ def test_the_call_arrays_kept_on_the_shape_equal_fresh_ones():
     second = SymbolicGenerator().generate(make_point(recompute="full", **SHAPE))
     for a, b in zip(first.programs, second.programs, strict=True):
         assert a.shape is b.shape and b.call_shape() is b.shape
-        kept = _inputs(a)
-        assert _inputs(b) is kept  # the second point reads the first one's
-        assert all(np.array_equal(x, y) for x, y in zip(kept, _fresh(b.calls), strict=True))
+        kept = _calls(a)
+        assert _calls(b) is kept  # the second point reads the first one's
+        assert all(np.array_equal(x, y) for x, y in zip(_arrays(b), _fresh(b.calls), strict=True))
 
 
 def test_a_shape_that_no_longer_holds_the_calls_is_ignored():
@@ -37,7 +47,7 @@ def test_a_shape_that_no_longer_holds_the_calls_is_ignored():
     last = program.calls[-1]
     program.calls[-1] = last._replace(inputs=last.inputs[:1])
     assert program.call_shape() is None
-    assert all(np.array_equal(x, y) for x, y in zip(_inputs(program), _fresh(program.calls), strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(_arrays(program), _fresh(program.calls), strict=True))
     program.calls[-1] = last
     assert program.call_shape() is shape
 

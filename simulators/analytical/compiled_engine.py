@@ -7,6 +7,7 @@ is read from arrays kept on the program's `CallShape`. The kernel then schedules
 bug) is left to the interpreted engine, which names the ops that wait.
 """
 
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
-from simulators.analytical.calls import call_array, memoised
+from simulators.analytical.calls import memoised
 from simulators.analytical.engine import ClassSchedule, _Scheduler
 from simulators.analytical.intervals import Busy
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
@@ -35,10 +36,9 @@ class CompiledScheduler:
 
     def run(self) -> list[ClassSchedule]:
         programs = self._workload.programs
-        self._block_plans = [
-            {b: self._planner.plan(b, index) for b in _used(program)} for index, program in enumerate(programs)
-        ]
-        tables = _Layout(self, programs).tables()
+        calls = [_calls(program) for program in programs]
+        self._block_plans = [{b: self._planner.plan(b, index) for b in own.used} for index, own in enumerate(calls)]
+        tables = _Layout(self, calls).tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
             return _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
@@ -80,20 +80,33 @@ class CompiledScheduler:
         return out
 
 
-def _used(program: Program) -> list[int]:
-    """The blocks a program calls, sorted (kept on its CallShape)."""
-    return memoised(program, ("compiled.used",), lambda _: np.unique(call_array(program, "block")).tolist())
+@dataclass(frozen=True, slots=True)
+class _Calls:
+    """What the kernel reads of a program's calls, derived once per CallShape (one check that the shape still holds
+    the calls, not one per array)."""
+
+    blocks: np.ndarray
+    tags: np.ndarray
+    input_counts: np.ndarray
+    inputs: np.ndarray
+    """Every call's inputs in order."""
+    used: list[int]
+    """The blocks the program calls, sorted."""
 
 
-def _inputs(program: Program) -> tuple[np.ndarray, np.ndarray]:
-    """Per call its number of inputs, and every call's inputs in order (kept on its CallShape)."""
-
-    def derive(calls) -> tuple[np.ndarray, np.ndarray]:
+def _calls(program: Program) -> _Calls:
+    def derive(calls) -> _Calls:
+        blocks = np.fromiter((call.block for call in calls), _INT, len(calls))
         counts = np.fromiter(map(len, (call.inputs for call in calls)), _INT, len(calls))
-        flat = np.fromiter(chain.from_iterable(call.inputs for call in calls), _INT, int(counts.sum()))
-        return counts, flat
+        return _Calls(
+            blocks=blocks,
+            tags=np.fromiter((call.tag for call in calls), _INT, len(calls)),
+            input_counts=counts,
+            inputs=np.fromiter(chain.from_iterable(call.inputs for call in calls), _INT, int(counts.sum())),
+            used=np.unique(blocks).tolist(),
+        )
 
-    return memoised(program, ("compiled.inputs",), derive)
+    return memoised(program, ("compiled.calls",), derive)
 
 
 def _ptr(lists) -> np.ndarray:
@@ -112,9 +125,9 @@ def _csr(lists) -> tuple[np.ndarray, np.ndarray]:
 class _Layout:
     """The kernel's arrays for one point's programs and plans."""
 
-    def __init__(self, scheduler: CompiledScheduler, programs: list[Program]) -> None:
+    def __init__(self, scheduler: CompiledScheduler, calls: list[_Calls]) -> None:
         self._scheduler = scheduler
-        self._programs = programs
+        self._calls = calls
         self._plans: list[Plan] = []
         self._plan_index: dict[int, int] = {}
 
@@ -126,9 +139,9 @@ class _Layout:
         return index
 
     def tables(self) -> kernel.EngineTables:
-        programs, scheduler = self._programs, self._scheduler
-        runs = len(programs)
-        blocks = [call_array(p, "block") for p in programs]
+        calls, scheduler = self._calls, self._scheduler
+        runs = len(calls)
+        blocks = [own.blocks for own in calls]
         sizes = np.fromiter(map(len, blocks), _INT, runs)
         base = np.zeros(runs + 1, dtype=_INT)
         np.cumsum(sizes, out=base[1:])
@@ -139,9 +152,8 @@ class _Layout:
                 lookup[b] = self._plan(plan)
             call_plan[base[r] : base[r + 1]] = lookup[block]
         ops = self._ops()
-        inputs = [_inputs(p) for p in programs]
         input_ptr = np.zeros(int(base[-1]) + 1, dtype=_INT)
-        np.cumsum(np.concatenate([c for c, _ in inputs]) if inputs else [], out=input_ptr[1:])
+        np.cumsum(np.concatenate([own.input_counts for own in calls]) if calls else [], out=input_ptr[1:])
         counts = ops["counts"]
         run_of_call = np.repeat(np.arange(runs), sizes)
         compute_count = np.bincount(run_of_call, counts[0][call_plan], runs).astype(_INT)
@@ -154,7 +166,7 @@ class _Layout:
             base=base,
             call_plan=call_plan,
             input_ptr=input_ptr,
-            inputs=np.concatenate([i for _, i in inputs]) if inputs else np.zeros(0, dtype=_INT),
+            inputs=np.concatenate([own.inputs for own in calls]) if calls else np.zeros(0, dtype=_INT),
             mail_ptr=mail_ptr,
             mailbox=mailbox,
             p_op_ptr=ops["p_op_ptr"],
@@ -281,7 +293,7 @@ class _Layout:
         links: dict = {}
         plan_links = [[links.setdefault(x, len(links)) for x in p_links] for p_links in ops["p_links"]]
         link_ptr, link_ids = _csr(plan_links)
-        tags = np.concatenate([call_array(p, "tag") for p in self._programs]).astype(_INT)
+        tags = np.concatenate([own.tags for own in self._calls])
         record = np.repeat(np.arange(len(calls)), counts)
         k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         link = link_ids[link_ptr[call_plan[calls]][record] + k]

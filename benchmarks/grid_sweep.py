@@ -69,20 +69,26 @@ TIMELESS = ("system.accelerator.hbm_GiB",)
 LIMIT_S = 15 * 60
 
 
+def run_sweep(spec: dict, out: Path) -> tuple[Path, float]:
+    """Write the study next to `out`, run it with `dse run --ray --workers 2` and return its file and the command's
+    wall time in seconds."""
+    study = out.parent / f"{spec['name']}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    study.write_text(yaml.safe_dump(spec, sort_keys=False))
+    command = [sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), "--ray", "--workers", "2"]
+    print("$ " + " ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    return study, time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="output folder (default: a fresh temporary one)")
     parser.add_argument("--sample", type=int, default=24, help="rows checked point by point")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="grid-sweep-")) / "out"
-    study = out.parent / "grid-sweep.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    study.write_text(yaml.safe_dump(STUDY, sort_keys=False))
-    command = [sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), "--ray", "--workers", "2"]
-    print("$ " + " ".join(command), flush=True)
-    start = time.perf_counter()
-    subprocess.run(command, check=True)
-    wall = time.perf_counter() - start
+    study, wall = run_sweep(STUDY, out)
 
     spec = load_study(study)
     grid = SweepGrid(spec)

@@ -17,14 +17,11 @@ Run: .venv/bin/python benchmarks/strategy_sweep.py [--quick] [--out DIR]
 """
 
 import argparse
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
-import yaml
+from grid_sweep import run_sweep
 
 from dse.search.space import load_study
 from dse.search.sweep_grid import SweepGrid
@@ -73,14 +70,7 @@ def main() -> None:
     if args.quick:
         for name, choices in QUICK.items():
             study_spec["space"][name] = {"choices": choices}
-    study = out.parent / "strategy-sweep.yaml"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    study.write_text(yaml.safe_dump(study_spec, sort_keys=False))
-    command = [sys.executable, "-m", "dse.cli", "run", str(study), "--out", str(out), "--ray", "--workers", "2"]
-    print("$ " + " ".join(command), flush=True)
-    start = time.perf_counter()
-    subprocess.run(command, check=True)
-    wall = time.perf_counter() - start
+    study, wall = run_sweep(study_spec, out)
     grid = SweepGrid(load_study(study))
     frame = pd.read_parquet(out / "trials.parquet")
     states = frame["state"].value_counts()

@@ -1,9 +1,15 @@
 """The batch path's compiled loops (`batch_kernels`) against plain references, on what the grids of
-`test_analytical_batch` rarely reach: rows far from sorted, and intervals in any order."""
+`test_analytical_batch` rarely reach: rows far from sorted, and intervals in any order; and the chunks of systems
+they are run on (`batch._chunks`), which must not change a figure."""
+
+from dataclasses import asdict
 
 import numpy as np
 
-from simulators.analytical import batch_kernels
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import batch, batch_kernels
+from simulators.analytical.batch_busy import BLOCK
+from tests.helpers import make_point
 
 
 def test_sort_orders_any_row():
@@ -45,3 +51,29 @@ def test_measure_is_the_union_of_intervals():
     for system in range(systems):
         expected = _union(list(zip(starts[:, system], ends[:, system], strict=True)), 5.0)
         assert np.allclose((total[system], before[0, system]), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_chunks_keep_every_system_in_its_measuring_block():
+    """Chunks cover the systems in order, each a whole number of blocks from the start of its run of LAYOUT_BYTES'
+    width, but for the run's tail: a system's block, which sets a tie within rounding, is the one it had when a
+    chunk was a whole run."""
+    for systems, rows in [(1000, 152_107), (1000, 405_000), (250, 20_000), (5, 10**7), (1, 10)]:
+        run = max(1, batch.LAYOUT_BYTES // (8 * rows))
+        chunks = batch._chunks(systems, rows)
+        assert [lo for lo, _ in chunks] == [0] + [hi for _, hi in chunks[:-1]] and chunks[-1][1] == systems
+        for lo, hi in chunks:
+            assert (lo % run) % BLOCK == 0
+            assert (hi - lo) % BLOCK == 0 or hi == systems or hi % run == 0
+            assert lo // run == (hi - 1) // run  # inside one run
+
+
+def test_figures_do_not_depend_on_the_memory_budget(monkeypatch):
+    """Chunks of one block each give the figures, to the last bit, that one chunk of every system gives."""
+    case = dict(tp=2, pp=4, dp=2, sp=True, zero=1, global_batch=64, system={"base": "dgx-h100"})
+    systems = [
+        make_point(**case, overrides={"system.accelerator.peak_tflops.bf16": 200.0 + 30 * i}).system for i in range(70)
+    ]
+    workload = SymbolicGenerator().generate(make_point(**case))
+    whole = [asdict(r) for r in batch.price_many(workload, systems)]
+    monkeypatch.setattr(batch, "MEMORY_BUDGET_BYTES", 1)
+    assert [asdict(r) for r in batch.price_many(workload, systems)] == whole

@@ -46,18 +46,24 @@ from dse.system import SystemSpec
 from dse.tables.deepep import exchange_tables
 from dse.tables.nccl import node_tables
 from dse.workload import SteadyForm, Workload
-from simulators.analytical.batch_busy import BusyMany, Spans
+from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
 from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
-from simulators.analytical.batch_structure import structure
+from simulators.analytical.batch_structure import Reads, structure
 from simulators.analytical.memory import Liveness, with_runtime_reserve
 from simulators.analytical.steady import forms
 from simulators.analytical.tape import Tape
 
-MEMORY_BUDGET_BYTES = 256 * 2**20
-"""Node values kept at once: systems are evaluated in chunks whose values fit (about 450 systems for Llama-3-70B's
-steady form, 73k nodes). Each chunk's figures cost some numpy calls per rank class whatever its width, so fewer,
-larger chunks pay less; a larger budget would only add memory a fresh process first touches."""
+MEMORY_BUDGET_BYTES = 128 * 2**20
+"""Node values kept at once, the largest array of a batch: systems are evaluated in chunks whose values fit
+(`_chunks`), but at least a block of `BLOCK` systems (GPT-3 175B tp4 pp16's longer form, 405k nodes: 99 MiB), so
+that a system is measured in the block it always was. Each chunk's figures cost some numpy calls per rank class
+whatever its width, so fewer, larger chunks pay less Python. On vs_calculon's grid the one-block chunks of the
+longer forms set the peak (185 MiB traced at most, with the structures kept) for any budget up to 128 MiB, where
+256 MiB reached 299; 64 MiB cost 7% more time with the structure kept."""
+LAYOUT_BYTES = 256 * 2**20
+"""The budget chunks had when they were evaluated whole: systems are measured in blocks of `BLOCK` from the start of
+each run of systems whose values this would hold, so that the figures stay, to the last bit, those measured then."""
 
 _TIMELESS = frozenset(
     {"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W", "price_usd"}
@@ -192,21 +198,22 @@ def _evaluate(
     extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
     figures are meaningless)."""
     built = structure(evaluated, systems[0])
-    tape, program, spans, liveness = built.tape, built.program, built.spans, built.liveness
+    tape, program, spans, reads, liveness = built.tape, built.program, built.spans, built.reads, built.liveness
     ordered = False
-    chunk = max(1, MEMORY_BUDGET_BYTES // (8 * program.size))
     out: list[list[_Figures]] = []
     redo: list[int] = []
     every = durations_of(evaluated, tape, systems, timings)
-    for lo in range(0, len(systems), chunk):
-        part = systems[lo : lo + chunk]
-        durations = np.ascontiguousarray(every.durations[:, lo : lo + chunk])
-        priced = Priced(durations, every.plan_categories[:, :, lo : lo + chunk])
-        values = _Values(program.evaluate(durations), program.row_of)
+    for lo, hi in _chunks(len(systems), program.size):
+        part = systems[lo:hi]
+        durations = np.ascontiguousarray(every.durations[:, lo:hi])
+        priced = Priced(durations, every.plan_categories[:, :, lo:hi])
+        values = program.evaluate(durations)
         if not ordered:
-            spans = [s.ordered(values.rows[:, 0], priced.durations[:, 0]) for s in spans]
+            spans = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
             ordered = True
-        stages = [_stage(evaluated, tape, c, spans[c], values, priced, periods) for c in range(len(tape.classes))]
+        stages = [
+            _stage(evaluated, tape, c, spans[c], reads[c], values, priced, periods) for c in range(len(tape.classes))
+        ]
         del values  # the largest array of a batch: gone before the figures are read
         extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(len(part), dtype=bool))
         by_class = [
@@ -217,24 +224,36 @@ def _evaluate(
     return out, redo
 
 
+def _chunks(systems: int, rows: int) -> list[tuple[int, int]]:
+    """[lo, hi) of each chunk of systems evaluated together: as many as MEMORY_BUDGET_BYTES holds the values of,
+    a multiple of `BLOCK` (at least one block), inside runs of LAYOUT_BYTES' width, so that every system is measured
+    in the block it was measured in when a chunk was such a run (`batch_busy.BLOCK`: the block sets a moment's count
+    at a tie within rounding)."""
+    run = max(1, LAYOUT_BYTES // (8 * rows))
+    width = max(BLOCK, MEMORY_BUDGET_BYTES // (8 * rows) // BLOCK * BLOCK)
+    return [(lo, min(lo + width, start + run, systems)) for start in range(0, systems, run) for lo in
+            range(start, min(start + run, systems), width)]  # fmt: skip
+
+
 def _stage(
     workload: Workload,
     tape: Tape,
     rank_class: int,
     spans: Spans,
-    values: "_Values",
+    reads: Reads,
+    values: np.ndarray,
     priced: Priced,
     periods: Sequence[int],
 ) -> StageArrays:
-    """One rank class's times on every system of a chunk, from its nodes' values; spans: its busy intervals, in
-    rows of the values; periods: the steady form's periods tried, if the step is a steady form (one busy
-    measurement serves them all)."""
+    """One rank class's times on every system of a chunk, from its nodes' values (the program's rows x systems);
+    spans and reads: its busy intervals and the rows its figures read; periods: the steady form's periods tried,
+    if the step is a steady form (one busy measurement serves them all)."""
     recorded = tape.classes[rank_class]
     program = workload.programs[rank_class]
-    call_start, call_end = values[recorded.call_start], values[recorded.call_end]
+    call_start, call_end = values[reads.call_start], values[reads.call_end]
     found = [Period.find(program, call_start, call_end, period) for period in periods]
     moments = [moment for period in found for moment in period.moments(call_start)]
-    busy = BusyMany.of(values.rows, priced.durations, spans, moments)
+    busy = BusyMany.of(values, priced.durations, spans, moments)
     each = len(moments) // len(found) if found else 0
     transfers = recorded.transfers
     return StageArrays(
@@ -243,12 +262,12 @@ def _stage(
         call_end=call_end,
         busy=busy.totals,
         periods=[replace(f, windows=busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)],
-        plan_of_call=np.array(recorded.priced, dtype=np.intp),
+        plan_of_call=recorded.priced,
         plan_categories=priced.plan_categories,
         transfers=(
-            np.array([call for _, call, _, _ in transfers], dtype=np.intp),
-            np.array([category for category, _, _, _ in transfers], dtype=np.intp),
-            values[[stop for _, _, _, stop in transfers]] - values[[start for _, _, start, _ in transfers]],
+            transfers[1],
+            transfers[0],
+            values[reads.transfer_end] - values[reads.transfer_start],
         ),
     )
 
@@ -273,7 +292,7 @@ def _figures_of(
         end = end + extension.end
         compute, comm, exposed = compute + extension.compute, comm + extension.comm, exposed + extension.exposed
         by_category = by_category + extension.categories
-    used = sorted(set().union(*(tape.plans[p].categories for p in set(recorded.priced))))
+    used = sorted(set().union(*(tape.plans[p].categories for p in np.unique(recorded.priced).tolist())))
     peaks = _peaks(liveness, liveness.times(stage.call_start, stage.call_end))
     names = [tape.categories[i] for i in used]
     per_system = by_category[used].T.tolist()  # Python floats: one conversion for the chunk, not one per figure
@@ -290,17 +309,6 @@ def _figures_of(
             end.tolist(), compute.tolist(), comm.tolist(), exposed.tolist(), per_system, peaks, strict=True
         )
     ]
-
-
-@dataclass(frozen=True, slots=True)
-class _Values:
-    """The tape program's values (`TapeProgram.evaluate`), read by tape node id."""
-
-    rows: np.ndarray
-    row_of: np.ndarray
-
-    def __getitem__(self, nodes: np.ndarray | list[int]) -> np.ndarray:
-        return self.rows[self.row_of[np.asarray(nodes, dtype=np.intp)]]
 
 
 def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:

@@ -38,19 +38,19 @@ class Spans:
     @classmethod
     def of(cls, tape: Tape, recorded: ClassTape) -> "Spans":
         zero = len(tape.columns)  # the zero row of the durations
-        compute = np.array(recorded.compute, dtype=np.intp).reshape(-1, 3).T.copy()
-        args, kinds = tape.args, tape.kind
-        exact = [len(args[f]) == 1 and kinds[f] == MAX_ADD for f in compute[0].tolist()]
-        if any(exact):  # a first op that waited for one node alone starts at it
-            at = np.flatnonzero(exact)
-            compute[0, at] = [args[f][0] for f in compute[0, at].tolist()]
+        compute = recorded.compute.astype(np.intp)
+        firsts = compute[0].copy()
+        at = np.flatnonzero((tape.first[firsts + 1] - tape.first[firsts] == 1) & (tape.kind[firsts] == MAX_ADD))
+        if len(at):  # a first op that waited for one node alone starts at it
+            compute[0, at] = tape.args[tape.first[firsts[at]]]
             compute[1, at] = zero
-        comm = np.array([(start, zero, end) for start, end in recorded.comm], dtype=np.intp).reshape(-1, 3).T
+        comm = np.stack((recorded.comm[0], np.full(recorded.comm.shape[1], zero), recorded.comm[1])).astype(np.intp)
         return cls(_joined(compute, zero), _joined(comm, zero), _joined(np.hstack((compute, comm)), zero))
 
     def rows(self, row_of: np.ndarray) -> "Spans":
         """The spans with their nodes mapped to rows of values (`tape_program.TapeProgram.row_of`)."""
-        return Spans(*(np.stack((row_of[s[0]], s[1], row_of[s[2]])) for s in (self.compute, self.comm, self.every)))
+        spans = (self.compute, self.comm, self.every)
+        return Spans(*(np.stack((row_of[s[0]], s[1], row_of[s[2]])).astype(np.intp) for s in spans))
 
     def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
         """The spans (in rows) with their starts in order on one system and their ends in order on it (values and

@@ -17,16 +17,33 @@ from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical.batch_busy import Spans
 from simulators.analytical.memory import Liveness
-from simulators.analytical.tape import Tape, record
+from simulators.analytical.tape import ClassTape, Tape, record
 from simulators.analytical.tape_program import TapeProgram
 from simulators.result_cache import contents
 
-KEPT_BYTES = 256 * MIB
-"""What the structures kept may weigh, least recently used out first: as much as the four structures of Llama-3-70B's
-whole step (65 MB each, measured with tracemalloc) the cache held before it was bounded in bytes."""
-BYTES_PER_NODE = 380
-"""A structure's bytes per node of its tape, the most measured: tracemalloc put `structure` at 287-378 B per node
-over 14 of benchmarks/vs_calculon.py's configurations (39,352 to 848,500 nodes, 14 to 244 MB)."""
+KEPT_BYTES = 96 * MIB
+"""What the structures kept may weigh, least recently used out first: about 1.2 million nodes, more than the 256 MiB
+this cache had when a structure held Python lists (380 B per node): the steady and longer forms of
+benchmarks/vs_calculon.py's GPT-3 configurations together (up to 560k nodes), or the largest tape measured then
+(848k)."""
+BYTES_PER_NODE = 80
+"""A structure's bytes per node of its tape, the most measured: tracemalloc put `structure` at 76 B per node on
+GPT-3 175B's steady forms (75k and 152k nodes): arrays of node ids, int32, and little else."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """The rows of the program's values one rank class's figures read (`TapeProgram.row_of` of its nodes)."""
+
+    call_start: np.ndarray
+    call_end: np.ndarray
+    transfer_start: np.ndarray
+    transfer_end: np.ndarray
+
+    @classmethod
+    def of(cls, recorded: ClassTape, row_of: np.ndarray) -> "Reads":
+        transfers = recorded.transfers
+        return cls(row_of[recorded.call_start], row_of[recorded.call_end], row_of[transfers[2]], row_of[transfers[3]])
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +52,13 @@ class Structure:
     program: TapeProgram
     spans: list[Spans]
     """Per rank class, in rows of the program's values."""
+    reads: list[Reads]
+    """Per rank class."""
     liveness: list[Liveness]
 
 
 _kept: ByteBoundedLru[tuple, tuple[tuple, Structure]] = ByteBoundedLru(
-    "structures", KEPT_BYTES, lambda entry: BYTES_PER_NODE * len(entry[1].tape.kind)
+    "structures", KEPT_BYTES, lambda entry: BYTES_PER_NODE * entry[1].tape.size
 )
 
 
@@ -57,6 +76,7 @@ def structure(workload: Workload, system: SystemSpec) -> Structure:
         tape=tape,
         program=program,
         spans=[Spans.of(tape, recorded).rows(program.row_of) for recorded in tape.classes],
+        reads=[Reads.of(recorded, program.row_of) for recorded in tape.classes],
         liveness=[Liveness.of(p, workload.blocks) for p in workload.programs],
     )
     _kept.put(key, (snapshot, built))
@@ -70,10 +90,8 @@ def forget() -> None:
 
 def _read(tape: Tape) -> np.ndarray:
     """Every node the figures read."""
-    read: list[int] = []
+    parts = []
     for recorded in tape.classes:
-        read += recorded.call_start + recorded.call_end
-        read += [node for first, _, last in recorded.compute for node in (first, last)]
-        read += [node for interval in recorded.comm for node in interval]
-        read += [node for _, _, start, stop in recorded.transfers for node in (start, stop)]
-    return np.array(read, dtype=np.intp)
+        parts += [recorded.call_start, recorded.call_end, recorded.compute[[0, 2]].ravel(), recorded.comm.ravel()]
+        parts.append(recorded.transfers[2:].ravel())
+    return np.concatenate(parts).astype(np.intp) if parts else np.zeros(0, dtype=np.intp)

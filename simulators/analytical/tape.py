@@ -23,11 +23,11 @@ form: 110k to 73k nodes).
 `tape_kernel` walks `engine._Scheduler`'s rules step for step, compiled (its hot loop cannot carry node ids, and
 slowing it to share code would slow every per-point simulation); `tests/test_analytical_batch.py` compares the two
 on every schedule kind, so a rule changed in one and not the other fails there. This module lays the workload out in
-the kernel's tables before the walk and turns its arrays into the tape's lists after.
+the kernel's tables before the walk and keeps the used part of its arrays after.
 """
 
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import chain
 
 import numpy as np
 
@@ -53,29 +53,31 @@ class Column:
 
 @dataclass(slots=True)
 class ClassTape:
-    """What one rank class's figures are read from: node ids of its times."""
+    """What one rank class's figures are read from: node ids of its times, as arrays."""
 
-    call_start: list[int]
-    call_end: list[int]
-    compute: list[tuple[int, int, int]]
-    """(end node of its first op, that op's column, end node) of every compute interval: its start is the first
-    op's end less its column. Ops that run back to back on every system (one waits for the other alone) make one
-    interval; on one stream, the intervals never overlap."""
-    comm: list[tuple[int, int]]
-    """(start node, end node) of every communication op."""
-    transfers: list[tuple[int, int, int, int]]
-    """(category, call, start node, end node) of every p2p transfer."""
-    priced: list[int]
+    call_start: np.ndarray
+    call_end: np.ndarray
+    compute: np.ndarray
+    """3 x intervals: (end node of its first op, that op's column, end node) of every compute interval: its start is
+    the first op's end less its column. Ops that run back to back on every system (one waits for the other alone)
+    make one interval; on one stream, the intervals never overlap."""
+    comm: np.ndarray
+    """2 x ops: (start node, end node) of every communication op."""
+    transfers: np.ndarray
+    """4 x transfers: (category, call, start node, end node) of every p2p transfer."""
+    priced: np.ndarray
     """Per call, the plan its block runs as (an index into `Tape.plans`)."""
 
 
 @dataclass(slots=True)
 class Tape:
-    kind: list[int] = field(default_factory=lambda: [MAX_ADD, MAX_ADD])
-    args: list[tuple[int, ...]] = field(default_factory=lambda: [(), ()])
-    column: list[int] = field(default_factory=lambda: [-1, -1])
-    depth: list[int] = field(default_factory=lambda: [0, 0])
-    """1 + the deepest argument's depth: nodes of one depth can be evaluated together."""
+    """Nodes as arrays: node n's kind and column, its arguments `args[first[n]:first[n + 1]]` (compressed rows, so a
+    compiled loop or numpy reads them without a Python object per node; int8 kinds, int32 the rest)."""
+
+    kind: np.ndarray
+    column: np.ndarray
+    first: np.ndarray
+    args: np.ndarray
     columns: list[Column] = field(default_factory=list)
     classes: list[ClassTape] = field(default_factory=list)
     plans: list[Plan] = field(default_factory=list)
@@ -84,16 +86,20 @@ class Tape:
     plan_block: list[int] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
 
+    @property
+    def size(self) -> int:
+        return len(self.kind)
+
 
 def record(workload: Workload, system: SystemSpec) -> Tape:
     """The tape of the workload's step on any system with this one's network shape (`engine.schedule`'s rules)."""
     layout = _Layout(workload, system)
-    nodes = 4 * layout.ops_run + 4 * layout.calls + 16
+    nodes = 2 * layout.ops_run + 4 * layout.calls + 16  # GPT-3's steady forms: 1.5 nodes an op, 1.6 arguments a node
     while True:
-        tape = _tape_arrays(nodes, 4 * nodes)
+        tape = _tape_arrays(nodes, 2 * nodes)
         state = layout.state()
         kernel.walk(tape, state, layout.ops, layout.call_table, layout.plan_table, layout.items, layout.scratch())
-        status = int(tape[5][kernel.STATUS])
+        status = int(tape[4][kernel.STATUS])
         if status != kernel.OVERFLOW:
             break
         nodes *= 4
@@ -105,18 +111,19 @@ def record(workload: Workload, system: SystemSpec) -> Tape:
 
 
 def _tape_arrays(nodes: int, args: int) -> tuple[np.ndarray, ...]:
-    """kinds, columns, depths, argument offsets, arguments, counters: the constants 0 and inf made."""
+    """kinds, columns, argument offsets, arguments, counters: the constants 0 and inf made."""
     kinds = np.full(nodes, MAX_ADD, dtype=np.int64)
     columns = np.full(nodes, -1, dtype=np.int64)
     counters = np.zeros(3, dtype=np.int64)
     counters[kernel.NODES] = 2
-    return kinds, columns, np.zeros(nodes, dtype=np.int64), np.zeros(nodes + 1, dtype=np.int64),  \
-        np.zeros(args, dtype=np.int64), counters  # fmt: skip
+    return kinds, columns, np.zeros(nodes + 1, dtype=np.int64), np.zeros(args, dtype=np.int64), counters
 
 
 class _Layout:
     """The workload's programs and plans as the kernel's tables (`tape_kernel`'s columns): per distinct plan its
-    ops, per call its plan, inputs and p2p keys (link and tag, numbered), lists in one items array."""
+    ops, per call its plan, inputs and p2p keys (link and tag, numbered); lists in one items array, the plans' first,
+    then every call's inputs, then the p2p calls' keys. Only the distinct plans and the p2p calls take a Python loop
+    of their own; a call's rows are laid out with numpy per program."""
 
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._planner = Planner(workload, system, fuse=True)
@@ -125,37 +132,57 @@ class _Layout:
         self._plan_class: list[int] = []
         self._plan_block: list[int] = []
         self._plan_ids: dict[int, int] = {}
-        self._keys: dict[tuple[Link, int], int] = {}
+        self._plan_links: list[list[Link]] = []
+        """Per plan, the links of its p2p ops, in order (a call's keys pair each with the call's tag)."""
         self._op_rows: list[list[int]] = []
         self._plan_rows: list[list[int]] = []
         self._items: list[int] = []
         self.priced: list[list[int]] = []
-        call_rows: list[list[int]] = []
-        self.ops_run = links = 0
+        keys: dict[tuple[Link, int], int] = {}
+        key_items: list[int] = []
+        inputs: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
+        """Per program, its calls' rows of the call table: plan, inputs, inputs' end and keys (those from the
+        start of their parts of the items array), call, run."""
         self.first_call: list[int] = []
+        calls = 0
         for index, program in enumerate(workload.programs):
-            ids = [self._plan_id(self._planner.plan(c.block, index), index, c.block) for c in program.calls]
+            memo: dict[int, int] = {}
+            for call in program.calls:
+                if call.block not in memo:
+                    memo[call.block] = self._plan_id(self._planner.plan(call.block, index), index, call.block)
+            ids = [memo[call.block] for call in program.calls]
             self.priced.append(ids)
-            first = len(call_rows)
-            self.first_call.append(first)
-            for c, (call, plan_id) in enumerate(zip(program.calls, ids, strict=True)):
-                inputs = len(self._items)
-                self._items += [first + i for i in call.inputs]
-                keys = len(self._items)
-                plan = self._plans[plan_id]
-                for op in plan.ops:
-                    if op[8] is not None:
-                        self._items.append(self._keys.setdefault((op[8], call.tag), len(self._keys)))
-                call_rows.append([plan_id, inputs, keys, keys, c, index])
-                self.ops_run += len(plan.ops)
-                links += len(self._items) - keys
-        self.links = links
-        self.calls = len(call_rows)
+            self.first_call.append(calls)
+            count = len(ids)
+            rows = np.zeros((count, 6), dtype=np.int64)
+            rows[:, kernel.PLAN] = ids
+            lengths = np.fromiter(map(len, (call.inputs for call in program.calls)), np.int64, count)
+            ends = np.cumsum(lengths) + sum(map(len, inputs))
+            rows[:, kernel.INPUTS], rows[:, kernel.INPUTS_END] = ends - lengths, ends
+            flat = np.fromiter(chain.from_iterable(call.inputs for call in program.calls), np.int64, int(lengths.sum()))
+            inputs.append(flat + calls)
+            for c in np.flatnonzero([len(self._plan_links[i]) for i in ids]).tolist():  # p2p calls
+                rows[c, kernel.KEYS] = len(key_items)
+                tag = program.calls[c].tag
+                key_items += [keys.setdefault((link, tag), len(keys)) for link in self._plan_links[ids[c]]]
+            rows[:, kernel.CALL] = np.arange(count)
+            rows[:, kernel.RUN] = index
+            parts.append(rows)
+            calls += count
+        call_table = np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
+        call_table[:, kernel.INPUTS : kernel.KEYS] += len(self._items)
+        call_table[:, kernel.KEYS] += len(self._items) + sum(map(len, inputs))
+        sizes = np.diff(np.array(self._plan_rows, dtype=np.int64).reshape(-1, 4)[:, :2], axis=1).ravel()
+        self.ops_run = int(sizes[call_table[:, kernel.PLAN]].sum())
+        self.links = len(key_items)
+        self._keys = len(keys)
+        self.calls = calls
         self.streams = len(self._planner.streams)
         self.ops = np.array(self._op_rows, dtype=np.int64).reshape(-1, 14)
         self.plan_table = np.array(self._plan_rows, dtype=np.int64).reshape(-1, 4)
-        self.call_table = np.array(call_rows, dtype=np.int64).reshape(-1, 6)
-        self.items = np.array(self._items, dtype=np.int64)
+        self.call_table = call_table
+        self.items = np.concatenate([np.array(self._items, dtype=np.int64), *inputs, np.array(key_items, np.int64)])
         self.categories = list(self._planner.categories)
         self.runs = len(workload.programs)
         self.calls_of = [len(program.calls) for program in workload.programs]
@@ -185,6 +212,7 @@ class _Layout:
                                   at_deps, at_deps + len(deps), at_marks, at_marks + len(marks), at_shares,
                                   at_shares + len(shares)])  # fmt: skip
             rank += link is not None
+        self._plan_links.append([op[8] for op in plan.ops if op[8] is not None])
         self._plan_rows.append([first, len(self._op_rows), len(plan.block.ops), plan.output])
         self._plan_ids[id(plan)] = plan_id
         self._plans.append(plan)
@@ -221,7 +249,7 @@ class _Layout:
             np.zeros((self.ops_run + self.links, 3), dtype=np.int64),
             np.zeros((self.links, 5), dtype=np.int64),
             np.zeros((self.links, 6), dtype=np.int64),
-            np.full((max(len(self._keys), 1), 2), -1, dtype=np.int64),
+            np.full((max(self._keys, 1), 2), -1, dtype=np.int64),
             np.zeros(6, dtype=np.int64),
             np.zeros(max(runs, 1), dtype=np.int64),
             np.zeros(max(runs, 1), dtype=np.int64),
@@ -235,30 +263,31 @@ class _Layout:
         return np.zeros((5, 4 + widest + self.streams + self._inputs), dtype=np.int64)
 
     def tape(self, arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> Tape:
-        """The walk's arrays as a `Tape`."""
-        kinds, columns, depths, lo, flat, counters = arrays
+        """The walk's arrays as a `Tape`: copies of their used parts, so the room left over is freed, in the narrowest
+        types that hold them (a structure kept keeps them: `batch_structure`)."""
+        kinds, columns, lo, flat, counters = arrays
         nodes = int(counters[kernel.NODES])
         compute, comm, transfers = (state[8 + i][: state[13][i]] for i in range(3))
         edges = state[16]
         classes = []
         for run in range(self.runs):
             first, last = self.first_call[run], self.first_call[run] + self.calls_of[run]
-            own = [part[part[:, 0] == run, 1:].T.tolist() for part in (compute, comm, transfers)]
+            own = [part[part[:, 0] == run, 1:].T.copy() for part in (compute, comm, transfers)]
             classes.append(
                 ClassTape(
-                    call_start=edges[first:last, 0].tolist(),
-                    call_end=edges[first:last, 1].tolist(),
-                    compute=list(zip(*own[0], strict=True)),
-                    comm=list(zip(*own[1], strict=True)),
-                    transfers=list(zip(*own[2], strict=True)),
-                    priced=self.priced[run],
+                    call_start=edges[first:last, 0].copy(),
+                    call_end=edges[first:last, 1].copy(),
+                    compute=own[0],
+                    comm=own[1],
+                    transfers=own[2],
+                    priced=np.array(self.priced[run], dtype=np.intp),
                 )
             )
         return Tape(
-            kind=kinds[:nodes].tolist(),
-            args=_tuples(lo[: nodes + 1], flat),
-            column=columns[:nodes].tolist(),
-            depth=depths[:nodes].tolist(),
+            kind=kinds[:nodes].astype(np.int8),
+            column=columns[:nodes].astype(np.int32),
+            first=lo[: nodes + 1].astype(np.int32),
+            args=flat[: lo[nodes]].astype(np.int32),
             columns=self._columns,
             classes=classes,
             plans=self._plans,
@@ -266,17 +295,3 @@ class _Layout:
             plan_block=self._plan_block,
             categories=self.categories,
         )
-
-
-def _tuples(lo: np.ndarray, flat: np.ndarray) -> list[tuple[int, ...]]:
-    """Each node's arguments (`flat[lo[n]:lo[n + 1]]`) as a tuple: made arity by arity with zip, then put in
-    node order, so no Python loop runs per node."""
-    lengths = np.diff(lo)
-    order = np.argsort(lengths, kind="stable")
-    made: list[tuple[int, ...]] = []
-    for arity in np.unique(lengths).tolist():
-        starts = lo[:-1][order[len(made) : len(made) + int((lengths == arity).sum())]]
-        made += zip(*(flat[starts + i].tolist() for i in range(arity)), strict=True) if arity else [()] * len(starts)
-    place = np.empty(len(order), dtype=np.intp)
-    place[order] = np.arange(len(order))
-    return list(itemgetter(*place.tolist())(made)) if len(made) > 1 else made

@@ -2,9 +2,9 @@
 
 Recording in Python cost ~3 us a node (GPT-3 175B tp4 pp8's steady form: 78k nodes, 0.23 s), as much as a first
 batch of 1,000 systems is given in all; the walk itself is integer bookkeeping, so it is compiled here and
-`tape.record` only lays the workload out in arrays before and builds the tape's lists after. Every step is the
+`tape.record` only lays the workload out in arrays before and trims the arrays after. Every step is the
 Python recorder's, in its order, so the tape is the same node for node (`tape`'s docstring has the rules):
-- a node: kind, column, depth (1 + its deepest argument's) and its arguments (`lo`..`lo[n + 1]` of `flat`);
+- a node: kind, column and its arguments (`lo`..`lo[n + 1]` of `flat`);
 - what a node is never earlier than (`_beneath`): a max's arguments, a shared transfer's start, nothing for a min;
 - per run: its streams' ends, the current call's op ends (`PARKED`, `MARKED`), the marked kernels'
   arguments and columns, its call and op;
@@ -47,20 +47,18 @@ UNTOUCHED = -9
 
 @njit(cache=True, inline="always")
 def _node(tape, kind: int, args, n: int, column: int) -> int:
-    kinds, columns, depths, lo, flat, count = tape
+    kinds, columns, lo, flat, count = tape
     node, at = count[NODES], count[ARGS]
     if node + 1 >= len(kinds) or at + n > len(flat):
         count[STATUS] = OVERFLOW
         return ZERO
-    deepest = 0
     for i in range(n):
         a = args[i]
         if a < 0:
             count[STATUS] = BAD_ARGUMENT
             return ZERO
         flat[at + i] = a
-        deepest = max(deepest, depths[a])
-    kinds[node], columns[node], depths[node] = kind, column, deepest + 1
+    kinds[node], columns[node] = kind, column
     lo[node + 1] = at + n
     count[NODES], count[ARGS] = node + 1, at + n
     return node
@@ -158,7 +156,7 @@ def _after(tape, needed, n: int, column: int) -> int:
 @njit(cache=True, inline="always")
 def _latest(tape, args, n: int, column: int, scratch) -> int:
     """max(args[:n]) + column as a node, the arguments `_needed` first (scratch: rows 1 and 2 are `_needed`'s room)."""
-    count = _needed(tape[0], tape[3], tape[4], args, n, scratch[1], scratch[2])
+    count = _needed(tape[0], tape[2], tape[3], args, n, scratch[1], scratch[2])
     return _after(tape, scratch[1], count, column)
 
 
@@ -228,7 +226,7 @@ def _issue_call(tape, state, run: int, ops, calls, plans, items, scratch) -> boo
             _rendezvous(tape, state, side, items[calls[call, KEYS] + ops[o, RANK]], ops, items, scratch)
             j += 1
             continue
-        count = _needed(tape[0], tape[3], tape[4], args, n, needed, scratch[2])
+        count = _needed(tape[0], tape[2], tape[3], args, n, needed, scratch[2])
         end = _after(tape, needed, count, ops[o, COLUMN])
         local[run, ops[o, SLOT]] = end
         if ops[o, MARKS] < ops[o, MARKS_END]:  # the marked kernels' nodes wait for a read (`_marked_end`)
@@ -367,15 +365,15 @@ def walk(tape, state, ops, calls, plans, items, scratch) -> None:
             tape, state, run, ops, calls, plans, items, scratch
         ):
             pass
-        if tape[5][STATUS] != OK:
+        if tape[4][STATUS] != OK:
             return
     for run in range(runs):
         if position[run, CURRENT] < position[run, CALLS]:
-            tape[5][STATUS] = DEADLOCK
+            tape[4][STATUS] = DEADLOCK
             return
     for key in range(len(queues)):
         if queues[key, 0] >= 0:
-            tape[5][STATUS] = DEADLOCK
+            tape[4][STATUS] = DEADLOCK
             return
     spans, order, edges = state[6], state[7], state[16]
     args = scratch[0]

@@ -9,7 +9,6 @@ grouping, so the tape's own order serves and the program costs next to nothing t
 """
 
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -19,7 +18,8 @@ from simulators.analytical.tape import ZERO, Tape
 
 @dataclass(frozen=True, slots=True)
 class TapeProgram:
-    """The kept nodes of a tape as rows, in evaluation order, and where each tape node went."""
+    """The kept nodes of a tape as rows, in evaluation order, and where each tape node went (int8 kinds, int32 the
+    rest, as the tape's: a structure kept keeps them)."""
 
     kind: np.ndarray
     first: np.ndarray
@@ -38,24 +38,25 @@ class TapeProgram:
     @classmethod
     def of(cls, tape: Tape, read: np.ndarray) -> "TapeProgram":
         """The program that yields the nodes `read` (node ids) and everything they depend on."""
-        count = len(tape.kind)
-        lengths = np.fromiter(map(len, tape.args), np.intp, count)
-        args = np.fromiter(chain.from_iterable(tape.args), np.intp, int(lengths.sum()))
+        count = tape.size
+        lengths = np.diff(tape.first)
+        args = tape.args
         empty = np.flatnonzero(lengths == 0)  # no arguments: the zero row's
-        args = np.insert(args, (np.cumsum(lengths) - lengths)[empty], ZERO)
-        lengths[empty] = 1
-        first = np.zeros(count + 1, dtype=np.intp)
+        if len(empty):
+            args = np.insert(args, tape.first[empty], ZERO)
+            lengths[empty] = 1
+        first = np.zeros(count + 1, dtype=np.int32)
         np.cumsum(lengths, out=first[1:])
-        flags = batch_kernels.kept(first, args, read.astype(np.intp))
+        flags = batch_kernels.kept(first, args, read.astype(np.int32))
         nodes = np.flatnonzero(flags)
-        row_of = np.full(count, -1, dtype=np.intp)
+        row_of = np.full(count, -1, dtype=np.int32)
         row_of[nodes] = np.arange(len(nodes))
-        kept_first = np.zeros(len(nodes) + 1, dtype=np.intp)
+        kept_first = np.zeros(len(nodes) + 1, dtype=np.int32)
         np.cumsum(lengths[nodes], out=kept_first[1:])
         kept_args = row_of[args[np.repeat(flags, lengths)]]  # the arguments of the kept nodes, in their order
-        column = np.array(tape.column, dtype=np.intp)[nodes]
+        column = tape.column[nodes]
         column[column < 0] = len(tape.columns)  # the zero row of the durations
-        kind = np.array(tape.kind, dtype=np.intp)[nodes]
+        kind = tape.kind[nodes]
         return cls(kind, kept_first, kept_args, column, row_of)
 
     def evaluate(self, durations: np.ndarray) -> np.ndarray:

@@ -21,10 +21,10 @@ from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
-BATCH_FROM = 48
+BATCH_FROM = 20
 """Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
-than pricing them one by one: GPT-3 175B's configurations (benchmarks/vs_calculon.py) cost 459 ms a batch of 6
-systems and 529 ms one of 48, against 71 and 452 ms point by point (2026-11-29)."""
+than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 147-159 ms
+for 6 to 24 systems and 210 ms for 48, against about 7.2 ms a system point by point (2026-11-29)."""
 
 
 class AnalyticalCostModel:

@@ -203,18 +203,19 @@ def _evaluate(
     out: list[list[_Figures]] = []
     redo: list[int] = []
     every = durations_of(evaluated, tape, systems, timings)
-    for lo, hi in _chunks(len(systems), program.size):
+    chunks = _chunks(len(systems), program.size)
+    room = np.empty(program.size * max(hi - lo for lo, hi in chunks))  # every chunk's values, in turn
+    for lo, hi in chunks:
         part = systems[lo:hi]
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
         priced = Priced(durations, every.plan_categories[:, :, lo:hi])
-        values = program.evaluate(durations)
+        values = program.evaluate(durations, room)
         if not ordered:
             spans = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
             ordered = True
         stages = [
             _stage(evaluated, tape, c, spans[c], reads[c], values, priced, periods) for c in range(len(tape.classes))
         ]
-        del values  # the largest array of a batch: gone before the figures are read
         extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(len(part), dtype=bool))
         by_class = [
             _figures_of(tape, c, stage, liveness[c], extensions[c] if form else None) for c, stage in enumerate(stages)

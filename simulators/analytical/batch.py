@@ -1,14 +1,14 @@
-"""Many systems priced at once for one workload: the reference schedule's tape (`tape`) evaluated with numpy.
+"""Many systems priced at once for one workload: the reference schedule's tape (`tape`) evaluated in a compiled loop.
 
 A hardware-planning sweep prices one generated workload (one parallel configuration) on many systems: HBM size,
 accelerator FLOP/s and bandwidth, link bandwidths and latencies. The ops, their FLOPs and bytes and their order are
 the same on every one; only durations differ. `price_many` records the reference scheduler's decisions once per
 network shape as a tape (`tape.record`, kept for the workload's later batches: `batch_structure`), prices every
-op's duration per distinct accelerator and per distinct network (the per-point code, `pricing.BlockPricer`, run
-once per distinct one), and evaluates the tape node by node in a compiled loop, a row of systems per node
+op's duration for every system (`batch_durations`: the network's formulas over arrays of systems, compute once per
+distinct accelerator), and evaluates the tape node by node in a compiled loop, a row of systems per node
 (`tape_program`), a chunk of systems at a time. The figures are those
 `AnalyticalCostModel(exact=True)` gives point by point (`tests/test_analytical_batch.py` pins the agreement, to
-about 1e-13); the default fast path agrees with that within its 1%.
+about 1e-13), and so does the default path, the same reference rules compiled over the steady form.
 
 A workload with a steady form (a 1F1B pipeline with many micro-batches) is evaluated on its shorter step and
 extended by its period, per system, after `steady`'s checks (`batch_steady`); the systems whose timeline does not
@@ -30,9 +30,6 @@ What depends on times, and how each is handled:
 - Peak memory is a sweep over allocation and free events in time order: a system whose events keep the first
   system's order shares its peak and breakdown; another is swept on its own times (`memory.Liveness`).
 - The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
-- What the per-point default path decides on times besides (the fast path's clamped segment keys, rounded to a
-  nanosecond) is not part of the reference schedule and is not reproduced: the batch gives the reference figures,
-  which the fast path approximates within 1%.
 """
 
 from collections.abc import Sequence

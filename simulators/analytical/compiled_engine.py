@@ -122,6 +122,19 @@ def _csr(lists) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.fromiter(chain.from_iterable(lists), _INT, int(ptr[-1]))
 
 
+@dataclass(frozen=True, slots=True)
+class _PerPlan:
+    """Per distinct plan, what laying out its calls needs besides the kernel's fields."""
+
+    compute: np.ndarray
+    comm: np.ndarray
+    """Its compute and its communication ops (each call's room for busy intervals)."""
+    mails: np.ndarray
+    """Its p2p ops."""
+    links: list[list]
+    """Its p2p ops' links, in order."""
+
+
 class _Layout:
     """The kernel's arrays for one point's programs and plans."""
 
@@ -151,56 +164,38 @@ class _Layout:
             for b, plan in plans.items():
                 lookup[b] = self._plan(plan)
             call_plan[base[r] : base[r + 1]] = lookup[block]
-        ops = self._ops()
+        ops, per_plan = self._ops()
         input_ptr = np.zeros(int(base[-1]) + 1, dtype=_INT)
         np.cumsum(np.concatenate([own.input_counts for own in calls]) if calls else [], out=input_ptr[1:])
-        counts = ops["counts"]
         run_of_call = np.repeat(np.arange(runs), sizes)
-        compute_count = np.bincount(run_of_call, counts[0][call_plan], runs).astype(_INT)
-        comm_count = np.bincount(run_of_call, counts[1][call_plan], runs).astype(_INT)
-        mail_ptr, mailbox = self._mailboxes(base, call_plan, ops)
+        compute_count = np.bincount(run_of_call, per_plan.compute[call_plan], runs).astype(_INT)
+        comm_count = np.bincount(run_of_call, per_plan.comm[call_plan], runs).astype(_INT)
+        mail_ptr, mailbox = self._mailboxes(call_plan, per_plan)
         moved = len(mailbox)
+        mailboxes = int(mailbox.max(initial=-1)) + 1
         streams = len(scheduler._planner.streams)
-        slots = int(ops["p_slots"].max(initial=1))
+        counters = np.zeros(4, dtype=_INT)
+        counters[kernel.RING_TAIL] = runs  # every run starts queued
         return kernel.EngineTables(
+            **ops,
             base=base,
             call_plan=call_plan,
             input_ptr=input_ptr,
             inputs=np.concatenate([own.inputs for own in calls]) if calls else np.zeros(0, dtype=_INT),
             mail_ptr=mail_ptr,
             mailbox=mailbox,
-            p_op_ptr=ops["p_op_ptr"],
-            p_output=ops["p_output"],
-            p_slots=ops["p_slots"],
-            p_category_ptr=ops["p_category_ptr"],
-            p_category=ops["p_category"],
-            p_category_seconds=ops["p_category_seconds"],
-            o_kind=ops["o_kind"],
-            o_stream=ops["o_stream"],
-            o_seconds=ops["o_seconds"],
-            o_waits=ops["o_waits"],
-            o_slot=ops["o_slot"],
-            o_category=ops["o_category"],
-            o_mail=ops["o_mail"],
-            o_dep_ptr=ops["o_dep_ptr"],
-            o_deps=ops["o_deps"],
-            o_mark_ptr=ops["o_mark_ptr"],
-            o_mark_slot=ops["o_mark_slot"],
-            o_mark_offset=ops["o_mark_offset"],
-            o_share_ptr=ops["o_share_ptr"],
-            o_shares=ops["o_shares"],
             stream_end=np.zeros((runs, streams)),
             out_end=np.zeros(int(base[-1])),
             call_start=np.full(int(base[-1]), np.inf),
             call_end=np.zeros(int(base[-1])),
             position=np.zeros(runs, dtype=_INT),
             op_position=np.zeros(runs, dtype=_INT),
-            local=np.zeros((runs, slots)),
+            local=np.zeros((runs, int(ops["p_slots"].max(initial=1)))),
             queued=np.ones(runs, dtype=np.bool_),
             ring=np.arange(runs, dtype=_INT),
             category_time=np.zeros((runs, len(scheduler._planner.categories))),
-            mb_head=np.full(int(mailbox.max(initial=-1)) + 1, -1, dtype=_INT),
-            mb_tail=np.full(int(mailbox.max(initial=-1)) + 1, -1, dtype=_INT),
+            mb_head=np.full(mailboxes, -1, dtype=_INT),
+            mb_tail=np.full(mailboxes, -1, dtype=_INT),
             q_next=np.zeros(moved, dtype=_INT),
             q_run=np.zeros(moved, dtype=_INT),
             q_call=np.zeros(moved, dtype=_INT),
@@ -218,12 +213,12 @@ class _Layout:
             t_call=np.zeros(moved, dtype=_INT),
             t_category=np.zeros(moved, dtype=_INT),
             t_seconds=np.zeros(moved),
-            counters=np.array([0, runs, 0, 0], dtype=_INT),
+            counters=counters,
         )
 
-    def _ops(self) -> dict:
-        """Every distinct plan's ops as rows (plans.PlanOp's fields, transposed), and per plan its rows, output,
-        slots, category seconds and its count of compute and of communication ops."""
+    def _ops(self) -> tuple[dict[str, np.ndarray], _PerPlan]:
+        """Every distinct plan's ops as rows (plans.PlanOp's fields, transposed) with, per plan, its rows, output,
+        slots and category seconds: the EngineTables fields named p_* and o_*; and what laying out calls needs."""
         plans = self._plans
         lengths = np.fromiter((len(p.ops) for p in plans), _INT, len(plans))
         p_op_ptr = np.zeros(len(plans) + 1, dtype=_INT)
@@ -233,57 +228,50 @@ class _Layout:
             zip(*rows, strict=True) if rows else ((),) * 10
         )
         o_kind = np.array(kind, dtype=_INT)
-        o_link = [-1 if x is None else 0 for x in link]
-        mail = np.array(o_link, dtype=_INT)
-        p2p = mail >= 0
-        # each p2p op's place among its plan's p2p ops
-        before = np.cumsum(p2p) - p2p
+        p2p = np.fromiter((x is not None for x in link), np.bool_, len(link))
         plan_of_row = np.repeat(np.arange(len(plans)), lengths)
         first_p2p = np.zeros(len(plans) + 1, dtype=_INT)
         np.cumsum(np.bincount(plan_of_row, p2p, len(plans)).astype(_INT), out=first_p2p[1:])
-        o_mail = np.where(p2p, before - first_p2p[plan_of_row], -1)
+        before = np.cumsum(p2p) - p2p  # each p2p op's place among its plan's p2p ops
         dep_ptr, dep_values = _csr(deps)
         share_ptr, share_values = _csr(shares)
-        mark_ptr = _ptr(marks)
         flat_marks = list(chain.from_iterable(marks))
         categories = [p.category_seconds for p in plans]
-        category_ptr = _ptr(categories)
         flat_categories = list(chain.from_iterable(categories))
-        compute = o_kind == COMPUTE
-        comm = (o_kind == COLLECTIVE) | p2p
-        return {
+        fields = {
             "p_op_ptr": p_op_ptr,
             "p_output": np.fromiter((p.output for p in plans), _INT, len(plans)),
             "p_slots": np.fromiter((len(p.block.ops) for p in plans), _INT, len(plans)),
-            "p_category_ptr": category_ptr,
+            "p_category_ptr": _ptr(categories),
             "p_category": np.array([i for i, _ in flat_categories], dtype=_INT),
             "p_category_seconds": np.array([s for _, s in flat_categories], dtype=float),
-            "p_links": [[x for x in p_links if x is not None] for p_links in _per_plan(link, lengths)],
-            "counts": (
-                np.bincount(plan_of_row, compute, len(plans)),
-                np.bincount(plan_of_row, comm, len(plans)),
-            ),
-            "p_mails": np.diff(first_p2p),
             "o_kind": o_kind,
             "o_stream": np.array(stream, dtype=_INT),
             "o_seconds": np.array(seconds, dtype=float),
             "o_waits": np.array(waits, dtype=np.bool_),
             "o_slot": np.array(slot, dtype=_INT),
             "o_category": np.array(category, dtype=_INT),
-            "o_mail": o_mail.astype(_INT),
+            "o_mail": np.where(p2p, before - first_p2p[plan_of_row], -1).astype(_INT),
             "o_dep_ptr": dep_ptr,
             "o_deps": dep_values,
-            "o_mark_ptr": mark_ptr,
+            "o_mark_ptr": _ptr(marks),
             "o_mark_slot": np.array([k for k, _ in flat_marks], dtype=_INT),
             "o_mark_offset": np.array([o for _, o in flat_marks], dtype=float),
             "o_share_ptr": share_ptr,
             "o_shares": share_values,
         }
+        per_plan = _PerPlan(
+            compute=np.bincount(plan_of_row, o_kind == COMPUTE, len(plans)),
+            comm=np.bincount(plan_of_row, (o_kind == COLLECTIVE) | p2p, len(plans)),
+            mails=np.diff(first_p2p),
+            links=[[x for x in own if x is not None] for own in _per_plan(link, lengths)],
+        )
+        return fields, per_plan
 
-    def _mailboxes(self, base: np.ndarray, call_plan: np.ndarray, ops: dict) -> tuple[np.ndarray, np.ndarray]:
+    def _mailboxes(self, call_plan: np.ndarray, per_plan: _PerPlan) -> tuple[np.ndarray, np.ndarray]:
         """Per call, where its p2p ops' mailboxes start, and the mailboxes: both ends of a transfer, a (link, tag),
         get the same number."""
-        mails = ops["p_mails"][call_plan]
+        mails = per_plan.mails[call_plan]
         calls = np.flatnonzero(mails)
         mail_ptr = np.zeros(len(call_plan), dtype=_INT)
         counts = mails[calls]
@@ -291,7 +279,7 @@ class _Layout:
         if not len(calls):
             return mail_ptr, np.zeros(0, dtype=_INT)
         links: dict = {}
-        plan_links = [[links.setdefault(x, len(links)) for x in p_links] for p_links in ops["p_links"]]
+        plan_links = [[links.setdefault(x, len(links)) for x in own] for own in per_plan.links]
         link_ptr, link_ids = _csr(plan_links)
         tags = np.concatenate([own.tags for own in self._calls])
         record = np.repeat(np.arange(len(calls)), counts)

@@ -16,8 +16,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-COMPUTE, COLLECTIVE, SEND, RECV = range(4)
-"""plans' op kinds."""
+from simulators.analytical.plans import COMPUTE, SEND
+
 RING_HEAD, RING_TAIL, QUEUED, TRANSFERS = range(4)
 """Indices into EngineTables.counters."""
 

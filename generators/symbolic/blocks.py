@@ -118,7 +118,8 @@ LayerKey = tuple[LayerKind, str, str]
 def layer_keys(kinds: list[LayerKind], p: ParallelSpec) -> list[LayerKey]:
     """Per layer, what it is traced for: layers alike in all three share one trace. The embedding hands on in
     the tp layout."""
-    strategies = [p.layer_strategy(i) for i in range(len(kinds))]
+    cycle = p.layer_strategies or ("tp",)  # `ParallelSpec.layer_strategy`, read once rather than per layer
+    strategies = [cycle[i % len(cycle)] for i in range(len(kinds))]
     previous = ["tp", *strategies[:-1]]
     return list(zip(kinds, strategies, previous, strict=True))
 

@@ -124,13 +124,16 @@ class ModelStates:
         """Elements of the weights (each with the layers that hold it) by the group that replicates them and
         that ZeRO shards them over (`SHARD_AXES`): dense weights over cp x ep x dp, expert weights over cp x dp /
         ep ranks; '' for a group of one rank."""
+        return self._group_sums([(*self._weight(w), count) for w, count in weights])
+
+    def _group_sums(self, weighed: list[tuple[float, bool, int]]) -> dict[str, float]:
+        """`_by_group` of weights already weighed (`_weight`'s elements and expert flag, with their counts)."""
         p = self.point.parallel
         degrees = {"cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
         dense = "+".join(a for a in ("cp", "ep", "dp") if degrees[a] > 1)
         expert = "+".join(a for a in ("cp", "dp") if degrees[a] > 1)
         by_group: dict[str, float] = defaultdict(float)
-        for w, count in weights:
-            elems, of_experts = self._weight(w)
+        for elems, of_experts, count in weighed:
             by_group[expert if of_experts else dense] += elems * count
         return by_group
 
@@ -220,12 +223,12 @@ class ModelStates:
                     uses[id(w)] = [w, layers]
                 else:
                     use[1] += layers
-        for w, count in uses.values():
-            one, expert = self._weight(w)
+        weighed = [(*self._weight(w), count) for w, count in uses.values()]
+        for one, expert, count in weighed:
             elems = one * count
             local += elems
             zero_share += elems / (p.dp // p.ep if expert else sharding.shard) / p.cp
-        by_group = self._by_group([(w, count) for w, count in uses.values()])
+        by_group = self._group_sums(weighed)
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
         if not self.train:

@@ -27,22 +27,24 @@ from generators.symbolic.schedule import (
 from generators.symbolic.sharding import Sharding
 from generators.symbolic.skeleton import (
     MADE_FOR_WEIGHT_GRAD,
+    RESHARDED,
     SAVED,
     SAVED_FOR_INPUT_GRAD,
     SAVED_FOR_WEIGHT_GRAD,
     Skeleton,
     Source,
     StepShape,
+    StepSkeletons,
     Unit,
     keep_skeleton,
+    keep_step,
     runs,
     schedule_shape,
     skeleton_for,
+    step_for,
+    traced_bytes,
 )
 from generators.symbolic.weight_gathers import WeightGathers
-
-RESHARDED = 2
-"""A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
 
 
 class Stage(NamedTuple):
@@ -125,11 +127,23 @@ class Pipeline:
         self.microbatches = microbatches
         self.sends = None
         shape = self.step_shape()
-        programs = []
-        for stage, (layers, optimizer, fixed) in enumerate(stages):
-            program = Program(stage, f"stage{stage}", tensors=list(fixed))
-            self.scheduled(program, stage, layers, optimizer, shape)
-            programs.append(program)
+        programs = [Program(stage, f"stage{stage}", tensors=list(fixed)) for stage, (_, _, fixed) in enumerate(stages)]
+        first = self.scheduled(programs[0], 0, stages[0].layers, stages[0].optimizer, shape)
+        # the stages' skeletons as one: their keys follow from the first's with the step's optimizer blocks, unless
+        # gradient buckets sized by this point's bytes add blocks between the stages
+        keyed = not self.train or self.point.parallel.grad_bucket_mb is None
+        key = (shape, len(self.blocks), tuple(self.p2p.items()), tuple(s.optimizer for s in stages), first)
+        step = step_for(key) if keyed else None
+        if step is not None:
+            for kind, peer, strategy in step.p2p:
+                self.p2p_block(kind, peer, strategy)
+            step.fill(programs, [self.source_bytes(source) for source in step.sources])
+            return programs
+        after_first, skeletons = len(self.p2p), [first]
+        for stage, (layers, optimizer, _) in enumerate(stages[1:], start=1):
+            skeletons.append(self.scheduled(programs[stage], stage, layers, optimizer, shape))
+        if keyed:
+            keep_step(key, StepSkeletons.of(skeletons, tuple(list(self.p2p)[after_first:])))
         return programs
 
     def step_shape(self) -> StepShape:
@@ -214,8 +228,9 @@ class Pipeline:
 
     def scheduled(
         self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None, shape: StepShape
-    ) -> None:
-        """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes.
+    ) -> Skeleton:
+        """`schedule`, or its skeleton from an earlier point of the same shape with this point's sizes; returns the
+        skeleton.
 
         The calls of a stage depend only on the shape of the step (stages, chunks, micro-batches, layer kinds,
         block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
@@ -242,28 +257,18 @@ class Pipeline:
         if skeleton is None:
             first_p2p, first_tensor = len(self.p2p), len(program.tensors)
             sources = self.schedule(program, stage, layers, optimizer)
-            keep_skeleton(key, Skeleton.of_walk(program, first_tensor, sources, tuple(list(self.p2p)[first_p2p:])))
-            return
+            skeleton = Skeleton.of_walk(program, first_tensor, sources, tuple(list(self.p2p)[first_p2p:]))
+            keep_skeleton(key, skeleton)
+            return skeleton
         for kind, peer, strategy in skeleton.p2p:
             self.p2p_block(kind, peer, strategy)
         skeleton.fill(program, np.array([self.source_bytes(source) for source in skeleton.sources]))
+        return skeleton
 
     def source_bytes(self, source: Source) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""
         key, unrecomputed, what = source
-        traced = self.unit_trace((key, unrecomputed))
-        if what == RESHARDED:
-            assert self.sharding.post_forward is not None
-            return traced.gathered_bytes[0] / self.sharding.post_forward
-        if what >= 0:
-            return traced.gathered_bytes[what]
-        saved, (for_weight, made) = traced.saved_bytes, traced.held_for_weight
-        return {
-            SAVED: saved,
-            SAVED_FOR_INPUT_GRAD: saved - for_weight,
-            SAVED_FOR_WEIGHT_GRAD: for_weight,
-            MADE_FOR_WEIGHT_GRAD: made,
-        }[what]
+        return traced_bytes(self.unit_trace((key, unrecomputed)), what, self.sharding.post_forward)
 
     def unit_trace(self, unit: Unit) -> Traced:
         """The traced module a unit of the schedule runs."""

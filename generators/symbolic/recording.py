@@ -7,7 +7,10 @@ their own: the walk runs once, the arithmetic per point. A comparison the trace 
 for which one comes out otherwise is traced anew, and its recording kept beside the first.
 """
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any
 
 from dse.fields import Spec
@@ -23,6 +26,26 @@ SHAPE_SIZES = ("queries", "keys", "head_dim", "batch", "heads", "kv_heads")
 """The sizes of an AttentionShape (its flags are structure)."""
 
 
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class BlockStructure:
+    """What a recorded block is besides its numbers (its name, output, and its ops' names, kinds, axes, peers, deps
+    and attention flags): blocks of different recordings that are alike in it share the blocks they replay to
+    (`_replayed_block`). One object per distinct structure alive (`of`), so that keys compare it by identity."""
+
+    key: tuple
+
+    @staticmethod
+    def of(key: tuple) -> "BlockStructure":
+        structure = _STRUCTURES.get(key)
+        if structure is None:
+            structure = _STRUCTURES[key] = BlockStructure(key)
+        return structure
+
+
+_STRUCTURES: "weakref.WeakValueDictionary[tuple, BlockStructure]" = weakref.WeakValueDictionary()
+"""The block structures of the recordings and replayed blocks alive, by their key."""
+
+
 @dataclass
 class Recording:
     """Modules traced with recording sizes (`Sym` numbers), their tape, and per block the slot of every number
@@ -31,36 +54,59 @@ class Recording:
 
     tape: Tape
     modules: Modules
-    blocks: list[tuple[str, int, int, tuple[tuple, ...]]] = field(init=False)
+    blocks: list[tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]] = field(init=False)
+    """Per block: its structure, the getter of its numbers from a replay's values (every slot its ops read, after
+    its working memory's; that slot again last, so that the getter makes a tuple even of a block without ops),
+    the slot of its working memory and its ops with slots for numbers (`_replayed_block`)."""
 
     def __post_init__(self) -> None:
         slot = self.tape.slot
-        self.blocks = [
-            (
-                b.name,
-                b.output,
-                slot(b.temp_bytes),
-                tuple(
-                    (
-                        op.name,
-                        op.kind,
-                        op.category,
-                        slot(op.flops),
-                        slot(op.bytes),
-                        slot(op.density),
-                        slot(op.comm_bytes),
-                        op.axis,
-                        op.peer,
-                        op.deps,
-                        slot(op.out_bytes),
-                        None if op.attention is None else self._shape_slots(op.attention),
-                        None if op.gemm is None else tuple(slot(x) for x in op.gemm),
-                    )
-                    for op in b.ops
-                ),
+        self.blocks = []
+        for b in self.modules.blocks:
+            ops = tuple(
+                (
+                    op.name,
+                    op.kind,
+                    op.category,
+                    slot(op.flops),
+                    slot(op.bytes),
+                    slot(op.density),
+                    slot(op.comm_bytes),
+                    op.axis,
+                    op.peer,
+                    op.deps,
+                    slot(op.out_bytes),
+                    None if op.attention is None else self._shape_slots(op.attention),
+                    None if op.gemm is None else tuple(slot(x) for x in op.gemm),
+                )
+                for op in b.ops
             )
-            for b in self.modules.blocks
-        ]
+            temp = slot(b.temp_bytes)
+            slots = [temp]
+            for _, _, _, f, by, d, m, _, _, _, o, a, g in ops:
+                slots += [f, by, d, m, o]
+                slots += [] if a is None else [getattr(a, name) for name in SHAPE_SIZES]
+                slots += [] if g is None else g
+            structure = BlockStructure.of(
+                (
+                    b.name,
+                    b.output,
+                    tuple(
+                        (
+                            n,
+                            k,
+                            c,
+                            ax,
+                            pe,
+                            de,
+                            None if a is None else a._replace(**dict.fromkeys(SHAPE_SIZES)),
+                            None if g is None else len(g),
+                        )
+                        for n, k, c, _, _, _, _, ax, pe, de, _, a, g in ops
+                    ),
+                )
+            )
+            self.blocks.append((structure, itemgetter(*slots, temp), temp, ops))
 
     def _shape_slots(self, shape: AttentionShape) -> AttentionShape:
         """An attention shape with its sizes as slots (its flags are structure, kept as they are)."""
@@ -85,23 +131,46 @@ class Recording:
                 unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
             )
 
-        blocks = [
-            Block(
-                name,
-                tuple(
-                    [
-                        Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v), _values(g, v))
-                        for n, k, c, f, b, d, m, ax, pe, de, o, a, g in ops
-                    ]
-                ),
-                output,
-                v[temp],
-            )
-            for name, output, temp, ops in self.blocks
-        ]
+        blocks = [_replayed_block(structure, numbers(v), temp, ops, v) for structure, numbers, temp, ops in self.blocks]
         m = self.modules
         layers = {key: traced(t) for key, t in m.layers.items()}
         return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
+
+
+def _replayed_block(structure: BlockStructure, numbers: tuple, temp: int, ops: tuple[tuple, ...], v: list) -> Block:
+    """The block of a recorded block's structure with these numbers, made once.
+
+    Points of one structure differ in their sizes, but recordings of points that differ in ZeRO stage or
+    recompute hold many blocks alike (the forwards, the backwards of unrecomputed layers) whose numbers come out
+    equal too, and making a block's ops (frozen dataclasses) is most of a replay. Numbers key the block with
+    their types, so that a block holds exactly the numbers (int or float) its own replay makes."""
+    key = (structure, numbers, tuple(map(type, numbers)))
+    block = _BLOCKS.get(key)
+    if block is None:
+        block = Block(
+            structure.key[0],
+            tuple(
+                [
+                    Op(n, k, c, v[f], v[b], v[d], v[m], ax, pe, de, v[o], _shape_values(a, v), _values(g, v))
+                    for n, k, c, f, b, d, m, ax, pe, de, o, a, g in ops
+                ]
+            ),
+            structure.key[1],
+            v[temp],
+        )
+        _BLOCKS.put(key, block)
+    return block
+
+
+BLOCK_CACHE_BYTES = 32 * MIB
+"""About 5,000 replayed blocks of GPT-3 175B's layers (~15 ops each)."""
+BLOCK_BYTES_PER_OP = 700
+"""A replayed block's bytes per op, estimated: an Op (13 slots, ~120 B) with its floats and tuples (~350 B), and
+the key's numbers and their types (~7 numbers per op, 32 B each, and the tuples holding them)."""
+_BLOCKS: ByteBoundedLru[tuple, Block] = ByteBoundedLru(
+    "replayed_blocks", BLOCK_CACHE_BYTES, lambda block: BLOCK_BYTES_PER_OP * (1 + len(block.ops))
+)
+"""Per process, like the recordings."""
 
 
 def _shape_values(slots: AttentionShape | None, values: list) -> AttentionShape | None:

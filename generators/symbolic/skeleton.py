@@ -9,7 +9,7 @@ import numpy as np
 from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint
 from dse.workload import CallShape, OpKind, Program, TableTensors, TensorTable, tensor_columns
-from generators.symbolic.blocks import LayerKey
+from generators.symbolic.blocks import LayerKey, Traced
 from generators.symbolic.schedule import steady_microbatches
 from generators.symbolic.sharding import Sharding
 
@@ -23,6 +23,25 @@ SAVED, SAVED_FOR_INPUT_GRAD, SAVED_FOR_WEIGHT_GRAD, MADE_FOR_WEIGHT_GRAD = -1, -
 """A unit's saved activations; with a deferred weight-gradient half, the part of them only the input-gradient half
 reads, the part the weight-gradient half reads, and what the input-gradient half makes for it
 (`Traced.held_for_weight`)."""
+RESHARDED = 2
+"""A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
+
+
+def traced_bytes(traced: Traced, what: int, post_forward: float | None) -> float:
+    """The bytes of what of a traced module sizes a scheduled tensor (a `Source`'s `what`); `post_forward` is the
+    shard FSDP keeps of gathered weights after a forward (`Sharding.post_forward`)."""
+    if what == RESHARDED:
+        assert post_forward is not None
+        return traced.gathered_bytes[0] / post_forward
+    if what >= 0:
+        return traced.gathered_bytes[what]
+    saved, (for_weight, made) = traced.saved_bytes, traced.held_for_weight
+    return {
+        SAVED: saved,
+        SAVED_FOR_INPUT_GRAD: saved - for_weight,
+        SAVED_FOR_WEIGHT_GRAD: for_weight,
+        MADE_FOR_WEIGHT_GRAD: made,
+    }[what]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -159,3 +178,51 @@ def skeleton_for(key: tuple) -> Skeleton | None:
 def keep_skeleton(key: tuple, skeleton: Skeleton) -> None:
     """Keep a stage's skeleton for later points of its shape."""
     _SKELETONS.put(key, skeleton)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepSkeletons:
+    """The skeletons every stage of a step took, kept by the step's key (`Pipeline.programs`): a later point of the
+    step's shape looks up its first stage's skeleton and, finding the one these start with, fills the others
+    without a lookup each. The p2p blocks the stages after the first made, and the distinct sources of all their
+    tensors' sizes with each stage's picks of them, so that every source is sized once per point."""
+
+    skeletons: tuple[Skeleton, ...]
+    p2p: tuple[tuple[OpKind, int, str], ...]
+    sources: tuple[Source, ...]
+    picks: tuple[tuple[int, ...], ...]
+    """Per stage, the place in `sources` of each of its skeleton's sources."""
+
+    @staticmethod
+    def of(skeletons: list[Skeleton], p2p: tuple[tuple[OpKind, int, str], ...]) -> "StepSkeletons":
+        place: dict[Source, int] = {}
+        for skeleton in skeletons:
+            for source in skeleton.sources:
+                place.setdefault(source, len(place))
+        picks = tuple(tuple(place[source] for source in skeleton.sources) for skeleton in skeletons)
+        return StepSkeletons(tuple(skeletons), p2p, tuple(place), picks)
+
+    def fill(self, programs: list[Program], sized: list[float]) -> None:
+        """Fill the programs of the stages after the first (`Skeleton.fill`), given the bytes of every source."""
+        for program, skeleton, picks in zip(programs[1:], self.skeletons[1:], self.picks[1:], strict=True):
+            skeleton.fill(program, np.array([sized[i] for i in picks]))
+
+
+_STEPS: ByteBoundedLru[tuple, StepSkeletons] = ByteBoundedLru(
+    "step_skeletons",
+    SKELETON_CACHE_BYTES,
+    lambda step: SKELETON_BYTES_PER_CALL * sum(len(skeleton.shape.calls) for skeleton in step.skeletons),
+)
+"""Per process, like the skeletons. An entry keeps its skeletons alive after the skeleton cache lets them go, so it
+is counted at their bytes (an upper bound: both caches mostly hold the same ones)."""
+
+
+def step_for(key: tuple) -> StepSkeletons | None:
+    """The skeletons kept for a step of this key (`Pipeline.programs` makes it, with the skeleton its first stage
+    took: one made anew, after the skeleton cache let the old one go or was cleared, schedules the step anew)."""
+    return _STEPS.get(key)
+
+
+def keep_step(key: tuple, step: StepSkeletons) -> None:
+    """Keep the skeletons a step's stages took for later points of its shape."""
+    _STEPS.put(key, step)

@@ -1,4 +1,5 @@
-"""Blocks turned into the flat templates the scheduler's hot loop reads, built once per (block, rank class).
+"""Blocks turned into the flat templates the scheduler's hot loop reads, built once per (block, rank class) and kept
+for later points whose blocks have the same content (a study's points share most of their blocks; see Planner).
 
 A plan op is a tuple, so the loop unpacks it instead of reading attributes. Without a timeline, a run of
 consecutive compute kernels that can only wait on the compute stream itself is fused into one op: the stream is
@@ -8,6 +9,8 @@ their end times through `marks`, offsets from the run's start.
 """
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
@@ -53,20 +56,56 @@ class Plan:
     categories: frozenset[int]
 
 
-RECIPE_BYTES = 16 * MIB
-"""Recipes of about 20,000 blocks (RECIPE_BYTES_PER_OP each op), far more than a study's distinct blocks."""
+PLAN_BYTES = 32 * MIB
+"""Recipes and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 3 MiB of them on one system."""
 RECIPE_BYTES_PER_OP = 400
 """A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
 of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
+PLAN_BYTES_PER_OP = 1000
+"""A kept plan's bytes per op: a walk of the plans kept after benchmarks/vs_calculon.py's 96 configurations (their
+op tuples, seconds, numberings, names and dicts, each object once) measured 940 B a plan op."""
+SHELVES_PER_RECIPE = 64
+"""Prefixes (systems, for one workload's settings) a recipe keeps plans for: pricing one workload on thousands of
+systems must not grow its entry past the cache (the prefix kept first goes first)."""
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True)
+class _Cached:
+    """A block's plans for one class spread, one per numbering of their streams and categories (the planners of
+    most points of a study number alike: their generators name streams in the same order)."""
+
+    names: tuple[tuple[str, ...], tuple[str, ...]]
+    """The names of the streams and of the categories the plans number, in the order a build first numbers them."""
+    plans: dict[tuple[tuple[int, ...], tuple[int, ...]], Plan]
+    """Per numbering (each name's number, in the order above), the plan."""
+
+
+@dataclass(slots=True)
+class _Shelf:
+    """A block's plans under one prefix (`Planner._prefixes`), per spread of a class (its `BlockPricer.spread` per
+    axis; the class, for a block with p2p ops)."""
+
+    prefix: tuple
+    """What the recipe finds the shelf by the hash of, compared on every hit."""
+    system: SystemSpec
+    """Kept so that the identity the prefix holds stays its own."""
+    spreads: dict[tuple | int, _Cached]
+    ops: int
+    """Plan ops held, over every spread and numbering."""
+    held: int
+    """Bytes of the prefix's ranks' classes (none for a block without p2p ops)."""
+
+
+@dataclass(slots=True)
 class _Recipe:
     """What of a block's plan depends on the block alone: which ops fuse into which plan op, and the names their
-    streams and categories are numbered by. Every rank class, and every later point whose workload holds the same
-    block (a workload is generated once and priced on many systems), builds its plan from it, adding only the
-    seconds the class's groups give."""
+    streams and categories are numbered by. Every rank class, and every later point whose workload holds a block
+    of the same content, builds its plan from it, adding only the seconds the class's groups give; and the plans
+    built, kept for later points (`shelves`)."""
 
+    key: tuple[int, bool]
+    block: Block
+    """The first block of this content seen, whose plans keep it."""
     categories: tuple[str, ...]
     """Per op, its category's name."""
     priced_alone: tuple[int, ...]
@@ -74,19 +113,29 @@ class _Recipe:
     runs: tuple[tuple[int, int, str, tuple[int, ...], bool, tuple[tuple[int, bool], ...]], ...]
     """Per plan op: (its first block op, kind, stream name, deps, waits on inputs, and per later kernel fused into
     it, (block op, whether the kernel before it keeps its end time as a mark))."""
+    axes: tuple[str, ...]
+    """The axes its collectives run on, sorted: a class's plan depends on how their groups span the network."""
+    p2p: tuple[tuple[str, int], ...]
+    """(axis, peer offset) of each p2p op, in order; a block with any is planned per class (its links name it)."""
+    shelves: dict[int, _Shelf]
+    """Per prefix's hash, the plans built under it. One cache entry holds a block's recipe and plans, so that a
+    point looks the cache up once per block."""
+    bytes: int
+    """The entry's size: the recipe's and its shelves' (kept up to date as they grow, so sizing it is cheap)."""
 
 
-_RECIPES: ByteBoundedLru[tuple[int, bool], tuple[Block, _Recipe]] = ByteBoundedLru(
-    "plan recipes", RECIPE_BYTES, lambda entry: RECIPE_BYTES_PER_OP * len(entry[0].ops)
-)
+_RECIPES: ByteBoundedLru[tuple[int, bool], _Recipe] = ByteBoundedLru("plans", PLAN_BYTES, lambda r: r.bytes)
 
 
 def _recipe(block: Block, fuse: bool) -> _Recipe:
-    """The block's recipe, kept by the block's identity (the entry holds the block, so the identity is its own)."""
-    key = (id(block), fuse)
-    entry = _RECIPES.get(key)
-    if entry is not None and entry[0] is block:
-        return entry[1]
+    """The recipe of the block's content. A workload is generated anew per point, so equal blocks of two points
+    are different objects: the recipe is found by the block's hash and checked by comparing the blocks, each done
+    once (hashing every op is most of what finding it costs; a key holding the block would hash it at each of the
+    cache's lookups). Blocks whose hashes collide take turns in the cache."""
+    key = (hash(block), fuse)
+    recipe = _RECIPES.get(key)
+    if recipe is not None and (recipe.block is block or recipe.block == block):
+        return recipe
     needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
     runs: list[tuple[int, int, str, tuple[int, ...], bool, list[tuple[int, bool]]]] = []
     for index, op in enumerate(block.ops):
@@ -98,62 +147,124 @@ def _recipe(block: Block, fuse: bool) -> _Recipe:
         deps = tuple(d for d in op.deps if d != BLOCK_INPUT)
         runs.append((index, _KIND_CODE[op.kind], stream_of(op), deps, BLOCK_INPUT in op.deps, []))
     recipe = _Recipe(
+        key=key,
+        block=block,
         categories=tuple(op.category for op in block.ops),
         priced_alone=tuple(i for i, op in enumerate(block.ops) if op.kind in _PRICED_ALONE),
         runs=tuple((*run[:5], tuple(run[5])) for run in runs),  # type: ignore[misc]
+        axes=tuple(sorted({op.axis for op in block.ops if op.kind is OpKind.COLLECTIVE})),
+        p2p=tuple((op.axis, op.peer) for op in block.ops if op.kind in (OpKind.SEND, OpKind.RECV)),
+        shelves={},
+        bytes=RECIPE_BYTES_PER_OP * len(block.ops),
     )
-    _RECIPES.put(key, (block, recipe))
+    _RECIPES.put(key, recipe)
     return recipe
 
 
 class Planner:
-    """Builds and caches plans, and numbers the streams and categories that plans refer to."""
+    """Builds and caches plans, and numbers the streams and categories that plans refer to.
+
+    A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`). Besides the block's content it
+    depends on the system and the workload's pricing settings (`_context`), and on how the class's groups spread
+    over the network; a block with p2p ops on the class itself, its peers and their classes, so its plans are kept
+    per layout, classes of the ranks, and class. Streams and categories are numbered per planner in first-use
+    order; a kept plan is reused only under the numbering it was built with, and never for two blocks or classes of
+    one planner that did not share a plan before (each gets its own object, as consumers number plans by identity)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
+        self._system = system
         self.share_bandwidth = share_bandwidth
         self._pricer = BlockPricer(workload, system)
         self._fuse = fuse
         self._plans: dict[tuple[int, int], Plan] = {}
         self._shared: dict[tuple, Plan] = {}
-        self._block_axes: dict[int, tuple[str, ...]] = {}
+        self._recipes: dict[int, _Recipe] = {}
+        self._spreads: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]] = {}
+        self._shelves: dict[int, _Shelf] = {}
+        self._numbers: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self._handed: set[int] = set()
+        """Identities of the plans this planner gave out."""
+        context = _context(workload, system, fuse, share_bandwidth)
+        classes = np.ascontiguousarray(workload.class_of)
+        self._prefixes = (
+            None
+            if context is None
+            else (context, (*context, workload.layout.axes, classes.dtype.str, classes.tobytes()))
+        )
+        """What keys a kept plan besides the block and its class: the context, and with the layout and the ranks'
+        classes for a block with p2p ops. A key holds their hashes, computed here once (hashing them per lookup
+        would cost as much as the rest of the lookup)."""
+        self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
 
     def plan(self, block_index: int, rank_class: int) -> Plan:
         key = (block_index, rank_class)
         plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        recipe = self._recipes.get(block_index)
+        if recipe is None:
+            recipe = self._recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
+        if recipe.p2p:
+            plan = self._plans[key] = self._kept(block_index, rank_class, recipe, rank_class, 1)
+            return plan
+        spans = self._spreads.get((recipe.axes, rank_class))
+        if spans is None:
+            pricer = self._pricer
+            spans = self._spreads[recipe.axes, rank_class] = (
+                tuple([pricer.span_key(axis, rank_class) for axis in recipe.axes]),
+                tuple([pricer.spread(axis, rank_class) for axis in recipe.axes]),
+            )
+        # Classes whose groups span the network alike run a block without p2p ops identically: they share one
+        # plan.
+        alike = (block_index, spans[0])
+        plan = self._shared.get(alike)
         if plan is None:
-            # Classes whose groups span the network alike run a block without p2p ops identically: they share
-            # one plan.
-            alike = self._alike(block_index, rank_class)
-            plan = self._shared.get(alike) if alike is not None else None
-            if plan is None:
-                plan = self._build(block_index, rank_class)
-                if alike is not None:
-                    self._shared[alike] = plan
-            self._plans[key] = plan
+            plan = self._shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], 0)
+        self._plans[key] = plan
         return plan
 
-    def _alike(self, block_index: int, rank_class: int) -> tuple | None:
-        """What a block's plan depends on besides the block: the span of each axis its collectives use; None for
-        a block with p2p ops (their links name the classes)."""
-        axes = self._block_axes.get(block_index)
-        if axes is None:
-            ops = self._workload.blocks[block_index].ops
-            if any(op.kind in (OpKind.SEND, OpKind.RECV) for op in ops):
-                axes = self._block_axes[block_index] = ("p2p",)
-            else:
-                axes = self._block_axes[block_index] = tuple(
-                    sorted({op.axis for op in ops if op.kind is OpKind.COLLECTIVE})
-                )
-        if axes == ("p2p",):
-            return None
-        return (block_index, *(self._pricer.span_key(axis, rank_class) for axis in axes))
+    def _kept(self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, p2p: int) -> Plan:
+        """The plan kept for this content and spread of the class (`_Shelf`), numbered as this planner numbers;
+        built if none. p2p: which of `_prefixes` keys it."""
+        shelf = self._shelves.get(block_index)
+        if shelf is None:
+            if self._prefixes is None or self._hashes is None:
+                return self._build(block_index, rank_class, recipe)[0]
+            shelf = self._shelves[block_index] = _shelf(recipe, self._prefixes[p2p], self._hashes[p2p], self._system)
+        entry = shelf.spreads.get(spread)
+        if entry is None:
+            plan, streams = self._build(block_index, rank_class, recipe)
+            entry = shelf.spreads[spread] = _Cached((streams, tuple(dict.fromkeys(recipe.categories))), {})
+            entry.plans[self._numbering(entry.names)] = plan
+            _grown(recipe, shelf, plan)
+            self._handed.add(id(plan))
+            return plan
+        numbering = self._numbers.get(entry.names) or self._numbering(entry.names)
+        plan = entry.plans.get(numbering)
+        if plan is None:
+            plan = entry.plans[numbering] = _renumbered(*next(iter(entry.plans.items())), numbering)
+            _grown(recipe, shelf, plan)
+        elif id(plan) in self._handed:
+            plan = Plan(plan.block, plan.ops, plan.output, plan.category_seconds, plan.categories)
+        self._handed.add(id(plan))
+        return plan
 
-    def _build(self, block_index: int, rank_class: int) -> Plan:
+    def _numbering(self, names: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The numbers of the names of streams and of categories in this planner, numbering new ones in the order
+        a build would; kept per names, as a name's number never changes once given."""
+        streams, categories = self.streams, self.categories
+        found = self._numbers[names] = (
+            tuple([streams.setdefault(name, len(streams)) for name in names[0]]),
+            tuple([categories.setdefault(name, len(categories)) for name in names[1]]),
+        )
+        return found
+
+    def _build(self, block_index: int, rank_class: int, recipe: _Recipe) -> tuple[Plan, tuple[str, ...]]:
+        """The plan, and the names of the streams it numbered in the order it first numbered them."""
         block = self._workload.blocks[block_index]
-        recipe = _recipe(block, self._fuse)
         seconds = self._pricer.durations(block_index, rank_class)
         categories = [self.categories.setdefault(name, len(self.categories)) for name in recipe.categories]
         totals: dict[int, float] = {}
@@ -161,12 +272,17 @@ class Planner:
             category = categories[index]
             totals[category] = totals.get(category, 0.0) + seconds[index]
         ops = []
+        names: list[str] = []
         for first, kind, stream, deps, waits_on_inputs, members in recipe.runs:
+            names.append(stream)
             number = self.streams.setdefault(stream, len(self.streams))
             if kind == COMPUTE:
                 link, shares = None, ()
             else:
-                link, shares = self._link(block.ops[first], rank_class), self._shares(block.ops[first], rank_class)
+                link, shares = (
+                    self._link(block.ops[first], rank_class),
+                    self._shares(block.ops[first], rank_class, names),
+                )
             slot, duration, marks = first, seconds[first], []
             for index, mark_previous in members:
                 if mark_previous:
@@ -175,22 +291,23 @@ class Planner:
                 slot = index
             category = categories[first]
             ops.append((kind, number, duration, deps, waits_on_inputs, slot, tuple(marks), category, link, shares))
-        return Plan(
-            block=block,
+        plan = Plan(
+            block=recipe.block,
             ops=tuple(ops),
             output=block.output_index,
             category_seconds=tuple(totals.items()),
             categories=frozenset(categories),
         )
+        return plan, tuple(dict.fromkeys(names))
 
     def source(self, block_index: int, op_index: int, rank_class: int) -> str:
         """What priced an op for this class (BlockPricer.source)."""
         return self._pricer.source(block_index, op_index, rank_class)
 
-    def _shares(self, op: Op, rank_class: int) -> tuple[int, ...]:
+    def _shares(self, op: Op, rank_class: int, named: list[str]) -> tuple[int, ...]:
         """Network streams the op occupies: a collective both directions of every dimension its group spans, a
         send the outgoing and a recv the incoming direction of the dimension it crosses (links are full duplex,
-        so a stage's send and its recv do not queue for each other)."""
+        so a stage's send and its recv do not queue for each other). Their names are added to `named`."""
         if not self.share_bandwidth or op.kind is OpKind.COMPUTE:
             return ()
         if op.kind is OpKind.COLLECTIVE:
@@ -198,6 +315,7 @@ class Planner:
         else:
             d = self._pricer.p2p_dim(op.axis, op.peer, rank_class)
             names = [] if d is None else [f"net:{d}:{'out' if op.kind is OpKind.SEND else 'in'}"]
+        named += names
         return tuple(self.streams.setdefault(name, len(self.streams)) for name in names)
 
     def _link(self, op: Op, rank_class: int) -> Link | None:
@@ -208,6 +326,79 @@ class Planner:
         if op.kind is OpKind.SEND:
             return (rank_class, peer_class, op.axis, op.peer)
         return (peer_class, rank_class, op.axis, -op.peer)
+
+
+def _shelf(recipe: _Recipe, prefix: tuple, hashed: int, system: SystemSpec) -> _Shelf:
+    """The recipe's shelf for the prefix, made if none."""
+    shelf = recipe.shelves.get(hashed)
+    if shelf is None or shelf.prefix != prefix:
+        if len(recipe.shelves) >= SHELVES_PER_RECIPE:
+            recipe.bytes -= _shelf_bytes(recipe.shelves.pop(next(iter(recipe.shelves))))
+        if shelf is not None:
+            recipe.bytes -= _shelf_bytes(shelf)
+        shelf = recipe.shelves[hashed] = _Shelf(prefix, system, {}, 0, sum(len(x) for x in prefix if type(x) is bytes))
+        recipe.bytes += shelf.held
+    return shelf
+
+
+def _shelf_bytes(shelf: _Shelf) -> int:
+    return PLAN_BYTES_PER_OP * shelf.ops + shelf.held
+
+
+def _grown(recipe: _Recipe, shelf: _Shelf, plan: Plan) -> None:
+    """Counts a plan added to the shelf, putting the recipe again so that the cache sees its new size."""
+    shelf.ops += len(plan.ops)
+    recipe.bytes += PLAN_BYTES_PER_OP * len(plan.ops)
+    _RECIPES.put(recipe.key, recipe)
+
+
+def _renumbered(
+    numbering: tuple[tuple[int, ...], tuple[int, ...]], plan: Plan, to: tuple[tuple[int, ...], tuple[int, ...]]
+) -> Plan:
+    """The plan a build under numbering `to` gives, from one built under `numbering`: only the numbers of its
+    streams and categories differ (a category's seconds are summed in the order of its ops, whatever its number)."""
+    streams = dict(zip(numbering[0], to[0], strict=True))
+    categories = dict(zip(numbering[1], to[1], strict=True))
+    ops = tuple(
+        (
+            kind,
+            streams[stream],
+            seconds,
+            deps,
+            waits,
+            slot,
+            marks,
+            categories[category],
+            link,
+            tuple([streams[s] for s in shares]),
+        )
+        for kind, stream, seconds, deps, waits, slot, marks, category, link, shares in plan.ops
+    )
+    return Plan(
+        block=plan.block,
+        ops=ops,
+        output=plan.output,
+        category_seconds=tuple([(categories[c], seconds) for c, seconds in plan.category_seconds]),
+        categories=frozenset([categories[c] for c in plan.categories]),
+    )
+
+
+def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool) -> tuple | None:
+    """What besides a block, its class's spread and the system its plans' seconds depend on (how BlockPricer
+    prices); None where that is the whole workload (memory tiers price an op by the step's working set), so plans
+    are not kept across points. The system is keyed by identity: points of a study share its object."""
+    if system.accelerator.memory_tiers:
+        return None
+    return (
+        id(system),
+        workload.dtype,
+        workload.attention_kernel,
+        workload.framework_allreduce,
+        workload.expert_exchange,
+        workload.expert_compute,
+        fuse,
+        share_bandwidth,
+    )
 
 
 def _joins(op: Op, block: Block, run_waits_on_inputs: bool) -> bool:

@@ -12,13 +12,17 @@ bytes are priced by the tiers the step's working set fills (`memory.working_set`
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from dse.compute import ComputeModel
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.tables.deepep import DEEPEP_TABLE, MeasuredExchange
 from dse.tables.moe import MOE_TABLE, MeasuredMoe
 from dse.tables.nccl import NCCL_TABLE, MeasuredCollectives
-from dse.workload import Collective, Op, OpKind, Workload
+from dse.workload import Collective, Op, OpKind, RankLayout, Workload
 from simulators.analytical.memory import working_set
 from simulators.analytical.network import (
     Span,
@@ -50,19 +54,19 @@ class BlockPricer:
         self.sources: dict[int, list[str]] = {}
         """Per block, what priced each compute op ('table', 'gemm_table', 'moe_table', 'roofline', ...; '' for
         communication)."""
-        self._spans: dict[tuple[str, int], Span] = {}
-        self._dims: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._groups: dict[tuple[str, int], _Group] = {}
         self._hops: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-        self._span_keys: dict[tuple[str, int], tuple[tuple[int, int], ...]] = {}
-        self._representatives: dict[int, int] = {}
+        self._layout_groups: _LayoutGroups | None = None
+        self._representatives: dict[int, int] | None = None
 
     def representative(self, rank_class: int) -> int:
-        """The rank whose groups and peers price the class's communication; finding it searches every rank, so it
-        is kept."""
+        """The rank whose groups and peers price the class's communication: the class's first rank, as
+        `Workload.representative` finds it; every class's is found in one pass over the ranks, and kept."""
+        if self._representatives is None:
+            classes, first = np.unique(self._workload.class_of, return_index=True)
+            self._representatives = dict(zip(classes.tolist(), first.tolist(), strict=True))
         rank = self._representatives.get(rank_class)
-        if rank is None:
-            rank = self._representatives[rank_class] = self._workload.representative(rank_class)
-        return rank
+        return self._workload.representative(rank_class) if rank is None else rank
 
     def durations(self, block: int, rank_class: int) -> list[float]:
         """Seconds of each op of the block; a p2p op's figure is the transfer its own side would start."""
@@ -102,6 +106,7 @@ class BlockPricer:
         priced."""
         op = self._workload.blocks[block].ops[op_index]
         if op.kind is OpKind.COMPUTE:
+            self.compute(block)  # a plan kept from an earlier point leaves its block unpriced here
             return self.sources[block][op_index]
         if op.kind is not OpKind.COLLECTIVE:
             return ""
@@ -154,21 +159,11 @@ class BlockPricer:
         return hops
 
     def span(self, axis: str, rank_class: int) -> Span:
-        key = (axis, rank_class)
-        span = self._spans.get(key)
-        if span is None:
-            group = self._workload.layout.group(self.representative(rank_class), axis)
-            span = self._spans[key] = group_span(group, self._system.network)
-        return span
+        return self._group(axis, rank_class).span
 
     def dims(self, axis: str, rank_class: int) -> tuple[int, ...]:
         """Network dimensions a collective on this axis occupies for this rank class."""
-        key = (axis, rank_class)
-        dims = self._dims.get(key)
-        if dims is None:
-            group = self._workload.layout.group(self.representative(rank_class), axis)
-            dims = self._dims[key] = spanned_dims(group, self._system.network)
-        return dims
+        return self._group(axis, rank_class).dims
 
     def p2p_dim(self, axis: str, offset: int, rank_class: int) -> int | None:
         """The network dimension a p2p op of this class crosses to its peer (None: the peer is itself)."""
@@ -177,10 +172,80 @@ class BlockPricer:
         return p2p_dim(rank, peer, self._system.network)
 
     def span_key(self, axis: str, rank_class: int) -> tuple[tuple[int, int], ...]:
-        """(dimension index, NPUs spanned) per dimension the axis's group spans: equal keys, equal prices."""
+        """(dimension index, NPUs spanned) per dimension the axis's group spans: equal keys, equal prices (within
+        a workload, where `plans.Planner` shares a plan between classes by it)."""
+        return self._group(axis, rank_class).key
+
+    def spread(self, axis: str, rank_class: int) -> tuple:
+        """`span_key`, with the dimension as the group sees it where that is not the dimension itself (a
+        cube-mesh, a tapered dimension; `fabrics.placed`): what prices a collective of the class on this system,
+        whatever the workload."""
+        return self._group(axis, rank_class).spread
+
+    def _group(self, axis: str, rank_class: int) -> "_Group":
         key = (axis, rank_class)
-        found = self._span_keys.get(key)
+        group = self._groups.get(key)
+        if group is None:
+            if self._layout_groups is None:
+                self._layout_groups = _groups_of(self._system, self._workload.layout)
+            group = self._groups[key] = self._layout_groups.get(axis, self.representative(rank_class))
+        return group
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """How a rank's process group on one axis spans the network: what prices its collectives."""
+
+    span: Span
+    dims: tuple[int, ...]
+    key: tuple[tuple[int, int], ...]
+    spread: tuple
+
+
+GROUP_BYTES = 4 * MIB
+"""Groups of about 10,000 (axis, rank) pairs of layouts on systems (GROUP_BYTES_EACH each), far more than a study
+meets."""
+GROUP_BYTES_EACH = 400
+"""An estimate of a _Group's bytes with its key: a few short tuples and a list (the dimensions are the system's)."""
+
+
+@dataclass(slots=True)
+class _LayoutGroups:
+    """The groups of one layout on one system, found as points ask for them and kept across points: a study's
+    points share the system and most layouts, and finding a group's span walks its members over every dimension.
+    One cache entry per layout, so that a point looks the cache up once."""
+
+    system: SystemSpec
+    """Kept so that the identity the entry's key holds stays its own."""
+    layout: RankLayout
+    groups: dict[tuple[str, int], _Group]
+
+    def get(self, axis: str, rank: int) -> _Group:
+        """The rank's group on the axis."""
+        found = self.groups.get((axis, rank))
         if found is None:
-            counts = (count for _, count in self.span(axis, rank_class))
-            found = self._span_keys[key] = tuple(zip(self.dims(axis, rank_class), counts, strict=True))
+            members = self.layout.group(rank, axis)
+            network = self.system.network
+            span, dims = group_span(members, network), spanned_dims(members, network)
+            counts = tuple(count for _, count in span)
+            spread = tuple(
+                (d, count) if seen is network[d] else (d, count, seen.model_dump_json())
+                for d, (seen, count) in zip(dims, span, strict=True)
+            )
+            found = self.groups[axis, rank] = _Group(span, dims, tuple(zip(dims, counts, strict=True)), spread)
+            _GROUPS.put((id(self.system), self.layout), self)  # its size has grown
         return found
+
+
+_GROUPS: ByteBoundedLru[tuple[int, RankLayout], _LayoutGroups] = ByteBoundedLru(
+    "process groups", GROUP_BYTES, lambda entry: GROUP_BYTES_EACH * len(entry.groups)
+)
+
+
+def _groups_of(system: SystemSpec, layout: RankLayout) -> _LayoutGroups:
+    key = (id(system), layout)
+    found = _GROUPS.get(key)
+    if found is None or found.system is not system:
+        found = _LayoutGroups(system, layout, {})
+        _GROUPS.put(key, found)
+    return found

@@ -46,7 +46,7 @@ def test_measure_is_the_union_of_intervals():
     moments = np.full((1, systems), 5.0)
     rows = np.arange(count, dtype=np.intp)
     total, before = batch_kernels.measure(
-        values, durations, rows, np.zeros(count, dtype=np.intp), rows + count, False, moments, 32
+        values, durations, rows, np.zeros(count, dtype=np.intp), rows + count, False, moments, np.array([0, 32, 37])
     )
     for system in range(systems):
         expected = _union(list(zip(starts[:, system], ends[:, system], strict=True)), 5.0)
@@ -54,17 +54,18 @@ def test_measure_is_the_union_of_intervals():
 
 
 def test_chunks_keep_every_system_in_its_measuring_block():
-    """Chunks cover the systems in order, each a whole number of blocks from the start of its run of LAYOUT_BYTES'
-    width, but for the run's tail: a system's block, which sets a tie within rounding, is the one it had when a
-    chunk was a whole run."""
-    for systems, rows in [(1000, 152_107), (1000, 405_000), (250, 20_000), (5, 10**7), (1, 10)]:
+    """Chunks cover the systems in order, in the blocks of `BLOCK` systems from the start of each run of
+    LAYOUT_BYTES' width (a run's last block shorter): a system's block, which sets a tie within rounding, is the one
+    it had when a chunk was a whole run. A chunk holds as many blocks as the budget allows, at least one."""
+    for systems, rows in [(1000, 78_265), (1000, 152_107), (1000, 405_000), (250, 20_000), (5, 10**7), (1, 10)]:
         run = max(1, batch.LAYOUT_BYTES // (8 * rows))
+        width = batch.MEMORY_BUDGET_BYTES // (8 * rows)
+        expected = [lo for start in range(0, systems, run) for lo in range(start, min(start + run, systems), BLOCK)]
         chunks = batch._chunks(systems, rows)
-        assert [lo for lo, _ in chunks] == [0] + [hi for _, hi in chunks[:-1]] and chunks[-1][1] == systems
-        for lo, hi in chunks:
-            assert (lo % run) % BLOCK == 0
-            assert (hi - lo) % BLOCK == 0 or hi == systems or hi % run == 0
-            assert lo // run == (hi - 1) // run  # inside one run
+        assert [int(b) for c in chunks for b in c[:-1]] == expected
+        assert [int(c[-1]) for c in chunks] == [int(c[0]) for c in chunks[1:]] + [systems]
+        for chunk in chunks:
+            assert len(chunk) == 2 or chunk[-1] - chunk[0] <= width
 
 
 def test_figures_do_not_depend_on_the_memory_budget(monkeypatch):

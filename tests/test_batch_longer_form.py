@@ -44,9 +44,9 @@ def test_the_batch_prices_each_system_from_the_per_point_paths_form_to_its_figur
     evaluations: list[tuple[int | None, list[float]]] = []
     evaluate = batch._evaluate
 
-    def spy(evaluated, priced, timings, form=None, periods=()):
+    def spy(evaluated, priced, timings, room, form=None, periods=()):
         evaluations.append((form and form.microbatches, sorted(s.network[1].bandwidth_GBps for s in priced)))
-        return evaluate(evaluated, priced, timings, form, periods)
+        return evaluate(evaluated, priced, timings, room, form, periods)
 
     monkeypatch.setattr(batch, "_evaluate", spy)
     priced = price_many(workload, systems)

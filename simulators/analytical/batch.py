@@ -33,7 +33,7 @@ What depends on times, and how each is handled:
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,7 +57,9 @@ MEMORY_BUDGET_BYTES = 128 * 2**20
 that a system is measured in the block it always was. Each chunk's figures cost some numpy calls per rank class
 whatever its width, so fewer, larger chunks pay less Python. On vs_calculon's grid the one-block chunks of the
 longer forms set the peak (185 MiB traced at most, with the structures kept) for any budget up to 128 MiB, where
-256 MiB reached 299; 64 MiB cost 7% more time with the structure kept."""
+256 MiB reached 299; 64 MiB cost 7% more time with the structure kept. A process's first batch also pays for
+touching the array's pages: 0.05 to 0.25 s of a first batch of 1,000 systems (GPT-3 175B tp4 pp8), erratic, which
+64 MiB avoided in every run measured, but at up to 10% more on tp4 pp16 with the structure kept."""
 LAYOUT_BYTES = 256 * 2**20
 """The budget chunks had when they were evaluated whole: systems are measured in blocks of `BLOCK` from the start of
 each run of systems whose values this would hold, so that the figures stay, to the last bit, those measured then."""
@@ -154,6 +156,23 @@ def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: 
     return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
 
 
+@dataclass(slots=True)
+class _Room:
+    """One flat array the chunks of all the forms a call evaluates write their values in (a longer form's and the
+    whole step's chunks reuse the steady form's), grown when a chunk needs more: a process's first touches of fresh
+    memory are what its first batch pays most for these values (`MEMORY_BUDGET_BYTES`), so they are touched once a
+    call."""
+
+    values: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def of(self, size: int) -> np.ndarray:
+        """A flat array of at least `size` floats."""
+        if len(self.values) < size:
+            self.values = np.empty(0)  # the smaller room freed before the larger is taken
+            self.values = np.empty(size)
+        return self.values
+
+
 def _price_timings(
     workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]
 ) -> list[list[_Figures]]:
@@ -165,20 +184,25 @@ def _price_timings(
     them, and extended by the first period that each one's timeline shows, as `steady.schedule_steady` tries them;
     what is left is evaluated on the whole step."""
     form = workload.steady
+    room = _Room()
     if form is None or not SteadyForm.holds(workload.programs):
-        return _evaluate(workload, systems, timings, None, [])[0]
+        return _evaluate(workload, systems, timings, room)[0]
     out: list[list[_Figures]] = [[] for _ in systems]
     left = list(range(len(systems)))
     for steady, periods in forms(form):
         evaluated = replace(workload, programs=steady.programs, steady=None)
-        figures, redo = _evaluate(evaluated, [systems[i] for i in left], [timings[i] for i in left], steady, periods)
+        figures, redo = _evaluate(
+            evaluated, [systems[i] for i in left], [timings[i] for i in left], room, steady, periods
+        )
         for at, own in zip(left, figures, strict=True):
             out[at] = own
         left = [left[i] for i in redo]
         if not left:
             break
     if left:  # not periodic on these systems: the whole step, as the per-point path prices it then
-        whole = _evaluate(replace(workload, steady=None), [systems[i] for i in left], [timings[i] for i in left])[0]
+        whole, _ = _evaluate(
+            replace(workload, steady=None), [systems[i] for i in left], [timings[i] for i in left], room
+        )
         for at, own in zip(left, whole, strict=True):
             out[at] = own
     return out
@@ -188,12 +212,13 @@ def _evaluate(
     evaluated: Workload,
     systems: list[SystemSpec],
     timings: list[tuple[str, str]],
+    room: _Room,
     form: SteadyForm | None = None,
     periods: Sequence[int] = (),
 ) -> tuple[list[list[_Figures]], list[int]]:
     """Per system, per rank class, the figures of `evaluated`'s step; with a steady form (whose programs those are),
     extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
-    figures are meaningless)."""
+    figures are meaningless). room: where the chunks' values are evaluated, shared with the call's other forms."""
     built = structure(evaluated, systems[0])
     tape, program, spans, reads, liveness = built.tape, built.program, built.spans, built.reads, built.liveness
     ordered = False
@@ -201,17 +226,19 @@ def _evaluate(
     redo: list[int] = []
     every = durations_of(evaluated, tape, systems, timings)
     chunks = _chunks(len(systems), program.size)
-    room = np.empty(program.size * max(hi - lo for lo, hi in chunks))  # every chunk's values, in turn
-    for lo, hi in chunks:
+    values_room = room.of(program.size * max(int(c[-1] - c[0]) for c in chunks))  # every chunk's values, in turn
+    for bounds in chunks:
+        lo, hi = int(bounds[0]), int(bounds[-1])
         part = systems[lo:hi]
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
         priced = Priced(durations, every.plan_categories[:, :, lo:hi])
-        values = program.evaluate(durations, room)
+        values = program.evaluate(durations, values_room)
         if not ordered:
             spans = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
             ordered = True
         stages = [
-            _stage(evaluated, tape, c, spans[c], reads[c], values, priced, periods) for c in range(len(tape.classes))
+            _stage(evaluated, tape, c, spans[c], reads[c], values, priced, periods, bounds - lo)
+            for c in range(len(tape.classes))
         ]
         extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(len(part), dtype=bool))
         by_class = [
@@ -222,15 +249,26 @@ def _evaluate(
     return out, redo
 
 
-def _chunks(systems: int, rows: int) -> list[tuple[int, int]]:
-    """[lo, hi) of each chunk of systems evaluated together: as many as MEMORY_BUDGET_BYTES holds the values of,
-    a multiple of `BLOCK` (at least one block), inside runs of LAYOUT_BYTES' width, so that every system is measured
-    in the block it was measured in when a chunk was such a run (`batch_busy.BLOCK`: the block sets a moment's count
-    at a tie within rounding)."""
+def _chunks(systems: int, rows: int) -> list[np.ndarray]:
+    """Each chunk of systems evaluated together, as the bounds of the blocks it is measured in ([lo, ..., hi]): as
+    many whole blocks as MEMORY_BUDGET_BYTES holds the values of, at least one. Blocks are `BLOCK` systems each from
+    the start of every run of LAYOUT_BYTES' width, the last of a run shorter, so that every system is measured in
+    the block it was measured in when a chunk was such a run (`batch_busy.BLOCK`: the block sets a moment's count at
+    a tie within rounding); a chunk may take blocks of two runs, so that a run's short tail is not a chunk of its own
+    (each chunk costs some numpy calls per rank class, whatever its width)."""
     run = max(1, LAYOUT_BYTES // (8 * rows))
-    width = max(BLOCK, MEMORY_BUDGET_BYTES // (8 * rows) // BLOCK * BLOCK)
-    return [(lo, min(lo + width, start + run, systems)) for start in range(0, systems, run) for lo in
-            range(start, min(start + run, systems), width)]  # fmt: skip
+    width = MEMORY_BUDGET_BYTES // (8 * rows)
+    bounds = [lo for start in range(0, systems, run) for lo in range(start, min(start + run, systems), BLOCK)]
+    bounds.append(systems)
+    chunks = []
+    first = 0
+    while first < len(bounds) - 1:
+        last = first + 1  # the chunk's blocks: bounds[first:last + 1]
+        while last < len(bounds) - 1 and bounds[last + 1] - bounds[first] <= width:
+            last += 1
+        chunks.append(np.array(bounds[first : last + 1]))
+        first = last
+    return chunks
 
 
 def _stage(
@@ -242,16 +280,18 @@ def _stage(
     values: np.ndarray,
     priced: Priced,
     periods: Sequence[int],
+    blocks: np.ndarray,
 ) -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values (the program's rows x systems);
     spans and reads: its busy intervals and the rows its figures read; periods: the steady form's periods tried,
-    if the step is a steady form (one busy measurement serves them all)."""
+    if the step is a steady form (one busy measurement serves them all); blocks: the chunk's blocks (`_chunks`), from
+    its first system."""
     recorded = tape.classes[rank_class]
     program = workload.programs[rank_class]
     call_start, call_end = values[reads.call_start], values[reads.call_end]
     found = [Period.find(program, call_start, call_end, period) for period in periods]
     moments = [moment for period in found for moment in period.moments(call_start)]
-    busy = BusyMany.of(values, priced.durations, spans, moments)
+    busy = BusyMany.of(values, priced.durations, spans, moments, blocks)
     each = len(moments) // len(found) if found else 0
     transfers = recorded.transfers
     return StageArrays(

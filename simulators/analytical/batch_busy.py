@@ -94,7 +94,7 @@ def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
 BLOCK = 32
 """Systems whose unions are measured together (`batch_kernels.measure`): their intervals stay in the processor's
 cache while they are gathered and sorted; the block also sets where a moment within rounding of a start counts it
-(`batch_kernels._starts_before`), so the figures stay those measured with it."""
+(`batch_kernels._starts_before`), so the figures stay those measured with it (`batch._chunks` lays them out)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +108,16 @@ class BusyMany:
     """Per moment, the (compute, communication, any) seconds covered before it, per system."""
 
     @classmethod
-    def of(cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray]) -> "BusyMany":
+    def of(
+        cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray], blocks: np.ndarray
+    ) -> "BusyMany":
         """From the values of the tape program's rows and the durations (rows x systems both, C-ordered), `spans`
-        in rows (`Spans.ordered`); moments: arrays of one time per system."""
+        in rows (`Spans.ordered`); moments: arrays of one time per system; blocks: where each block of systems
+        measured together starts (of at most `BLOCK`), and where the last ends."""
         at = np.array(moments, dtype=float).reshape(len(moments), values.shape[1])
 
         def measured(span: np.ndarray, ordered: bool) -> tuple[np.ndarray, np.ndarray]:
-            return batch_kernels.measure(values, durations, span[0], span[1], span[2], ordered, at, BLOCK)
+            return batch_kernels.measure(values, durations, span[0], span[1], span[2], ordered, at, blocks)
 
         compute, compute_before = measured(spans.compute, True)  # one stream's: disjoint and in order already
         comm, comm_before = measured(spans.comm, False)

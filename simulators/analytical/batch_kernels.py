@@ -92,14 +92,15 @@ def measure(
     end: np.ndarray,
     ordered: bool,
     moments: np.ndarray,
-    block: int,
+    blocks: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The union of intervals on each system (values: rows x systems): its seconds, and the seconds of it before
     each moment (moments x systems), read from each system's starts and ends sorted each on its own
     (`batch_busy`). An interval's start is values[start] less durations[column] (nothing taken where the column is
     the last, zero row), its end values[end]; starts and ends need not pair up, as only their sorted orders are
     read, and each is best given in the order most systems keep. `ordered`: the starts and ends are sorted and the
-    intervals disjoint already. `block`: see `_starts_before`."""
+    intervals disjoint already. `blocks`: where each block of systems measured together starts, and where the last
+    ends (see `_starts_before`)."""
     count, systems = len(start), values.shape[1]
     moment_count = moments.shape[0]
     total = np.zeros(systems)
@@ -107,11 +108,14 @@ def measure(
     if count == 0:
         return total, before
     zero = durations.shape[0] - 1
+    block = 0
+    for b in range(len(blocks) - 1):
+        block = max(block, blocks[b + 1] - blocks[b])
     firsts = np.empty((block, count))
     lasts = np.empty((block, count))
     gaps = np.empty(count)
-    for lo in range(0, systems, block):
-        width = min(block, systems - lo)
+    for b in range(len(blocks) - 1):
+        lo, width = blocks[b], blocks[b + 1] - blocks[b]
         for i in range(count):
             a, c, e = start[i], column[i], end[i]
             if c != zero:

@@ -3,21 +3,24 @@ turned into the schedules `engine._Scheduler` gives.
 
 Per point, the plans (each block as a rank class runs it) are built by `plans.Planner` as for the interpreted
 engine and transposed into op rows, once per distinct plan; what the calls decide (their blocks, inputs and tags)
-is read from arrays kept on the program's `CallShape`. The kernel then schedules every op. A deadlock (a generator
-bug) is left to the interpreted engine, which names the ops that wait.
+is read from arrays kept on the program's `CallShape`, and laid out per call by one compiled pass
+(`_lay_out_calls`). The kernel then schedules every op, recording each class's busy intervals in the order its
+streams run them and its transfers per class, so that its busy time (`intervals.ordered_busy`) and its transfers
+need no sorting. A deadlock (a generator bug) is left to the interpreted engine, which names the ops that wait.
 """
 
 from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
+from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.calls import memoised
 from simulators.analytical.engine import ClassSchedule, _Scheduler
-from simulators.analytical.intervals import Busy
+from simulators.analytical.intervals import ordered_busy
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
 
 _INT = np.int64
@@ -46,30 +49,32 @@ class CompiledScheduler:
 
     def _schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
         names = list(self._planner.categories)
-        moved = int(t.counters[kernel.TRANSFERS])
-        t_run = t.t_run[:moved]
-        order = np.argsort(t_run, kind="stable")
-        bounds = np.searchsorted(t_run[order], np.arange(len(t.base))).tolist()
-        t_call, t_category = t.t_call[order].tolist(), t.t_category[order].tolist()
-        t_seconds = t.t_seconds[order].tolist()
+        streams = len(self._planner.streams)
+        t_call, t_category, t_seconds = t.t_call.tolist(), t.t_category.tolist(), t.t_seconds.tolist()
+        category_time = t.category_time.tolist()
         out = []
-        for r, plans in enumerate(self._block_plans):
-            lo, hi = t.base[r], t.base[r + 1]
-            c0, c1 = t.compute_ptr[r], t.compute_ptr[r] + t.compute_count[r]
-            m0, m1 = t.comm_ptr[r], t.comm_ptr[r] + t.comm_count[r]
-            cs, ce, ms, me = t.compute_starts[c0:c1], t.compute_ends[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1]
-            busy = Busy.of(cs, ce, ms, me)
-            compute, comm, exposed = busy.totals
-            latest = max(float(ce.max(initial=0.0)), float(me.max(initial=0.0)))
+        for r, (plans, lo, hi, c0, c1, m0, m1, b0, b1) in enumerate(
+            zip(
+                self._block_plans,
+                *_spans(t.base),
+                *_spans(2 * t.compute_ptr, 2 * t.compute_count),
+                *_spans(t.comm_ptr[np.arange(len(t.base)) * streams]),
+                *_spans(t.t_ptr, t.t_count),
+                strict=True,
+            )
+        ):
+            comm = slice(m0, m1)
+            stream_ptr = t.comm_ptr[r * streams : (r + 1) * streams + 1] - m0
+            busy, latest = ordered_busy(t.compute_knots[c0:c1], t.comm_starts[comm], t.comm_ends[comm], stream_ptr)
+            compute_s, comm_s, exposed_s = busy.totals
             used = set().union(*(plan.categories for plan in plans.values()))
-            b0, b1 = bounds[r], bounds[r + 1]
             out.append(
                 ClassSchedule(
                     end_s=latest,
-                    compute_s=compute,
-                    comm_s=comm,
-                    exposed_comm_s=exposed,
-                    time_by_category={names[i]: float(t.category_time[r, i]) for i in sorted(used)},
+                    compute_s=compute_s,
+                    comm_s=comm_s,
+                    exposed_comm_s=exposed_s,
+                    time_by_category={names[i]: category_time[r][i] for i in sorted(used)},
                     call_start=t.call_start[lo:hi],
                     call_end=t.call_end[lo:hi],
                     events=[],
@@ -78,6 +83,13 @@ class CompiledScheduler:
                 )
             )
         return out
+
+
+def _spans(ptr: np.ndarray, count: np.ndarray | None = None) -> tuple[list[int], list[int]]:
+    """Per run, (start, end) of its entries: from ptr[r] to ptr[r + 1], or to ptr[r] + count[r]."""
+    if count is None:
+        return ptr[:-1].tolist(), ptr[1:].tolist()
+    return ptr.tolist(), (ptr + count).tolist()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +123,13 @@ def _calls(program: Program) -> _Calls:
 
 def _ptr(lists) -> np.ndarray:
     """Where each list starts in their concatenation; one more entry for the end."""
-    ptr = np.zeros(len(lists) + 1, dtype=_INT)
-    np.cumsum(np.fromiter(map(len, lists), _INT, len(lists)), out=ptr[1:])
+    return _ptr_of(np.fromiter(map(len, lists), _INT, len(lists)))
+
+
+def _ptr_of(counts: np.ndarray) -> np.ndarray:
+    """Where each count's entries start when laid out in turn; one more entry for the end."""
+    ptr = np.zeros(len(counts) + 1, dtype=_INT)
+    np.cumsum(counts, out=ptr[1:])
     return ptr
 
 
@@ -127,8 +144,9 @@ class _PerPlan:
     """Per distinct plan, what laying out its calls needs besides the kernel's fields."""
 
     compute: np.ndarray
+    """Its compute ops (each call's room for busy intervals)."""
     comm: np.ndarray
-    """Its compute and its communication ops (each call's room for busy intervals)."""
+    """plans x streams: its communication ops on each stream."""
     mails: np.ndarray
     """Its p2p ops."""
     links: list[list]
@@ -142,46 +160,52 @@ class _Layout:
         self._scheduler = scheduler
         self._calls = calls
         self._plans: list[Plan] = []
-        self._plan_index: dict[int, int] = {}
-
-    def _plan(self, plan: Plan) -> int:
-        index = self._plan_index.get(id(plan))
-        if index is None:
-            index = self._plan_index[id(plan)] = len(self._plans)
-            self._plans.append(plan)
-        return index
 
     def tables(self) -> kernel.EngineTables:
         calls, scheduler = self._calls, self._scheduler
         runs = len(calls)
-        blocks = [own.blocks for own in calls]
-        sizes = np.fromiter(map(len, blocks), _INT, runs)
-        base = np.zeros(runs + 1, dtype=_INT)
-        np.cumsum(sizes, out=base[1:])
-        call_plan = np.empty(int(base[-1]), dtype=_INT)
-        for r, (block, plans) in enumerate(zip(blocks, scheduler._block_plans, strict=True)):
-            lookup = np.zeros(max(plans, default=0) + 1, dtype=_INT)
+        sizes = np.fromiter((len(own.blocks) for own in calls), _INT, runs)
+        base = _ptr_of(sizes)
+        # Per run and block, its plan's number: plans by identity, as classes alike share theirs.
+        width = 1 + max((max(plans, default=0) for plans in scheduler._block_plans), default=0)
+        index: dict[int, int] = {}
+        keys, numbers = [], []
+        for r, plans in enumerate(scheduler._block_plans):
             for b, plan in plans.items():
-                lookup[b] = self._plan(plan)
-            call_plan[base[r] : base[r + 1]] = lookup[block]
+                if (number := index.get(id(plan))) is None:
+                    number = index[id(plan)] = len(self._plans)
+                    self._plans.append(plan)
+                keys.append(r * width + b)
+                numbers.append(number)
+        plan_of = np.zeros(runs * width, dtype=_INT)
+        plan_of[keys] = numbers
         ops, per_plan = self._ops()
-        input_ptr = np.zeros(int(base[-1]) + 1, dtype=_INT)
-        np.cumsum(np.concatenate([own.input_counts for own in calls]) if calls else [], out=input_ptr[1:])
-        run_of_call = np.repeat(np.arange(runs), sizes)
-        compute_count = np.bincount(run_of_call, per_plan.compute[call_plan], runs).astype(_INT)
-        comm_count = np.bincount(run_of_call, per_plan.comm[call_plan], runs).astype(_INT)
-        mail_ptr, mailbox = self._mailboxes(call_plan, per_plan)
+        links: dict = {}
+        link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
+        call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox = _lay_out_calls(
+            _joined([own.blocks for own in calls]),
+            base,
+            plan_of,
+            width,
+            per_plan.compute,
+            per_plan.comm,
+            per_plan.mails,
+            link_ptr,
+            link_ids,
+            _joined([own.tags for own in calls]),
+        )
+        input_ptr = _ptr_of(_joined([own.input_counts for own in calls]))
         moved = len(mailbox)
         mailboxes = int(mailbox.max(initial=-1)) + 1
         streams = len(scheduler._planner.streams)
-        counters = np.zeros(4, dtype=_INT)
+        counters = np.zeros(3, dtype=_INT)
         counters[kernel.RING_TAIL] = runs  # every run starts queued
         return kernel.EngineTables(
             **ops,
             base=base,
             call_plan=call_plan,
             input_ptr=input_ptr,
-            inputs=np.concatenate([own.inputs for own in calls]) if calls else np.zeros(0, dtype=_INT),
+            inputs=_joined([own.inputs for own in calls]),
             mail_ptr=mail_ptr,
             mailbox=mailbox,
             stream_end=np.zeros((runs, streams)),
@@ -203,13 +227,13 @@ class _Layout:
             q_ready=np.zeros(moved),
             compute_ptr=np.cumsum(compute_count) - compute_count,
             compute_count=np.zeros(runs, dtype=_INT),
-            compute_starts=np.zeros(int(compute_count.sum())),
-            compute_ends=np.zeros(int(compute_count.sum())),
-            comm_ptr=np.cumsum(comm_count) - comm_count,
-            comm_count=np.zeros(runs, dtype=_INT),
-            comm_starts=np.zeros(int(comm_count.sum())),
-            comm_ends=np.zeros(int(comm_count.sum())),
-            t_run=np.zeros(moved, dtype=_INT),
+            compute_knots=np.empty(2 * int(compute_count.sum())),
+            comm_ptr=_ptr_of(comm_count),
+            comm_count=np.zeros(len(comm_count), dtype=_INT),
+            comm_starts=np.empty(int(comm_count.sum())),
+            comm_ends=np.empty(int(comm_count.sum())),
+            t_ptr=np.cumsum(transfer_count) - transfer_count,
+            t_count=np.zeros(runs, dtype=_INT),
             t_call=np.zeros(moved, dtype=_INT),
             t_category=np.zeros(moved, dtype=_INT),
             t_seconds=np.zeros(moved),
@@ -227,8 +251,10 @@ class _Layout:
         kind, stream, seconds, deps, waits, slot, marks, category, link, shares = (
             zip(*rows, strict=True) if rows else ((),) * 10
         )
-        o_kind = np.array(kind, dtype=_INT)
+        o_kind, o_stream = np.array(kind, dtype=_INT), np.array(stream, dtype=_INT)
         p2p = np.fromiter((x is not None for x in link), np.bool_, len(link))
+        comm = (o_kind == COLLECTIVE) | p2p
+        streams = len(self._scheduler._planner.streams)
         plan_of_row = np.repeat(np.arange(len(plans)), lengths)
         first_p2p = np.zeros(len(plans) + 1, dtype=_INT)
         np.cumsum(np.bincount(plan_of_row, p2p, len(plans)).astype(_INT), out=first_p2p[1:])
@@ -246,7 +272,7 @@ class _Layout:
             "p_category": np.array([i for i, _ in flat_categories], dtype=_INT),
             "p_category_seconds": np.array([s for _, s in flat_categories], dtype=float),
             "o_kind": o_kind,
-            "o_stream": np.array(stream, dtype=_INT),
+            "o_stream": o_stream,
             "o_seconds": np.array(seconds, dtype=float),
             "o_waits": np.array(waits, dtype=np.bool_),
             "o_slot": np.array(slot, dtype=_INT),
@@ -261,32 +287,73 @@ class _Layout:
             "o_shares": share_values,
         }
         per_plan = _PerPlan(
-            compute=np.bincount(plan_of_row, o_kind == COMPUTE, len(plans)),
-            comm=np.bincount(plan_of_row, (o_kind == COLLECTIVE) | p2p, len(plans)),
+            compute=np.bincount(plan_of_row[o_kind == COMPUTE], minlength=len(plans)),
+            comm=np.bincount(plan_of_row[comm] * streams + o_stream[comm], minlength=len(plans) * streams).reshape(
+                len(plans), streams
+            ),
             mails=np.diff(first_p2p),
             links=[[x for x in own if x is not None] for own in _per_plan(link, lengths)],
         )
         return fields, per_plan
 
-    def _mailboxes(self, call_plan: np.ndarray, per_plan: _PerPlan) -> tuple[np.ndarray, np.ndarray]:
-        """Per call, where its p2p ops' mailboxes start, and the mailboxes: both ends of a transfer, a (link, tag),
-        get the same number."""
-        mails = per_plan.mails[call_plan]
-        calls = np.flatnonzero(mails)
-        mail_ptr = np.zeros(len(call_plan), dtype=_INT)
-        counts = mails[calls]
-        mail_ptr[calls] = np.cumsum(counts) - counts
-        if not len(calls):
-            return mail_ptr, np.zeros(0, dtype=_INT)
-        links: dict = {}
-        plan_links = [[links.setdefault(x, len(links)) for x in own] for own in per_plan.links]
-        link_ptr, link_ids = _csr(plan_links)
-        tags = np.concatenate([own.tags for own in self._calls])
-        record = np.repeat(np.arange(len(calls)), counts)
-        k = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        link = link_ids[link_ptr[call_plan[calls]][record] + k]
-        code = link * (int(tags.max()) + 1) + tags[calls][record]
-        return mail_ptr, np.unique(code, return_inverse=True)[1].astype(_INT)
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=_INT)
+
+
+@njit(cache=True)
+def _lay_out_calls(
+    blocks: np.ndarray,
+    base: np.ndarray,
+    plan_of: np.ndarray,
+    width: int,
+    p_compute: np.ndarray,
+    p_comm: np.ndarray,
+    p_mails: np.ndarray,
+    p_link_ptr: np.ndarray,
+    p_links: np.ndarray,
+    tags: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per call (flat), its plan (`plan_of[run * width + block]`); per run, its compute ops, its communication ops
+    per stream (run * streams + stream) and its p2p transfers; per call, where its p2p ops' mailboxes start; and
+    the mailboxes: both ends of a transfer, a (link, tag), get the same number (the rank of link * (top tag + 1)
+    + tag among those of every p2p op)."""
+    runs, (plans, streams) = len(base) - 1, p_comm.shape
+    call_plan = np.empty(len(blocks), dtype=np.int64)
+    mail_ptr = np.zeros(len(blocks), dtype=np.int64)
+    uses = np.zeros((runs, plans), dtype=np.int64)
+    moved = 0
+    for r in range(runs):
+        for c in range(base[r], base[r + 1]):
+            p = plan_of[r * width + blocks[c]]
+            call_plan[c] = p
+            uses[r, p] += 1
+            mail_ptr[c] = moved if p_mails[p] else 0
+            moved += p_mails[p]
+    compute_count = np.zeros(runs, dtype=np.int64)
+    comm_count = np.zeros(runs * streams, dtype=np.int64)
+    transfer_count = np.zeros(runs, dtype=np.int64)
+    for r in range(runs):
+        for p in range(plans):
+            if uses[r, p]:
+                compute_count[r] += uses[r, p] * p_compute[p]
+                transfer_count[r] += uses[r, p] * p_mails[p]
+                for s in range(streams):
+                    comm_count[r * streams + s] += uses[r, p] * p_comm[p, s]
+    code = np.empty(moved, dtype=np.int64)
+    top = tags.max() + 1 if moved else 1
+    for c in range(len(blocks)):
+        p = call_plan[c]
+        for k in range(p_mails[p]):
+            code[mail_ptr[c] + k] = p_links[p_link_ptr[p] + k] * top + tags[c]
+    order = np.argsort(code)
+    mailbox = np.empty(moved, dtype=np.int64)
+    number = -1
+    for i in range(moved):
+        if i == 0 or code[order[i]] != code[order[i - 1]]:
+            number += 1
+        mailbox[order[i]] = number
+    return call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox
 
 
 def _per_plan(values: tuple, lengths: np.ndarray) -> list[tuple]:

@@ -18,7 +18,7 @@ from numba import njit
 
 from simulators.analytical.plans import COMPUTE, SEND
 
-RING_HEAD, RING_TAIL, QUEUED, TRANSFERS = range(4)
+RING_HEAD, RING_TAIL, QUEUED = range(3)
 """Indices into EngineTables.counters."""
 
 
@@ -80,18 +80,22 @@ class EngineTables(NamedTuple):
     q_ready: np.ndarray
     compute_ptr: np.ndarray
     compute_count: np.ndarray
-    compute_starts: np.ndarray
-    compute_ends: np.ndarray
+    compute_knots: np.ndarray
+    """Per run from twice its offset, its compute intervals' starts and ends in turn (as `intervals.Busy` keeps
+    them)."""
     comm_ptr: np.ndarray
     comm_count: np.ndarray
     comm_starts: np.ndarray
     comm_ends: np.ndarray
-    """Per run, its busy intervals from its own offset (`engine._Run` compute_starts, ...)."""
-    t_run: np.ndarray
+    """Per run and stream (numbered run * streams + stream) from its own offset, its communication intervals in
+    the order they settle (`engine._Run` comm_starts, ...): one stream's settle one after another, so
+    `intervals.ordered_busy` merges the streams instead of sorting the intervals."""
+    t_ptr: np.ndarray
+    t_count: np.ndarray
     t_call: np.ndarray
     t_category: np.ndarray
     t_seconds: np.ndarray
-    """Every settled transfer side in order (`engine._Run.transfers`, with the run)."""
+    """Per run from its own offset, its settled transfer sides in order (`engine._Run.transfers`)."""
     counters: np.ndarray
 
 
@@ -118,14 +122,11 @@ def drive(t: EngineTables) -> None:
         t.q_row,
         t.q_ready,
     )
-    compute_ptr, compute_count, compute_starts, compute_ends = (
-        t.compute_ptr,
-        t.compute_count,
-        t.compute_starts,
-        t.compute_ends,
-    )
+    compute_ptr, compute_count, compute_knots = t.compute_ptr, t.compute_count, t.compute_knots
     comm_ptr, comm_count, comm_starts, comm_ends = t.comm_ptr, t.comm_count, t.comm_starts, t.comm_ends
-    t_run, t_call, t_category, t_seconds = t.t_run, t.t_call, t.t_category, t.t_seconds
+    t_ptr, t_count = t.t_ptr, t.t_count
+    streams = stream_end.shape[1]
+    t_call, t_category, t_seconds = t.t_call, t.t_category, t.t_seconds
     inf = np.inf
 
     def settle(r: int, flat: int, x: int, start: float, end: float) -> None:
@@ -139,12 +140,13 @@ def drive(t: EngineTables) -> None:
         if o_slot[x] == p_output[call_plan[flat]]:
             out_end[flat] = end
         category_time[r, o_category[x]] += end - start
-        n = counters[TRANSFERS]
-        t_run[n], t_call[n], t_category[n], t_seconds[n] = r, flat - base[r], o_category[x], end - start
-        counters[TRANSFERS] = n + 1
-        i = comm_ptr[r] + comm_count[r]
+        n = t_ptr[r] + t_count[r]
+        t_call[n], t_category[n], t_seconds[n] = flat - base[r], o_category[x], end - start
+        t_count[r] += 1
+        own = r * streams + o_stream[x]
+        i = comm_ptr[own] + comm_count[own]
         comm_starts[i], comm_ends[i] = start, end
-        comm_count[r] += 1
+        comm_count[own] += 1
 
     def rendezvous(r: int, flat: int, x: int, m: int, ready: float) -> tuple[float, float]:
         """`engine._Scheduler._rendezvous`: pair with the head of mailbox m and settle both, or park ((inf, inf))."""
@@ -227,13 +229,14 @@ def drive(t: EngineTables) -> None:
                 for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
                     stream_end[r, o_shares[k]] = end
                 if o_kind[x] == COMPUTE:
-                    i = compute_ptr[r] + compute_count[r]
-                    compute_starts[i], compute_ends[i] = start, end
+                    i = 2 * (compute_ptr[r] + compute_count[r])
+                    compute_knots[i], compute_knots[i + 1] = start, end
                     compute_count[r] += 1
                 else:
-                    i = comm_ptr[r] + comm_count[r]
+                    own = r * streams + stream
+                    i = comm_ptr[own] + comm_count[own]
                     comm_starts[i], comm_ends[i] = start, end
-                    comm_count[r] += 1
+                    comm_count[own] += 1
             else:
                 start, end = rendezvous(r, flat, x, mailbox[mail_ptr[flat] + o_mail[x]], start)
                 if end == inf:

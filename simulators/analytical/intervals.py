@@ -119,3 +119,215 @@ class Busy:
             if len(self.knots):
                 hidden += compute - float(np.interp(start, self.knots, self.done))
         return compute, comm, hidden
+
+
+def ordered_busy(
+    knots: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
+) -> tuple[Busy, float]:
+    """`Busy.of` a timeline recorded in order, and its last end (0.0 if it has none), in one compiled pass.
+
+    `Busy.of` sorts the compute starts and ends and the communication intervals; a scheduler's records come in
+    order already: one in-order stream runs a timeline's compute, so its intervals (`knots`: start, end, start,
+    ...) follow one another, and each communication stream's intervals (stream s's from stream_ptr[s] to
+    stream_ptr[s + 1]) settle in that stream's order, so merging the streams sorts them. The pass checks that
+    order and leaves intervals not so ordered (or not finite) to `Busy.of`: the values are `Busy.of`'s either
+    way. The knots are kept, not copied."""
+    done, merged_starts, merged_ends, hidden, totals, ordered = _ordered(knots, comm_starts, comm_ends, stream_ptr)
+    if not ordered:
+        starts, ends = knots[0::2], knots[1::2]
+        latest = max(float(ends.max(initial=0.0)), float(comm_ends.max(initial=0.0)))
+        return Busy.of(starts, ends, comm_starts, comm_ends), latest
+    compute, comm, exposed, latest = totals.tolist()
+    return Busy(knots, done, merged_starts, merged_ends, hidden, (compute, comm, exposed)), latest
+
+
+@njit(cache=True)
+def _ordered(
+    knots: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """`ordered_busy`'s pass: Busy's done, comm_starts, comm_ends and hidden, (compute, communication, exposed,
+    last end), and whether the intervals were in the order this relies on (if not, the rest is unset).
+
+    Every float operation is `Busy.of`'s: the running compute sum as np.cumsum adds, np.interp's search and
+    formula, numpy's pairwise summation."""
+    done = np.empty(len(knots))
+    merged_starts = np.empty(len(comm_starts))
+    merged_ends = np.empty(len(comm_starts))
+    totals = np.zeros(4)
+    declined = (done, merged_starts, merged_ends, merged_ends, totals, False)
+    if not _running_compute(knots, done):
+        return declined
+    count = _union_of_streams(comm_starts, comm_ends, stream_ptr, merged_starts, merged_ends)
+    if count < 0:
+        return declined
+    merged_starts, merged_ends = merged_starts[:count], merged_ends[:count]
+    hidden = _hidden(knots, done, merged_starts, merged_ends)
+    comm = 0.0 + _pairwise_sum(merged_ends - merged_starts)
+    exposed = comm
+    if len(knots) and count:
+        exposed = comm - (0.0 + _pairwise_sum(hidden))
+        exposed = exposed if exposed > 0.0 else 0.0
+    last = knots[-1] if len(knots) and knots[-1] > 0.0 else 0.0
+    if count and merged_ends[-1] > last:
+        last = merged_ends[-1]
+    totals[0], totals[1], totals[2], totals[3] = done[-1] if len(knots) else 0.0, comm, exposed, last
+    return done, merged_starts, merged_ends, hidden, totals, True
+
+
+@njit(cache=True)
+def _running_compute(knots: np.ndarray, done: np.ndarray) -> bool:
+    """Busy's done (compute seconds by each knot, summed as np.cumsum does), if the knots rise and are finite."""
+    compute = previous = 0.0
+    for k in range(0, len(knots), 2):
+        s, e = knots[k], knots[k + 1]
+        if not ((k == 0 or previous <= s) and s <= e < np.inf):
+            return False
+        previous = e
+        done[k] = compute
+        compute = e - s if k == 0 else compute + (e - s)
+        done[k + 1] = compute
+    return True
+
+
+@njit(cache=True)
+def _union_of_streams(
+    starts: np.ndarray, ends: np.ndarray, stream_ptr: np.ndarray, out_starts: np.ndarray, out_ends: np.ndarray
+) -> int:
+    """`merge`'s intervals, into out_starts and out_ends, from streams whose intervals each start in order; how
+    many, or -1 where a stream's intervals do not rise or are not finite.
+
+    The streams are merged by start: the stream whose next interval starts first takes every interval up to the
+    next stream's start. The union does not depend on the order of intervals that start together, so any order
+    of ties gives `_merged`'s intervals."""
+    streams = len(stream_ptr) - 1
+    head = np.empty(streams, dtype=np.int64)
+    stop = np.empty(streams, dtype=np.int64)
+    active = 0
+    for s in range(streams):
+        if stream_ptr[s] < stream_ptr[s + 1]:
+            head[active], stop[active] = stream_ptr[s], stream_ptr[s + 1]
+            active += 1
+    count = 0
+    start = reach = 0.0
+    while active:
+        pick = 0
+        for a in range(1, active):
+            if starts[head[a]] < starts[head[pick]]:
+                pick = a
+        bound = np.inf
+        for a in range(active):
+            if a != pick and starts[head[a]] < bound:
+                bound = starts[head[a]]
+        j = head[pick]
+        while True:
+            s, e = starts[j], ends[j]
+            if not (s <= e < np.inf):
+                return -1
+            if count == 0:
+                start, reach = s, e
+                count = 1
+            else:
+                if s > reach:
+                    out_starts[count - 1], out_ends[count - 1] = start, reach
+                    count += 1
+                    start = s
+                if e > reach:
+                    reach = e
+            j += 1
+            if j == stop[pick]:
+                active -= 1
+                head[pick], stop[pick] = head[active], stop[active]
+                break
+            if starts[j] < s:
+                return -1
+            if starts[j] > bound:
+                head[pick] = j
+                break
+    if count:
+        out_starts[count - 1], out_ends[count - 1] = start, reach
+    return count
+
+
+@njit(cache=True)
+def _hidden(knots: np.ndarray, done: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """np.interp(ends, knots, done) - np.interp(starts, knots, done) for disjoint intervals in order, all finite:
+    the starts and ends rise in turn, so one forward walk finds their knots (the last at or before each, as
+    numpy's search does); numpy's cases and formula at each."""
+    hidden = np.zeros(len(starts))
+    n = len(knots)
+    if not n:
+        return hidden
+    j = -1
+    before = 0.0
+    for side in range(2 * len(starts)):
+        x = ends[side // 2] if side & 1 else starts[side // 2]
+        while j + 1 < n and knots[j + 1] <= x:
+            j += 1
+        if j < 0:
+            value = done[0]
+        elif j == n - 1 or knots[j] == x:
+            value = done[j]
+        else:  # np.interp's formula; its retries where that gives nan need values that are not finite
+            slope = (done[j + 1] - done[j]) / (knots[j + 1] - knots[j])
+            value = slope * (x - knots[j]) + done[j]
+        if side & 1:
+            hidden[side // 2] = value - before
+        else:
+            before = value
+    return hidden
+
+
+@njit(cache=True)
+def _pairwise_sum(a: np.ndarray) -> float:
+    """a.sum() as numpy adds it, less its initial 0.0 (np.add.reduce's pairwise_sum: eight running sums over
+    blocks of up to 128 values, the sums of halves added above that; tests/test_compiled_busy.py checks it against
+    the installed numpy). numpy recurses; numba segfaults loading a recursive function from its disk cache, so
+    the halves are walked with a stack (left half, right half, add)."""
+    if len(a) <= 128:
+        return _block_sum(a, 0, len(a))
+    frames = np.empty((64, 3), dtype=np.int64)  # (start, length, halves done); a 2**64-long array needs fewer
+    sums = np.empty(64)
+    frames[0, 0], frames[0, 1], frames[0, 2] = 0, len(a), 0
+    depth, done = 1, 0
+    while depth:
+        start, length, halves = frames[depth - 1, 0], frames[depth - 1, 1], frames[depth - 1, 2]
+        if length <= 128:
+            sums[done] = _block_sum(a, start, length)
+            done += 1
+            depth -= 1
+        elif halves == 2:
+            sums[done - 2] = sums[done - 2] + sums[done - 1]
+            done -= 1
+            depth -= 1
+        else:
+            half = length // 2
+            half -= half % 8
+            frames[depth - 1, 2] = halves + 1
+            frames[depth, 0] = start if halves == 0 else start + half
+            frames[depth, 1] = half if halves == 0 else length - half
+            frames[depth, 2] = 0
+            depth += 1
+    return sums[0]
+
+
+@njit(cache=True)
+def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
+    """numpy's pairwise_sum of at most 128 values: one running sum below 8, else eight."""
+    if n < 8:
+        res = -0.0
+        for i in range(lo, lo + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = lo + 8
+    stop = lo + n - n % 8
+    while i < stop:
+        r0, r1, r2, r3 = r0 + a[i], r1 + a[i + 1], r2 + a[i + 2], r3 + a[i + 3]
+        r4, r5, r6, r7 = r4 + a[i + 4], r5 + a[i + 5], r6 + a[i + 6], r7 + a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < lo + n:
+        res += a[i]
+        i += 1
+    return res

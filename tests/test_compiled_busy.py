@@ -1,0 +1,122 @@
+"""The compiled scheduler's busy intervals (`intervals.ordered_busy`) are `Busy.of`'s to the bit: every field, the
+totals and the last end, on timelines recorded in order (compute on one stream, communication in order per
+stream), on timelines that are not (left to `Busy.of`), and on every class of the fast path's test cases."""
+
+import random
+
+import numpy as np
+import pytest
+
+from generators.symbolic import SymbolicGenerator
+from simulators.analytical import engine_kernel as kernel
+from simulators.analytical.compiled_engine import CompiledScheduler
+from simulators.analytical.intervals import Busy, _ordered, _pairwise_sum, ordered_busy
+from tests.helpers import make_point
+from tests.test_analytical_fastpath import CASES
+
+FIELDS = ("knots", "done", "comm_starts", "comm_ends", "hidden")
+
+
+def _same(a: Busy, b: Busy) -> bool:
+    """Every field equal to the bit (arrays compared as their bytes, so -0.0 and nan count too)."""
+    arrays = all(np.array_equal(getattr(a, f).view(np.int64), getattr(b, f).view(np.int64)) for f in FIELDS)
+    return arrays and a.totals == b.totals
+
+
+def _reference(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[Busy, float]:
+    latest = max(float(knots[1::2].max(initial=0.0)), float(ends.max(initial=0.0)))
+    return Busy.of(knots[0::2], knots[1::2], starts, ends), latest
+
+
+def _stream(rng: random.Random, n: int, t: float, grid: float) -> list[tuple[float, float]]:
+    """n intervals of one in-order stream: back to back or gapped, some of no length; on a coarse grid (so that
+    streams start together and touch each other's ends) or not."""
+    out = []
+    for _ in range(n):
+        t += rng.choice([0.0, 0.0, rng.uniform(0, 2)])
+        length = rng.choice([0.0, rng.uniform(0, 3)])
+        if grid:
+            t, length = round(t / grid) * grid, round(length / grid) * grid
+        out.append((t, t + length))
+        t += length
+    return out
+
+
+def _timeline(rng: random.Random) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(knots, comm starts, comm ends, stream_ptr) of a timeline as the compiled scheduler records it."""
+    grid = rng.choice([0.0, 0.5])
+    compute = _stream(rng, rng.randint(0, 40), 0.0, grid)
+    streams = [_stream(rng, rng.randint(0, 25), rng.uniform(0, 5), grid) for _ in range(rng.randint(0, 5))]
+    knots = np.array([x for pair in compute for x in pair], dtype=float)
+    comm = [pair for own in streams for pair in own]
+    ptr = np.cumsum([0] + [len(own) for own in streams])
+    return knots, np.array([s for s, _ in comm], dtype=float), np.array([e for _, e in comm], dtype=float), ptr
+
+
+@pytest.mark.parametrize("n", [*range(0, 300), 1000, 1031, 4096, 10_007, 65_537])
+def test_pairwise_sum_is_numpys(n):
+    rng = np.random.default_rng(n)
+    values = rng.random(n) * 10.0 ** rng.integers(-9, 9, n)
+    assert 0.0 + _pairwise_sum(values) == values.sum()
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_timeline_in_order_prices_as_busy_of(seed):
+    knots, starts, ends, ptr = _timeline(random.Random(seed))
+    assert _ordered(knots, starts, ends, ptr)[-1]  # priced by the pass, not left to Busy.of
+    got, latest = ordered_busy(knots, starts, ends, ptr)
+    want, want_latest = _reference(knots, starts, ends)
+    assert _same(got, want) and latest == want_latest
+    assert got.knots is knots
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_a_timeline_out_of_order_is_left_to_busy_of(seed):
+    """A stream whose intervals do not rise, or compute intervals that overlap: the pass declines, Busy.of
+    prices them, with the same result as from the intervals in any order."""
+    rng = random.Random(seed)
+    knots, starts, ends, ptr = _timeline(rng)
+    if len(starts) > 1 and rng.random() < 0.5:
+        order = rng.sample(range(len(starts)), len(starts))
+        starts, ends = starts[order], ends[order]
+    elif len(knots) > 2:
+        knots = knots.copy()
+        knots[2] = knots[1] - 1.0  # the second interval starts before the first ends
+    got, latest = ordered_busy(knots, starts, ends, ptr)
+    want, want_latest = _reference(knots, starts, ends)
+    assert _same(got, want) and latest == want_latest
+
+
+def test_the_pass_declines_what_it_cannot_price_in_order():
+    knots = np.array([0.0, 2.0, 1.0, 3.0])  # overlapping compute
+    rising = np.array([0.0, 1.0]), np.array([0.5, 2.0]), np.array([0, 2])
+    assert not _ordered(knots, *rising)[-1]
+    knots = np.array([0.0, 1.0, 1.0, 3.0])
+    assert _ordered(knots, *rising)[-1]
+    assert not _ordered(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 2]))[-1]
+    assert _ordered(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 1, 2]))[-1]  # two streams
+    assert not _ordered(knots, np.array([0.0, 1.0]), np.array([np.nan, 2.0]), np.array([0, 2]))[-1]
+
+
+class _Recording(CompiledScheduler):
+    """Keeps the tables the kernel filled."""
+
+    def _schedules(self, t: kernel.EngineTables):
+        self.tables = t
+        return super()._schedules(t)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_class_busy_is_busy_of_its_intervals(case):
+    point = make_point(**CASES[case])
+    workload = SymbolicGenerator().generate(point)
+    scheduler = _Recording(workload, point.system)
+    schedules = scheduler.run()
+    t = scheduler.tables
+    streams = len(scheduler._planner.streams)
+    for r, sched in enumerate(schedules):
+        c0, c1 = 2 * t.compute_ptr[r], 2 * (t.compute_ptr[r] + t.compute_count[r])
+        m0, m1 = t.comm_ptr[r * streams], t.comm_ptr[(r + 1) * streams]
+        want, latest = _reference(t.compute_knots[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1])
+        assert sched.busy is not None and _same(sched.busy, want)
+        assert (sched.end_s, sched.compute_s, sched.comm_s, sched.exposed_comm_s) == (latest, *want.totals)

@@ -24,7 +24,7 @@ import time
 
 from dse import plugins
 from dse.point.points import assign, build_point, expand
-from dse.search.executor import tune_gc
+from dse.search.tuning import tune_process
 from dse.system import SystemSpec
 from simulators.analytical import AnalyticalCostModel
 from simulators.analytical.batch_structure import forget
@@ -88,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=30, help="systems priced point by point per grid")
     sample_size = parser.parse_args().sample
-    tune_gc()  # as in a study's evaluator actors
+    tune_process()  # as in a study's evaluator actors
     generator = plugins.generator("symbolic")
     label, base = next(iter(CONFIGURATIONS.items()))
     workload, systems = generator.generate(build_point(expand(base), "benchmark")), _systems(base, GRIDS[FIRST])

@@ -26,7 +26,7 @@ import time
 from dse import plugins
 from dse.point.evaluate import evaluate
 from dse.point.points import assign, build_point, expand
-from dse.search.executor import tune_gc
+from dse.search.tuning import tune_process
 from simulators.analytical import cost_model as analytical_cost_model
 
 BASE = {
@@ -81,7 +81,7 @@ def _on_system(raw: dict, hbm: float, ib: float, nvlink: float) -> dict:
 
 
 def main() -> None:
-    tune_gc()  # as in a study's evaluator actors
+    tune_process()  # as in a study's evaluator actors
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     plugins.objectives()  # found once per process (3-4 ms scanning entry points), like the two plugins above
     batch = list(points())
@@ -129,7 +129,7 @@ def main() -> None:
 
 def study() -> None:
     """The study-like sample's rate, in this (fresh) process."""
-    tune_gc()
+    tune_process()
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     plugins.objectives()
     sample = study_sample()

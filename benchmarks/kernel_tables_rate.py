@@ -19,7 +19,7 @@ from evaluate_rate import study_sample
 from dse import plugins
 from dse.point.evaluate import evaluate
 from dse.point.points import assign, build_point, expand
-from dse.search.executor import tune_gc
+from dse.search.tuning import tune_process
 from simulators.analytical.batch import price_many
 
 ROUNDS = 3
@@ -34,7 +34,7 @@ def with_source(point, source: str):
 
 def sample_rate(source: str) -> float:
     """The study-like sample's rate in this (fresh) process."""
-    tune_gc()
+    tune_process()
     generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
     plugins.objectives()
     sample = [with_source(point, source) for point in study_sample()]

@@ -126,8 +126,8 @@ sys.path.insert(0, %r)
 from evaluate_rate import study_sample
 from dse import plugins
 from dse.point.evaluate import evaluate
-from dse.search.executor import tune_gc
-tune_gc()
+from dse.search.tuning import tune_process
+tune_process()
 generator, cost_model = plugins.generator("symbolic"), plugins.cost_model("analytical")
 sample = study_sample()
 start = time.process_time()

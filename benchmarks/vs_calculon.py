@@ -50,7 +50,8 @@ from pathlib import Path
 
 from dse import lru, plugins
 from dse.point.points import build_point, expand
-from dse.search.executor import PluginEvaluation, tune_gc
+from dse.search.executor import PluginEvaluation
+from dse.search.tuning import tune_process
 from dse.spec import DesignPoint
 from dse.system import SystemSpec
 from simulators.analytical import AnalyticalCostModel
@@ -369,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error("--rounds: at least 1 (the first visit)")
-    tune_gc()  # as in a study's evaluator actors
+    tune_process()  # as in a study's evaluator actors
     loads = [os.getloadavg()]
     evaluation = PluginEvaluation("symbolic", "analytical")
     calculon = None if args.calculon is None else Calculon(args.calculon)

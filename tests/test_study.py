@@ -26,7 +26,6 @@ from dse.results.tracking import PARENT_RUN_ATTR, logged_trials
 from dse.search import study as studies
 from dse.search.executor import (
     FIRST_BATCH,
-    GC_THRESHOLDS,
     MAX_BATCH,
     NODE,
     QUEUED_BATCHES,
@@ -36,6 +35,7 @@ from dse.search.executor import (
 )
 from dse.search.space import load_study, optuna_distributions
 from dse.search.study import DUPLICATE_OF, POINT_KEY, REASON, RETRY_OF, RandomSampler, evaluations, open_study, run
+from dse.search.tuning import GC_THRESHOLDS
 from dse.spec import DesignPoint
 
 # The fakes below travel to Ray actors by value: actors cannot import this test module by name.

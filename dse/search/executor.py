@@ -7,7 +7,6 @@ retry a call themselves (max_task_retries=0): the pool runs a lost call's points
 restarted actor, and a point that kills its worker twice fails instead of taking the actor down for good.
 """
 
-import gc
 import logging
 import math
 import os
@@ -23,6 +22,7 @@ from typing import Any, Protocol
 from dse import plugins
 from dse.errors import DseError
 from dse.point.evaluate import evaluate
+from dse.search.tuning import tune_process
 from dse.spec import DesignPoint
 
 Result = dict[str, Any]
@@ -564,17 +564,6 @@ class RayExecutor:
             self._ray.shutdown()
 
 
-GC_THRESHOLDS = (50_000, 20, 20)
-"""The evaluator processes' garbage-collector thresholds. A workload is tens of thousands of small objects, nearly
-all freed by reference counting; with CPython's defaults (700, 10, 10) the cyclic collector still walks the whole
-heap, the plugins' caches included, every few evaluations: 13-16% of the CPU time of benchmarks/evaluate_rate.py,
-which applies the same thresholds."""
-
-
-def tune_gc() -> None:
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
 class Evaluator:
     """The actor: holds an evaluation function (and, through it, the resolved plugins and whatever they cache
     across points) for its lifetime, and tags each result with its node."""
@@ -582,7 +571,7 @@ class Evaluator:
     def __init__(self, fn: EvaluateFn) -> None:
         import ray
 
-        tune_gc()
+        tune_process()
         self._fn = fn
         self._node = ray.get_runtime_context().get_node_id()
 

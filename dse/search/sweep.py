@@ -18,11 +18,12 @@ import numpy as np
 import pyarrow as pa
 
 from dse.errors import DseError
-from dse.search.executor import connect, tune_gc
+from dse.search.executor import connect
 from dse.search.space import StudySpec
 from dse.search.sweep_grid import SweepGrid, Task
 from dse.search.sweep_parts import PartStore
 from dse.search.sweep_pricer import SweepPricer, failed_table
+from dse.search.tuning import tune_process
 
 FLUSH_S = 10.0
 """Seconds between parts written: what an outright kill can lose, and few enough files for a long sweep."""
@@ -66,7 +67,7 @@ class SweepActor:
     def __init__(self, spec_data: dict[str, Any], source: str) -> None:
         import ray
 
-        tune_gc()
+        tune_process()
         self._pricer = SweepPricer(spec_data, source, ray.get_runtime_context().get_node_id())
 
     def price(self, task: Task) -> pa.Table:

@@ -84,15 +84,14 @@ class Skeleton:
             distinct,
             np.array([place[source] for source in sources], dtype=np.intp),
         )
-        program.shape = skeleton.shape
+        program.calls, program.shape = skeleton.shape.program_calls(), skeleton.shape
         program.tensors = TableTensors(own, table, columns.bytes)
         return skeleton
 
     def fill(self, program: Program, nbytes: np.ndarray) -> None:
         """Make a program holding only its stage's fixed tensors run this skeleton's calls, its tensors sized by
         `nbytes` per source."""
-        program.calls = list(self.shape.calls)
-        program.shape = self.shape
+        program.calls, program.shape = self.shape.program_calls(), self.shape
         program.tensors = TableTensors(program.tensors, self.table, nbytes[self.source_of])
 
 

@@ -10,7 +10,7 @@ import pytest
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.compiled_engine import CompiledScheduler
-from simulators.analytical.intervals import Busy, _ordered, _pairwise_sum, ordered_busy
+from simulators.analytical.intervals import Busy, _ordered, ordered_busy, pairwise_sum
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES
 
@@ -57,7 +57,7 @@ def _timeline(rng: random.Random) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
 def test_pairwise_sum_is_numpys(n):
     rng = np.random.default_rng(n)
     values = rng.random(n) * 10.0 ** rng.integers(-9, 9, n)
-    assert 0.0 + _pairwise_sum(values) == values.sum()
+    assert 0.0 + pairwise_sum(values) == values.sum()
 
 
 @pytest.mark.parametrize("seed", range(200))

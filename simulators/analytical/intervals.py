@@ -162,10 +162,10 @@ def _ordered(
         return declined
     merged_starts, merged_ends = merged_starts[:count], merged_ends[:count]
     hidden = _hidden(knots, done, merged_starts, merged_ends)
-    comm = 0.0 + _pairwise_sum(merged_ends - merged_starts)
+    comm = 0.0 + pairwise_sum(merged_ends - merged_starts)
     exposed = comm
     if len(knots) and count:
-        exposed = comm - (0.0 + _pairwise_sum(hidden))
+        exposed = comm - (0.0 + pairwise_sum(hidden))
         exposed = exposed if exposed > 0.0 else 0.0
     last = knots[-1] if len(knots) and knots[-1] > 0.0 else 0.0
     if count and merged_ends[-1] > last:
@@ -278,11 +278,12 @@ def _hidden(knots: np.ndarray, done: np.ndarray, starts: np.ndarray, ends: np.nd
 
 
 @njit(cache=True)
-def _pairwise_sum(a: np.ndarray) -> float:
+def pairwise_sum(a: np.ndarray) -> float:
     """a.sum() as numpy adds it, less its initial 0.0 (np.add.reduce's pairwise_sum: eight running sums over
     blocks of up to 128 values, the sums of halves added above that; tests/test_compiled_busy.py checks it against
     the installed numpy). numpy recurses; numba segfaults loading a recursive function from its disk cache, so
-    the halves are walked with a stack (left half, right half, add)."""
+    the halves are walked with a stack (left half, right half, add). `steady`'s compiled windows call it: numba's
+    disk cache does not notice a change here in their cached code, so clear `__pycache__/*.nb*` after one."""
     if len(a) <= 128:
         return _block_sum(a, 0, len(a))
     frames = np.empty((64, 3), dtype=np.int64)  # (start, length, halves done); a 2**64-long array needs fewer

@@ -26,17 +26,22 @@ Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 from numba import njit
 
 from dse.system import SystemSpec
-from dse.workload import Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, call_reach, memoised
+from dse.workload import CallShape, Program, SteadyForm, Workload
+from simulators.analytical.calls import call_array, on_shape, shape_array
 from simulators.analytical.compiled_engine import CompiledScheduler
+from simulators.analytical.compiled_engine import _calls as compiled_calls
 from simulators.analytical.engine import ClassSchedule
+from simulators.analytical.intervals import pairwise_sum
+
+T = TypeVar("T")
 
 TOLERANCE_S = 1e-7
 """How far apart two times may be and still count as one period apart: repeats of one state a period apart add
@@ -88,28 +93,37 @@ def _extended(
         scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
         simulated[id(form.programs)] = scheduler, scheduler.run()
     scheduler, schedules = simulated[id(form.programs)]
+    shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
     for period in periods:
-        found = [_period(program, sched, period) for program, sched in zip(form.programs, schedules, strict=True)]
+        found = [
+            _period(program, shape, sched, period)
+            for program, shape, sched in zip(form.programs, shapes, schedules, strict=True)
+        ]
         if any(f is None for f in found):
             continue
         shifts = [f[0] for f in found]  # type: ignore[index]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
-        for index, (program, sched, (shift, first, calls)) in enumerate(
-            zip(form.programs, schedules, found, strict=True)  # type: ignore[arg-type]
+        costs = _Costs(scheduler)
+        for index, (program, shape, sched, (shift, first, calls)) in enumerate(
+            zip(form.programs, shapes, schedules, found, strict=True)  # type: ignore[arg-type]
         ):
             window = _window(sched, first, shift)
             if window is None:
                 break
-            categories = _period_categories(scheduler, index, program, sched, range(first, first + calls))
+            categories = costs.of_period(
+                index, _call_field(program, shape, "block"), sched, range(first, first + calls)
+            )
             extended.append(_extend(sched, shift, window, categories, form.repeats * form.period // period))
         else:
             return SteadySchedules(extended, form.programs)
     return None
 
 
-def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float, int, int] | None:
+def _period(
+    program: Program, shape: CallShape | None, sched: ClassSchedule, period: int
+) -> tuple[float, int, int] | None:
     """(the period's length, a call in the steady state, calls per period) for one stage, if its timeline shows
     one.
 
@@ -120,7 +134,7 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     of its calls reads back (a backward reads its forward's activations, a pipeline depth of periods earlier):
     a shorter run can be a transient that merely looks steady for a while. The call returned is one period into
     it, away from the warm-up."""
-    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    found = _kept(program, shape, ("steady.twins", period), lambda: _twins(program, period))
     if not found:
         return None
     distance, twin, middle = found
@@ -130,10 +144,22 @@ def _period(program: Program, sched: ClassSchedule, period: int) -> tuple[float,
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
     if lo < 0 or length <= 0:
         return None
-    depth = int(call_reach(program)[lo : hi + distance].max())
+    depth = int(_kept(program, shape, ("calls", "reach"), lambda: _reach(program))[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
     return length, lo + distance, distance
+
+
+def _reach(program: Program) -> np.ndarray:
+    """`calls.call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (on the
+    shape: walking the calls again cost 0.1 ms a program)."""
+    laid_out = compiled_calls(program)
+    counts, inputs = laid_out.input_counts, laid_out.inputs
+    reach = np.zeros(len(counts), dtype=np.intp)
+    reads = np.flatnonzero(counts)
+    if len(reads):
+        reach[reads] = reads - np.minimum.reduceat(inputs, (np.cumsum(counts) - counts)[reads])
+    return reach
 
 
 def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:
@@ -184,32 +210,168 @@ def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
+def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callable[[], T]) -> T:
+    """derive(), kept on the program's shape (checked by the caller) under `key`."""
+    return derive() if shape is None else on_shape(shape, key, lambda _: derive())
+
+
+def _call_field(program: Program, shape: CallShape | None, field: str) -> np.ndarray:
+    """`call_array` of a program whose shape the caller has checked."""
+    return call_array(program, field) if shape is None else shape_array(shape, field)
+
+
 def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
     """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
     the next period has the same."""
-    assert sched.busy is not None
+    busy = sched.busy
+    assert busy is not None
     lo = float(sched.call_start[first_call])
-    first, second = sched.busy.between(lo, lo + shift), sched.busy.between(lo + shift, lo + 2 * shift)
+    both = _windows(busy.knots, busy.done, busy.comm_starts, busy.comm_ends, busy.hidden, lo, shift)
+    first, second = both[:3], both[3:]
     if any(abs(a - b) > TOLERANCE_S for a, b in zip(first, second, strict=True)):
         return None
     return first
 
 
-def _period_categories(
-    scheduler: CompiledScheduler, index: int, program: Program, sched: ClassSchedule, calls: range
-) -> dict[str, float]:
-    """Busy seconds per category of one period's calls: their blocks' priced ops and their p2p transfers."""
-    block = call_array(program, "block")
-    names = list(scheduler._planner.categories)
-    plans = scheduler._block_plans[index]
-    totals: dict[str, float] = {}
-    for b in block[calls.start : calls.stop].tolist():
-        for category, seconds in plans[b].category_seconds:
-            totals[names[category]] = totals.get(names[category], 0.0) + seconds
-    for call, category, seconds in sched.transfers:
-        if call in calls:
-            totals[names[category]] = totals.get(names[category], 0.0) + seconds
-    return totals
+@njit(cache=True)
+def _windows(
+    knots: np.ndarray,
+    done: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    hidden: np.ndarray,
+    lo: float,
+    shift: float,
+) -> tuple[float, float, float, float, float, float]:
+    """`Busy.between(lo, lo + shift)` and `Busy.between(lo + shift, lo + 2 * shift)` of the Busy with these
+    fields, with its float operations (np.interp's, numpy's pairwise sums), in one call rather than four
+    `Busy._before`'s dozen numpy calls."""
+    a = _before(knots, done, comm_starts, comm_ends, hidden, lo)
+    b = _before(knots, done, comm_starts, comm_ends, hidden, lo + shift)
+    c = _before(knots, done, comm_starts, comm_ends, hidden, lo + 2 * shift)
+    first_comm, second_comm = b[1] - a[1], c[1] - b[1]
+    first_exposed, second_exposed = first_comm - (b[2] - a[2]), second_comm - (c[2] - b[2])
+    return (
+        b[0] - a[0],
+        first_comm,
+        first_exposed if first_exposed > 0.0 else 0.0,
+        c[0] - b[0],
+        second_comm,
+        second_exposed if second_exposed > 0.0 else 0.0,
+    )
+
+
+@njit(cache=True)
+def _before(
+    knots: np.ndarray, done: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, hidden: np.ndarray, t: float
+) -> tuple[float, float, float]:
+    """`Busy._before(t)`: compute, communication and hidden communication seconds before t."""
+    compute = _interp(t, knots, done) if len(knots) else 0.0
+    whole = np.searchsorted(comm_ends, t, side="right")
+    comm = 0.0 + pairwise_sum(comm_ends[:whole] - comm_starts[:whole])
+    covered = 0.0 + pairwise_sum(hidden[:whole])
+    if whole < len(comm_starts) and comm_starts[whole] < t:  # the one under way
+        start = comm_starts[whole]
+        comm += t - start
+        if len(knots):
+            covered += compute - _interp(start, knots, done)
+    return compute, comm, covered
+
+
+@njit(cache=True)
+def _interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """np.interp(x, xp, fp) for one x and rising xp: its search (the last knot at or before x) and its cases and
+    formula, its retries where the formula gives nan included."""
+    if np.isnan(x):
+        return x
+    j = np.searchsorted(xp, x, side="right") - 1
+    if j < 0:
+        return fp[0]
+    if j == len(xp) - 1 or xp[j] == x:
+        return fp[j]
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    value = slope * (x - xp[j]) + fp[j]
+    if np.isnan(value):
+        value = slope * (x - xp[j + 1]) + fp[j + 1]
+        if np.isnan(value) and fp[j] == fp[j + 1]:
+            value = fp[j]
+    return value
+
+
+class _Costs:
+    """Busy seconds per category of a period's calls, for the stages of one simulated form: every distinct plan's
+    category seconds laid out once as arrays (stages alike share plans), each period summed by a compiled loop."""
+
+    def __init__(self, scheduler: CompiledScheduler) -> None:
+        self._names = list(scheduler._planner.categories)
+        self._block_plans = scheduler._block_plans
+        number: dict[int, int] = {}
+        flat: list[tuple[int, float]] = []
+        ptr = [0]
+        self._plan_of: list[np.ndarray] = []
+        for plans in self._block_plans:
+            plan_of = np.zeros(1 + max(plans, default=0), dtype=np.int64)
+            for b, plan in plans.items():
+                if (k := number.get(id(plan))) is None:
+                    k = number[id(plan)] = len(ptr) - 1
+                    flat.extend(plan.category_seconds)
+                    ptr.append(len(flat))
+                plan_of[b] = k
+            self._plan_of.append(plan_of)
+        self._ptr = np.array(ptr, dtype=np.int64)
+        self._category = np.array([c for c, _ in flat], dtype=np.int64)
+        self._seconds = np.array([x for _, x in flat], dtype=float)
+
+    def of_period(self, index: int, blocks: np.ndarray, sched: ClassSchedule, calls: range) -> dict[str, float]:
+        """Busy seconds per category of stage `index`'s calls in `calls`: their blocks' priced ops, then their
+        p2p transfers, each category's seconds added in that order, from 0.0 (as a dict's running sums were)."""
+        totals = np.zeros(len(self._names))
+        seen = np.zeros(len(self._names), dtype=np.int64)
+        count = _add_plans(
+            blocks,
+            calls.start,
+            calls.stop,
+            self._plan_of[index],
+            self._ptr,
+            self._category,
+            self._seconds,
+            totals,
+            seen,
+        )
+        order, sums = seen[:count].tolist(), totals.tolist()
+        for call, category, seconds in sched.transfers:
+            if call in calls:
+                if category not in order:
+                    order.append(category)
+                sums[category] += seconds
+        return {self._names[c]: sums[c] for c in order}
+
+
+@njit(cache=True)
+def _add_plans(
+    blocks: np.ndarray,
+    lo: int,
+    hi: int,
+    plan_of: np.ndarray,
+    ptr: np.ndarray,
+    category: np.ndarray,
+    seconds: np.ndarray,
+    totals: np.ndarray,
+    seen: np.ndarray,
+) -> int:
+    """Adds the category seconds of calls lo..hi's plans into totals, call by call; lists in `seen` the categories
+    in the order they first appear, and returns how many."""
+    count = 0
+    listed = np.zeros(len(totals), dtype=np.bool_)
+    for c in range(lo, hi):
+        p = plan_of[blocks[c]]
+        for k in range(ptr[p], ptr[p + 1]):
+            totals[category[k]] += seconds[k]
+            if not listed[category[k]]:
+                listed[category[k]] = True
+                seen[count] = category[k]
+                count += 1
+    return count
 
 
 def _extend(

@@ -7,7 +7,7 @@ from dse.workload import NO_CALL, TableTensors, Tensor, TensorKind, tensor_colum
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import skeleton as module
 from simulators.analytical import AnalyticalCostModel, cost_model
-from simulators.analytical.compiled_engine import _calls
+from simulators.analytical.compiled_engine import call_arrays
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
@@ -24,7 +24,7 @@ def _fresh(calls) -> tuple[np.ndarray, ...]:
 
 
 def _arrays(program) -> tuple[np.ndarray, ...]:
-    kept = _calls(program)
+    kept = call_arrays(program)
     return kept.blocks, kept.tags, kept.input_counts, kept.inputs
 
 
@@ -34,8 +34,8 @@ def test_the_call_arrays_kept_on_the_shape_equal_fresh_ones():
     second = SymbolicGenerator().generate(make_point(recompute="full", **SHAPE))
     for a, b in zip(first.programs, second.programs, strict=True):
         assert a.shape is b.shape and b.call_shape() is b.shape
-        kept = _calls(a)
-        assert _calls(b) is kept  # the second point reads the first one's
+        kept = call_arrays(a)
+        assert call_arrays(b) is kept  # the second point reads the first one's
         assert all(np.array_equal(x, y) for x, y in zip(_arrays(b), _fresh(b.calls), strict=True))
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import plans, pricing
-from simulators.analytical.compiled_engine import _calls
+from simulators.analytical.compiled_engine import call_arrays
 from simulators.analytical.plans import Planner
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES
@@ -32,7 +32,7 @@ def _snapshot(planner: Planner, workload) -> tuple:
     first: dict[int, int] = {}
     rows = []
     for index, program in enumerate(workload.programs):
-        for block in _calls(program).used:
+        for block in call_arrays(program).used:
             plan = planner.plan(block, index)
             shared = first.setdefault(id(plan), len(rows))
             rows.append((block, index, plan.ops, plan.output, plan.category_seconds, sorted(plan.categories), shared))

@@ -6,7 +6,9 @@ engine and transposed into op rows, once per distinct plan; what the calls decid
 is read from arrays kept on the program's `CallShape`, and laid out per call by one compiled pass
 (`_lay_out_calls`). The kernel then schedules every op, recording each class's busy intervals in the order its
 streams run them and its transfers per class, so that its busy time (`intervals.ordered_busy`) and its transfers
-need no sorting. A deadlock (a generator bug) is left to the interpreted engine, which names the ops that wait.
+need no sorting; it lays out the later calls of a layer run by shift once one repeats the call before (its
+fast-forward, on unless asked off: then the schedules are the interpreted engine's to the bit). A deadlock (a
+generator bug) is left to the interpreted engine, which names the ops that wait.
 """
 
 from dataclasses import dataclass
@@ -30,16 +32,19 @@ class CompiledScheduler:
     """`engine._Scheduler` without a timeline, with its loop compiled; the same schedules, plus each class's busy
     intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`)."""
 
-    def __init__(self, workload: Workload, system: SystemSpec) -> None:
+    def __init__(self, workload: Workload, system: SystemSpec, fast_forward: bool = True) -> None:
         self._workload = workload
         self._system = system
+        self._fast_forward = fast_forward
+        """Lay out a layer run's calls by shift once one repeats the call before (`engine_kernel.drive`); off, the
+        schedules are the interpreted engine's to the bit."""
         self._planner = Planner(workload, system, fuse=True)
         self._block_plans: list[dict[int, Plan]] = []
         """Per program, the plan of every block it calls."""
 
     def run(self) -> list[ClassSchedule]:
         programs = self._workload.programs
-        calls = [_calls(program) for program in programs]
+        calls = [call_arrays(program) for program in programs]
         self._block_plans = [{b: self._planner.plan(b, index) for b in own.used} for index, own in enumerate(calls)]
         tables = _Layout(self, calls).tables()
         kernel.drive(tables)
@@ -93,7 +98,7 @@ def _spans(ptr: np.ndarray, count: np.ndarray | None = None) -> tuple[list[int],
 
 
 @dataclass(frozen=True, slots=True)
-class _Calls:
+class CallArrays:
     """What the kernel reads of a program's calls, derived once per CallShape (one check that the shape still holds
     the calls, not one per array)."""
 
@@ -106,11 +111,11 @@ class _Calls:
     """The blocks the program calls, sorted."""
 
 
-def _calls(program: Program) -> _Calls:
-    def derive(calls) -> _Calls:
+def call_arrays(program: Program) -> CallArrays:
+    def derive(calls) -> CallArrays:
         blocks = np.fromiter((call.block for call in calls), _INT, len(calls))
         counts = np.fromiter(map(len, (call.inputs for call in calls)), _INT, len(calls))
-        return _Calls(
+        return CallArrays(
             blocks=blocks,
             tags=np.fromiter((call.tag for call in calls), _INT, len(calls)),
             input_counts=counts,
@@ -156,7 +161,7 @@ class _PerPlan:
 class _Layout:
     """The kernel's arrays for one point's programs and plans."""
 
-    def __init__(self, scheduler: CompiledScheduler, calls: list[_Calls]) -> None:
+    def __init__(self, scheduler: CompiledScheduler, calls: list[CallArrays]) -> None:
         self._scheduler = scheduler
         self._calls = calls
         self._plans: list[Plan] = []
@@ -195,17 +200,23 @@ class _Layout:
             _joined([own.tags for own in calls]),
         )
         input_ptr = _ptr_of(_joined([own.input_counts for own in calls]))
+        inputs = _joined([own.inputs for own in calls])
+        if scheduler._fast_forward:
+            run_last = _layer_runs(base, call_plan, input_ptr, inputs, per_plan.mails, np.diff(ops["p_op_ptr"]))
+        else:
+            run_last = np.full(len(call_plan), -1, dtype=_INT)
         moved = len(mailbox)
         mailboxes = int(mailbox.max(initial=-1)) + 1
         streams = len(scheduler._planner.streams)
-        counters = np.zeros(3, dtype=_INT)
+        counters = np.zeros(4, dtype=_INT)
         counters[kernel.RING_TAIL] = runs  # every run starts queued
         return kernel.EngineTables(
             **ops,
             base=base,
             call_plan=call_plan,
+            run_last=run_last,
             input_ptr=input_ptr,
-            inputs=_joined([own.inputs for own in calls]),
+            inputs=inputs,
             mail_ptr=mail_ptr,
             mailbox=mailbox,
             stream_end=np.zeros((runs, streams)),
@@ -354,6 +365,32 @@ def _lay_out_calls(
             number += 1
         mailbox[order[i]] = number
     return call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox
+
+
+@njit(cache=True)
+def _layer_runs(
+    base: np.ndarray,
+    call_plan: np.ndarray,
+    input_ptr: np.ndarray,
+    inputs: np.ndarray,
+    p_mails: np.ndarray,
+    p_ops: np.ndarray,
+) -> np.ndarray:
+    """`EngineTables.run_last`: per call that continues a layer run, the run's last call, else -1. A call continues
+    one when the call before has its plan, it reads that call's output, and its plan has ops and no p2p op (whose
+    time would depend on another program): such a call's times follow from the streams it touches, the call
+    before's output end and its other inputs' (a backward layer's activations), so once one repeats the call
+    before shifted and the other inputs are ready by then (`engine_kernel.drive` checks), the rest do."""
+    run_last = np.full(len(call_plan), -1, dtype=np.int64)
+    for r in range(len(base) - 1):
+        for c in range(base[r + 1] - 1, base[r], -1):  # backwards: a call's run ends where the next call's does
+            p = call_plan[c]
+            reads = False
+            for k in range(input_ptr[c], input_ptr[c + 1]):
+                reads = reads or inputs[k] == c - 1 - base[r]
+            if reads and call_plan[c - 1] == p and p_mails[p] == 0 and p_ops[p] > 0:
+                run_last[c] = run_last[c + 1] if c + 1 < base[r + 1] and run_last[c + 1] >= 0 else c
+    return run_last
 
 
 def _per_plan(values: tuple, lengths: np.ndarray) -> list[tuple]:

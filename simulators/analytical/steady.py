@@ -36,8 +36,7 @@ from numba import njit
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, on_shape, shape_array
-from simulators.analytical.compiled_engine import CompiledScheduler
-from simulators.analytical.compiled_engine import _calls as compiled_calls
+from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.intervals import pairwise_sum
 
@@ -153,7 +152,7 @@ def _period(
 def _reach(program: Program) -> np.ndarray:
     """`calls.call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (on the
     shape: walking the calls again cost 0.1 ms a program)."""
-    laid_out = compiled_calls(program)
+    laid_out = call_arrays(program)
     counts, inputs = laid_out.input_counts, laid_out.inputs
     reach = np.zeros(len(counts), dtype=np.intp)
     reads = np.flatnonzero(counts)

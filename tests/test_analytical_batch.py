@@ -175,22 +175,3 @@ def test_a_workload_priced_again_reuses_its_recorded_structure_unless_it_changed
     first, again = (price_many(workload, systems) for _ in range(2))
     for a, b in zip(first, again, strict=True):
         assert a == b
-
-
-def test_the_longest_steady_run_is_found_per_system_as_the_per_point_search_finds_it():
-    """`batch_steady._longest_runs` finds every system's period window at once; `steady` takes the first longest
-    run of one timeline."""
-    import numpy as np
-
-    from simulators.analytical.batch_steady import _longest_runs
-    from simulators.analytical.steady import _runs
-
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        flags = rng.random((int(rng.integers(1, 40)), int(rng.integers(1, 8)))) < rng.random()
-        lo, hi, found = _longest_runs(flags)
-        for system in range(flags.shape[1]):
-            runs = _runs(flags[:, system])
-            assert found[system] == bool(runs)
-            if runs:
-                assert (lo[system], hi[system]) == max(runs, key=lambda run: run[1] - run[0])

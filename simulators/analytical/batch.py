@@ -38,16 +38,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dse.errors import InfeasibleError
+from dse.fields import GiB
 from dse.interfaces import ClassResult, SimResult
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.tables.deepep import exchange_tables
 from dse.tables.nccl import node_tables
 from dse.workload import SteadyForm, Workload
+from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
 from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
 from simulators.analytical.batch_structure import Reads, structure
-from simulators.analytical.memory import Liveness, with_runtime_reserve
+from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness
 from simulators.analytical.steady import forms
 from simulators.analytical.tape import Tape
 
@@ -88,11 +91,18 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
     classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
     for members in shapes.values():  # which dimensions a group or a send spans: the tape's decisions
         timings: dict[tuple[str, str], int] = {}
-        timing_of = [timings.setdefault(_timing_key(systems[i]), len(timings)) for i in members]
-        distinct = [systems[members[timing_of.index(t)]] for t in range(len(timings))]
-        figures = _price_timings(workload, distinct, list(timings))
-        for index, timing in zip(members, timing_of, strict=True):
-            out[index] = _result(classes_of, figures[timing], systems[index])
+        firsts: list[int] = []  # per distinct timing, the first member that has it
+        timing_of = []
+        for index in members:
+            key = _timing_key(systems[index])
+            if (timing := timings.get(key)) is None:
+                timing = timings[key] = len(firsts)
+                firsts.append(index)
+            timing_of.append(timing)
+        figures = _price_timings(workload, [systems[i] for i in firsts], list(timings))
+        chosen = [systems[i] for i in members]
+        for index, result in zip(members, _results(classes_of, figures, chosen, np.array(timing_of)), strict=True):
+            out[index] = result
     return out  # type: ignore[return-value]
 
 
@@ -106,7 +116,26 @@ def too_small(workload: Workload, system: SystemSpec) -> InfeasibleError | None:
     )
 
 
+_TIMING_KEYS: ByteBoundedLru[int, tuple[SystemSpec, tuple[str, str]]] = ByteBoundedLru(
+    "timing keys", 16 * MIB, lambda entry: 200 + len(entry[1][0]) + len(entry[1][1])
+)
+"""Each system's timing key by its identity (the system kept with it, so that the id stays its): a sweep prices
+every structure on the same system objects (`dse.search.sweep_pricer` decodes each once per process), and the key's
+JSON is most of a kept batch's Python per system (30 of 40 us on a DGX H100). Specs are frozen, so an object's key
+does not change. About 6 KB an entry: 16 MiB keeps some 2,700 systems."""
+
+
 def _timing_key(system: SystemSpec) -> tuple[str, str]:
+    """What every op duration depends on (`_timing_text`), kept per system object."""
+    found = _TIMING_KEYS.get(id(system))
+    if found is not None and found[0] is system:
+        return found[1]
+    key = _timing_text(system)
+    _TIMING_KEYS.put(id(system), (system, key))
+    return key
+
+
+def _timing_text(system: SystemSpec) -> tuple[str, str]:
     """What every op duration depends on: the accelerator's speeds and kernel tables (its collection names the GEMM,
     attention and fused-MoE tables that price compute), and the network with the NCCL tables that price the
     collectives within a node (`network.within_node`) and the DeepEP tables that price MoE all-to-alls."""
@@ -122,38 +151,95 @@ def _timing_key(system: SystemSpec) -> tuple[str, str]:
 
 @dataclass(slots=True)
 class _Figures:
-    """One rank class's figures on one system, before the accelerator's corrections."""
+    """One rank class's figures on many systems (one per distinct timing), before the accelerator's corrections:
+    arrays and lists by system, so that the corrections run over arrays (`_results`) and no object is made per
+    system before its ClassResult."""
 
-    end: float
-    compute: float
-    comm: float
-    exposed: float
-    categories: dict[str, float]
-    peak: tuple[float, dict[str, float]]
+    end: np.ndarray
+    compute: np.ndarray
+    comm: np.ndarray
+    exposed: np.ndarray
+    names: list[list[str]]
+    """Per system, its categories' names (one list shared by a chunk's systems)."""
+    seconds: list[list[float]]
+    """Per system, its busy seconds in each category of `names`."""
+    peaks: list[tuple[float, dict[str, float]]]
+    """Per system, its peak bytes and their breakdown (systems whose sweeps agree share one)."""
+
+    @classmethod
+    def empty(cls, systems: int) -> "_Figures":
+        nothing: list = [None] * systems
+        return cls(*(np.zeros(systems) for _ in range(4)), list(nothing), list(nothing), list(nothing))
+
+    @classmethod
+    def joined(cls, parts: "list[_Figures]") -> "_Figures":
+        """The figures of every part's systems, in turn."""
+        if len(parts) == 1:
+            return parts[0]
+        arrays = [
+            np.concatenate([getattr(part, name) for part in parts]) for name in ("end", "compute", "comm", "exposed")
+        ]
+        return cls(
+            *arrays,
+            [n for part in parts for n in part.names],
+            [s for part in parts for s in part.seconds],
+            [p for part in parts for p in part.peaks],
+        )
+
+    def put(self, at: list[int], figures: "_Figures") -> None:
+        """Write `figures` (of as many systems as `at` holds) at those systems."""
+        where = np.array(at, dtype=np.intp)
+        self.end[where], self.compute[where] = figures.end, figures.compute
+        self.comm[where], self.exposed[where] = figures.comm, figures.exposed
+        for k, index in enumerate(at):
+            self.names[index], self.seconds[index] = figures.names[k], figures.seconds[k]
+            self.peaks[index] = figures.peaks[k]
 
 
-def _result(classes_of: list[tuple[str, int]], figures: list[_Figures], system: SystemSpec) -> SimResult:
-    """The per-point SimResult (`cost_model.AnalyticalCostModel._simulate`) from one system's figures;
-    classes_of: each rank class's name and rank count."""
-    accelerator = system.accelerator
-    classes = []
+def _results(
+    classes_of: list[tuple[str, int]], figures: list[_Figures], systems: list[SystemSpec], timing_of: np.ndarray
+) -> list[SimResult]:
+    """Each system's SimResult (`cost_model.AnalyticalCostModel._simulate`) from its timing's figures (timing_of:
+    per system, its row of the figures); classes_of: each rank class's name and rank count. The accelerator's
+    corrections (the overlap slowdown, `memory.with_runtime_reserve`) run over arrays of systems, each float
+    operation the one the per-system code makes."""
+    accelerators = [system.accelerator for system in systems]
+    slowdown = np.array([accelerator.overlap_slowdown for accelerator in accelerators], dtype=float)
+    reserve = np.array([accelerator.runtime_reserve_GiB for accelerator in accelerators], dtype=float) * GiB
+    fragmentation = np.array([accelerator.fragmentation for accelerator in accelerators], dtype=float)
+    reserves = reserve.tolist()
+    columns = []
     for (name, count), own in zip(classes_of, figures, strict=True):
-        slowed = accelerator.overlap_slowdown * (own.comm - own.exposed)
-        at_peak = dict(own.peak[1])
-        classes.append(
-            ClassResult(
-                name=name,
-                ranks=count,
-                end_s=own.end + slowed,
-                compute_s=own.compute + slowed,
-                comm_s=own.comm,
-                exposed_comm_s=own.exposed,
-                peak_memory_bytes=with_runtime_reserve(own.peak[0], at_peak, accelerator),
-                memory_at_peak=at_peak,
-                time_by_category=dict(own.categories),
+        comm, exposed = own.comm[timing_of], own.exposed[timing_of]
+        slowed = slowdown * (comm - exposed)
+        peak = np.array([own.peaks[t][0] for t in timing_of.tolist()], dtype=float)
+        fragments = fragmentation * peak
+        columns.append(
+            (
+                name,
+                count,
+                (own.end[timing_of] + slowed).tolist(),
+                (own.compute[timing_of] + slowed).tolist(),
+                comm.tolist(),
+                exposed.tolist(),
+                (peak + reserve + fragments).tolist(),
+                fragments.tolist(),
+                own,
             )
         )
-    return SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes)
+    out = []
+    for k, timing in enumerate(timing_of.tolist()):
+        classes = []
+        for name, count, end, compute, comm, exposed, peak, fragments, own in columns:
+            at_peak = dict(own.peaks[timing][1])
+            at_peak[RESERVE] = reserves[k]
+            at_peak[FRAGMENTATION] = fragments[k]
+            categories = dict(zip(own.names[timing], own.seconds[timing], strict=True))
+            classes.append(
+                ClassResult(name, count, end[k], compute[k], comm[k], exposed[k], peak[k], at_peak, categories)
+            )
+        out.append(SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes))
+    return out
 
 
 @dataclass(slots=True)
@@ -173,11 +259,9 @@ class _Room:
         return self.values
 
 
-def _price_timings(
-    workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]
-) -> list[list[_Figures]]:
-    """Per system (of one network shape, each of a distinct timing: `timings`, their `_timing_key`s), per rank
-    class, its figures.
+def _price_timings(workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]) -> list[_Figures]:
+    """Per rank class, its figures on each system (of one network shape, each of a distinct timing: `timings`,
+    their `_timing_key`s).
 
     A workload with a steady form is evaluated on its shorter step and extended by its period (`batch_steady`);
     the systems whose timelines do not show it are evaluated on the longer form (built only then), once for all of
@@ -187,24 +271,24 @@ def _price_timings(
     room = _Room()
     if form is None or not SteadyForm.holds(workload.programs):
         return _evaluate(workload, systems, timings, room)[0]
-    out: list[list[_Figures]] = [[] for _ in systems]
+    out = [_Figures.empty(len(systems)) for _ in workload.programs]
     left = list(range(len(systems)))
     for steady, periods in forms(form):
         evaluated = replace(workload, programs=steady.programs, steady=None)
         figures, redo = _evaluate(
             evaluated, [systems[i] for i in left], [timings[i] for i in left], room, steady, periods
         )
-        for at, own in zip(left, figures, strict=True):
-            out[at] = own
+        for whole, own in zip(out, figures, strict=True):
+            whole.put(left, own)
         left = [left[i] for i in redo]
         if not left:
             break
     if left:  # not periodic on these systems: the whole step, as the per-point path prices it then
-        whole, _ = _evaluate(
+        figures, _ = _evaluate(
             replace(workload, steady=None), [systems[i] for i in left], [timings[i] for i in left], room
         )
-        for at, own in zip(left, whole, strict=True):
-            out[at] = own
+        for whole, own in zip(out, figures, strict=True):
+            whole.put(left, own)
     return out
 
 
@@ -215,38 +299,35 @@ def _evaluate(
     room: _Room,
     form: SteadyForm | None = None,
     periods: Sequence[int] = (),
-) -> tuple[list[list[_Figures]], list[int]]:
-    """Per system, per rank class, the figures of `evaluated`'s step; with a steady form (whose programs those are),
-    extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
+) -> tuple[list[_Figures], list[int]]:
+    """Per rank class, its figures of `evaluated`'s step on each system; with a steady form (whose programs those
+    are), extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
     figures are meaningless). room: where the chunks' values are evaluated, shared with the call's other forms."""
     built = structure(evaluated, systems[0])
     tape, program, spans, reads, liveness = built.tape, built.program, built.spans, built.reads, built.liveness
-    ordered = False
-    out: list[list[_Figures]] = []
+    ordered: list[Spans] | None = None  # the spans in the first system's order, once its values are known
+    parts: list[list[_Figures]] = [[] for _ in tape.classes]
     redo: list[int] = []
     every = durations_of(evaluated, tape, systems, timings)
     chunks = _chunks(len(systems), program.size)
     values_room = room.of(program.size * max(int(c[-1] - c[0]) for c in chunks))  # every chunk's values, in turn
+    counted = [_Counted.of(tape, c) for c in range(len(tape.classes))]
     for bounds in chunks:
         lo, hi = int(bounds[0]), int(bounds[-1])
-        part = systems[lo:hi]
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
         priced = Priced(durations, every.plan_categories[:, :, lo:hi])
         values = program.evaluate(durations, values_room)
-        if not ordered:
-            spans = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
-            ordered = True
+        if ordered is None:
+            ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
         stages = [
-            _stage(evaluated, tape, c, spans[c], reads[c], values, priced, periods, bounds - lo)
+            _stage(evaluated, tape, c, ordered[c], reads[c], values, priced, periods, bounds - lo)
             for c in range(len(tape.classes))
         ]
-        extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(len(part), dtype=bool))
-        by_class = [
-            _figures_of(tape, c, stage, liveness[c], extensions[c] if form else None) for c, stage in enumerate(stages)
-        ]
-        out.extend(map(list, zip(*by_class, strict=True)))
-        redo.extend(lo + i for i in np.flatnonzero(~valid))
-    return out, redo
+        extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(hi - lo, dtype=bool))
+        for c, stage in enumerate(stages):
+            parts[c].append(_figures_of(counted[c], stage, liveness[c], extensions[c] if form else None))
+        redo.extend(lo + i for i in np.flatnonzero(~valid).tolist())
+    return [_Figures.joined(own) for own in parts], redo
 
 
 def _chunks(systems: int, rows: int) -> list[np.ndarray]:
@@ -283,9 +364,9 @@ def _stage(
     blocks: np.ndarray,
 ) -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values (the program's rows x systems);
-    spans and reads: its busy intervals and the rows its figures read; periods: the steady form's periods tried,
-    if the step is a steady form (one busy measurement serves them all); blocks: the chunk's blocks (`_chunks`), from
-    its first system."""
+    spans and reads: its busy intervals (`batch_busy.Spans.ordered`) and the rows its figures read; periods: the
+    steady form's periods tried, if the step is a steady form (one busy measurement serves them all); blocks: the
+    chunk's blocks (`_chunks`), from its first system."""
     recorded = tape.classes[rank_class]
     program = workload.programs[rank_class]
     call_start, call_end = values[reads.call_start], values[reads.call_end]
@@ -310,55 +391,59 @@ def _stage(
     )
 
 
-def _figures_of(
-    tape: Tape,
-    rank_class: int,
-    stage: StageArrays,
-    liveness: Liveness,
-    extension: Extension | None,
-) -> list[_Figures]:
+@dataclass(frozen=True, slots=True)
+class _Counted:
+    """What one rank class's figures read of its tape whatever the systems: how many calls run each plan, and the
+    categories its plans use (in the tape's order) with their names."""
+
+    counts: np.ndarray
+    used: list[int]
+    names: list[str]
+
+    @classmethod
+    def of(cls, tape: Tape, rank_class: int) -> "_Counted":
+        recorded = tape.classes[rank_class]
+        counts = np.bincount(recorded.priced, minlength=len(tape.plans)).astype(float)
+        used = sorted(set().union(*(tape.plans[p].categories for p in np.unique(recorded.priced).tolist())))
+        return cls(counts, used, [tape.categories[i] for i in used])
+
+
+def _figures_of(counted: _Counted, stage: StageArrays, liveness: Liveness, extension: Extension | None) -> _Figures:
     """One rank class's figures on every system of a chunk."""
-    recorded = tape.classes[rank_class]
     end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
     compute, comm, exposed = stage.busy
-    counts = np.bincount(stage.plan_of_call, minlength=len(tape.plans)).astype(float)
-    by_category = np.tensordot(counts, stage.plan_categories, axes=1)
+    by_category = np.tensordot(counted.counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers
     if len(calls):
-        np.add.at(by_category, categories, seconds)
+        batch_kernels.add_rows(by_category, categories, seconds)
     if extension is not None:
         end = end + extension.end
         compute, comm, exposed = compute + extension.compute, comm + extension.comm, exposed + extension.exposed
         by_category = by_category + extension.categories
-    used = sorted(set().union(*(tape.plans[p].categories for p in np.unique(recorded.priced).tolist())))
-    peaks = _peaks(liveness, liveness.times(stage.call_start, stage.call_end))
-    names = [tape.categories[i] for i in used]
-    per_system = by_category[used].T.tolist()  # Python floats: one conversion for the chunk, not one per figure
+    systems = len(end)
+    return _Figures(
+        end=end,
+        compute=compute,
+        comm=comm,
+        exposed=exposed,
+        names=[counted.names] * systems,
+        seconds=by_category[counted.used].T.tolist(),  # Python floats: one conversion for the chunk
+        peaks=_peaks(liveness, stage.call_start, stage.call_end),
+    )
+
+
+def _peaks(liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray) -> list[tuple[float, dict[str, float]]]:
+    """Peak memory and its breakdown per system (call_start, call_end: calls x systems). Systems whose events sort
+    as the first system's share its sweep (`batch_kernels.keeps_order` checks them); another is swept on its own."""
+    systems = call_start.shape[1]
+    if not len(liveness.deltas):
+        return [liveness.peak(np.zeros(0))] * systems
+    times = liveness.times(call_start[:, 0], call_end[:, 0])
+    order = liveness.order(times)
+    first = liveness.peak(times, order)
+    allocates = (liveness.deltas > 0)[order]
+    keeps = batch_kernels.keeps_order(call_start, call_end, liveness.at_start, liveness.at_end, order, allocates)
     return [
-        _Figures(
-            end=own_end,
-            compute=own_compute,
-            comm=own_comm,
-            exposed=own_exposed,
-            categories=dict(zip(names, own_seconds, strict=True)),
-            peak=peak,
-        )
-        for own_end, own_compute, own_comm, own_exposed, own_seconds, peak in zip(
-            end.tolist(), compute.tolist(), comm.tolist(), exposed.tolist(), per_system, peaks, strict=True
-        )
+        first if keep else liveness.peak(liveness.times(call_start[:, s], call_end[:, s]))
+        for s, keep in enumerate(keeps.tolist())
     ]
-
-
-def _peaks(liveness: Liveness, times: np.ndarray) -> list[tuple[float, dict[str, float]]]:
-    """Peak memory and its breakdown per system (times: events x systems). Systems whose events sort as the first
-    system's share its sweep; another is swept on its own."""
-    if not len(times):
-        return [liveness.peak(np.zeros(0))] * times.shape[1]
-    order = liveness.order(times[:, 0])
-    first = liveness.peak(times[:, 0], order)
-    when = np.round(times[order], 9)
-    allocates = (liveness.deltas > 0)[order][:, None]
-    later = when[1:] > when[:-1]
-    tied = (when[1:] == when[:-1]) & (allocates[1:] >= allocates[:-1])
-    keeps = (later | tied).all(axis=0)
-    return [first if keeps[s] else liveness.peak(times[:, s]) for s in range(times.shape[1])]

@@ -213,3 +213,82 @@ def _sift(row: np.ndarray, at: int, count: int) -> None:
         row[at] = row[child]
         at = child
     row[at] = item
+
+
+@njit(cache=True)
+def longest_steady(
+    twin: np.ndarray, start: np.ndarray, end: np.ndarray, distance: int, middle: int, tolerance: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per system (start, end: calls x systems), the period's length (start[middle + distance] - start[middle])
+    and [lo, hi) of the first longest run of `twin` calls that recur `distance` calls later with their start and
+    end one length later, within `tolerance` (hi == lo: none). One pass over the calls, the systems inner, with the
+    float operations of the arrays this replaces (end there - end here - length, in that order)."""
+    systems = start.shape[1]
+    length = np.empty(systems)
+    for s in range(systems):
+        length[s] = start[middle + distance, s] - start[middle, s]
+    lo = np.zeros(systems, dtype=np.intp)
+    hi = np.zeros(systems, dtype=np.intp)
+    run = np.full(systems, -1, dtype=np.intp)  # where each system's current run started, -1 outside one
+    calls = len(twin)
+    for i in range(calls + 1):
+        recurs = i < calls and twin[i]
+        for s in range(systems):
+            steady = False
+            if recurs:
+                shift = start[i + distance, s] - start[i, s]
+                steady = (
+                    abs(shift - length[s]) <= tolerance
+                    and abs(end[i + distance, s] - end[i, s] - length[s]) <= tolerance
+                )
+            if steady:
+                if run[s] < 0:
+                    run[s] = i
+            elif run[s] >= 0:
+                if i - run[s] > hi[s] - lo[s]:  # strictly longer: the earliest of equal runs stays
+                    lo[s], hi[s] = run[s], i
+                run[s] = -1
+    return length, lo, hi
+
+
+@njit(cache=True)
+def keeps_order(
+    call_start: np.ndarray,
+    call_end: np.ndarray,
+    at_start: np.ndarray,
+    at_end: np.ndarray,
+    order: np.ndarray,
+    allocates: np.ndarray,
+) -> np.ndarray:
+    """Per system (call_start, call_end: calls x systems), whether its memory events, taken in `order`, are in
+    sweep order (`memory.Liveness.order`): each event's time (its call's start or end, `Liveness.times`; 0 for
+    neither) rounded to 9 decimals as np.round rounds (rint(t * 1e9) / 1e9) is after the previous one's, or equal
+    with an allocation not before a free (allocates: per event in order)."""
+    systems = call_start.shape[1]
+    keeps = np.ones(systems, dtype=np.bool_)
+    previous = np.empty(systems)
+    for k in range(len(order)):
+        event = order[k]
+        a, e = at_start[event], at_end[event]
+        not_before = k > 0 and allocates[k] >= allocates[k - 1]
+        for s in range(systems):
+            t = 0.0
+            if a >= 0:
+                t = call_start[a, s]
+            if e >= 0:
+                t = call_end[e, s]
+            when = np.rint(t * 1e9) / 1e9
+            if k > 0 and not (when > previous[s] or (when == previous[s] and not_before)):
+                keeps[s] = False
+            previous[s] = when
+    return keeps
+
+
+@njit(cache=True)
+def add_rows(out: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+    """np.add.at(out, rows, values) for a 2-D out: values' k-th row added to out's row rows[k], in order of k (as
+    add.at adds a repeated row), without add.at's per-call cost (which is most of it on a few hundred rows)."""
+    for k in range(len(rows)):
+        row = rows[k]
+        for s in range(out.shape[1]):
+            out[row, s] += values[k, s]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dse.workload import Program, SteadyForm
+from simulators.analytical import batch_kernels
 from simulators.analytical.calls import call_reach, memoised
 from simulators.analytical.steady import TOLERANCE_S, _twins
 
@@ -124,16 +125,8 @@ def _period(
     if not found:
         return np.zeros(systems), np.zeros(systems, dtype=np.intp), np.zeros(systems, dtype=bool)
     distance, twin, middle = found
-    here, there = slice(0, len(twin)), slice(distance, len(twin) + distance)
-    shift = call_start[there] - call_start[here]
-    length = shift[middle].copy()
-    steady = (
-        twin[:, None]
-        & (np.abs(shift - length) <= TOLERANCE_S)
-        & (np.abs(call_end[there] - call_end[here] - length) <= TOLERANCE_S)
-    )
-    lo, hi, ok = _longest_runs(steady)
-    ok &= length > 0
+    length, lo, hi = batch_kernels.longest_steady(twin, call_start, call_end, distance, middle, TOLERANCE_S)
+    ok = (hi > lo) & (length > 0)
     first = lo + distance
     found_in = np.flatnonzero(ok)
     if len(found_in):  # most systems find the same window: each distinct one checked once
@@ -142,26 +135,6 @@ def _period(
         long_enough = [b - a >= max(int(reach[a : b + distance].max()), 2 * distance) for a, b in windows.tolist()]
         ok[found_in] = np.array(long_enough, dtype=bool)[which.ravel()]
     return length, first, ok
-
-
-def _longest_runs(flags: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per column of `flags` (rows x columns), [lo, hi) of its first longest run of True (`steady._runs`, the
-    longest by `max`), and whether it has one."""
-    rows, columns = flags.shape
-    lo, hi = np.zeros(columns, dtype=np.intp), np.zeros(columns, dtype=np.intp)
-    padded = np.zeros((columns, rows + 2), dtype=np.int8)
-    padded[:, 1:-1] = flags.T
-    edges = np.diff(padded, axis=1)
-    column, start = np.nonzero(edges == 1)  # by column, then in order: runs pair up with their ends
-    stop = np.nonzero(edges == -1)[1]
-    if not len(start):
-        return lo, hi, np.zeros(columns, dtype=bool)
-    order = np.lexsort((start, start - stop, column))  # by column, longest first, then earliest
-    first = order[np.r_[True, column[order][1:] != column[order][:-1]]]
-    lo[column[first]], hi[column[first]] = start[first], stop[first]
-    found = np.zeros(columns, dtype=bool)
-    found[column[first]] = True
-    return lo, hi, found
 
 
 def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.ndarray) -> np.ndarray:
@@ -176,5 +149,5 @@ def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.n
     if len(call):
         start = first[columns]
         inside = (call[:, None] >= start) & (call[:, None] < start + calls)
-        np.add.at(out, category, np.where(inside, seconds[:, columns], 0.0))
+        batch_kernels.add_rows(out, category, np.where(inside, seconds[:, columns], 0.0))
     return out

@@ -3,20 +3,24 @@ turned into the schedules `engine._Scheduler` gives.
 
 Per point, the plans (each block as a rank class runs it) are built by `plans.Planner` as for the interpreted
 engine and transposed into op rows, once per distinct plan; what the calls decide (their blocks, inputs and tags)
-is read from arrays kept on the program's `CallShape`, and laid out per call by one compiled pass
-(`_lay_out_calls`). The kernel then schedules every op, recording each class's busy intervals in the order its
-streams run them and its transfers per class, so that its busy time (`intervals.ordered_busy`) and its transfers
-need no sorting; it lays out the later calls of a layer run by shift once one repeats the call before (its
-fast-forward, on unless asked off: then the schedules are the interpreted engine's to the bit). A deadlock (a
-generator bug) is left to the interpreted engine, which names the ops that wait.
+is read from arrays kept on the program's `CallShape`, joined over the programs and laid out per call by one
+compiled pass (`_lay_out_calls`); both are kept for later points whose programs share those shapes and whose
+plans have the same structure (`_Joined`: a study's points run a few schedules). The kernel then schedules every
+op, recording each class's busy intervals in the order its streams run them and its transfers per class, so that
+its busy time (`intervals.ordered_busy`) and its transfers need no sorting; it lays out the later calls of a layer
+run by shift once one repeats the call before (its fast-forward, on unless asked off: then the schedules are the
+interpreted engine's to the bit). A deadlock (a generator bug) is left to the interpreted engine, which names the
+ops that wait.
 """
 
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 from numba import njit
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
@@ -46,7 +50,7 @@ class CompiledScheduler:
         programs = self._workload.programs
         calls = [call_arrays(program) for program in programs]
         self._block_plans = [{b: self._planner.plan(b, index) for b in own.used} for index, own in enumerate(calls)]
-        tables = _Layout(self, calls).tables()
+        tables = _Layout(self, calls, all(map(_on_shape, programs, calls))).tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
             return _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
@@ -54,40 +58,47 @@ class CompiledScheduler:
 
     def _schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
         names = list(self._planner.categories)
-        streams = len(self._planner.streams)
-        t_call, t_category, t_seconds = t.t_call.tolist(), t.t_category.tolist(), t.t_seconds.tolist()
+        runs, streams = len(t.base) - 1, len(self._planner.streams)
         category_time = t.category_time.tolist()
+        # Every run's transfers are laid out in turn (`t_ptr`) and all settle, so one list serves every run.
+        transfers = list(zip(t.t_call.tolist(), t.t_category.tolist(), t.t_seconds.tolist(), strict=True))
+        firsts = t.comm_ptr[np.arange(runs + 1) * streams]
+        stream_ptrs = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)] - firsts[:-1, None]
         out = []
         for r, (plans, lo, hi, c0, c1, m0, m1, b0, b1) in enumerate(
             zip(
                 self._block_plans,
                 *_spans(t.base),
                 *_spans(2 * t.compute_ptr, 2 * t.compute_count),
-                *_spans(t.comm_ptr[np.arange(len(t.base)) * streams]),
+                *_spans(firsts),
                 *_spans(t.t_ptr, t.t_count),
                 strict=True,
             )
         ):
-            comm = slice(m0, m1)
-            stream_ptr = t.comm_ptr[r * streams : (r + 1) * streams + 1] - m0
-            busy, latest = ordered_busy(t.compute_knots[c0:c1], t.comm_starts[comm], t.comm_ends[comm], stream_ptr)
+            busy, latest = ordered_busy(
+                t.compute_knots[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1], stream_ptrs[r]
+            )
             compute_s, comm_s, exposed_s = busy.totals
-            used = set().union(*(plan.categories for plan in plans.values()))
+            used = sorted(frozenset().union(*map(_CATEGORIES, plans.values())))
+            row = category_time[r]
             out.append(
                 ClassSchedule(
                     end_s=latest,
                     compute_s=compute_s,
                     comm_s=comm_s,
                     exposed_comm_s=exposed_s,
-                    time_by_category={names[i]: category_time[r][i] for i in sorted(used)},
+                    time_by_category={names[i]: row[i] for i in used},
                     call_start=t.call_start[lo:hi],
                     call_end=t.call_end[lo:hi],
                     events=[],
                     busy=busy,
-                    transfers=list(zip(t_call[b0:b1], t_category[b0:b1], t_seconds[b0:b1], strict=True)),
+                    transfers=transfers[b0:b1],
                 )
             )
         return out
+
+
+_CATEGORIES = attrgetter("categories")
 
 
 def _spans(ptr: np.ndarray, count: np.ndarray | None = None) -> tuple[list[int], list[int]]:
@@ -111,19 +122,23 @@ class CallArrays:
     """The blocks the program calls, sorted."""
 
 
+_CALLS_KEY = ("compiled.calls",)
+
+
 def call_arrays(program: Program) -> CallArrays:
     def derive(calls) -> CallArrays:
-        blocks = np.fromiter((call.block for call in calls), _INT, len(calls))
-        counts = np.fromiter(map(len, (call.inputs for call in calls)), _INT, len(calls))
+        inputs = list(map(attrgetter("inputs"), calls))
+        counts = np.fromiter(map(len, inputs), _INT, len(calls))
+        blocks = np.fromiter(map(attrgetter("block"), calls), _INT, len(calls))
         return CallArrays(
             blocks=blocks,
-            tags=np.fromiter((call.tag for call in calls), _INT, len(calls)),
+            tags=np.fromiter(map(attrgetter("tag"), calls), _INT, len(calls)),
             input_counts=counts,
-            inputs=np.fromiter(chain.from_iterable(call.inputs for call in calls), _INT, int(counts.sum())),
+            inputs=np.fromiter(chain.from_iterable(inputs), _INT, int(counts.sum())),
             used=np.unique(blocks).tolist(),
         )
 
-    return memoised(program, ("compiled.calls",), derive)
+    return memoised(program, _CALLS_KEY, derive)
 
 
 def _ptr(lists) -> np.ndarray:
@@ -158,19 +173,146 @@ class _PerPlan:
     """Its p2p ops' links, in order."""
 
 
+CALL_LAYOUT_BYTES = 32 * MIB
+"""Programs' calls joined and laid out (`_Joined`): the 96 configurations of benchmarks/vs_calculon.py join 4
+tuples of shapes (their steady and longer forms at pp 8 and 16, 4,140 to 24,692 calls) laid out 28 ways, 10 MiB
+in all."""
+LAYOUTS_PER_JOIN = 16
+"""Layouts (plans' structures) a joined entry keeps: a study's configurations of one schedule number their plans
+in a few ways; more would let one entry grow without bound (the layout kept first goes first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LaidOut:
+    """What `_lay_out_calls` and `_layer_runs` give for one structure of the plans, for every point whose plans
+    have that structure (the kernel reads a copy)."""
+
+    call_plan: np.ndarray
+    mail_ptr: np.ndarray
+    mailbox: np.ndarray
+    mailboxes: int
+    run_last: np.ndarray
+    compute_ptr: np.ndarray
+    compute_ops: int
+    comm_ptr: np.ndarray
+    comm_ops: int
+    t_ptr: np.ndarray
+
+
+@dataclass(slots=True)
+class _Joined:
+    """A point's programs' call arrays joined (flat over the runs), kept per tuple of their CallArrays: the points
+    of a study run a few schedules, and a generator hands every program of a schedule the same CallShape (whose
+    CallArrays are kept on it), so joining ~9,000 calls per point again would redo the same work. The layouts of
+    the calls by their plans' structure (`_LaidOut`, keyed by everything the two passes read besides these
+    arrays) are kept here too."""
+
+    calls: tuple[CallArrays, ...]
+    """Kept so that the identities the key holds stay theirs."""
+    base: np.ndarray
+    blocks: np.ndarray
+    tags: np.ndarray
+    input_ptr: np.ndarray
+    inputs: np.ndarray
+    laid_out: dict[tuple, _LaidOut]
+    bytes: int
+    kept: bool
+    """Whether the cache holds it (else it serves one point)."""
+
+
+_JOINED: ByteBoundedLru[tuple[int, ...], _Joined] = ByteBoundedLru("call layouts", CALL_LAYOUT_BYTES, lambda e: e.bytes)
+
+
+def _on_shape(program: Program, arrays: CallArrays) -> bool:
+    """Whether the arrays are those kept on the program's CallShape (its calls unedited), which later points of the
+    shape read too; a program's own arrays (edited calls) are derived afresh each point."""
+    return program.shape is not None and program.shape.memo.get(_CALLS_KEY) is arrays
+
+
+def _joined_calls(calls: list[CallArrays], keep: bool) -> _Joined:
+    """The programs' calls joined; kept per tuple of CallArrays (checked by identity) if `keep`, as such a tuple
+    recurs only when every program's arrays are kept on its shape."""
+    key = tuple(map(id, calls))
+    found = _JOINED.get(key) if keep else None
+    if found is not None and all(a is b for a, b in zip(found.calls, calls, strict=True)):
+        return found
+    input_counts = _joined([own.input_counts for own in calls])
+    arrays = (
+        _ptr_of(np.fromiter((len(own.blocks) for own in calls), _INT, len(calls))),
+        _joined([own.blocks for own in calls]),
+        _joined([own.tags for own in calls]),
+        _ptr_of(input_counts),
+        _joined([own.inputs for own in calls]),
+    )
+    # Bytes: the joined arrays, and as much again for the CallArrays the entry keeps alive.
+    found = _Joined(tuple(calls), *arrays, laid_out={}, bytes=2 * sum(x.nbytes for x in arrays), kept=keep)
+    if keep:
+        _JOINED.put(key, found)
+    return found
+
+
+def _laid_out(
+    joined: _Joined,
+    width: int,
+    plan_of: np.ndarray,
+    p_compute: np.ndarray,
+    p_comm: np.ndarray,
+    p_mails: np.ndarray,
+    link_ptr: np.ndarray,
+    link_ids: np.ndarray,
+    p_ops: np.ndarray,
+    fast_forward: bool,
+) -> _LaidOut:
+    base = joined.base
+    call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox = _lay_out_calls(
+        joined.blocks, base, plan_of, width, p_compute, p_comm, p_mails, link_ptr, link_ids, joined.tags
+    )
+    if fast_forward:
+        run_last = _layer_runs(base, call_plan, joined.input_ptr, joined.inputs, p_mails, p_ops)
+    else:
+        run_last = np.full(len(call_plan), -1, dtype=_INT)
+    return _LaidOut(
+        call_plan=call_plan,
+        mail_ptr=mail_ptr,
+        mailbox=mailbox,
+        mailboxes=int(mailbox.max(initial=-1)) + 1,
+        run_last=run_last,
+        compute_ptr=np.cumsum(compute_count) - compute_count,
+        compute_ops=int(compute_count.sum()),
+        comm_ptr=_ptr_of(comm_count),
+        comm_ops=int(comm_count.sum()),
+        t_ptr=np.cumsum(transfer_count) - transfer_count,
+    )
+
+
+def _keep(joined: _Joined, key: tuple, laid: _LaidOut) -> None:
+    """Keeps a layout on its joined entry, putting the entry again so that the cache sees its new size."""
+    if len(joined.laid_out) >= LAYOUTS_PER_JOIN:
+        joined.bytes -= _laid_bytes(joined.laid_out.pop(next(iter(joined.laid_out))))
+    joined.laid_out[key] = laid
+    joined.bytes += _laid_bytes(laid)
+    if joined.kept:
+        _JOINED.put(tuple(map(id, joined.calls)), joined)
+
+
+def _laid_bytes(laid: _LaidOut) -> int:
+    return sum(x.nbytes for x in (laid.call_plan, laid.mail_ptr, laid.mailbox, laid.run_last, laid.comm_ptr))
+
+
 class _Layout:
     """The kernel's arrays for one point's programs and plans."""
 
-    def __init__(self, scheduler: CompiledScheduler, calls: list[CallArrays]) -> None:
+    def __init__(self, scheduler: CompiledScheduler, calls: list[CallArrays], keep: bool = False) -> None:
         self._scheduler = scheduler
         self._calls = calls
+        self._keep = keep
+        """Whether to keep the joined calls for later points (`_joined_calls`)."""
         self._plans: list[Plan] = []
 
     def tables(self) -> kernel.EngineTables:
         calls, scheduler = self._calls, self._scheduler
-        runs = len(calls)
-        sizes = np.fromiter((len(own.blocks) for own in calls), _INT, runs)
-        base = _ptr_of(sizes)
+        joined = _joined_calls(calls, self._keep)
+        base, runs = joined.base, len(calls)
         # Per run and block, its plan's number: plans by identity, as classes alike share theirs.
         width = 1 + max((max(plans, default=0) for plans in scheduler._block_plans), default=0)
         index: dict[int, int] = {}
@@ -187,63 +329,54 @@ class _Layout:
         ops, per_plan = self._ops()
         links: dict = {}
         link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
-        call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox = _lay_out_calls(
-            _joined([own.blocks for own in calls]),
-            base,
-            plan_of,
-            width,
-            per_plan.compute,
-            per_plan.comm,
-            per_plan.mails,
-            link_ptr,
-            link_ids,
-            _joined([own.tags for own in calls]),
-        )
-        input_ptr = _ptr_of(_joined([own.input_counts for own in calls]))
-        inputs = _joined([own.inputs for own in calls])
-        if scheduler._fast_forward:
-            run_last = _layer_runs(base, call_plan, input_ptr, inputs, per_plan.mails, np.diff(ops["p_op_ptr"]))
-        else:
-            run_last = np.full(len(call_plan), -1, dtype=_INT)
-        moved = len(mailbox)
-        mailboxes = int(mailbox.max(initial=-1)) + 1
+        p_ops = np.diff(ops["p_op_ptr"])
+        structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, link_ptr, link_ids, p_ops)
+        key = (scheduler._fast_forward, width, per_plan.comm.shape, *(x.tobytes() for x in structure[1:]))
+        laid = joined.laid_out.get(key)
+        if laid is None:
+            laid = _laid_out(joined, *structure, scheduler._fast_forward)
+            _keep(joined, key, laid)
         streams = len(scheduler._planner.streams)
         counters = np.zeros(4, dtype=_INT)
         counters[kernel.RING_TAIL] = runs  # every run starts queued
+        calls_in_all, moved = int(base[-1]), len(laid.mailbox)
+        # The kept arrays go to the kernel as copies: by the next point they have left the CPU's caches, and the
+        # kernel, which reads them call by call, ran 0.2 ms a point slower on them than on fresh copies, which
+        # cost about 0.02 ms (the 96 GPT-3 configurations of benchmarks/vs_calculon.py).
         return kernel.EngineTables(
             **ops,
-            base=base,
-            call_plan=call_plan,
-            run_last=run_last,
-            input_ptr=input_ptr,
-            inputs=inputs,
-            mail_ptr=mail_ptr,
-            mailbox=mailbox,
+            base=base.copy(),
+            call_plan=laid.call_plan.copy(),
+            run_last=laid.run_last.copy(),
+            input_ptr=joined.input_ptr.copy(),
+            inputs=joined.inputs.copy(),
+            mail_ptr=laid.mail_ptr.copy(),
+            mailbox=laid.mailbox.copy(),
             stream_end=np.zeros((runs, streams)),
-            out_end=np.zeros(int(base[-1])),
-            call_start=np.full(int(base[-1]), np.inf),
-            call_end=np.zeros(int(base[-1])),
+            out_end=np.zeros(calls_in_all),
+            call_start=np.full(calls_in_all, np.inf),
+            call_end=np.zeros(calls_in_all),
             position=np.zeros(runs, dtype=_INT),
             op_position=np.zeros(runs, dtype=_INT),
             local=np.zeros((runs, int(ops["p_slots"].max(initial=1)))),
             queued=np.ones(runs, dtype=np.bool_),
             ring=np.arange(runs, dtype=_INT),
             category_time=np.zeros((runs, len(scheduler._planner.categories))),
-            mb_head=np.full(mailboxes, -1, dtype=_INT),
-            mb_tail=np.full(mailboxes, -1, dtype=_INT),
+            mb_head=np.full(laid.mailboxes, -1, dtype=_INT),
+            mb_tail=np.full(laid.mailboxes, -1, dtype=_INT),
             q_next=np.zeros(moved, dtype=_INT),
             q_run=np.zeros(moved, dtype=_INT),
             q_call=np.zeros(moved, dtype=_INT),
             q_row=np.zeros(moved, dtype=_INT),
             q_ready=np.zeros(moved),
-            compute_ptr=np.cumsum(compute_count) - compute_count,
+            compute_ptr=laid.compute_ptr.copy(),
             compute_count=np.zeros(runs, dtype=_INT),
-            compute_knots=np.empty(2 * int(compute_count.sum())),
-            comm_ptr=_ptr_of(comm_count),
-            comm_count=np.zeros(len(comm_count), dtype=_INT),
-            comm_starts=np.empty(int(comm_count.sum())),
-            comm_ends=np.empty(int(comm_count.sum())),
-            t_ptr=np.cumsum(transfer_count) - transfer_count,
+            compute_knots=np.empty(2 * laid.compute_ops),
+            comm_ptr=laid.comm_ptr.copy(),
+            comm_count=np.zeros(len(laid.comm_ptr) - 1, dtype=_INT),
+            comm_starts=np.empty(laid.comm_ops),
+            comm_ends=np.empty(laid.comm_ops),
+            t_ptr=laid.t_ptr.copy(),
             t_count=np.zeros(runs, dtype=_INT),
             t_call=np.zeros(moved, dtype=_INT),
             t_category=np.zeros(moved, dtype=_INT),

@@ -27,6 +27,18 @@ than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calc
 for 6 to 24 systems and 210 ms for 48, against about 7.2 ms a system point by point (2026-11-29)."""
 
 
+_last_system: tuple[SystemSpec, str] | None = None
+
+
+def _system_key(system: SystemSpec) -> str:
+    """The system's JSON, which keys its results: kept for the last system object priced, as a study's points
+    share theirs and dumping it again costs about 30 µs a point (a SystemSpec is frozen)."""
+    global _last_system
+    if _last_system is None or _last_system[0] is not system:
+        _last_system = (system, system.model_dump_json())
+    return _last_system[1]
+
+
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
     1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 7.5-8 ms at the median
@@ -75,7 +87,7 @@ class AnalyticalCostModel:
         """The step's result; a point priced before in this process with the same settings is read back."""
         if self.timeline:  # a timeline is large and wanted once
             return self._simulate(workload, system)
-        key = (workload.point_key, system.model_dump_json(), self.exact)
+        key = (workload.point_key, _system_key(system), self.exact)
         return _RESULTS.priced(key, workload, lambda: self._simulate(workload, system))
 
     def simulate_many(self, workload: Workload, systems: Sequence[SystemSpec]) -> list[SimResult | InfeasibleError]:

@@ -18,7 +18,7 @@ import numpy as np
 
 from dse.compute import ComputeModel
 from dse.lru import MIB, ByteBoundedLru
-from dse.system import SystemSpec
+from dse.system import AcceleratorSpec, SystemSpec
 from dse.tables.deepep import DEEPEP_TABLE, MeasuredExchange
 from dse.tables.moe import MOE_TABLE, MeasuredMoe
 from dse.tables.nccl import NCCL_TABLE, MeasuredCollectives
@@ -40,14 +40,13 @@ class BlockPricer:
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        accelerator = system.accelerator
-        placed = working_set(workload.programs, workload.blocks, accelerator) if accelerator.memory_tiers else None
-        self._model = ComputeModel(accelerator, workload.dtype, workload.attention_kernel, placed)
-        self.node = MeasuredCollectives.of(system.accelerator, workload.framework_allreduce)
+        tables = _tables_of(workload, system.accelerator)
+        self._model = tables.model
+        self.node = tables.node
         """The NCCL tables that price a collective within one node (`network.within_node`), or None."""
-        self.exchange = None if workload.expert_exchange is None else MeasuredExchange.of(system.accelerator)
+        self.exchange = tables.exchange
         """The DeepEP tables that price a serving step's MoE all-to-all (`exchanged`), or None."""
-        self._moe = None if workload.expert_compute is None else MeasuredMoe.of(system.accelerator, workload.dtype)
+        self._moe = tables.moe
         self._compute: dict[int, list[float]] = {}
         self._comm: dict[int, list[int]] = {}
         """Per block, its communication ops: the only ones whose seconds depend on the class."""
@@ -190,6 +189,59 @@ class BlockPricer:
                 self._layout_groups = _groups_of(self._system, self._workload.layout)
             group = self._groups[key] = self._layout_groups.get(axis, self.representative(rank_class))
         return group
+
+
+@dataclass(frozen=True, slots=True)
+class _Tables:
+    """What prices a workload's ops on an accelerator besides its blocks: the compute model and the measured tables
+    of collectives, MoE exchanges and fused experts, each None where the accelerator or workload has none."""
+
+    accelerator: AcceleratorSpec
+    """Kept so that the identity the entry's key holds stays its own."""
+    model: ComputeModel
+    node: MeasuredCollectives | None
+    exchange: MeasuredExchange | None
+    moe: MeasuredMoe | None
+
+
+TABLES_BYTES = 2 * MIB
+"""Compute models and tables for about 30 (accelerator, workload settings) pairs (TABLES_BYTES_EACH each)."""
+TABLES_BYTES_EACH = 64 * 1024
+"""An estimate of an entry's bytes beyond the tables other caches keep (a measured CSV's rows, memos); not
+measured."""
+_TABLES: ByteBoundedLru[tuple, _Tables] = ByteBoundedLru("pricing tables", TABLES_BYTES, lambda _: TABLES_BYTES_EACH)
+
+
+def _tables_of(workload: Workload, accelerator: AcceleratorSpec) -> _Tables:
+    """The tables that price the workload on the accelerator, kept per accelerator object and the workload's
+    settings: building them looks up and stats the table files, about 0.12 ms, each point again. An accelerator
+    with memory tiers prices by the step's working set, so its compute model is built per workload. Like the plans
+    kept per system (`plans._context`), a kept entry does not see a table file replaced while the process runs."""
+    if accelerator.memory_tiers:
+        return _tables(workload, accelerator, working_set(workload.programs, workload.blocks, accelerator))
+    key = (
+        id(accelerator),
+        workload.dtype,
+        workload.attention_kernel,
+        workload.framework_allreduce,
+        workload.expert_exchange is None,
+        workload.expert_compute is None,
+    )
+    found = _TABLES.get(key)
+    if found is None or found.accelerator is not accelerator:
+        found = _tables(workload, accelerator, None)
+        _TABLES.put(key, found)
+    return found
+
+
+def _tables(workload: Workload, accelerator: AcceleratorSpec, placed: float | None) -> _Tables:
+    return _Tables(
+        accelerator=accelerator,
+        model=ComputeModel(accelerator, workload.dtype, workload.attention_kernel, placed),
+        node=MeasuredCollectives.of(accelerator, workload.framework_allreduce),
+        exchange=None if workload.expert_exchange is None else MeasuredExchange.of(accelerator),
+        moe=None if workload.expert_compute is None else MeasuredMoe.of(accelerator, workload.dtype),
+    )
 
 
 @dataclass(frozen=True, slots=True)

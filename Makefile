@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,fx,hf,kernels]'
+	$(BIN)/python -m simulators.analytical.warm
 	rm -f $(VENV)/.installed-* && touch $@
 
 demo: $(STAMP)

@@ -145,3 +145,7 @@ class Modules:
     """The embedding's token table."""
     tied: bool
     """Whether the head reads that table (tied embeddings on a single stage)."""
+    weights: dict[int, tuple[float, bool]] = field(default_factory=dict)
+    """By id of each module's weight: its elements on one rank before ZeRO shards it, and whether it is an
+    expert's (`optimizer.weight_elements`), recorded on the tape with the trace so that a replay need not size
+    them again."""

@@ -53,26 +53,32 @@ class _Builder:
         traced, embedding, head = modules.layers, modules.embedding, modules.head
         self.layer_traces = traced
         self.outside = [embedding, head]
-        states = ModelStates(point, self.tracing.tracer, self.tracing.module.itemsize, self.blocks)
+        states = ModelStates(point, self.tracing.tracer, self.tracing.module.itemsize, self.blocks, modules.weights)
         tied_sync = states.tied_sync_blocks(modules.table) if not modules.tied and m.tied_embeddings else {}
         gathers = states.param_gather_blocks([embedding, *traced.values(), head])
         pipeline = Pipeline(point, self.tracing.module, self.blocks, traced, embedding, head, kinds, tied_sync, gathers)
 
         stages: list[Stage] = []
+        states_of: dict[tuple, tuple[int | None, tuple[Tensor, ...]]] = {}
+        """A stage's optimizer block and fixed tensors by what they follow from (whether it holds the embedding
+        and the head, and its layers' kinds in order): the middle stages of a pipeline share them."""
         for stage in range(p.pp):
             layers = pipeline.stage_layers(stage)
             first, last = pipeline.ends(stage)
-            counts = Counter(kinds[i] for c in layers for i in layers[c])
-            held = [(traced[key], count) for key, count in counts.items()]
-            held += [(embedding, 1)] if first else []
-            held += [(head, 1)] if last else []
-            optimizer, static = states.optimizer_block(held)
-            fixed = [Tensor(kind.value, kind, size) for kind, size in static.items()]
-            if not self.train:
-                cache = sum(traced[kinds[i]].cache_bytes for c in layers for i in layers[c])
-                if cache:
-                    fixed.append(Tensor("kv_cache", TensorKind.KV_CACHE, cache * point.micro_batches))
-            stages.append(Stage(layers, optimizer, tuple(fixed)))
+            held_kinds = tuple([kinds[i] for c in layers for i in layers[c]])
+            found = states_of.get((first, last, held_kinds))
+            if found is None:
+                held = [(traced[key], count) for key, count in Counter(held_kinds).items()]
+                held += [(embedding, 1)] if first else []
+                held += [(head, 1)] if last else []
+                optimizer, static = states.optimizer_block(held)
+                fixed = [Tensor(kind.value, kind, size) for kind, size in static.items()]
+                if not self.train:
+                    cache = sum(traced[key].cache_bytes for key in held_kinds)
+                    if cache:
+                        fixed.append(Tensor("kv_cache", TensorKind.KV_CACHE, cache * point.micro_batches))
+                found = states_of[(first, last, held_kinds)] = (optimizer, tuple(fixed))
+            stages.append(Stage(layers, *found))
         steady = pipeline.steady_form(stages)
         programs: Sequence[Program]
         if steady is None:

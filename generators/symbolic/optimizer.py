@@ -86,24 +86,48 @@ def gradient_sync(
     return merged, pieces
 
 
+def weight_elements(tracer: Tracer, w: STensor) -> tuple[float, bool]:
+    """Elements of a weight on one rank before ZeRO shards it, and whether it is an expert's."""
+    expert = is_expert(w)
+    whole = ("dp", "cp") if expert else ("dp", "cp", "ep")  # gathered over them: relayout to DUP on each
+    unsharded = STensor(w.name, w.dims, tuple(e for e in w.layout if e[0] not in whole), w.itemsize, w.param)
+    return tracer.elems(unsharded), expert
+
+
 class ModelStates:
     """The weights, gradients and optimizer states of a point's pipeline stages: their memory, the optimizer step
     over them, and the tied weight's gradient exchange, as blocks added to the workload's `blocks`."""
 
-    def __init__(self, point: DesignPoint, tracer: Tracer, itemsize: int, blocks: list[Block]) -> None:
+    def __init__(
+        self,
+        point: DesignPoint,
+        tracer: Tracer,
+        itemsize: int,
+        blocks: list[Block],
+        weights: dict[int, tuple[float, bool]] | None = None,
+    ) -> None:
         self.point = point
         self.train = point.workload.mode == "train"
         self.tracer = tracer
         self.itemsize = itemsize
         self.blocks = blocks
-        self._weights: dict[int, tuple[float, bool]] = {}
-        """By weight id: its elements on one rank before ZeRO shards it, and whether it is an expert's."""
+        self._weights: dict[int, tuple[float, bool]] = dict(weights or {})
+        """By weight id: its elements on one rank before ZeRO shards it, and whether it is an expert's
+        (`weight_elements`; those of the traced modules come with them, `Modules.weights`)."""
         self._shared: dict[Block, int] = {}
         """Optimizer blocks added so far: an equal one is reused, so that cost models price it once (the
         optimizer step of pipeline stages that hold alike layers)."""
         self._stages: dict[tuple[tuple[int, int], ...], tuple[int | None, dict[TensorKind, float]]] = {}
         """`optimizer_block`'s answers by the modules asked of (ids and layer counts, in order): the middle stages of
         a pipeline hold the same ones, and summing their weights again is most of a point's optimizer work."""
+        p = point.parallel
+        self.sharding = Sharding.of(p)
+        degrees = {"cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
+        self._groups = (
+            "+".join(a for a in ("cp", "ep", "dp") if degrees[a] > 1),
+            "+".join(a for a in ("cp", "dp") if degrees[a] > 1),
+        )
+        """The groups dense weights (first) and expert weights replicate over, as `_by_group` names them."""
 
     def _gradient_passes(self) -> list[tuple[str, float, float]]:
         """(name, FLOPs, bytes) per gradient element of the memory-bound passes over the gradient shard before Adam:
@@ -124,17 +148,10 @@ class ModelStates:
         """Elements of the weights (each with the layers that hold it) by the group that replicates them and
         that ZeRO shards them over (`SHARD_AXES`): dense weights over cp x ep x dp, expert weights over cp x dp /
         ep ranks; '' for a group of one rank."""
-        return self._group_sums([(*self._weight(w), count) for w, count in weights])
-
-    def _group_sums(self, weighed: list[tuple[float, bool, int]]) -> dict[str, float]:
-        """`_by_group` of weights already weighed (`_weight`'s elements and expert flag, with their counts)."""
-        p = self.point.parallel
-        degrees = {"cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
-        dense = "+".join(a for a in ("cp", "ep", "dp") if degrees[a] > 1)
-        expert = "+".join(a for a in ("cp", "dp") if degrees[a] > 1)
         by_group: dict[str, float] = defaultdict(float)
-        for elems, of_experts, count in weighed:
-            by_group[expert if of_experts else dense] += elems * count
+        for w, count in weights:
+            elems, expert = self._weight(w)
+            by_group[self._groups[expert]] += elems * count
         return by_group
 
     def _emit_param_gathers(
@@ -190,10 +207,7 @@ class ModelStates:
         repeats the same weights, and every stage asks of them."""
         found = self._weights.get(id(w))
         if found is None:
-            expert = is_expert(w)
-            whole = ("dp", "cp") if expert else ("dp", "cp", "ep")  # gathered over them: relayout to DUP on each
-            unsharded = STensor(w.name, w.dims, tuple(e for e in w.layout if e[0] not in whole), w.itemsize, w.param)
-            found = self._weights[id(w)] = (self.tracer.elems(unsharded), expert)
+            found = self._weights[id(w)] = weight_elements(self.tracer, w)
         return found
 
     def optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
@@ -211,7 +225,7 @@ class ModelStates:
 
     def _optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
         p = self.point.parallel
-        sharding = Sharding.of(p)
+        sharding = self.sharding
         item = self.itemsize
         local = opt_elems = 0.0
         zero_share = 0.0
@@ -223,12 +237,14 @@ class ModelStates:
                     uses[id(w)] = [w, layers]
                 else:
                     use[1] += layers
-        weighed = [(*self._weight(w), count) for w, count in uses.values()]
-        for one, expert, count in weighed:
+        groups = self._groups
+        by_group: dict[str, float] = defaultdict(float)  # `_by_group`, in the same loop
+        for w, count in uses.values():
+            one, expert = self._weight(w)
             elems = one * count
             local += elems
             zero_share += elems / (p.dp // p.ep if expert else sharding.shard) / p.cp
-        by_group = self._group_sums(weighed)
+            by_group[groups[expert]] += elems
         opt_elems = zero_share if p.zero >= 1 else local
         memory = {TensorKind.PARAMETER: (zero_share if p.zero == 3 else local) * item}
         if not self.train:

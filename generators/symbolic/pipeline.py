@@ -501,12 +501,12 @@ class Pipeline:
                     gathered = gathers.ahead(units, issued, pos, 0, inputs, mb) if gathers.on else ()
                     traced = trace_of[unit]
                     block = traced.forward if mb == 0 or traced.held_forward is None else traced.held_forward
-                    update = early if pos == 0 else update_weights(unit, index, mb)
+                    update = early if pos == 0 or not self.param_gathers else update_weights(unit, index, mb)
                     append(Call(block, (*inputs, *gathered, *update, *blocked), index, mb))
                     prev, blocked = len(calls) - 1, ()
                     if update:
                         first_forwards.append(prev)
-                    kept = gathers.held(unit)
+                    kept = gathers.held(unit) if gathered or traced.gathers[0] is not None else None
                     if gathered and kept in ("microbatch", "step"):
                         held_to_backward[(index, mb if kept == "microbatch" else last_mb)] = (unit, gathered)
                     elif gathered:
@@ -540,6 +540,7 @@ class Pipeline:
                 continue
             prev = None if last else inbound("B", vstage, mb)
             received = () if prev is None else (prev,)
+            reducing = mb == last_mb and not sharding.reduce_after_stage
             units = reversed_order[chunk]
             # a module is gathered again for its backward once its forward has freed its weights
             # (and, like the forward's, once the gradient it starts from has arrived)
@@ -552,17 +553,16 @@ class Pipeline:
                 assert traced.backward is not None
                 inputs = (fwd_call[(index, mb)],) if prev is None else (prev, fwd_call[(index, mb)])
                 gathered = gathers.ahead(units, issued, pos, 1, inputs, mb) if gathers.on else ()
-                reducing = mb == last_mb and not sharding.reduce_after_stage
                 block = traced.backward if traced.unsynced is None or reducing else traced.unsynced
                 append(Call(block, (*inputs, *gathered, *blocked), index, mb))
                 prev = last_backward[index] = len(calls) - 1
                 blocked = ()
                 if gathered:
                     hold(unit, 1, index, gathered, prev)
-                if (index, mb) in held_to_backward:
+                if held_to_backward and (index, mb) in held_to_backward:
                     held_unit, held_gather = held_to_backward.pop((index, mb))
                     hold(held_unit, 0, index, held_gather, prev)
-                if (index, mb) in resharded:
+                if resharded and (index, mb) in resharded:
                     name = f"{names[index]}.weights.resharded"
                     keep(name, (*unit, RESHARDED), resharded.pop((index, mb)), prev, TensorKind.TEMPORARY)
                 if traced.backward_weight is not None:

@@ -17,7 +17,7 @@ from dse.fields import Spec
 from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec
 from dse.workload import AttentionShape, Block, Op
-from generators.symbolic.blocks import LayerKey, Modules, Traced
+from generators.symbolic.blocks import GradPiece, LayerKey, Modules, Traced
 from generators.symbolic.experts import regroups_slots
 from generators.symbolic.sharding import Sharding
 from generators.symbolic.tape import Sym, Tape
@@ -54,68 +54,94 @@ class Recording:
 
     tape: Tape
     modules: Modules
+    shards: bool | None = None
+    """Which side of ZeRO's split the modules are of, for a training trace below ZeRO 3: reduce-scattered
+    gradients (ZeRO 1 and 2) or all-reduced ones (ZeRO 0); None for a trace that does not depend on it."""
+    other: Modules | None = None
+    """The other side's modules, recorded on the same tape by the same walk (`tracing.ZeroSibling`), if any."""
     blocks: list[tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]] = field(init=False)
     """Per block: its structure, the getter of its numbers from a replay's values (every slot its ops read, after
     its working memory's; that slot again last, so that the getter makes a tuple even of a block without ops),
     the slot of its working memory and its ops with slots for numbers (`_replayed_block`)."""
+    other_blocks: list[tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]] | None = field(
+        init=False
+    )
+    """`blocks` of the other side (those alike shared), if any."""
 
     def __post_init__(self) -> None:
+        self.blocks = [self._slots(b) for b in self.modules.blocks]
+        self.other_blocks = None
+        if self.other is not None:
+            self.other_blocks = [
+                own if block is mine else self._slots(block)
+                for block, mine, own in zip(self.other.blocks, self.modules.blocks, self.blocks, strict=True)
+            ]
+
+    def serves(self, shards: bool | None) -> bool:
+        """Whether the recording replays to the modules of that side of ZeRO's split (see `shards`)."""
+        return self.shards is None or shards == self.shards or self.other is not None
+
+    def _slots(self, b: Block) -> tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]:
+        """A block's entry of `blocks`."""
         slot = self.tape.slot
-        self.blocks = []
-        for b in self.modules.blocks:
-            ops = tuple(
-                (
-                    op.name,
-                    op.kind,
-                    op.category,
-                    slot(op.flops),
-                    slot(op.bytes),
-                    slot(op.density),
-                    slot(op.comm_bytes),
-                    op.axis,
-                    op.peer,
-                    op.deps,
-                    slot(op.out_bytes),
-                    None if op.attention is None else self._shape_slots(op.attention),
-                    None if op.gemm is None else tuple(slot(x) for x in op.gemm),
-                )
-                for op in b.ops
+        ops = tuple(
+            (
+                op.name,
+                op.kind,
+                op.category,
+                slot(op.flops),
+                slot(op.bytes),
+                slot(op.density),
+                slot(op.comm_bytes),
+                op.axis,
+                op.peer,
+                op.deps,
+                slot(op.out_bytes),
+                None if op.attention is None else self._shape_slots(op.attention),
+                None if op.gemm is None else tuple(slot(x) for x in op.gemm),
             )
-            temp = slot(b.temp_bytes)
-            slots = [temp]
-            for _, _, _, f, by, d, m, _, _, _, o, a, g in ops:
-                slots += [f, by, d, m, o]
-                slots += [] if a is None else [getattr(a, name) for name in SHAPE_SIZES]
-                slots += [] if g is None else g
-            structure = BlockStructure.of(
-                (
-                    b.name,
-                    b.output,
-                    tuple(
-                        (
-                            n,
-                            k,
-                            c,
-                            ax,
-                            pe,
-                            de,
-                            None if a is None else a._replace(**dict.fromkeys(SHAPE_SIZES)),
-                            None if g is None else len(g),
-                        )
-                        for n, k, c, _, _, _, _, ax, pe, de, _, a, g in ops
-                    ),
-                )
+            for op in b.ops
+        )
+        temp = slot(b.temp_bytes)
+        slots = [temp]
+        for _, _, _, f, by, d, m, _, _, _, o, a, g in ops:
+            slots += [f, by, d, m, o]
+            slots += [] if a is None else [getattr(a, name) for name in SHAPE_SIZES]
+            slots += [] if g is None else g
+        structure = BlockStructure.of(
+            (
+                b.name,
+                b.output,
+                tuple(
+                    (
+                        n,
+                        k,
+                        c,
+                        ax,
+                        pe,
+                        de,
+                        None if a is None else a._replace(**dict.fromkeys(SHAPE_SIZES)),
+                        None if g is None else len(g),
+                    )
+                    for n, k, c, _, _, _, _, ax, pe, de, _, a, g in ops
+                ),
             )
-            self.blocks.append((structure, itemgetter(*slots, temp), temp, ops))
+        )
+        return structure, itemgetter(*slots, temp), temp, ops
 
     def _shape_slots(self, shape: AttentionShape) -> AttentionShape:
         """An attention shape with its sizes as slots (its flags are structure, kept as they are)."""
         slot = self.tape.slot
         return shape._replace(**{name: slot(getattr(shape, name)) for name in SHAPE_SIZES})
 
-    def numeric(self, values: list) -> Modules:
-        """The modules with every recorded number read from `values` (a replay of the tape)."""
+    def numeric(self, values: list, shards: bool | None = None) -> Modules:
+        """The modules (of that side of ZeRO's split, see `shards`) with every recorded number read from `values`
+        (a replay of the tape)."""
         v = values
+        m, entries = self.modules, self.blocks
+        if self.shards is not None and shards != self.shards:
+            assert self.other is not None and self.other_blocks is not None
+            m, entries = self.other, self.other_blocks
 
         def num(x: Any) -> Any:
             return v[x.slot] if type(x) is Sym else x
@@ -127,14 +153,14 @@ class Recording:
                 cache_bytes=num(t.cache_bytes),
                 gathered_bytes=(num(t.gathered_bytes[0]), num(t.gathered_bytes[1])),
                 held_for_weight=(num(t.held_for_weight[0]), num(t.held_for_weight[1])),
-                grad_pieces=tuple(piece._replace(nbytes=num(piece.nbytes)) for piece in t.grad_pieces),
+                grad_pieces=tuple([GradPiece(category, axis, num(nbytes)) for category, axis, nbytes in t.grad_pieces]),
                 unrecomputed=None if t.unrecomputed is None else traced(t.unrecomputed),
             )
 
-        blocks = [_replayed_block(structure, numbers(v), temp, ops, v) for structure, numbers, temp, ops in self.blocks]
-        m = self.modules
+        blocks = [_replayed_block(structure, numbers(v), temp, ops, v) for structure, numbers, temp, ops in entries]
         layers = {key: traced(t) for key, t in m.layers.items()}
-        return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied)
+        weights = {key: (num(elems), expert) for key, (elems, expert) in m.weights.items()}
+        return Modules(blocks, layers, traced(m.embedding), traced(m.head), m.table, m.tied, weights)
 
 
 def _replayed_block(structure: BlockStructure, numbers: tuple, temp: int, ops: tuple[tuple, ...], v: list) -> Block:
@@ -230,7 +256,8 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         p.zero == 3 and Sharding.of(p).shard < p.dp,  # FSDP's copies know a shard group narrower than dp
     )
     # ZeRO 1 and 2 shard the same gradient reductions (the stage decides when they run and what is kept: the
-    # schedule's and the optimizer's business, not the trace's); so do the fields that only schedule them. Of the
+    # schedule's and the optimizer's business, not the trace's), and ZeRO 0 all-reduces them instead: below ZeRO
+    # 3 one recording holds both sides (`Recording.shards`); so do the fields that only schedule them. Of the
     # pipeline's depth a trace reads only whether there is one (`Sharding.of`, a tied table's copies): pp 8 and 16
     # share recordings
     layout = tuple(
@@ -245,7 +272,7 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
 def _traced_value(name: str, value: Any) -> Any:
     """A parallel field's value as far as a module trace reads it (`trace_structure`)."""
     if name == "zero" and value < 3:
-        return min(value, 1)
+        return 0
     if name == "pp":
         return min(value, 2)
     return value
@@ -267,13 +294,15 @@ _RECORDINGS: ByteBoundedLru[tuple, list[Recording]] = ByteBoundedLru(
 """Per process, like the skeletons."""
 
 
-def recorded_modules(key: tuple, numbers: dict[str, Any]) -> Modules | None:
-    """The modules of structure `key` replayed on `numbers` (sizes and degrees), from the first recording of that
-    structure whose guards hold for them; None if none does."""
+def recorded_modules(key: tuple, numbers: dict[str, Any], shards: bool | None) -> Modules | None:
+    """The modules of structure `key` and that side of ZeRO's split (`Recording.shards`) replayed on `numbers`
+    (sizes and degrees), from the first recording of that structure serving the side whose guards hold for
+    them; None if none does."""
     for recording in _RECORDINGS.get(key) or []:
-        values = recording.tape.replay(numbers)
-        if values is not None:
-            return recording.numeric(values)
+        if recording.serves(shards):
+            values = recording.tape.replay(numbers)
+            if values is not None:
+                return recording.numeric(values, shards)
     return None
 
 

@@ -8,7 +8,7 @@ trace the forward only and hold KV caches (or SSM states) instead of gradients.
 """
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from dse.fields import DTYPE_BYTES
 from dse.spec import DesignPoint
@@ -21,6 +21,7 @@ from generators.symbolic.autodiff import (
     saved_bytes,
 )
 from generators.symbolic.blocks import (
+    GradPiece,
     LayerKey,
     Modules,
     Traced,
@@ -34,12 +35,53 @@ from generators.symbolic.dense import DenseModule
 from generators.symbolic.dist import DUP, gradient_layout
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.fsdp import FsdpCopies
-from generators.symbolic.optimizer import gradient_sync
+from generators.symbolic.optimizer import gradient_sync, weight_elements
 from generators.symbolic.recording import RECORDED_DEGREES, Recording, keep_recording, recorded_modules, trace_structure
 from generators.symbolic.sharding import Sharding, without_ops
 from generators.symbolic.tape import Tape
 from generators.symbolic.tensors import Node, STensor
 from generators.symbolic.tp_overlap import overlap_tp_comm
+
+
+@dataclass
+class ZeroSibling:
+    """While a trace of ZeRO 0 (or of ZeRO 1 or 2) is recorded, the gradient syncs of the other side, so that one
+    walk records both: the two traces differ only there (an all-reduce of each gradient or a reduce-scatter; what
+    ZeRO 1 and 2 keep is the schedule's and the optimizer's business), and the syncs are a small part of a trace.
+    Its numbers go on the same tape, so a replay of either checks the guards of both (a superset of its own)."""
+
+    zero: int
+    """The other side's ZeRO stage: 0, or 1 for ZeRO 1 and 2 (`gradient_sync` reads only whether it is 0)."""
+    synced: set[int] = field(default_factory=set)
+    """`ModuleTracer.synced` of the other side."""
+    blocks: dict[int, Block] = field(default_factory=dict)
+    """By the index of a module's gradient-sync block, the other side's block there."""
+    pieces: dict[int, tuple[GradPiece, ...]] = field(default_factory=dict)
+    """By that index, the other side's `Traced.grad_pieces`."""
+    alike: bool = True
+    """Whether the two sides have gradient syncs in the same modules (else the blocks are numbered otherwise, and
+    the other side is not kept)."""
+
+    def add(self, sync: int | None, ops: Emitter | None, pieces: tuple[GradPiece, ...], name: str) -> None:
+        """The other side's gradient sync of the module whose own sync block is `sync`."""
+        if (ops is None) != (sync is None):
+            self.alike = False
+        elif sync is not None and ops is not None:
+            self.blocks[sync] = block_of(name, ops)
+            self.pieces[sync] = pieces
+
+    def modules(self, own: Modules) -> Modules:
+        """The other side's modules: `own` with its gradient syncs."""
+
+        def traced(t: Traced) -> Traced:
+            if t.sync is None:
+                return t
+            unrecomputed = None if t.unrecomputed is None else traced(t.unrecomputed)
+            return replace(t, grad_pieces=self.pieces[t.sync], unrecomputed=unrecomputed)
+
+        blocks = [self.blocks.get(index, block) for index, block in enumerate(own.blocks)]
+        layers = {key: traced(t) for key, t in own.layers.items()}
+        return Modules(blocks, layers, traced(own.embedding), traced(own.head), own.table, own.tied, own.weights)
 
 
 class ModuleTracer:
@@ -53,6 +95,8 @@ class ModuleTracer:
         self.blocks: list[Block] = []
         self.synced: set[int] = set()
         """Ids of the parameters whose gradients a module traced before syncs (a tied weight syncs once)."""
+        self.sibling: ZeroSibling | None = None
+        """While recording a trace of ZeRO below 3, the other side's gradient syncs (`ZeroSibling`)."""
         p = point.parallel
         self.sharding = Sharding.of(p)
         shard = self.sharding.shard if self.sharding.shard < p.dp else None
@@ -118,6 +162,10 @@ class ModuleTracer:
         backward_block, weight_block, unsynced, post_backward = self.backward_blocks(f"{name}.backward", bwd, output)
         sync_ops, pieces = gradient_sync(tr, name, grads.params, self.point.parallel.zero, self.synced)
         sync = None if sync_ops is None else add_block(self.blocks, f"{name}.grad_sync", sync_ops)
+        sibling = self.sibling
+        if sibling is not None:
+            sibling_ops, sibling_pieces = gradient_sync(tr, name, grads.params, sibling.zero, sibling.synced)
+            sibling.add(sync, sibling_ops, sibling_pieces, f"{name}.grad_sync")
         gathers = (self.gather_block(f"{name}.forward", fwd), self.gather_block(f"{name}.backward", bwd))
         gathered = (fwd.gathered_params, bwd.gathered_params) if fwd.prefetch else (0.0, 0.0)
         traced = Traced(forward_block, backward_block, sync, saved, params, 0.0, gathers, gathered)
@@ -264,7 +312,9 @@ class ModuleTracer:
         recorded = {name: degree for name, degree in degrees.items() if name in RECORDED_DEGREES}
         numbers = {**sizes, **{f"degree.{name}": degree for name, degree in recorded.items()}}
         key = (trace_structure(self.point, keys), tuple(sorted(degrees)))
-        modules = recorded_modules(key, numbers)
+        zero = self.point.parallel.zero
+        shards = zero > 0 if self.train and zero < 3 else None
+        modules = recorded_modules(key, numbers, shards)
         if modules is not None:
             return modules
         tape = Tape()
@@ -274,11 +324,21 @@ class ModuleTracer:
         )
         if fsdp is not None:
             self.fsdp = replace(fsdp, degrees=tracer.degrees)
-        recording = Recording(tape, self.trace_modules(keys))
+        self.sibling = None if shards is None else ZeroSibling(0 if shards else 1)
+        traced = self.trace_modules(keys)
+        weights = {
+            id(w): weight_elements(tracer, w)
+            for t in (*traced.layers.values(), traced.embedding, traced.head)
+            for w in t.params
+        }
+        traced = replace(traced, weights=weights)
         tracer.use_sizes(sizes, degrees)
         self.fsdp = fsdp
+        sibling, self.sibling = self.sibling, None
+        other = sibling.modules(traced) if sibling is not None and sibling.alike else None
+        recording = Recording(tape, traced, shards, other)
         keep_recording(key, recording)
-        return recording.numeric(tape.values)
+        return recording.numeric(tape.values, shards)
 
 
 def _per_op_recomputed(tape: Sequence[Node]) -> list[Node]:

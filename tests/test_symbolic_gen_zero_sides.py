@@ -5,6 +5,7 @@ the recording (`Modules.weights`), and the model states sized from them equal th
 
 import pytest
 from helpers import make_point
+from test_symbolic_recording import _contents, _recordings, _traced_plainly
 
 from dse.modelstats import layer_kinds
 from generators.symbolic import SymbolicGenerator, recording
@@ -14,25 +15,6 @@ from generators.symbolic.optimizer import weight_elements
 from generators.symbolic.tracing import ModuleTracer
 
 SYSTEM = {"base": "dgx-h100", "network": {1: {"npus": 8}}}
-
-
-def _contents(workload) -> str:
-    """Every number and name of a workload, with the numbers' types: its blocks, and its programs' calls and
-    tensors (the model states among them)."""
-    forms = [workload.programs] + ([workload.steady.programs] if workload.steady else [])
-    programs = [[(p.calls, [tuple(t) for t in p.tensors]) for p in form] for form in forms]
-    numbers = [(type(op.flops), type(op.comm_bytes)) for block in workload.blocks for op in block.ops]
-    return repr((workload.blocks, programs, workload.model_flops, numbers))
-
-
-def _recordings() -> set[int]:
-    return {id(kept) for variants in recording._RECORDINGS.values() for kept in variants}
-
-
-def _traced_plainly(point, monkeypatch) -> str:
-    with monkeypatch.context() as patch:
-        patch.setattr(ModuleTracer, "modules", ModuleTracer.trace_modules)
-        return _contents(SymbolicGenerator().generate(point))
 
 
 LAYOUTS = [

@@ -49,10 +49,12 @@ def test_a_size_made_a_plain_number_cannot_be_recorded():
 
 
 def _contents(workload) -> str:
-    """Every number and name of a workload: its blocks, and its programs' calls and tensors."""
+    """Every number and name of a workload, with the numbers' types: its blocks, and its programs' calls and
+    tensors (the model states among them)."""
     forms = [workload.programs] + ([workload.steady.programs] if workload.steady else [])
     programs = [[(p.calls, [tuple(t) for t in p.tensors]) for p in form] for form in forms]
-    return repr((workload.blocks, programs, workload.model_flops))
+    numbers = [(type(op.flops), type(op.comm_bytes)) for block in workload.blocks for op in block.ops]
+    return repr((workload.blocks, programs, workload.model_flops, numbers))
 
 
 def _recordings() -> set[int]:

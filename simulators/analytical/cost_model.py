@@ -21,10 +21,11 @@ from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
-BATCH_FROM = 20
+BATCH_FROM = 40
 """Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
-than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 147-159 ms
-for 6 to 24 systems and 210 ms for 48, against about 7.2 ms a system point by point (2026-11-29)."""
+than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 141-158 ms
+for 6 to 32 systems and 191 ms for 48, against about 4 ms a system point by point (31 ms for 6, 144 ms for 32, 191
+ms for 48; 2026-11-30, on a shared 2-core machine)."""
 
 
 _last_system: tuple[SystemSpec, str] | None = None

@@ -49,7 +49,7 @@ class CompiledScheduler:
     def run(self) -> list[ClassSchedule]:
         programs = self._workload.programs
         calls = [call_arrays(program) for program in programs]
-        self._block_plans = [{b: self._planner.plan(b, index) for b in own.used} for index, own in enumerate(calls)]
+        self._block_plans = [self._planner.plans(own.used, index) for index, own in enumerate(calls)]
         tables = _Layout(self, calls, all(map(_on_shape, programs, calls))).tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
@@ -180,6 +180,28 @@ in all."""
 LAYOUTS_PER_JOIN = 16
 """Layouts (plans' structures) a joined entry keeps: a study's configurations of one schedule number their plans
 in a few ways; more would let one entry grow without bound (the layout kept first goes first)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """A set of plans' op rows (`_Layout._ops`; the kernel only reads them), their links numbered, and the bytes
+    of what of them keys a layout."""
+
+    ops: tuple[tuple, ...]
+    """The plans' op tuples, kept so that the identities the key holds stay theirs."""
+    fields: dict[str, np.ndarray]
+    per_plan: _PerPlan
+    link_ptr: np.ndarray
+    link_ids: np.ndarray
+    p_ops: np.ndarray
+    key: tuple[bytes, ...]
+    bytes: int
+    """The arrays' bytes, and as much again for the op tuples the entry keeps alive."""
+
+
+OP_ROW_BYTES = 8 * MIB
+"""Sets of plans' op rows (`_Rows`): one set is about 20 to 60 KiB."""
+_ROWS: ByteBoundedLru[tuple[int, ...], _Rows] = ByteBoundedLru("op rows", OP_ROW_BYTES, lambda e: e.bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,15 +348,13 @@ class _Layout:
                 numbers.append(number)
         plan_of = np.zeros(runs * width, dtype=_INT)
         plan_of[keys] = numbers
-        ops, per_plan = self._ops()
-        links: dict = {}
-        link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
-        p_ops = np.diff(ops["p_op_ptr"])
-        structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, link_ptr, link_ids, p_ops)
-        key = (scheduler._fast_forward, width, per_plan.comm.shape, *(x.tobytes() for x in structure[1:]))
+        rows = self._rows()
+        ops, per_plan = rows.fields, rows.per_plan
+        structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, rows.link_ptr, rows.link_ids)
+        key = (scheduler._fast_forward, width, per_plan.comm.shape, plan_of.tobytes(), *rows.key)
         laid = joined.laid_out.get(key)
         if laid is None:
-            laid = _laid_out(joined, *structure, scheduler._fast_forward)
+            laid = _laid_out(joined, *structure, rows.p_ops, scheduler._fast_forward)
             _keep(joined, key, laid)
         streams = len(scheduler._planner.streams)
         counters = np.zeros(4, dtype=_INT)
@@ -383,6 +403,33 @@ class _Layout:
             t_seconds=np.zeros(moved),
             counters=counters,
         )
+
+    def _rows(self) -> "_Rows":
+        """`_ops` and what the layout's key and links read of them, kept per tuple of the plans' op tuples
+        (checked by identity): a point's plans are mostly kept ones, and the steady check's longer form runs the
+        same plans again (a quarter of the runs of the 96 GPT-3 configurations of benchmarks/vs_calculon.py)."""
+        plans, streams = self._plans, len(self._scheduler._planner.streams)
+        key = (streams, *[id(p.ops) for p in plans])
+        found = _ROWS.get(key)
+        if found is not None and all(a is p.ops for a, p in zip(found.ops, plans, strict=True)):
+            return found
+        fields, per_plan = self._ops()
+        links: dict = {}
+        link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
+        p_ops = np.diff(fields["p_op_ptr"])
+        arrays = (per_plan.compute, per_plan.comm, per_plan.mails, link_ptr, link_ids, p_ops)
+        found = _Rows(
+            ops=tuple(p.ops for p in plans),
+            fields=fields,
+            per_plan=per_plan,
+            link_ptr=link_ptr,
+            link_ids=link_ids,
+            p_ops=p_ops,
+            key=tuple(x.tobytes() for x in arrays),
+            bytes=2 * sum(x.nbytes for x in (*fields.values(), *arrays)),
+        )
+        _ROWS.put(key, found)
+        return found
 
     def _ops(self) -> tuple[dict[str, np.ndarray], _PerPlan]:
         """Every distinct plan's ops as rows (plans.PlanOp's fields, transposed) with, per plan, its rows, output,

@@ -8,6 +8,7 @@ layer that leaves about a quarter of the ops. The kernels inside a fused run tha
 their end times through `marks`, offsets from the run's start.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,9 +133,13 @@ def _recipe(block: Block, fuse: bool) -> _Recipe:
     are different objects: the recipe is found by the block's hash and checked by comparing the blocks, each done
     once (hashing every op is most of what finding it costs; a key holding the block would hash it at each of the
     cache's lookups). Blocks whose hashes collide take turns in the cache."""
+    seen = _SEEN.get((id(block), fuse))
+    if seen is not None and seen[0] is block and _RECIPES.get(seen[1].key) is seen[1]:
+        return seen[1]
     key = (hash(block), fuse)
     recipe = _RECIPES.get(key)
     if recipe is not None and (recipe.block is block or recipe.block == block):
+        _see(block, fuse, recipe)
         return recipe
     needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
     runs: list[tuple[int, int, str, tuple[int, ...], bool, list[tuple[int, bool]]]] = []
@@ -158,7 +163,22 @@ def _recipe(block: Block, fuse: bool) -> _Recipe:
         bytes=RECIPE_BYTES_PER_OP * len(block.ops),
     )
     _RECIPES.put(key, recipe)
+    _see(block, fuse, recipe)
     return recipe
+
+
+SEEN_BLOCKS = 1024
+"""Blocks whose recipes `_SEEN` keeps: a point has a few dozen; a generator that keeps its blocks hands later
+points the same objects, each found again by identity instead of by hashing it (about half a point's blocks)."""
+_SEEN: dict[tuple[int, bool], tuple[Block, _Recipe]] = {}
+"""Per (block's identity, fuse), the block (so that the identity stays its own) and its recipe, which is used only
+while the cache still holds it under its key (else the block is looked up by hash as any other)."""
+
+
+def _see(block: Block, fuse: bool, recipe: _Recipe) -> None:
+    if len(_SEEN) >= SEEN_BLOCKS:
+        _SEEN.clear()
+    _SEEN[id(block), fuse] = (block, recipe)
 
 
 class Planner:
@@ -200,31 +220,44 @@ class Planner:
         self.categories: dict[str, int] = {}
 
     def plan(self, block_index: int, rank_class: int) -> Plan:
-        key = (block_index, rank_class)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        recipe = self._recipes.get(block_index)
-        if recipe is None:
-            recipe = self._recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
-        if recipe.p2p:
-            plan = self._plans[key] = self._kept(block_index, rank_class, recipe, rank_class, 1)
-            return plan
-        spans = self._spreads.get((recipe.axes, rank_class))
-        if spans is None:
-            pricer = self._pricer
-            spans = self._spreads[recipe.axes, rank_class] = (
-                tuple([pricer.span_key(axis, rank_class) for axis in recipe.axes]),
-                tuple([pricer.spread(axis, rank_class) for axis in recipe.axes]),
-            )
-        # Classes whose groups span the network alike run a block without p2p ops identically: they share one
-        # plan.
-        alike = (block_index, spans[0])
-        plan = self._shared.get(alike)
-        if plan is None:
-            plan = self._shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], 0)
-        self._plans[key] = plan
-        return plan
+        plan = self._plans.get((block_index, rank_class))
+        return self.plans((block_index,), rank_class)[block_index] if plan is None else plan
+
+    def plans(self, block_indices: Iterable[int], rank_class: int) -> dict[int, Plan]:
+        """`plan` of each block for the class: one call per program rather than per block, as the compiled engine
+        asks for every block a program calls (about 125 a point) and a call's own cost was most of a kept plan's."""
+        out: dict[int, Plan] = {}
+        plans, recipes, spreads, shared = self._plans, self._recipes, self._spreads, self._shared
+        for block_index in block_indices:
+            key = (block_index, rank_class)
+            plan = plans.get(key)
+            if plan is None:
+                recipe = recipes.get(block_index)
+                if recipe is None:
+                    recipe = recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
+                if recipe.p2p:
+                    plan = plans[key] = self._kept(block_index, rank_class, recipe, rank_class, 1)
+                else:
+                    spans = spreads.get((recipe.axes, rank_class))
+                    if spans is None:
+                        spans = spreads[recipe.axes, rank_class] = self._spans(recipe.axes, rank_class)
+                    # Classes whose groups span the network alike run a block without p2p ops identically: they
+                    # share one plan.
+                    alike = (block_index, spans[0])
+                    plan = shared.get(alike)
+                    if plan is None:
+                        plan = shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], 0)
+                    plans[key] = plan
+            out[block_index] = plan
+        return out
+
+    def _spans(self, axes: tuple[str, ...], rank_class: int) -> tuple[tuple, tuple]:
+        """(span_key, spread) per axis of the class's groups."""
+        pricer = self._pricer
+        return (
+            tuple([pricer.span_key(axis, rank_class) for axis in axes]),
+            tuple([pricer.spread(axis, rank_class) for axis in axes]),
+        )
 
     def _kept(self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, p2p: int) -> Plan:
         """The plan kept for this content and spread of the class (`_Shelf`), numbered as this planner numbers;

@@ -42,10 +42,11 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 7.5-8 ms at the median
-    with its generation, and 15 ms of simulation on average over 18 points of which the process's first also loads
-    the compiled kernels (0.17 s); a revisit of the same points runs at 132-137 per second (benchmarks/
-    evaluate_rate.py, printed on a shared 2-core machine at load 2, 2026-11-29).
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 2.5 ms at the median
+    with its generation, and 11-12 ms of simulation on average over 18 points, most of it the process's first
+    point (175-186 ms with its workload's first shape); a revisit of the same points runs at 530-534 per second,
+    and a study-like sample (216 points, 18 configurations on 12 systems, shuffled) at 318-324 (benchmarks/
+    evaluate_rate.py, printed on a shared 2-core machine at load 1-2, 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

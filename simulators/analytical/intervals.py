@@ -102,23 +102,15 @@ class Busy:
 
     def between(self, start: float, end: float) -> tuple[float, float, float]:
         """(compute, communication, exposed communication) seconds from `start` to `end`: the differences of
-        what there is before each, so a window costs two binary searches, not a pass over the timeline."""
-        (compute_a, comm_a, hidden_a), (compute_b, comm_b, hidden_b) = self._before(start), self._before(end)
-        comm = comm_b - comm_a
-        return compute_b - compute_a, comm, max(0.0, comm - (hidden_b - hidden_a))
+        what there is before each (`_before`), so a window costs two binary searches, not a pass over the
+        timeline."""
+        return _between(self.knots, self.done, self.comm_starts, self.comm_ends, self.hidden, start, end)
 
-    def _before(self, moment: float) -> tuple[float, float, float]:
-        """Compute, communication and hidden communication seconds before `moment`."""
-        compute = float(np.interp(moment, self.knots, self.done)) if len(self.knots) else 0.0
-        whole = int(np.searchsorted(self.comm_ends, moment, side="right"))  # merged intervals ended by then
-        comm = float((self.comm_ends[:whole] - self.comm_starts[:whole]).sum())
-        hidden = float(self.hidden[:whole].sum())
-        if whole < len(self.comm_starts) and self.comm_starts[whole] < moment:  # the one under way
-            start = float(self.comm_starts[whole])
-            comm += moment - start
-            if len(self.knots):
-                hidden += compute - float(np.interp(start, self.knots, self.done))
-        return compute, comm, hidden
+    def periods(self, lo: float, shift: float) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+        """`between(lo, lo + shift)` and `between(lo + shift, lo + 2 * shift)`, in one compiled call (`steady`
+        asks this of every stage of every form it checks)."""
+        both = _windows(self.knots, self.done, self.comm_starts, self.comm_ends, self.hidden, lo, shift)
+        return both[:3], both[3:]
 
 
 def ordered_busy(
@@ -282,8 +274,7 @@ def pairwise_sum(a: np.ndarray) -> float:
     """a.sum() as numpy adds it, less its initial 0.0 (np.add.reduce's pairwise_sum: eight running sums over
     blocks of up to 128 values, the sums of halves added above that; tests/test_compiled_busy.py checks it against
     the installed numpy). numpy recurses; numba segfaults loading a recursive function from its disk cache, so
-    the halves are walked with a stack (left half, right half, add). `steady`'s compiled windows call it: numba's
-    disk cache does not notice a change here in their cached code, so clear `__pycache__/*.nb*` after one."""
+    the halves are walked with a stack (left half, right half, add)."""
     if len(a) <= 128:
         return _block_sum(a, 0, len(a))
     frames = np.empty((64, 3), dtype=np.int64)  # (start, length, halves done); a 2**64-long array needs fewer
@@ -332,3 +323,87 @@ def _block_sum(a: np.ndarray, lo: int, n: int) -> float:
         res += a[i]
         i += 1
     return res
+
+
+@njit(cache=True)
+def _between(
+    knots: np.ndarray,
+    done: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    hidden: np.ndarray,
+    start: float,
+    end: float,
+) -> tuple[float, float, float]:
+    """`Busy.between`: compute, communication and exposed communication seconds from start to end."""
+    a = _before(knots, done, comm_starts, comm_ends, hidden, start)
+    b = _before(knots, done, comm_starts, comm_ends, hidden, end)
+    comm = b[1] - a[1]
+    exposed = comm - (b[2] - a[2])
+    return b[0] - a[0], comm, exposed if exposed > 0.0 else 0.0
+
+
+@njit(cache=True)
+def _windows(
+    knots: np.ndarray,
+    done: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    hidden: np.ndarray,
+    lo: float,
+    shift: float,
+) -> tuple[float, float, float, float, float, float]:
+    """`Busy.periods`: the windows from lo to lo + shift and from there to lo + 2 * shift of the Busy with these
+    fields, each as `_between` gives it, the moment between them read once."""
+    a = _before(knots, done, comm_starts, comm_ends, hidden, lo)
+    b = _before(knots, done, comm_starts, comm_ends, hidden, lo + shift)
+    c = _before(knots, done, comm_starts, comm_ends, hidden, lo + 2 * shift)
+    first_comm, second_comm = b[1] - a[1], c[1] - b[1]
+    first_exposed, second_exposed = first_comm - (b[2] - a[2]), second_comm - (c[2] - b[2])
+    return (
+        b[0] - a[0],
+        first_comm,
+        first_exposed if first_exposed > 0.0 else 0.0,
+        c[0] - b[0],
+        second_comm,
+        second_exposed if second_exposed > 0.0 else 0.0,
+    )
+
+
+@njit(cache=True)
+def _before(
+    knots: np.ndarray, done: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, hidden: np.ndarray, t: float
+) -> tuple[float, float, float]:
+    """Compute, communication and hidden communication seconds before t, of the Busy with these fields: compute
+    by np.interp over the knots (`_interp`), the merged communication intervals ended by t (numpy's pairwise sums
+    of theirs and their hidden seconds), and the one under way at t, if any, up to t."""
+    compute = _interp(t, knots, done) if len(knots) else 0.0
+    whole = np.searchsorted(comm_ends, t, side="right")
+    comm = 0.0 + pairwise_sum(comm_ends[:whole] - comm_starts[:whole])
+    covered = 0.0 + pairwise_sum(hidden[:whole])
+    if whole < len(comm_starts) and comm_starts[whole] < t:  # the one under way
+        start = comm_starts[whole]
+        comm += t - start
+        if len(knots):
+            covered += compute - _interp(start, knots, done)
+    return compute, comm, covered
+
+
+@njit(cache=True)
+def _interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
+    """np.interp(x, xp, fp) for one x and rising xp: its search (the last knot at or before x) and its cases and
+    formula, its retries where the formula gives nan included."""
+    if np.isnan(x):
+        return x
+    j = np.searchsorted(xp, x, side="right") - 1
+    if j < 0:
+        return fp[0]
+    if j == len(xp) - 1 or xp[j] == x:
+        return fp[j]
+    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
+    value = slope * (x - xp[j]) + fp[j]
+    if np.isnan(value):
+        value = slope * (x - xp[j + 1]) + fp[j + 1]
+        if np.isnan(value) and fp[j] == fp[j + 1]:
+            value = fp[j]
+    return value

@@ -38,7 +38,6 @@ from dse.workload import CallShape, Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, on_shape, shape_array
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
-from simulators.analytical.intervals import pairwise_sum
 
 T = TypeVar("T")
 
@@ -225,76 +224,10 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     busy = sched.busy
     assert busy is not None
     lo = float(sched.call_start[first_call])
-    both = _windows(busy.knots, busy.done, busy.comm_starts, busy.comm_ends, busy.hidden, lo, shift)
-    first, second = both[:3], both[3:]
+    first, second = busy.periods(lo, shift)
     if any(abs(a - b) > TOLERANCE_S for a, b in zip(first, second, strict=True)):
         return None
     return first
-
-
-@njit(cache=True)
-def _windows(
-    knots: np.ndarray,
-    done: np.ndarray,
-    comm_starts: np.ndarray,
-    comm_ends: np.ndarray,
-    hidden: np.ndarray,
-    lo: float,
-    shift: float,
-) -> tuple[float, float, float, float, float, float]:
-    """`Busy.between(lo, lo + shift)` and `Busy.between(lo + shift, lo + 2 * shift)` of the Busy with these
-    fields, with its float operations (np.interp's, numpy's pairwise sums), in one call rather than four
-    `Busy._before`'s dozen numpy calls."""
-    a = _before(knots, done, comm_starts, comm_ends, hidden, lo)
-    b = _before(knots, done, comm_starts, comm_ends, hidden, lo + shift)
-    c = _before(knots, done, comm_starts, comm_ends, hidden, lo + 2 * shift)
-    first_comm, second_comm = b[1] - a[1], c[1] - b[1]
-    first_exposed, second_exposed = first_comm - (b[2] - a[2]), second_comm - (c[2] - b[2])
-    return (
-        b[0] - a[0],
-        first_comm,
-        first_exposed if first_exposed > 0.0 else 0.0,
-        c[0] - b[0],
-        second_comm,
-        second_exposed if second_exposed > 0.0 else 0.0,
-    )
-
-
-@njit(cache=True)
-def _before(
-    knots: np.ndarray, done: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, hidden: np.ndarray, t: float
-) -> tuple[float, float, float]:
-    """`Busy._before(t)`: compute, communication and hidden communication seconds before t."""
-    compute = _interp(t, knots, done) if len(knots) else 0.0
-    whole = np.searchsorted(comm_ends, t, side="right")
-    comm = 0.0 + pairwise_sum(comm_ends[:whole] - comm_starts[:whole])
-    covered = 0.0 + pairwise_sum(hidden[:whole])
-    if whole < len(comm_starts) and comm_starts[whole] < t:  # the one under way
-        start = comm_starts[whole]
-        comm += t - start
-        if len(knots):
-            covered += compute - _interp(start, knots, done)
-    return compute, comm, covered
-
-
-@njit(cache=True)
-def _interp(x: float, xp: np.ndarray, fp: np.ndarray) -> float:
-    """np.interp(x, xp, fp) for one x and rising xp: its search (the last knot at or before x) and its cases and
-    formula, its retries where the formula gives nan included."""
-    if np.isnan(x):
-        return x
-    j = np.searchsorted(xp, x, side="right") - 1
-    if j < 0:
-        return fp[0]
-    if j == len(xp) - 1 or xp[j] == x:
-        return fp[j]
-    slope = (fp[j + 1] - fp[j]) / (xp[j + 1] - xp[j])
-    value = slope * (x - xp[j]) + fp[j]
-    if np.isnan(value):
-        value = slope * (x - xp[j + 1]) + fp[j + 1]
-        if np.isnan(value) and fp[j] == fp[j + 1]:
-            value = fp[j]
-    return value
 
 
 class _Costs:

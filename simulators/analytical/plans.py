@@ -16,7 +16,7 @@ import numpy as np
 from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
-from simulators.analytical.pricing import BlockPricer
+from simulators.analytical.pricing import BlockPricer, pricing_settings
 
 COMPUTE, COLLECTIVE, SEND, RECV = range(4)
 _KIND_CODE = {OpKind.COMPUTE: COMPUTE, OpKind.COLLECTIVE: COLLECTIVE, OpKind.SEND: SEND, OpKind.RECV: RECV}
@@ -422,16 +422,7 @@ def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth
     are not kept across points. The system is keyed by identity: points of a study share its object."""
     if system.accelerator.memory_tiers:
         return None
-    return (
-        id(system),
-        workload.dtype,
-        workload.attention_kernel,
-        workload.framework_allreduce,
-        workload.expert_exchange,
-        workload.expert_compute,
-        fuse,
-        share_bandwidth,
-    )
+    return (id(system), *pricing_settings(workload), fuse, share_bandwidth)
 
 
 def _joins(op: Op, block: Block, run_waits_on_inputs: bool) -> bool:

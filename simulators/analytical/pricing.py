@@ -219,19 +219,25 @@ def _tables_of(workload: Workload, accelerator: AcceleratorSpec) -> _Tables:
     kept per system (`plans._context`), a kept entry does not see a table file replaced while the process runs."""
     if accelerator.memory_tiers:
         return _tables(workload, accelerator, working_set(workload.programs, workload.blocks, accelerator))
-    key = (
-        id(accelerator),
-        workload.dtype,
-        workload.attention_kernel,
-        workload.framework_allreduce,
-        workload.expert_exchange is None,
-        workload.expert_compute is None,
-    )
+    key = (id(accelerator), *pricing_settings(workload))
     found = _TABLES.get(key)
     if found is None or found.accelerator is not accelerator:
         found = _tables(workload, accelerator, None)
         _TABLES.put(key, found)
     return found
+
+
+def pricing_settings(workload: Workload) -> tuple:
+    """What of a workload besides its blocks and layout `BlockPricer` prices its ops by: its dtype, attention
+    kernel, framework all-reduce, and expert exchange and compute (`_tables`, `expert_block`). What keeps priced
+    things across workloads keys on these (the tables here, `plans`' kept plans)."""
+    return (
+        workload.dtype,
+        workload.attention_kernel,
+        workload.framework_allreduce,
+        workload.expert_exchange,
+        workload.expert_compute,
+    )
 
 
 def _tables(workload: Workload, accelerator: AcceleratorSpec, placed: float | None) -> _Tables:

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dse.errors import InfeasibleError
-from dse.fields import GiB
 from dse.interfaces import ClassResult, SimResult
 from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
@@ -50,7 +49,7 @@ from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
 from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
 from simulators.analytical.batch_structure import Reads, structure
-from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness
+from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness, reserved
 from simulators.analytical.steady import forms
 from simulators.analytical.tape import Tape
 
@@ -205,15 +204,14 @@ def _results(
     operation the one the per-system code makes."""
     accelerators = [system.accelerator for system in systems]
     slowdown = np.array([accelerator.overlap_slowdown for accelerator in accelerators], dtype=float)
-    reserve = np.array([accelerator.runtime_reserve_GiB for accelerator in accelerators], dtype=float) * GiB
+    reserve_GiB = np.array([accelerator.runtime_reserve_GiB for accelerator in accelerators], dtype=float)
     fragmentation = np.array([accelerator.fragmentation for accelerator in accelerators], dtype=float)
-    reserves = reserve.tolist()
     columns = []
     for (name, count), own in zip(classes_of, figures, strict=True):
         comm, exposed = own.comm[timing_of], own.exposed[timing_of]
         slowed = slowdown * (comm - exposed)
         peak = np.array([own.peaks[t][0] for t in timing_of.tolist()], dtype=float)
-        fragments = fragmentation * peak
+        total, reserve, fragments = reserved(peak, reserve_GiB, fragmentation)
         columns.append(
             (
                 name,
@@ -222,7 +220,8 @@ def _results(
                 (own.compute[timing_of] + slowed).tolist(),
                 comm.tolist(),
                 exposed.tolist(),
-                (peak + reserve + fragments).tolist(),
+                total.tolist(),
+                reserve.tolist(),
                 fragments.tolist(),
                 own,
             )
@@ -230,7 +229,7 @@ def _results(
     out = []
     for k, timing in enumerate(timing_of.tolist()):
         classes = []
-        for name, count, end, compute, comm, exposed, peak, fragments, own in columns:
+        for name, count, end, compute, comm, exposed, peak, reserves, fragments, own in columns:
             at_peak = dict(own.peaks[timing][1])
             at_peak[RESERVE] = reserves[k]
             at_peak[FRAGMENTATION] = fragments[k]

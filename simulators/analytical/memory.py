@@ -8,6 +8,7 @@ fewer micro-batches of activations than GPipe.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from numba import njit
@@ -26,6 +27,7 @@ from dse.workload import (
 from simulators.analytical.calls import call_array
 
 _TEMPORARY = TENSOR_KIND_CODE[TensorKind.TEMPORARY]
+T = TypeVar("T", float, np.ndarray)
 
 
 def peak_memory(
@@ -319,8 +321,15 @@ def with_runtime_reserve(peak: float, at_peak: dict[str, float], accelerator: Ac
     fragmentation: the caching allocator's blocks that are reserved but not usable for the next request, a share
     of what the step allocates (the share torch.cuda.memory_reserved exceeds memory_allocated by at the peak).
     """
-    reserve = accelerator.runtime_reserve_GiB * GiB
-    fragmentation = accelerator.fragmentation * peak
+    total, reserve, fragmentation = reserved(peak, accelerator.runtime_reserve_GiB, accelerator.fragmentation)
     at_peak[RESERVE] = reserve
     at_peak[FRAGMENTATION] = fragmentation
-    return peak + reserve + fragmentation
+    return total
+
+
+def reserved(peak: T, runtime_reserve_GiB: T, fragmentation: T) -> tuple[T, T, T]:
+    """(the peak with the runtime's bytes, the reserve's bytes, fragmentation's bytes) of `with_runtime_reserve`,
+    for one peak or, as arrays, for many systems at once (`batch`), with the same float operations."""
+    reserve = runtime_reserve_GiB * GiB
+    fragments = fragmentation * peak
+    return peak + reserve + fragments, reserve, fragments

@@ -32,4 +32,6 @@ def test_compiled_and_interpreted_reference_agree_to_the_bit(case):
         assert (a.end_s, a.compute_s, a.comm_s, a.exposed_comm_s) == (b.end_s, b.compute_s, b.comm_s, b.exposed_comm_s)
         assert a.time_by_category == b.time_by_category
         assert np.array_equal(a.call_start, b.call_start) and np.array_equal(a.call_end, b.call_end)
-        assert [(c, names[k], s) for c, k, s in a.transfers] == [(c, reference_names[k], s) for c, k, s in b.transfers]
+        assert [(c, names[k], s) for c, k, s in a.transfers.rows()] == [
+            (c, reference_names[k], s) for c, k, s in b.transfers.rows()
+        ]

@@ -49,7 +49,7 @@ def _check(on: _Recording, off: _Recording) -> None:
         for field in ("compute_s", "comm_s", "exposed_comm_s"):
             assert getattr(a, field) == pytest.approx(getattr(b, field), rel=ROUNDING, abs=bound)
         assert a.time_by_category == b.time_by_category  # added per call, in order, either way
-        assert [t[:2] for t in a.transfers] == [t[:2] for t in b.transfers]
+        assert [t[:2] for t in a.transfers.rows()] == [t[:2] for t in b.transfers.rows()]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -25,7 +25,7 @@ from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.calls import memoised
-from simulators.analytical.engine import ClassSchedule, _Scheduler
+from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.intervals import ordered_busy
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
 
@@ -60,8 +60,6 @@ class CompiledScheduler:
         names = list(self._planner.categories)
         runs, streams = len(t.base) - 1, len(self._planner.streams)
         category_time = t.category_time.tolist()
-        # Every run's transfers are laid out in turn (`t_ptr`) and all settle, so one list serves every run.
-        transfers = list(zip(t.t_call.tolist(), t.t_category.tolist(), t.t_seconds.tolist(), strict=True))
         firsts = t.comm_ptr[np.arange(runs + 1) * streams]
         stream_ptrs = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)] - firsts[:-1, None]
         out = []
@@ -92,7 +90,7 @@ class CompiledScheduler:
                     call_end=t.call_end[lo:hi],
                     events=[],
                     busy=busy,
-                    transfers=transfers[b0:b1],
+                    transfers=Transfers(t.t_call[b0:b1], t.t_category[b0:b1], t.t_seconds[b0:b1]),
                 )
             )
         return out

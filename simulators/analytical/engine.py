@@ -18,12 +18,35 @@ pair in issue order.
 from collections import deque
 from dataclasses import dataclass, field
 from math import inf
+from typing import NamedTuple
+
+import numpy as np
 
 from dse.interfaces import TimelineEvent
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical.intervals import Busy, split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
+
+
+class Transfers(NamedTuple):
+    """(call, category, seconds) of every p2p transfer of a class, in the order they settle: unlike other ops',
+    their time is known only once paired. Arrays, as the compiled scheduler records them and `steady` sums them."""
+
+    call: np.ndarray
+    category: np.ndarray
+    seconds: np.ndarray
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, float]]) -> "Transfers":
+        calls, categories, seconds = zip(*rows, strict=True) if rows else ((), (), ())
+        return cls(
+            np.array(calls, dtype=np.int64), np.array(categories, dtype=np.int64), np.array(seconds, dtype=float)
+        )
+
+    def rows(self) -> list[tuple[int, int, float]]:
+        """The transfers as (call, category, seconds) tuples."""
+        return list(zip(self.call.tolist(), self.category.tolist(), self.seconds.tolist(), strict=True))
 
 
 @dataclass(slots=True)
@@ -42,8 +65,7 @@ class ClassSchedule:
     events: list[TimelineEvent]
     busy: Busy | None = None
     """The busy intervals, when the scheduler keeps them (the compiled one does, for `steady`)."""
-    transfers: list[tuple[int, int, float]] = field(default_factory=list)
-    """(call, category, seconds) of every p2p transfer: unlike other ops', their time is known only once paired."""
+    transfers: Transfers = field(default_factory=lambda: Transfers.of([]))
 
 
 @dataclass(slots=True, eq=False)
@@ -306,5 +328,5 @@ class _Scheduler:
             call_start=run.call_start,
             call_end=run.call_end,
             events=run.events or [],
-            transfers=run.transfers,
+            transfers=Transfers.of(run.transfers),
         )

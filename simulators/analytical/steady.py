@@ -93,13 +93,14 @@ def _extended(
     scheduler, schedules = simulated[id(form.programs)]
     shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
     for period in periods:
-        found = [
-            _period(program, shape, sched, period)
-            for program, shape, sched in zip(form.programs, shapes, schedules, strict=True)
-        ]
-        if any(f is None for f in found):
+        found = []
+        for program, shape, sched in zip(form.programs, shapes, schedules, strict=True):
+            if (own := _period(program, shape, sched, period)) is None:
+                break  # one stage without it rules the period out
+            found.append(own)
+        if len(found) < len(schedules):
             continue
-        shifts = [f[0] for f in found]  # type: ignore[index]
+        shifts = [f[0] for f in found]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
@@ -259,7 +260,8 @@ class _Costs:
         p2p transfers, each category's seconds added in that order, from 0.0 (as a dict's running sums were)."""
         totals = np.zeros(len(self._names))
         seen = np.zeros(len(self._names), dtype=np.int64)
-        count = _add_plans(
+        transfers = sched.transfers
+        count = _add_period(
             blocks,
             calls.start,
             calls.stop,
@@ -267,20 +269,18 @@ class _Costs:
             self._ptr,
             self._category,
             self._seconds,
+            transfers.call,
+            transfers.category,
+            transfers.seconds,
             totals,
             seen,
         )
-        order, sums = seen[:count].tolist(), totals.tolist()
-        for call, category, seconds in sched.transfers:
-            if call in calls:
-                if category not in order:
-                    order.append(category)
-                sums[category] += seconds
-        return {self._names[c]: sums[c] for c in order}
+        sums = totals.tolist()
+        return {self._names[c]: sums[c] for c in seen[:count].tolist()}
 
 
 @njit(cache=True)
-def _add_plans(
+def _add_period(
     blocks: np.ndarray,
     lo: int,
     hi: int,
@@ -288,11 +288,15 @@ def _add_plans(
     ptr: np.ndarray,
     category: np.ndarray,
     seconds: np.ndarray,
+    transfer_call: np.ndarray,
+    transfer_category: np.ndarray,
+    transfer_seconds: np.ndarray,
     totals: np.ndarray,
     seen: np.ndarray,
 ) -> int:
-    """Adds the category seconds of calls lo..hi's plans into totals, call by call; lists in `seen` the categories
-    in the order they first appear, and returns how many."""
+    """Adds into totals the category seconds of calls lo..hi's plans, call by call, then those of the transfers
+    of those calls, in the order they settled; lists in `seen` the categories in the order they first appear, and
+    returns how many."""
     count = 0
     listed = np.zeros(len(totals), dtype=np.bool_)
     for c in range(lo, hi):
@@ -302,6 +306,13 @@ def _add_plans(
             if not listed[category[k]]:
                 listed[category[k]] = True
                 seen[count] = category[k]
+                count += 1
+    for k in range(len(transfer_call)):
+        if lo <= transfer_call[k] < hi:
+            totals[transfer_category[k]] += transfer_seconds[k]
+            if not listed[transfer_category[k]]:
+                listed[transfer_category[k]] = True
+                seen[count] = transfer_category[k]
                 count += 1
     return count
 

@@ -355,7 +355,7 @@ class _Layout:
             laid = _laid_out(joined, *structure, rows.p_ops, scheduler._fast_forward)
             _keep(joined, key, laid)
         streams = len(scheduler._planner.streams)
-        counters = np.zeros(4, dtype=_INT)
+        counters = np.zeros(kernel.COUNTERS, dtype=_INT)
         counters[kernel.RING_TAIL] = runs  # every run starts queued
         calls_in_all, moved = int(base[-1]), len(laid.mailbox)
         # The kept arrays go to the kernel as copies: by the next point they have left the CPU's caches, and the

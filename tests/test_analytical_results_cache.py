@@ -71,3 +71,18 @@ def test_a_workload_that_differs_under_the_same_key_is_priced_afresh(priced):
     after = model.simulate(workload, point.system)
     assert priced["fast"] == 2
     assert after.classes[0].peak_memory_bytes > before.classes[0].peak_memory_bytes
+
+
+def test_calls_edited_in_place_after_pricing_are_priced_afresh(priced):
+    """A snapshot holds an unedited ShapeCalls itself rather than a copy: an edit made to those calls after pricing
+    (which the list notes) must not find the result priced before it."""
+    point = make_point(tp=2, pp=2, dp=2, global_batch=16, system=DGX)
+    workload = SymbolicGenerator().generate(point)
+    program = workload.programs[0]  # the programs built before pricing: the snapshot holds their calls
+    model = AnalyticalCostModel()
+    before = model.simulate(workload, point.system)
+    assert model.simulate(workload, point.system) == before and priced["fast"] == 1  # read back
+    program.calls[-1] = program.calls[-1]  # the same call again, but written in place: the list notes an edit
+    again = model.simulate(workload, point.system)
+    assert priced["fast"] == 2
+    assert again == before  # the same calls, priced again

@@ -262,6 +262,16 @@ def columns_of(tensors: Sequence[Tensor]) -> TensorColumns:
     return tensors.columns() if isinstance(tensors, TableTensors) else tensor_columns(tensors)
 
 
+def table_parts(tensors: Sequence[Tensor]) -> tuple[tuple[Tensor, ...], TensorTable, np.ndarray] | None:
+    """(own tensors, table, the table's sizes) of tensors held in a TensorTable and never made as objects, else
+    None: what a cost model needs to keep what it derives from the table's columns for later points of the table,
+    and to read a point's sizes without `columns_of` building every column again."""
+    if not isinstance(tensors, TableTensors) or not tensors.unmade:
+        return None
+    assert tensors._table is not None and tensors._nbytes is not None
+    return tensors._own, tensors._table, tensors._nbytes
+
+
 @dataclass(slots=True, eq=False)
 class CallShape:
     """One sequence of calls, shared by every program that runs it (a generator hands the same object to the

@@ -80,7 +80,7 @@ def gradient_buckets(
 
 
 class GradientSyncs:
-    """When a stage's gradient collectives start, in one walk of its schedule (`Pipeline.schedule`): each bucket as
+    """When a stage's gradient collectives start, in one walk of its schedule (`walk.walk`): each bucket as
     the backward of the last of its modules ends, for every micro-batch whose backward syncs, or without
     `overlap_grad_reduce` all of them once the stage's whole backward has ended (`issue_deferred`)."""
 

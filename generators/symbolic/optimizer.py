@@ -169,7 +169,7 @@ class ModelStates:
         module's updated weights, which Megatron issues bucket by bucket during the next step's forward, just
         ahead of the module that reads them. Priced in one step as its steady state: by the module's forward
         block, a block gathering its weights that the schedule issues ahead of its first forward
-        (`Pipeline.schedule`); a tied table is gathered once, before its first module (the embedding)."""
+        (`walk.walk`); a tied table is gathered once, before its first module (the embedding)."""
         p = self.point.parallel
         if not (self.train and p.overlap_param_gather and p.zero in (1, 2)):
             return {}

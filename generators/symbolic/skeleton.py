@@ -8,7 +8,7 @@ import numpy as np
 
 from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint
-from dse.workload import CallShape, OpKind, Program, TableTensors, TensorTable, tensor_columns
+from dse.workload import TENSOR_KIND_CODE, CallShape, OpKind, Program, TableTensors, TensorKind, TensorTable
 from generators.symbolic.blocks import LayerKey, Traced
 from generators.symbolic.schedule import steady_microbatches
 from generators.symbolic.sharding import Sharding
@@ -25,6 +25,8 @@ reads, the part the weight-gradient half reads, and what the input-gradient half
 (`Traced.held_for_weight`)."""
 RESHARDED = 2
 """A `Source`'s `what` for the 1/n shard of a module's weights kept from its forward to its backward."""
+TensorRow = tuple[str, TensorKind, float, int, int]
+"""A scheduled tensor as a walk keeps it: a `Tensor`'s fields (name, kind, bytes, producer, consumer call)."""
 
 
 def traced_bytes(traced: Traced, what: int, post_forward: float | None) -> float:
@@ -61,21 +63,20 @@ class Skeleton:
 
     @staticmethod
     def of_walk(
-        program: Program, first_tensor: int, sources: list[Source], p2p: tuple[tuple[OpKind, int, str], ...]
+        program: Program, rows: list[TensorRow], sources: list[Source], p2p: tuple[tuple[OpKind, int, str], ...]
     ) -> "Skeleton":
-        """The skeleton of a program just walked (`Pipeline.schedule`): the walk added its tensors from
-        `first_tensor` on, sized by `sources`, and made the p2p blocks `p2p`. The program takes the skeleton's
-        shape and holds those tensors in its table."""
-        own, added = program.tensors[:first_tensor], program.tensors[first_tensor:]
+        """The skeleton of a program just walked (`walk.walk`): the walk kept the tensors `rows` alive,
+        sized by `sources`, and made the p2p blocks `p2p`. The program takes the skeleton's shape and holds those
+        tensors in its table after its own."""
         distinct = tuple(dict.fromkeys(sources))
         place = {source: i for i, source in enumerate(distinct)}
-        columns = tensor_columns(added)
+        names, kinds, nbytes, producer, consumer = tuple(zip(*rows, strict=True)) or ((),) * 5
         table = TensorTable(
-            tuple(t.name for t in added),
-            tuple(t.kind for t in added),
-            columns.producer,
-            columns.consumer,
-            columns.kind,
+            names,
+            kinds,
+            np.array(producer, dtype=np.intp),
+            np.array(consumer, dtype=np.intp),
+            np.array([TENSOR_KIND_CODE[kind] for kind in kinds], dtype=np.intp),
         )
         skeleton = Skeleton(
             CallShape(tuple(program.calls)),
@@ -85,7 +86,7 @@ class Skeleton:
             np.array([place[source] for source in sources], dtype=np.intp),
         )
         program.calls, program.shape = skeleton.shape.program_calls(), skeleton.shape
-        program.tensors = TableTensors(own, table, columns.bytes)
+        program.tensors = TableTensors(program.tensors, table, np.array(nbytes, dtype=float))
         return skeleton
 
     def fill(self, program: Program, nbytes: np.ndarray) -> None:

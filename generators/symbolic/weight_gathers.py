@@ -1,4 +1,4 @@
-"""ZeRO-3's weight all-gathers in one walk of a stage's schedule (`Pipeline.schedule`): which module's forward or
+"""ZeRO-3's weight all-gathers in one walk of a stage's schedule (`walk.walk`): which module's forward or
 backward gathers its weights, and how far ahead of the module each gather is issued (`parallel.fsdp_prefetch`).
 
 FSDP issues a module's all-gather before the compute (and gradient reduce-scatter) of the module `fsdp_prefetch`

@@ -7,7 +7,7 @@ from dataclasses import asdict
 import numpy as np
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import batch, batch_kernels
+from simulators.analytical import batch, batch_kernels, intervals
 from simulators.analytical.batch_busy import BLOCK
 from tests.helpers import make_point
 
@@ -21,42 +21,68 @@ def test_sort_orders_any_row():
         assert np.array_equal(row, expected)
 
 
-def _union(intervals: list[tuple[float, float]], moment: float) -> tuple[float, float]:
-    """The seconds the intervals cover, and those before the moment, merging them in order of start."""
-    total = before = 0.0
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    for start, end in merged:
-        total += end - start
-        before += max(0.0, min(end, moment) - start)
-    return total, before
-
-
-def test_measure_is_the_union_of_intervals():
-    rng = np.random.default_rng(1)
-    count, systems = 40, 37  # two blocks of systems, the second short
-    starts = rng.random((count, systems)) * 10
-    ends = starts + rng.random((count, systems))
-    values = np.vstack((starts, ends))
+def _measured(
+    compute: np.ndarray, comm: np.ndarray, moments: np.ndarray, blocks: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_kernels.measure` on intervals given as times (2 x intervals x systems: starts, ends), each a row of
+    values, the communication's starts and ends in the first system's order."""
+    systems = compute.shape[2]
+    values = np.vstack((compute[0], compute[1], comm[0], comm[1]))
+    n, m = compute.shape[1], comm.shape[1]
     durations = np.zeros((1, systems))  # the zero row alone: no start has a duration taken off
-    moments = np.full((1, systems), 5.0)
-    rows = np.arange(count, dtype=np.intp)
-    total, before = batch_kernels.measure(
-        values, durations, rows, np.zeros(count, dtype=np.intp), rows + count, False, moments, np.array([0, 32, 37])
-    )
-    for system in range(systems):
-        expected = _union(list(zip(starts[:, system], ends[:, system], strict=True)), 5.0)
-        assert np.allclose((total[system], before[0, system]), expected, rtol=1e-12, atol=1e-12)
+    rows = np.arange(len(values), dtype=np.intp)
+    column = np.zeros(n + m, dtype=np.intp)
+    compute_rows = np.stack((rows[:n], column[:n], rows[n : 2 * n]))
+    comm_starts = 2 * n + np.argsort(comm[0, :, 0], kind="stable")
+    comm_ends = 2 * n + m + np.argsort(comm[1, :, 0], kind="stable")
+    comm_rows = np.stack((comm_starts, column[n:], comm_ends))
+    return batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks)
+
+
+def test_measure_is_what_busy_measures():
+    """Every figure `Busy` gives on each system's intervals, to rounding: the totals, and the seconds before each
+    moment (`intervals._before`). Communication intervals in any order, overlapping each other and the compute, and
+    moments before, inside and past the timeline; on whole seconds, intervals that touch or have no length, and
+    moments at their ends. 37 systems make two blocks, the second short."""
+    rng = np.random.default_rng(1)
+    for n, m, systems, whole in [(30, 40, 37, False), (12, 20, 37, True), (0, 12, 5, False), (9, 0, 5, False)]:
+        bounds = np.sort(rng.random((2 * n, systems)) * 10, axis=0)
+        starts = rng.random((m, systems)) * 10
+        lengths = rng.random((m, systems)) * rng.choice([0.1, 1.0, 3.0], (m, 1))
+        if whole:
+            bounds, starts, lengths = np.floor(bounds), np.floor(starts), np.floor(lengths * 2)
+        compute = np.stack((bounds[0::2], bounds[1::2]))
+        comm = np.stack((starts, starts + lengths))
+        moments = np.vstack(
+            (rng.random((6, systems)) * 12 - 1, compute[0, :1], comm[1, :1], np.full((1, systems), 5.0))
+        )
+        blocks = np.array([0, 32, systems]) if systems > 32 else np.array([0, systems])
+        totals, before = _measured(compute, comm, moments, blocks)
+        for system in range(systems):
+            busy = intervals.Busy.of(*compute[:, :, system], *comm[:, :, system])
+            assert np.allclose(totals[:, system], busy.totals, rtol=1e-12, atol=1e-12)
+            for k, moment in enumerate(moments[:, system]):
+                expected = intervals._before(
+                    busy.knots, busy.done, busy.comm_starts, busy.comm_ends, busy.hidden, moment
+                )
+                assert np.allclose(before[k, :, system], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_measure_of_communication_straddling_compute():
+    """Compute over [1, 3] and [5, 6]; communication over [0, 2], [2.5, 5.5] straddling the gap between the
+    compute intervals, and [4, 4.5] inside it, where no compute runs: 1 + (0.5 + 0.5) seconds hidden of 5, 3
+    exposed. Before 5.25: compute 2 + 0.25, communication 2 + 2.75, of it hidden 1 + (0.5 + 0.25)."""
+    compute = np.array([[1.0, 5.0], [3.0, 6.0]])[:, :, None]
+    comm = np.array([[0.0, 2.5, 4.0], [2.0, 5.5, 4.5]])[:, :, None]
+    totals, before = _measured(compute, comm, np.array([[5.25], [0.5], [7.0]]), np.array([0, 1]))
+    assert totals[:, 0].tolist() == [3.0, 5.0, 3.0]
+    assert before[:, :, 0].tolist() == [[2.25, 4.75, 1.75], [0.0, 0.5, 0.0], [3.0, 5.0, 2.0]]
 
 
 def test_chunks_keep_every_system_in_its_measuring_block():
     """Chunks cover the systems in order, in the blocks of `BLOCK` systems from the start of each run of
-    LAYOUT_BYTES' width (a run's last block shorter): a system's block, which sets a tie within rounding, is the one
-    it had when a chunk was a whole run. A chunk holds as many blocks as the budget allows, at least one."""
+    LAYOUT_BYTES' width (a run's last block shorter): a system's block is the one it had when a chunk was a whole
+    run. A chunk holds as many blocks as the budget allows, at least one."""
     for systems, rows in [(1000, 78_265), (1000, 152_107), (1000, 405_000), (250, 20_000), (5, 10**7), (1, 10)]:
         run = max(1, batch.LAYOUT_BYTES // (8 * rows))
         width = batch.MEMORY_BUDGET_BYTES // (8 * rows)

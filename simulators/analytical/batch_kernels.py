@@ -1,14 +1,19 @@
-"""The batch path's compiled loops (numba): a tape evaluated node by node, and unions of busy intervals measured
-system by system.
+"""The batch path's compiled loops (numba): a tape evaluated node by node, and busy intervals measured system by
+system.
 
-They replace numpy passes whose figures they keep to the last bit: every float operation is the one the numpy code
+Most replace numpy passes whose figures they keep to the last bit: every float operation is the one the numpy code
 made, in its order (max and min as `np.maximum` and `np.minimum`, which return a NaN argument; a running sum added
-left to right as `np.cumsum` adds). They take plain arrays only, and are cached on disk (`cache=True`), so a process
-compiles them once per machine.
+left to right as `np.cumsum` adds). `measure` keeps `intervals.Busy`'s figures to rounding only (`batch_busy`).
+They take plain arrays only, and are cached on disk (`cache=True`), so a process compiles them once per machine.
 """
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.core.base import BaseContext
+from numba.core.typing.templates import Signature
+from numba.extending import intrinsic
 
 from simulators.analytical.tape import MAX_ADD, MIN, SHARED
 
@@ -16,6 +21,11 @@ _SHIFTS_PER_ITEM = 8
 """How far an insertion sort may shift items (per item) before the row is sorted from scratch instead: the rows
 come nearly in order (`batch_busy.Spans.ordered`), which an insertion sort finishes in one pass, but a system
 whose intervals run in another order would make it quadratic."""
+
+_AHEAD = 8
+"""How many intervals ahead `_gather` asks for the rows it will read: their rows lie scattered over the values,
+where the processor does not foresee the reads; fetched ahead, a gather takes half the time (GPT-3 175B tp4 pp8,
+anything from 4 to 32 alike)."""
 
 
 @njit(cache=True)
@@ -87,87 +97,174 @@ def evaluate(
 def measure(
     values: np.ndarray,
     durations: np.ndarray,
-    start: np.ndarray,
-    column: np.ndarray,
-    end: np.ndarray,
-    ordered: bool,
+    compute: np.ndarray,
+    comm: np.ndarray,
     moments: np.ndarray,
     blocks: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The union of intervals on each system (values: rows x systems): its seconds, and the seconds of it before
-    each moment (moments x systems), read from each system's starts and ends sorted each on its own
-    (`batch_busy`). An interval's start is values[start] less durations[column] (nothing taken where the column is
-    the last, zero row), its end values[end]; starts and ends need not pair up, as only their sorted orders are
-    read, and each is best given in the order most systems keep. `ordered`: the starts and ends are sorted and the
-    intervals disjoint already. `blocks`: where each block of systems measured together starts, and where the last
-    ends (see `_starts_before`)."""
-    count, systems = len(start), values.shape[1]
+    """`intervals.Busy` on each system (values: rows x systems): the (compute, communication, exposed
+    communication) seconds (3 x systems), and the (compute, communication, hidden communication) seconds before
+    each moment (moments x 3 x systems), as `Busy._before` reads them. compute, comm: the intervals as rows, 3 x
+    intervals each (`batch_busy.Spans`): an interval starts at values[row 0] less durations[row 1] (nothing taken
+    where that is the last, zero row) and ends at values[row 2]. The compute intervals are one stream's, disjoint
+    and in order; the communication starts and ends are sorted each on its own (they need not pair up: only the
+    union is read, `batch_busy`), best given in the order most systems keep. `blocks`: where each block of
+    systems gathered together starts, and where the last ends: a block's intervals stay in the processor's cache
+    while every figure is measured from them, so each interval's times are gathered once. Each system's figures
+    are its own whatever the blocks."""
+    n, m, systems = compute.shape[1], comm.shape[1], values.shape[1]
     moment_count = moments.shape[0]
-    total = np.zeros(systems)
-    before = np.zeros((moment_count, systems))
-    if count == 0:
-        return total, before
-    zero = durations.shape[0] - 1
+    totals = np.zeros((3, systems))
+    before = np.zeros((moment_count, 3, systems))
     block = 0
     for b in range(len(blocks) - 1):
         block = max(block, blocks[b + 1] - blocks[b])
-    firsts = np.empty((block, count))
-    lasts = np.empty((block, count))
-    gaps = np.empty(count)
+    compute_starts, done = np.empty((block, n)), np.empty((block, n + 1))
+    comm_starts, comm_ends = np.empty((block, m)), np.empty((block, m))
+    merged_starts, merged_ends, compute_at = np.empty(m), np.empty(m), np.empty(m)
+    comm_by, hidden_by = np.empty(m + 1), np.empty(m + 1)  # running sums over the merged intervals
     for b in range(len(blocks) - 1):
         lo, width = blocks[b], blocks[b + 1] - blocks[b]
-        for i in range(count):
-            a, c, e = start[i], column[i], end[i]
-            if c != zero:
-                for j in range(width):
-                    firsts[j, i] = values[a, lo + j] - durations[c, lo + j]
-            else:
-                for j in range(width):
-                    firsts[j, i] = values[a, lo + j]
-            for j in range(width):
-                lasts[j, i] = values[e, lo + j]
-        span = -np.inf  # the widest union of the block, as `_starts_before` places the starts
+        _gather(values, durations, compute, lo, width, compute_starts, done, True)
+        _gather(values, durations, comm, lo, width, comm_starts, comm_ends, False)
         for j in range(width):
-            if not ordered:
-                _sort(firsts[j])
-                _sort(lasts[j])
-            reach = lasts[j, count - 1] - firsts[j, 0]
-            span = span if span >= reach or span != span else reach
-        span += 1.0
-        for j in range(width):
-            first, last = firsts[j], lasts[j]
-            gaps[0] = 0.0  # the running sum of the gaps: a start after every earlier interval has ended opens one
-            for i in range(1, count):
-                gap = first[i] - last[i - 1]
-                gaps[i] = gaps[i - 1] + (gap if gap >= 0.0 or gap != gap else 0.0)
-            total[lo + j] = last[count - 1] - first[0] - gaps[count - 1]
-            origin, offset = first[0], j * span
+            starts, done_j = compute_starts[j], done[j]
+            count = _merged(comm_starts[j], comm_ends[j], merged_starts, merged_ends)
+            comm_by[0] = hidden_by[0] = 0.0
+            at = 0  # the compute intervals started by the time reached: both walks go forward
+            for k in range(count):
+                at = _started(starts, merged_starts[k], at)
+                compute_at[k] = _compute_before(starts, done_j, at, merged_starts[k])
+                at = _started(starts, merged_ends[k], at)
+                inside = _compute_before(starts, done_j, at, merged_ends[k]) - compute_at[k]
+                comm_by[k + 1] = comm_by[k] + (merged_ends[k] - merged_starts[k])
+                hidden_by[k + 1] = hidden_by[k] + inside
+            exposed = comm_by[count] - hidden_by[count]
+            s = lo + j
+            totals[0, s], totals[1, s], totals[2, s] = done_j[n], comm_by[count], exposed if exposed > 0.0 else 0.0
             for k in range(moment_count):
-                at = moments[k, lo + j]
-                started = _starts_before(first, origin, offset, min(max(at - origin, -0.5), span - 0.5) + offset)
-                if started > 0:  # from the first start to the moment, less the gaps before the latest start
-                    idle = at - last[started - 1]  # and the part of the gap after it that comes before the moment
-                    idle = idle if idle >= 0.0 or idle != idle else 0.0
-                    before[k, lo + j] = at - origin - gaps[started - 1] - idle
-    return total, before
+                t = moments[k, s]
+                compute_t = _compute_before(starts, done_j, _at_or_before(starts, n, t), t)
+                whole = _at_or_before(merged_ends, count, t)
+                comm_t, hidden_t = comm_by[whole], hidden_by[whole]
+                if whole < count and merged_starts[whole] < t:  # the merged interval under way, up to t
+                    comm_t += t - merged_starts[whole]
+                    hidden_t += compute_t - compute_at[whole]
+                before[k, 0, s], before[k, 1, s], before[k, 2, s] = compute_t, comm_t, hidden_t
+    return totals, before
 
 
 @njit(cache=True)
-def _starts_before(first: np.ndarray, origin: float, offset: float, wanted: float) -> int:
-    """How many of the sorted starts come before a moment, compared as the numpy code this loop replaced compared
-    them, so as to count the same at a tie within rounding: each start placed at start - origin + offset, the moment at
-    `wanted` (moment - origin, clipped to [-0.5, span - 0.5], + offset), where the offset is the system's place in
-    its block of systems times the block's span (its widest union + 1 s), the blocks laid side by side for one
-    search over all of them. The seconds covered are continuous in the moment, so the count matters only to
-    rounding, but to the last bit it does."""
-    lo, hi = 0, len(first)
+def _gather(
+    values: np.ndarray,
+    durations: np.ndarray,
+    spans: np.ndarray,
+    lo: int,
+    width: int,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    running: bool,
+) -> None:
+    """The spans' starts on systems lo to lo + width into starts (width x spans), and their ends into ends, or
+    with `running` the running sum of their lengths (width x spans + 1: before each, and in all): row by row of
+    values, each read once and asked for `_AHEAD` spans before, the systems' sums added side by side."""
+    zero = durations.shape[0] - 1
+    count = spans.shape[1]
+    if running:
+        for j in range(width):
+            ends[j, 0] = 0.0
+    for i in range(count):
+        if i + _AHEAD < count:
+            for j in range(0, width, 8):  # a cache line holds 8 values
+                _prefetch(values, spans[0, i + _AHEAD], lo + j)
+                _prefetch(values, spans[2, i + _AHEAD], lo + j)
+        a, c, e = spans[0, i], spans[1, i], spans[2, i]
+        if c != zero:
+            for j in range(width):
+                starts[j, i] = values[a, lo + j] - durations[c, lo + j]
+        else:
+            for j in range(width):
+                starts[j, i] = values[a, lo + j]
+        if running:
+            for j in range(width):
+                ends[j, i + 1] = ends[j, i] + (values[e, lo + j] - starts[j, i])
+        else:
+            for j in range(width):
+                ends[j, i] = values[e, lo + j]
+
+
+@intrinsic
+def _prefetch(typingctx: object, array: types.Array, row: types.Integer, column: types.Integer) -> tuple:
+    """Ask the processor to fetch the cache line of array[row, column] (a 2-D array of floats), which a later read
+    will want (LLVM's llvm.prefetch: for a read, kept in every cache). It changes no value, only when they arrive."""
+    signature = types.void(array, types.intp, types.intp)
+
+    def codegen(context: BaseContext, builder: ir.IRBuilder, signature: Signature, args: list) -> object:
+        kind = signature.args[0]
+        data = context.make_array(kind)(context, builder, args[0])
+        at = cgutils.get_item_pointer(context, builder, kind, data, [args[1], args[2]], wraparound=False)
+        word = ir.IntType(32)
+        fetch = ir.FunctionType(ir.VoidType(), [at.type, word, word, word])
+        function = cgutils.get_or_insert_function(builder.module, fetch, "llvm.prefetch.p0")
+        builder.call(function, [at, ir.Constant(word, 0), ir.Constant(word, 3), ir.Constant(word, 1)])
+        return context.get_dummy_value()
+
+    return signature, codegen
+
+
+@njit(cache=True)
+def _merged(starts: np.ndarray, ends: np.ndarray, merged_starts: np.ndarray, merged_ends: np.ndarray) -> int:
+    """The union of intervals as disjoint intervals in order, into merged_starts and merged_ends; how many. The
+    starts and ends are sorted here, each on its own: the i-th start opens a new interval exactly when the i
+    earliest ends all come before it, and the interval before it then ends at the (i - 1)-th end (`batch_busy`)."""
+    count = len(starts)
+    if not count:
+        return 0
+    _sort(starts)
+    _sort(ends)
+    merged_starts[0] = starts[0]
+    k = 0
+    for i in range(1, count):
+        if starts[i] > ends[i - 1]:
+            merged_ends[k] = ends[i - 1]
+            k += 1
+            merged_starts[k] = starts[i]
+    merged_ends[k] = ends[count - 1]
+    return k + 1
+
+
+@njit(cache=True)
+def _started(starts: np.ndarray, t: float, at: int) -> int:
+    """How many of the compute intervals (in order) start at or before t, counting on from `at` of them."""
+    while at < len(starts) and starts[at] <= t:
+        at += 1
+    return at
+
+
+@njit(cache=True)
+def _at_or_before(times: np.ndarray, count: int, t: float) -> int:
+    """How many of the first `count` times (in order) are at or before t: a binary search."""
+    lo, hi = 0, count
     while lo < hi:
         middle = (lo + hi) // 2
-        if first[middle] - origin + offset < wanted:
+        if times[middle] <= t:
             lo = middle + 1
         else:
             hi = middle
     return lo
+
+
+@njit(cache=True)
+def _compute_before(starts: np.ndarray, done: np.ndarray, started: int, t: float) -> float:
+    """Compute seconds before t, where `started` compute intervals start at or before it (done: the running sum
+    of their lengths): those ended, and the one under way up to t. Past an interval's end this is its running sum
+    itself, to the bit: done[i] + (t - start) rounds to no less than done[i] + (end - start), which is
+    done[i + 1], so that a merged interval between two compute intervals finds exactly none in it."""
+    if not started:
+        return 0.0
+    last = started - 1
+    under_way = done[last] + (t - starts[last])
+    return under_way if under_way < done[started] else done[started]
 
 
 @njit(cache=True)

@@ -79,16 +79,13 @@ def test_measure_of_communication_straddling_compute():
     assert before[:, :, 0].tolist() == [[2.25, 4.75, 1.75], [0.0, 0.5, 0.0], [3.0, 5.0, 2.0]]
 
 
-def test_chunks_keep_every_system_in_its_measuring_block():
-    """Chunks cover the systems in order, in the blocks of `BLOCK` systems from the start of each run of
-    LAYOUT_BYTES' width (a run's last block shorter): a system's block is the one it had when a chunk was a whole
-    run. A chunk holds as many blocks as the budget allows, at least one."""
+def test_chunks_cover_the_systems_in_blocks_within_the_budget():
+    """Chunks cover the systems in order, in blocks of `BLOCK` systems (the last shorter), each chunk as many blocks
+    as the budget holds the values of, at least one."""
     for systems, rows in [(1000, 78_265), (1000, 152_107), (1000, 405_000), (250, 20_000), (5, 10**7), (1, 10)]:
-        run = max(1, batch.LAYOUT_BYTES // (8 * rows))
         width = batch.MEMORY_BUDGET_BYTES // (8 * rows)
-        expected = [lo for start in range(0, systems, run) for lo in range(start, min(start + run, systems), BLOCK)]
         chunks = batch._chunks(systems, rows)
-        assert [int(b) for c in chunks for b in c[:-1]] == expected
+        assert [int(b) for c in chunks for b in c[:-1]] == list(range(0, systems, BLOCK))
         assert [int(c[-1]) for c in chunks] == [int(c[0]) for c in chunks[1:]] + [systems]
         for chunk in chunks:
             assert len(chunk) == 2 or chunk[-1] - chunk[0] <= width

@@ -55,17 +55,13 @@ from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 128 * 2**20
 """Node values kept at once, the largest array of a batch: systems are evaluated in chunks whose values fit
-(`_chunks`), but at least a block of `BLOCK` systems (GPT-3 175B tp4 pp16's longer form, 405k nodes: 99 MiB), so
-that a system is measured in the block it always was. Each chunk's figures cost some numpy calls per rank class
+(`_chunks`), but at least a block of `BLOCK` systems (GPT-3 175B tp4 pp16's longer form, 405k nodes: 99 MiB), the
+systems measured together. Each chunk's figures cost some numpy calls per rank class
 whatever its width, so fewer, larger chunks pay less Python. On vs_calculon's grid the one-block chunks of the
 longer forms set the peak (185 MiB traced at most, with the structures kept) for any budget up to 128 MiB, where
 256 MiB reached 299; 64 MiB cost 7% more time with the structure kept. A process's first batch also pays for
 touching the array's pages: 0.05 to 0.25 s of a first batch of 1,000 systems (GPT-3 175B tp4 pp8), erratic, which
 64 MiB avoided in every run measured, but at up to 10% more on tp4 pp16 with the structure kept."""
-LAYOUT_BYTES = 256 * 2**20
-"""The budget chunks had when they were evaluated whole: systems are measured in blocks of `BLOCK` from the start of
-each run of systems whose values this would hold, so that the figures stay, to the last bit, those measured then."""
-
 _TIMELESS = frozenset(
     {"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W", "price_usd"}
 )
@@ -330,25 +326,12 @@ def _evaluate(
 
 
 def _chunks(systems: int, rows: int) -> list[np.ndarray]:
-    """Each chunk of systems evaluated together, as the bounds of the blocks it is measured in ([lo, ..., hi]): as
-    many whole blocks as MEMORY_BUDGET_BYTES holds the values of, at least one. Blocks are `BLOCK` systems each from
-    the start of every run of LAYOUT_BYTES' width, the last of a run shorter, so that every system is measured in
-    the block it was measured in when a chunk was such a run (`batch_busy.BLOCK`: the block sets a moment's count at
-    a tie within rounding); a chunk may take blocks of two runs, so that a run's short tail is not a chunk of its own
-    (each chunk costs some numpy calls per rank class, whatever its width)."""
-    run = max(1, LAYOUT_BYTES // (8 * rows))
-    width = MEMORY_BUDGET_BYTES // (8 * rows)
-    bounds = [lo for start in range(0, systems, run) for lo in range(start, min(start + run, systems), BLOCK)]
-    bounds.append(systems)
-    chunks = []
-    first = 0
-    while first < len(bounds) - 1:
-        last = first + 1  # the chunk's blocks: bounds[first:last + 1]
-        while last < len(bounds) - 1 and bounds[last + 1] - bounds[first] <= width:
-            last += 1
-        chunks.append(np.array(bounds[first : last + 1]))
-        first = last
-    return chunks
+    """Each chunk of systems evaluated together, as the bounds of the blocks of `BLOCK` systems it is measured in
+    ([lo, ..., hi]): as many blocks as MEMORY_BUDGET_BYTES holds the values of, at least one (each chunk costs some
+    numpy calls per rank class, whatever its width). Neither the chunks nor the blocks change a figure."""
+    per_chunk = max(1, MEMORY_BUDGET_BYTES // (8 * rows * BLOCK))
+    bounds = [*range(0, systems, BLOCK), systems]
+    return [np.array(bounds[first : first + per_chunk + 1]) for first in range(0, len(bounds) - 1, per_chunk)]
 
 
 def _stage(

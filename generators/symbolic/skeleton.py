@@ -160,10 +160,13 @@ def schedule_affinity(point: DesignPoint) -> tuple:
 
 
 SKELETON_CACHE_BYTES = 64 * MIB
-"""About 400 stages of GPT-3 175B at pp 16 (~95 KB each); several studies' distinct stage shapes."""
-SKELETON_BYTES_PER_CALL = 170
+"""About 440 stages of GPT-3 175B at pp 16 (~150 KB each, with what cost models keep on their shapes); several
+studies' distinct stage shapes."""
+SKELETON_BYTES_PER_CALL = 260
 """A skeleton's bytes per call: a walk of gc referents summed 95-97 KiB for each of the 583-call stages of
-benchmarks/vs_calculon.py's pp 16 configurations (its calls, tensor table and sources)."""
+benchmarks/vs_calculon.py's pp 16 configurations (its calls, tensor table and sources: 170 B a call), and the arrays
+cost models keep on its shape's memo, 88 B a call after those 96 configurations (the compiled engine's call arrays
+34, peak memory's moments 29, the calls' fields 24, the steady check's twins 1)."""
 _SKELETONS: ByteBoundedLru[tuple, Skeleton] = ByteBoundedLru(
     "skeletons", SKELETON_CACHE_BYTES, lambda skeleton: SKELETON_BYTES_PER_CALL * len(skeleton.shape.calls)
 )

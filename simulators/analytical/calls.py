@@ -4,6 +4,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
+from numba import njit
 
 from dse.workload import Call, CallShape, Program
 
@@ -42,10 +43,29 @@ def _field(calls: Sequence[Call], field: str) -> np.ndarray:
 
 def call_reach(program: Program) -> np.ndarray:
     """How many calls back each call reads: its index minus its earliest input's (0 without inputs)."""
-    return memoised(
-        program,
-        ("calls", "reach"),
-        lambda calls: np.array(
-            [c - min(call.inputs) if call.inputs else 0 for c, call in enumerate(calls)], dtype=np.intp
-        ),
-    )
+
+    def derive(calls: Sequence[Call]) -> np.ndarray:
+        counts = np.fromiter((len(call.inputs) for call in calls), np.intp, len(calls))
+        inputs = np.fromiter((i for call in calls for i in call.inputs), np.intp, int(counts.sum()))
+        return reach_of(counts, inputs)
+
+    return memoised(program, REACH_KEY, derive)
+
+
+REACH_KEY = ("calls", "reach")
+"""Where `call_reach` is kept on a shape (`steady` keeps it there from the arrays it has already)."""
+
+
+@njit(cache=True)
+def reach_of(counts: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+    """`call_reach` from the calls' input counts and their inputs in order."""
+    reach = np.zeros(len(counts), dtype=np.intp)
+    at = 0
+    for c in range(len(counts)):
+        if counts[c]:
+            low = inputs[at]
+            for k in range(at + 1, at + counts[c]):
+                low = min(low, inputs[k])
+            reach[c] = c - low
+        at += counts[c]
+    return reach

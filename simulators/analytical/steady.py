@@ -35,7 +35,7 @@ from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, on_shape, shape_array
+from simulators.analytical.calls import REACH_KEY, call_array, on_shape, reach_of, shape_array
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
 
@@ -143,7 +143,7 @@ def _period(
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
     if lo < 0 or length <= 0:
         return None
-    depth = int(_kept(program, shape, ("calls", "reach"), lambda: _reach(program))[lo : hi + distance].max())
+    depth = int(_kept(program, shape, REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
     return length, lo + distance, distance
@@ -153,32 +153,73 @@ def _reach(program: Program) -> np.ndarray:
     """`calls.call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (on the
     shape: walking the calls again cost 0.1 ms a program)."""
     laid_out = call_arrays(program)
-    counts, inputs = laid_out.input_counts, laid_out.inputs
-    reach = np.zeros(len(counts), dtype=np.intp)
-    reads = np.flatnonzero(counts)
-    if len(reads):
-        reach[reads] = reads - np.minimum.reduceat(inputs, (np.cumsum(counts) - counts)[reads])
-    return reach
+    return reach_of(laid_out.input_counts, laid_out.inputs)
 
 
 def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:
     """(P, whether each call recurs P calls later `period` micro-batches on, the middle of the longest run of
     such calls), or () if no micro-batch's calls recur at one distance: the calls' side of `_period`, the same
-    for every point of the program's shape."""
-    microbatch = call_array(program, "microbatch")
-    block = call_array(program, "block")
-    count = int(microbatch.max()) + 1 if len(microbatch) else 0
-    middle = max(0, count // 2 - period)  # in the steady state if any micro-batch is; else search outwards
-    for j in sorted(range(count - period), key=lambda j: abs(j - middle)):
-        a, b = np.flatnonzero(microbatch == j), np.flatnonzero(microbatch == j + period)
-        if len(a) and len(a) == len(b) and np.array_equal(block[a], block[b]) and np.ptp(b - a) == 0:
-            distance = int(b[0] - a[0])
-            here, there = slice(0, len(block) - distance), slice(distance, len(block))
-            same = (block[here] == block[there]) & (microbatch[here] >= 0)
-            twin = same & (microbatch[there] == microbatch[here] + period)
-            lo, hi = max(_runs(twin), key=lambda run: run[1] - run[0])
-            return distance, twin, (lo + hi) // 2
-    return ()
+    for every point of the program's shape (`_twin_calls`)."""
+    distance, twin, middle = _twin_calls(call_array(program, "microbatch"), call_array(program, "block"), period)
+    return () if distance < 0 else (int(distance), twin, int(middle))
+
+
+@njit(cache=True)
+def _twin_calls(microbatch: np.ndarray, block: np.ndarray, period: int) -> tuple[int, np.ndarray, int]:
+    """`_twins` in one compiled pass, P -1 where there is none. The micro-batches are tried from the middle of the
+    step outwards (the one before it first at each distance; the steady state holds the middle if any): the
+    first whose calls all recur, with their blocks, one distance P later `period` micro-batches on gives P; then
+    every call that so recurs is a twin, and the first longest run of twins gives the middle."""
+    n = len(microbatch)
+    count = 0
+    for i in range(n):
+        count = max(count, microbatch[i] + 1)
+    ptr = np.zeros(count + 1, dtype=np.int64)  # each micro-batch's calls, in order
+    for i in range(n):
+        if microbatch[i] >= 0:
+            ptr[microbatch[i] + 1] += 1
+    for m in range(count):
+        ptr[m + 1] += ptr[m]
+    calls = np.empty(ptr[count], dtype=np.int64)
+    fill = ptr[:-1].copy()
+    for i in range(n):
+        if microbatch[i] >= 0:
+            calls[fill[microbatch[i]]] = i
+            fill[microbatch[i]] += 1
+    middle = max(0, count // 2 - period)
+    for step in range(2 * count + 1):
+        j = middle - (step + 1) // 2 if step % 2 else middle + step // 2
+        if j < 0 or j >= count - period:
+            continue
+        a, b, k = ptr[j], ptr[j + period], ptr[j + 1] - ptr[j]
+        if k == 0 or k != ptr[j + period + 1] - b:
+            continue
+        distance = calls[b] - calls[a]
+        recurs = distance > 0
+        q = 0
+        while recurs and q < k:
+            recurs = block[calls[a + q]] == block[calls[b + q]] and calls[b + q] - calls[a + q] == distance
+            q += 1
+        if not recurs:
+            continue
+        twin = np.zeros(n - distance, dtype=np.bool_)
+        for i in range(n - distance):
+            twin[i] = (
+                block[i] == block[i + distance]
+                and microbatch[i] >= 0
+                and microbatch[i + distance] == microbatch[i] + period
+            )
+        best_lo, best_hi, run = 0, 0, -1
+        for i in range(n - distance + 1):
+            on = i < n - distance and twin[i]
+            if on and run < 0:
+                run = i
+            elif not on and run >= 0:
+                if i - run > best_hi - best_lo:
+                    best_lo, best_hi = run, i
+                run = -1
+        return distance, twin, (best_lo + best_hi) // 2
+    return -1, np.zeros(0, dtype=np.bool_), 0
 
 
 @njit(cache=True)
@@ -201,12 +242,6 @@ def _longest_steady(
                 best_lo, best_hi = run_lo, i
             run_lo = -1
     return best_lo, best_hi
-
-
-def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of every run of True."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.astype(np.int8), [0]))))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
 
 
 def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callable[[], T]) -> T:

@@ -648,18 +648,5 @@ def _repeat(starts: np.ndarray, ends: np.ndarray, knots: bool, first: int, end: 
     ends; it (and what follows it into the same overlap) starts at that end instead: `intervals.ordered_busy`
     needs each stream in order, as issuing leaves it."""
     w = end - first
-    i = end
     for k in range(1, more + 1):
-        moved = k * shift
-        for j in range(w):
-            starts[i + j] = starts[first + j] + moved
-        if not knots:
-            for j in range(w):
-                ends[i + j] = ends[first + j] + moved
-        j = i
-        while j < i + w and starts[j] < ends[j - 1]:
-            starts[j] = ends[j - 1]
-            if ends[j] < starts[j]:
-                ends[j] = starts[j]
-            j += 1
-        i += w
+        _moved(starts, ends, knots, first, w, end + (k - 1) * w, True, k * shift)

@@ -209,16 +209,8 @@ def _twin_calls(microbatch: np.ndarray, block: np.ndarray, period: int) -> tuple
                 and microbatch[i] >= 0
                 and microbatch[i + distance] == microbatch[i] + period
             )
-        best_lo, best_hi, run = 0, 0, -1
-        for i in range(n - distance + 1):
-            on = i < n - distance and twin[i]
-            if on and run < 0:
-                run = i
-            elif not on and run >= 0:
-                if i - run > best_hi - best_lo:
-                    best_lo, best_hi = run, i
-                run = -1
-        return distance, twin, (best_lo + best_hi) // 2
+        lo, hi = _first_longest(twin)
+        return distance, twin, (lo + hi) // 2
     return -1, np.zeros(0, dtype=np.bool_), 0
 
 
@@ -229,15 +221,23 @@ def _longest_steady(
     """[start, end) of the first longest run of calls that recur `distance` calls later with their start and end
     `length` later (within `tolerance`), among the `twin` calls; (-1, -1) if there is none. One pass, with the
     same float operations as the arrays' (end there - end here - length, in that order)."""
-    best_lo, best_hi, run_lo = -1, -1, -1
-    for i in range(len(twin) + 1):
-        steady = False
-        if i < len(twin) and twin[i]:
+    steady = np.zeros(len(twin), dtype=np.bool_)
+    for i in range(len(twin)):
+        if twin[i]:
             shift = start[i + distance] - start[i]
-            steady = abs(shift - length) <= tolerance and abs(end[i + distance] - end[i] - length) <= tolerance
-        if steady and run_lo < 0:
+            steady[i] = abs(shift - length) <= tolerance and abs(end[i + distance] - end[i] - length) <= tolerance
+    return _first_longest(steady)
+
+
+@njit(cache=True)
+def _first_longest(flags: np.ndarray) -> tuple[int, int]:
+    """[start, end) of the first longest run of True in flags; (-1, -1) if there is none."""
+    best_lo, best_hi, run_lo = -1, -1, -1
+    for i in range(len(flags) + 1):
+        on = i < len(flags) and flags[i]
+        if on and run_lo < 0:
             run_lo = i
-        elif not steady and run_lo >= 0:
+        elif not on and run_lo >= 0:
             if i - run_lo > best_hi - best_lo:
                 best_lo, best_hi = run_lo, i
             run_lo = -1

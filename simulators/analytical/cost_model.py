@@ -21,11 +21,11 @@ from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
-BATCH_FROM = 40
+BATCH_FROM = 48
 """Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
-than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 141-158 ms
-for 6 to 32 systems and 191 ms for 48, against about 4 ms a system point by point (31 ms for 6, 144 ms for 32, 191
-ms for 48; 2026-11-30, on a shared 2-core machine)."""
+than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 128-144 ms
+for 6 to 32 systems, 167-197 ms for 48 and 171 ms for 64, against about 3-4 ms a system point by point (26 ms for
+6, 90 ms for 32, 153-194 ms for 48, 195 ms for 64; 2026-11-30, on a shared 2-core machine)."""
 
 
 _last_system: tuple[SystemSpec, str] | None = None
@@ -42,11 +42,12 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 2.5 ms at the median
-    with its generation, and 11-12 ms of simulation on average over 18 points, most of it the process's first
-    point (175-186 ms with its workload's first shape); a revisit of the same points runs at 530-534 per second,
-    and a study-like sample (216 points, 18 configurations on 12 systems, shuffled) at 318-324 (benchmarks/
-    evaluate_rate.py, printed on a shared 2-core machine at load 1-2, 2026-11-30).
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 2.1-2.2 ms at the median
+    with its generation, and 12-15 ms of simulation on average over 18 points, most of it the process's first
+    point (199-236 ms with its workload's first shape); a revisit of the same points runs at 593-613 per second,
+    a sweep of one configuration over 18 systems at 325-333, and a study-like sample (216 points, 18 configurations
+    on 12 systems, shuffled) at 331-370 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load
+    0.6-2, 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

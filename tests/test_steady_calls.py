@@ -1,4 +1,4 @@
-"""The calls' side of the steady check, compiled (`steady._twin_calls`, `calls.reach_of`), against the numpy they
+"""The calls' side of the steady check, compiled (`steady._twin_calls`, `steady._reach_of`), against the numpy they
 replaced, on the programs of pipeline schedules with and without steady forms."""
 
 import numpy as np
@@ -6,7 +6,8 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import steady
-from simulators.analytical.calls import call_array, call_reach
+from simulators.analytical.calls import call_array
+from simulators.analytical.steady import call_reach
 from tests.helpers import make_point
 from tests.test_analytical_batch import CASES
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from dse.workload import Program, SteadyForm
 from simulators.analytical import batch_kernels
-from simulators.analytical.calls import call_reach, memoised
-from simulators.analytical.steady import TOLERANCE_S, _twins
+from simulators.analytical.calls import memoised
+from simulators.analytical.steady import TOLERANCE_S, _twins, call_reach
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
-from simulators.analytical.calls import REACH_KEY, call_array, on_shape, reach_of, shape_array
+from simulators.analytical.calls import call_array, on_shape, shape_array
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
 
@@ -143,17 +143,41 @@ def _period(
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
     if lo < 0 or length <= 0:
         return None
-    depth = int(_kept(program, shape, REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
+    depth = int(_kept(program, shape, _REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
     return length, lo + distance, distance
 
 
+def call_reach(program: Program) -> np.ndarray:
+    """How many calls back each call reads: its index minus its earliest input's (0 without inputs); kept on the
+    program's shape when it has one (`_period`, and the batch path's checks, `batch_steady`)."""
+    return _kept(program, program.call_shape(), _REACH_KEY, lambda: _reach(program))
+
+
+_REACH_KEY = ("calls", "reach")
+
+
 def _reach(program: Program) -> np.ndarray:
-    """`calls.call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (on the
-    shape: walking the calls again cost 0.1 ms a program)."""
+    """`call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (walking the calls
+    again cost 0.1 ms a program)."""
     laid_out = call_arrays(program)
-    return reach_of(laid_out.input_counts, laid_out.inputs)
+    return _reach_of(laid_out.input_counts, laid_out.inputs)
+
+
+@njit(cache=True)
+def _reach_of(counts: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+    """`call_reach` from the calls' input counts and their inputs in order."""
+    reach = np.zeros(len(counts), dtype=np.intp)
+    at = 0
+    for c in range(len(counts)):
+        if counts[c]:
+            low = inputs[at]
+            for k in range(at + 1, at + counts[c]):
+                low = min(low, inputs[k])
+            reach[c] = c - low
+        at += counts[c]
+    return reach
 
 
 def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:

@@ -22,11 +22,12 @@ def test_sort_orders_any_row():
 
 
 def _measured(
-    compute: np.ndarray, comm: np.ndarray, moments: np.ndarray, blocks: np.ndarray
+    compute: np.ndarray, comm: np.ndarray, moments: np.ndarray, blocks: np.ndarray, wanted: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """`batch_kernels.measure` on intervals given as times (2 x intervals x systems: starts, ends), each a row of
-    values, the communication's starts and ends in the first system's order."""
+    values, the communication's starts and ends in the first system's order; every system wanted by default."""
     systems = compute.shape[2]
+    wanted = np.ones(systems, dtype=bool) if wanted is None else wanted
     values = np.vstack((compute[0], compute[1], comm[0], comm[1]))
     n, m = compute.shape[1], comm.shape[1]
     durations = np.zeros((1, systems))  # the zero row alone: no start has a duration taken off
@@ -36,7 +37,7 @@ def _measured(
     comm_starts = 2 * n + np.argsort(comm[0, :, 0], kind="stable")
     comm_ends = 2 * n + m + np.argsort(comm[1, :, 0], kind="stable")
     comm_rows = np.stack((comm_starts, column[n:], comm_ends))
-    return batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks)
+    return batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks, wanted)
 
 
 def test_measure_is_what_busy_measures():
@@ -66,6 +67,27 @@ def test_measure_is_what_busy_measures():
                     busy.knots, busy.done, busy.comm_starts, busy.comm_ends, busy.hidden, moment
                 )
                 assert np.allclose(before[k, :, system], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_measure_of_the_wanted_systems_alone():
+    """Systems left out (at a block's edges, inside it, a whole block) get zeros; the others the figures, to the
+    bit, that measuring every system gives them."""
+    rng = np.random.default_rng(2)
+    n, m, systems = 20, 30, 70
+    bounds = np.sort(rng.random((2 * n, systems)) * 10, axis=0)
+    starts = rng.random((m, systems)) * 10
+    compute = np.stack((bounds[0::2], bounds[1::2]))
+    comm = np.stack((starts, starts + rng.random((m, systems))))
+    moments = rng.random((3, systems)) * 12 - 1
+    blocks = np.array([0, 32, 64, systems])
+    wanted = np.ones(systems, dtype=bool)
+    wanted[[0, 1, 5, 6, 7, 31, 33, 62, 63]] = False
+    wanted[64:] = False
+    every = _measured(compute, comm, moments, blocks)
+    some = _measured(compute, comm, moments, blocks, wanted)
+    for whole, part in zip(every, some, strict=True):
+        assert np.array_equal(part[..., wanted], whole[..., wanted])
+        assert not part[..., ~wanted].any()
 
 
 def test_measure_of_communication_straddling_compute():

@@ -47,7 +47,7 @@ from dse.workload import SteadyForm, Workload
 from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
-from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend
+from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend, shown
 from simulators.analytical.batch_structure import Reads, structure
 from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness, reserved
 from simulators.analytical.steady import forms
@@ -314,8 +314,11 @@ def _evaluate(
         values = program.evaluate(durations, values_room)
         if ordered is None:
             ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
+        calls = [(values[r.call_start], values[r.call_end]) for r in reads]
+        found = [[Period.find(evaluated.programs[c], *calls[c], p) for p in periods] for c in range(len(calls))]
+        wanted = np.logical_or.reduce([shown([own[i] for own in found]) for i in range(len(periods))]) if form else None
         stages = [
-            _stage(evaluated, tape, c, ordered[c], reads[c], values, priced, periods, bounds - lo)
+            _stage(evaluated, tape, c, ordered[c], reads[c], values, priced, calls[c], found[c], bounds - lo, wanted)
             for c in range(len(tape.classes))
         ]
         extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(hi - lo, dtype=bool))
@@ -342,23 +345,25 @@ def _stage(
     reads: Reads,
     values: np.ndarray,
     priced: Priced,
-    periods: Sequence[int],
+    calls: tuple[np.ndarray, np.ndarray],
+    found: list[Period],
     blocks: np.ndarray,
+    wanted: np.ndarray | None,
 ) -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values (the program's rows x systems);
-    spans and reads: its busy intervals (`batch_busy.Spans.ordered`) and the rows its figures read; periods: the
-    steady form's periods tried, if the step is a steady form (one busy measurement serves them all); blocks: the
-    chunk's blocks (`_chunks`), from its first system."""
+    spans and reads: its busy intervals (`batch_busy.Spans.ordered`) and the rows its figures read; calls: its
+    calls' starts and ends (calls x systems); found: the steady form's periods found on them, one per period tried
+    (one busy measurement serves them all), if the step is a steady form; blocks: the chunk's blocks (`_chunks`),
+    from its first system; wanted: the systems that can pass the steady checks (`batch_steady.shown`), the only
+    ones measured (all where None)."""
     recorded = tape.classes[rank_class]
-    program = workload.programs[rank_class]
-    call_start, call_end = values[reads.call_start], values[reads.call_end]
-    found = [Period.find(program, call_start, call_end, period) for period in periods]
+    call_start, call_end = calls
     moments = [moment for period in found for moment in period.moments(call_start)]
-    busy = BusyMany.of(values, priced.durations, spans, moments, blocks)
+    busy = BusyMany.of(values, priced.durations, spans, moments, blocks, wanted)
     each = len(moments) // len(found) if found else 0
     transfers = recorded.transfers
     return StageArrays(
-        program=program,
+        program=workload.programs[rank_class],
         call_start=call_start,
         call_end=call_end,
         busy=busy.totals,

@@ -102,13 +102,23 @@ class BusyMany:
 
     @classmethod
     def of(
-        cls, values: np.ndarray, durations: np.ndarray, spans: Spans, moments: list[np.ndarray], blocks: np.ndarray
+        cls,
+        values: np.ndarray,
+        durations: np.ndarray,
+        spans: Spans,
+        moments: list[np.ndarray],
+        blocks: np.ndarray,
+        wanted: np.ndarray | None = None,
     ) -> "BusyMany":
         """From the values of the tape program's rows and the durations (rows x systems both, C-ordered), `spans`
         in rows (`Spans.ordered`); moments: arrays of one time per system; blocks: where each block of systems
-        measured together starts (of at most `BLOCK`), and where the last ends."""
-        at = np.array(moments, dtype=float).reshape(len(moments), values.shape[1])
-        totals, covered = batch_kernels.measure(values, durations, spans.compute, spans.comm, at, blocks)
+        measured together starts (of at most `BLOCK`), and where the last ends; wanted: the systems whose figures
+        will be read (all by default), where the others' would be thrown away (their figures are then 0: a steady
+        form's systems that show no period are priced again on a longer form)."""
+        systems = values.shape[1]
+        at = np.array(moments, dtype=float).reshape(len(moments), systems)
+        chosen = np.ones(systems, dtype=np.bool_) if wanted is None else wanted
+        totals, covered = batch_kernels.measure(values, durations, spans.compute, spans.comm, at, blocks, chosen)
         return cls((totals[0], totals[1], totals[2]), covered)
 
     def windows(self, moments: slice = slice(None)) -> list[tuple[np.ndarray, ...]]:

@@ -101,6 +101,7 @@ def measure(
     comm: np.ndarray,
     moments: np.ndarray,
     blocks: np.ndarray,
+    wanted: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`intervals.Busy` on each system (values: rows x systems): the (compute, communication, exposed
     communication) seconds (3 x systems), and the (compute, communication, hidden communication) seconds before
@@ -111,7 +112,8 @@ def measure(
     union is read, `batch_busy`), best given in the order most systems keep. `blocks`: where each block of
     systems gathered together starts, and where the last ends: a block's intervals stay in the processor's cache
     while every figure is measured from them, so each interval's times are gathered once. Each system's figures
-    are its own whatever the blocks."""
+    are its own whatever the blocks. `wanted`: which systems to measure; the others' figures are left 0 (a block is
+    gathered only from its first wanted system to its last)."""
     n, m, systems = compute.shape[1], comm.shape[1], values.shape[1]
     moment_count = moments.shape[0]
     totals = np.zeros((3, systems))
@@ -124,10 +126,20 @@ def measure(
     merged_starts, merged_ends, compute_at = np.empty(m), np.empty(m), np.empty(m)
     comm_by, hidden_by = np.empty(m + 1), np.empty(m + 1)  # running sums over the merged intervals
     for b in range(len(blocks) - 1):
-        lo, width = blocks[b], blocks[b + 1] - blocks[b]
+        lo, hi = blocks[b], blocks[b + 1]
+        while lo < hi and not wanted[lo]:
+            lo += 1
+        while hi > lo and not wanted[hi - 1]:
+            hi -= 1
+        if lo == hi:
+            continue
+        width = hi - lo
         _gather(values, durations, compute, lo, width, compute_starts, done, True)
         _gather(values, durations, comm, lo, width, comm_starts, comm_ends, False)
         for j in range(width):
+            s = lo + j
+            if not wanted[s]:
+                continue
             starts, done_j = compute_starts[j], done[j]
             count = _merged(comm_starts[j], comm_ends[j], merged_starts, merged_ends)
             comm_by[0] = hidden_by[0] = 0.0
@@ -140,7 +152,6 @@ def measure(
                 comm_by[k + 1] = comm_by[k] + (merged_ends[k] - merged_starts[k])
                 hidden_by[k + 1] = hidden_by[k] + inside
             exposed = comm_by[count] - hidden_by[count]
-            s = lo + j
             totals[0, s], totals[1, s], totals[2, s] = done_j[n], comm_by[count], exposed if exposed > 0.0 else 0.0
             for k in range(moment_count):
                 t = moments[k, s]

@@ -82,11 +82,7 @@ def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> t
     chosen = np.full(systems, -1)
     for index in range(len(periods)):
         found = [stage.periods[index] for stage in stages]
-        valid = np.ones(systems, dtype=bool)
-        for period in found:
-            valid &= period.ok
-        lengths = np.array([period.length for period in found])
-        valid &= lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
+        valid = shown(found)
         for period in found:
             for a, b in zip(*period.windows, strict=True):
                 valid &= np.abs(a - b) <= TOLERANCE_S
@@ -108,6 +104,16 @@ def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> t
             categories[:, columns] = repeats * _categories(stage, found.first, calls, columns)
         extensions.append(Extension(end=end, compute=compute, comm=comm, exposed=exposed, categories=categories))
     return extensions, chosen >= 0
+
+
+def shown(found: list[Period]) -> np.ndarray:
+    """Per system, whether every stage shows its period (one `Period` per stage, of one period tried) at one and
+    the same length: `extend`'s checks before the busy windows, so that the systems failing them are known before
+    any busy interval is measured (`batch`: they are priced again on a longer form)."""
+    lengths = np.array([period.length for period in found])
+    return np.logical_and.reduce([period.ok for period in found]) & (
+        lengths.max(axis=0) - lengths.min(axis=0) <= TOLERANCE_S
+    )
 
 
 def _period_calls(program: Program, period: int) -> int:

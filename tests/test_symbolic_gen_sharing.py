@@ -1,9 +1,10 @@
 """Points that share structure with earlier ones (replayed blocks alike across ZeRO stages and recompute policies,
-a step's stage skeletons taken as one) generate exactly the workload a cold generation makes."""
+a step's stage skeletons taken as one, stages' optimizer steps and pipeline transfers alike across micro-batch sizes
+and recompute policies) generate exactly the workload a cold generation makes."""
 
 import pytest
 
-from generators.symbolic import SymbolicGenerator, recording, skeleton
+from generators.symbolic import SymbolicGenerator, blocks, optimizer, recording, skeleton
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}
@@ -11,7 +12,8 @@ SHAPE = dict(tp=2, pp=4, dp=2, sp=True, global_batch=32, system=DGX)
 
 
 def _cold() -> None:
-    for cache in (recording._RECORDINGS, recording._BLOCKS, skeleton._SKELETONS, skeleton._STEPS):
+    caches = (recording._RECORDINGS, recording._BLOCKS, skeleton._SKELETONS, skeleton._STEPS)
+    for cache in (*caches, optimizer._STEPS, blocks._MADE):
         cache.clear()
 
 
@@ -26,7 +28,9 @@ def _form(workload) -> tuple:
     )
 
 
-@pytest.mark.parametrize(("seen", "point"), [("zero", 0), ("recompute", "none"), ("micro_batch", 1)])
+@pytest.mark.parametrize(
+    ("seen", "point"), [("zero", 0), ("recompute", "none"), ("micro_batch", 1), ("recompute", "selective")]
+)
 def test_a_point_after_one_of_its_structure_equals_a_cold_generation(seen, point):
     earlier = {"zero": dict(zero=1), "recompute": dict(recompute="full"), "micro_batch": dict(micro_batch=2)}[seen]
     target = make_point(**{**SHAPE, seen: point})
@@ -46,3 +50,14 @@ def test_replayed_blocks_and_step_skeletons_are_shared():
     SymbolicGenerator().generate(make_point(**{**SHAPE, "zero": 0}))
     assert recording._BLOCKS.hits > blocks_hits  # the forwards replay alike under either stage
     assert skeleton._STEPS.hits > steps_hits  # one lookup for the step's stages after the first
+
+
+def test_optimizer_steps_and_pipeline_transfers_are_shared():
+    _cold()
+    first = SymbolicGenerator().generate(make_point(**{**SHAPE, "recompute": "full"}))
+    steps_hits, made_hits = optimizer._STEPS.hits, blocks._MADE.hits
+    later = SymbolicGenerator().generate(make_point(**{**SHAPE, "recompute": "none"}))
+    assert optimizer._STEPS.hits > steps_hits  # the same weights on every stage, whatever is recomputed
+    assert blocks._MADE.hits > made_hits  # the same activation bytes cross the stages
+    kept = {id(b) for b in first.blocks if b.name in ("optimizer", "send_fwd", "recv_fwd")}
+    assert kept and kept <= {id(b) for b in later.blocks}

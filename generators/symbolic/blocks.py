@@ -2,9 +2,11 @@
 (`Traced`: its forward, backward, gradient-sync and weight-gather blocks) and all modules of a point (`Modules`),
 and the names of layer blocks."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from dse.lru import MIB, ByteBoundedLru
 from dse.modelstats import LayerKind
 from dse.spec import ParallelSpec
 from dse.workload import BLOCK_INPUT, Block, OpKind
@@ -23,6 +25,27 @@ def add_block(blocks: list[Block], name: str, emitter: Emitter, output: int = -1
     """Add the block of an emitter's ops to the workload's blocks; its index."""
     blocks.append(block_of(name, emitter, output))
     return len(blocks) - 1
+
+
+MADE_BLOCK_CACHE_BYTES = 4 * MIB
+"""About 5,000 blocks of one or two ops: the pipeline transfers and tied-weight exchanges of many studies."""
+MADE_BLOCK_BYTES_PER_OP = 700
+"""A made block's bytes per op, as a replayed block's (`recording.BLOCK_BYTES_PER_OP`), its key counted with it."""
+_MADE: ByteBoundedLru[tuple, Block] = ByteBoundedLru(
+    "made_blocks", MADE_BLOCK_CACHE_BYTES, lambda block: MADE_BLOCK_BYTES_PER_OP * (1 + len(block.ops))
+)
+"""Per process (an evaluator actor keeps it across trials), least recently used out first."""
+
+
+def made_block(key: tuple, make: Callable[[], Block]) -> Block:
+    """The block `make` makes, made once per key: a small block that a study's points make alike (a pipeline
+    transfer of the same bytes, a tied weight's gradient exchange), whose ops' making is most of what it costs a
+    point. The key holds everything the block follows from, its numbers with their types."""
+    block = _MADE.get(key)
+    if block is None:
+        block = make()
+        _MADE.put(key, block)
+    return block
 
 
 def only_ops(block: Block, kept: list[int], name: str, output: int = -1, temp_bytes: float = 0.0) -> Block:

@@ -185,8 +185,9 @@ class SymbolicGenerator:
         key = point.workload_key
         workload = self._workloads.get(key)
         if workload is None:
-            workload = _Builder(point).build()
+            workload = _Builder(point).build()  # carries this point's key already
             self._workloads.put(key, workload)
+            return workload
         return replace(workload, point_key=point.key)
 
     @staticmethod

@@ -6,9 +6,10 @@ from collections import defaultdict
 from dataclasses import replace
 
 from dse.fields import DTYPE_BYTES
+from dse.lru import MIB, ByteBoundedLru
 from dse.spec import DesignPoint
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, TensorKind
-from generators.symbolic.blocks import GradPiece, Traced, add_block, block_of
+from generators.symbolic.blocks import GradPiece, Traced, add_block, block_of, made_block
 from generators.symbolic.dist import DUP, Dist, Partition, gradient_layout
 from generators.symbolic.emitter import Emitter
 from generators.symbolic.graph import Tracer
@@ -94,6 +95,16 @@ def weight_elements(tracer: Tracer, w: STensor) -> tuple[float, bool]:
     return tracer.elems(unsharded), expert
 
 
+OPTIMIZER_STEP_CACHE_BYTES = 4 * MIB
+"""About 1,000 stages' optimizer steps (a key of ~20 weights' sizes, a block of 2-3 ops and a memory dict)."""
+OPTIMIZER_STEP_BYTES = 4096
+"""A kept step's bytes, estimated: its key's tuples (~20 weights x 4 fields) and the block and dict it keeps."""
+_STEPS: ByteBoundedLru[tuple, tuple[Block | None, dict[TensorKind, float]]] = ByteBoundedLru(
+    "optimizer_steps", OPTIMIZER_STEP_CACHE_BYTES, lambda _: OPTIMIZER_STEP_BYTES
+)
+"""Stages' optimizer steps (`ModelStates._step_key`), per process, least recently used out first."""
+
+
 class ModelStates:
     """The weights, gradients and optimizer states of a point's pipeline stages: their memory, the optimizer step
     over them, and the tied weight's gradient exchange, as blocks added to the workload's `blocks`."""
@@ -120,6 +131,10 @@ class ModelStates:
         self._stages: dict[tuple[tuple[int, int], ...], tuple[int | None, dict[TensorKind, float]]] = {}
         """`optimizer_block`'s answers by the modules asked of (ids and layer counts, in order): the middle stages of
         a pipeline hold the same ones, and summing their weights again is most of a point's optimizer work."""
+        self._sizes: dict[int, tuple[tuple[float, bool, type], ...]] = {}
+        """By module id: its weights' sizes, with their types (`_step_key`)."""
+        self._context: tuple | None = None
+        """What of the point shards and prices the weights (`_step_key`), made on first use."""
         p = point.parallel
         self.sharding = Sharding.of(p)
         degrees = {"cp": p.cp, "ep": p.ep, "dp": p.dp // p.ep}
@@ -195,11 +210,18 @@ class ModelStates:
         size = self._weight(table)[0] * self.itemsize
         blocks = {}
         for stage, peer in ((0, p.pp - 1), (p.pp - 1, 1 - p.pp)):
-            emitter = Emitter()
-            send = Op("tied_grad.send", OpKind.SEND, "send", comm_bytes=size, axis="pp", peer=peer, deps=(BLOCK_INPUT,))
-            emitter.emit(send)
-            emitter.emit(replace(send, name="tied_grad.recv", kind=OpKind.RECV, category="recv", deps=()))
-            blocks[stage] = add_block(self.blocks, "tied_grad_sync", emitter)
+
+            def make(peer: int = peer) -> Block:
+                emitter = Emitter()
+                send = Op(
+                    "tied_grad.send", OpKind.SEND, "send", comm_bytes=size, axis="pp", peer=peer, deps=(BLOCK_INPUT,)
+                )
+                emitter.emit(send)
+                emitter.emit(replace(send, name="tied_grad.recv", kind=OpKind.RECV, category="recv", deps=()))
+                return block_of("tied_grad_sync", emitter)
+
+            self.blocks.append(made_block(("tied_grad_sync", size, type(size), peer), make))
+            blocks[stage] = len(self.blocks) - 1
         return blocks
 
     def _weight(self, w: STensor) -> tuple[float, bool]:
@@ -220,10 +242,63 @@ class ModelStates:
         key = tuple((id(traced), layers) for traced, layers in modules)
         found = self._stages.get(key)
         if found is None:
-            found = self._stages[key] = self._optimizer_block(modules)
+            found = self._stages[key] = self._stage_step(modules)
         return found[0], dict(found[1])
 
-    def _optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
+    def _stage_step(self, modules: list[tuple[Traced, int]]) -> tuple[int | None, dict[TensorKind, float]]:
+        """`optimizer_block` for modules not asked of before in this point: the step made by an earlier point
+        whose stage held weights of the same sizes in the same order under the same sharding (`_step_key`), or
+        made now; its block added to the workload's (once, `_shared`)."""
+        key = self._step_key(modules)
+        found = _STEPS.get(key) if key is not None else None
+        if found is None:
+            found = self._optimizer_block(modules)
+            if key is not None:
+                _STEPS.put(key, found)
+        block, memory = found
+        if block is None:
+            return None, memory
+        index = self._shared.get(block)
+        if index is None:
+            self.blocks.append(block)
+            index = self._shared[block] = len(self.blocks) - 1
+        return index, memory
+
+    def _step_key(self, modules: list[tuple[Traced, int]]) -> tuple | None:
+        """What a stage's optimizer step follows from: per module, its weights' sizes (with their types) and
+        layer count; and what of the point shards and prices them. None when a weight appears twice among the
+        modules (a tied table on one stage), which the step counts once: such stages are made each time.
+
+        Points of a study that differ in micro-batch size, recompute or sequence parallelism hold the same
+        weights on a rank, and summing them over a stage's modules is most of a point's optimizer work."""
+        values = []
+        for traced, layers in modules:
+            sizes = self._sizes.get(id(traced))
+            if sizes is None:
+                sizes = tuple([(*found, type(found[0])) for found in map(self._weight, traced.params)])
+                self._sizes[id(traced)] = sizes
+            values.append((sizes, layers))
+        ids = [id(w) for traced, _ in modules for w in traced.params]
+        if len(set(ids)) != len(ids):
+            return None
+        if self._context is None:
+            p, sharding = self.point.parallel, self.sharding
+            self._context = (
+                self.train,
+                self.itemsize,
+                p.zero,
+                p.dp,
+                p.ep,
+                p.cp,
+                p.overlap_param_gather,
+                sharding.shard,
+                sharding.grad_per_step,
+                self._groups,
+                tuple(self._gradient_passes()),
+            )
+        return tuple(values), self._context
+
+    def _optimizer_block(self, modules: list[tuple[Traced, int]]) -> tuple[Block | None, dict[TensorKind, float]]:
         p = self.point.parallel
         sharding = self.sharding
         item = self.itemsize
@@ -273,9 +348,4 @@ class ModelStates:
         # or, overlapped, before each module's first forward of the next step (`param_gather_blocks`)
         if p.zero in (1, 2) and not p.overlap_param_gather:
             self._emit_param_gathers(emitter, "params.all_gather", by_group, (adam,))
-        block = block_of("optimizer", emitter)
-        index = self._shared.get(block)
-        if index is None:
-            self.blocks.append(block)
-            index = self._shared[block] = len(self.blocks) - 1
-        return index, memory
+        return block_of("optimizer", emitter), memory

@@ -10,7 +10,7 @@ import numpy as np
 
 from dse.spec import DesignPoint
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Program, SteadyForm, Tensor
-from generators.symbolic.blocks import LayerKey, Traced, add_block
+from generators.symbolic.blocks import LayerKey, Traced, block_of, made_block
 from generators.symbolic.buckets import Bucket, gradient_buckets
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
@@ -181,12 +181,17 @@ class Pipeline:
                 size = self.p2p_bytes[strategy] = self.tracer.nbytes(
                     self.module.activation("x", ("b", "s", "h"), strategy)
                 )
-            emitter = Emitter()
             # a blocking receive (without overlap_p2p_comm) is posted once the compute before it has ended
             blocking = not self.point.parallel.overlap_p2p_comm
             deps = (BLOCK_INPUT,) if kind is OpKind.SEND or blocking else ()
-            emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
-            self.p2p[key] = add_block(self.blocks, name, emitter)
+
+            def make() -> Block:
+                emitter = Emitter()
+                emitter.emit(Op(name, kind, kind.value, comm_bytes=size, axis="pp", peer=peer, deps=deps))
+                return block_of(name, emitter)
+
+            self.blocks.append(made_block((name, kind, size, type(size), peer, deps), make))
+            self.p2p[key] = len(self.blocks) - 1
         return self.p2p[key]
 
     def boundary(self, vstage: int) -> str:

@@ -28,9 +28,10 @@ SHAPE_SIZES = ("queries", "keys", "head_dim", "batch", "heads", "kv_heads")
 
 @dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class BlockStructure:
-    """What a recorded block is besides its numbers (its name, output, and its ops' names, kinds, axes, peers, deps
-    and attention flags): blocks of different recordings that are alike in it share the blocks they replay to
-    (`_replayed_block`). One object per distinct structure alive (`of`), so that keys compare it by identity."""
+    """What a recorded block is besides its numbers (its name, output, its ops' names, kinds, axes, peers, deps
+    and attention flags, and which of its distinct numbers each of their fields reads): blocks of different
+    recordings that are alike in it share the blocks they replay to (`_replayed_block`). One object per distinct
+    structure alive (`of`), so that keys compare it by identity."""
 
     key: tuple
 
@@ -60,9 +61,9 @@ class Recording:
     other: Modules | None = None
     """The other side's modules, recorded on the same tape by the same walk (`tracing.ZeroSibling`), if any."""
     blocks: list[tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]] = field(init=False)
-    """Per block: its structure, the getter of its numbers from a replay's values (every slot its ops read, after
-    its working memory's; that slot again last, so that the getter makes a tuple even of a block without ops),
-    the slot of its working memory and its ops with slots for numbers (`_replayed_block`)."""
+    """Per block: its structure, the getter of its numbers from a replay's values (every distinct slot its ops
+    read, after its working memory's; that slot again last, so that the getter makes a tuple even of a block
+    without ops), the slot of its working memory and its ops with slots for numbers (`_replayed_block`)."""
     other_blocks: list[tuple[BlockStructure, Callable[[list], tuple], int, tuple[tuple, ...]]] | None = field(
         init=False
     )
@@ -108,6 +109,10 @@ class Recording:
             slots += [f, by, d, m, o]
             slots += [] if a is None else [getattr(a, name) for name in SHAPE_SIZES]
             slots += [] if g is None else g
+        # a block's ops read the same few numbers many times (an op's bytes, a shape's sizes): the key holds each
+        # slot once, and the structure which fields read which, so that a lookup hashes and compares a quarter
+        distinct = list(dict.fromkeys(slots))
+        place = {s: i for i, s in enumerate(distinct)}
         structure = BlockStructure.of(
             (
                 b.name,
@@ -125,9 +130,10 @@ class Recording:
                     )
                     for n, k, c, _, _, _, _, ax, pe, de, _, a, g in ops
                 ),
+                tuple([place[s] for s in slots]),
             )
         )
-        return structure, itemgetter(*slots, temp), temp, ops
+        return structure, itemgetter(*distinct, temp), temp, ops
 
     def _shape_slots(self, shape: AttentionShape) -> AttentionShape:
         """An attention shape with its sizes as slots (its flags are structure, kept as they are)."""
@@ -192,7 +198,8 @@ BLOCK_CACHE_BYTES = 32 * MIB
 """About 5,000 replayed blocks of GPT-3 175B's layers (~15 ops each)."""
 BLOCK_BYTES_PER_OP = 700
 """A replayed block's bytes per op, estimated: an Op (13 slots, ~120 B) with its floats and tuples (~350 B), and
-the key's numbers and their types (~7 numbers per op, 32 B each, and the tuples holding them)."""
+the key's numbers and their types (~2 distinct numbers per op, 32 B each, and the tuples holding them): an upper
+bound, kept from when keys held every number an op reads (~7)."""
 _BLOCKS: ByteBoundedLru[tuple, Block] = ByteBoundedLru(
     "replayed_blocks", BLOCK_CACHE_BYTES, lambda block: BLOCK_BYTES_PER_OP * (1 + len(block.ops))
 )
@@ -239,7 +246,31 @@ def _family(spec: Spec) -> Spec:
     return spec.model_copy(update=update)
 
 
-def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class TraceStructure:
+    """A `trace_structure`, one object per distinct structure alive (`of`). Its parts (a model spec among them)
+    are slow to hash and compare, and a cache lookup does both several times: a point does them once, finding
+    the object, and the recordings are looked up by it, hashed by its digest and compared by identity."""
+
+    key: tuple
+    digest: int
+
+    @staticmethod
+    def of(key: tuple) -> "TraceStructure":
+        structure = _TRACE_STRUCTURES.get(key)
+        if structure is None:
+            structure = _TRACE_STRUCTURES[key] = TraceStructure(key, hash(key))
+        return structure
+
+    def __hash__(self) -> int:
+        return self.digest
+
+
+_TRACE_STRUCTURES: "weakref.WeakValueDictionary[tuple, TraceStructure]" = weakref.WeakValueDictionary()
+"""The trace structures of the recordings alive (and of the points being generated), by their key."""
+
+
+def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> TraceStructure:
     """What a module trace depends on besides the sizes and degrees it is recorded over: the model family and
     the layer kinds there are, the parallel layout but for those degrees, and the kind of step. The model's
     widths, micro-batch size and sequence length are sizes; the few size relations that decide structure are
@@ -266,7 +297,7 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> tuple:
         if name not in RECORDED_DEGREES and name not in SCHEDULING_FIELDS
     )
     kinds = tuple(dict.fromkeys(keys))
-    return (_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels)
+    return TraceStructure.of((_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels))
 
 
 def _traced_value(name: str, value: Any) -> Any:

@@ -92,8 +92,12 @@ class Skeleton:
     def fill(self, program: Program, nbytes: np.ndarray) -> None:
         """Make a program holding only its stage's fixed tensors run this skeleton's calls, its tensors sized by
         `nbytes` per source."""
+        self.fill_rows(program, nbytes[self.source_of])
+
+    def fill_rows(self, program: Program, row_bytes: np.ndarray) -> None:
+        """`fill`, given the bytes of each row of the table."""
         program.calls, program.shape = self.shape.program_calls(), self.shape
-        program.tensors = TableTensors(program.tensors, self.table, nbytes[self.source_of])
+        program.tensors = TableTensors(program.tensors, self.table, row_bytes)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -195,6 +199,8 @@ class StepSkeletons:
     sources: tuple[Source, ...]
     picks: tuple[tuple[int, ...], ...]
     """Per stage, the place in `sources` of each of its skeleton's sources."""
+    rows: tuple[np.ndarray, ...]
+    """Per stage, the place in `sources` of each row of its skeleton's table (its `source_of` through its picks)."""
 
     @staticmethod
     def of(skeletons: list[Skeleton], p2p: tuple[tuple[OpKind, int, str], ...]) -> "StepSkeletons":
@@ -203,11 +209,23 @@ class StepSkeletons:
             for source in skeleton.sources:
                 place.setdefault(source, len(place))
         picks = tuple(tuple(place[source] for source in skeleton.sources) for skeleton in skeletons)
-        return StepSkeletons(tuple(skeletons), p2p, tuple(place), picks)
+        rows = tuple(
+            np.array(stage_picks, dtype=np.intp)[skeleton.source_of]
+            for skeleton, stage_picks in zip(skeletons, picks, strict=True)
+        )
+        return StepSkeletons(tuple(skeletons), p2p, tuple(place), picks, rows)
 
     def fill(self, programs: list[Program], sized: list[float]) -> None:
-        """Fill the programs of the stages after the first (`Skeleton.fill`), given the bytes of every source."""
-        for program, skeleton, picks in zip(programs[1:], self.skeletons[1:], self.picks[1:], strict=True):
+        """Fill the programs of the stages after the first (`Skeleton.fill`), given the bytes of every source.
+        Sizes all floats (as a replay makes them) are indexed per row in one step from one array; otherwise each
+        stage's come as `Skeleton.fill` takes them, so that a stage of integer sizes keeps an integer array."""
+        stages = zip(programs[1:], self.skeletons[1:], self.picks[1:], self.rows[1:], strict=True)
+        if all(type(nbytes) is float for nbytes in sized):
+            every = np.array(sized, dtype=float)
+            for program, skeleton, _, rows in stages:
+                skeleton.fill_rows(program, every[rows])
+            return
+        for program, skeleton, picks, _ in stages:
             skeleton.fill(program, np.array([sized[i] for i in picks]))
 
 

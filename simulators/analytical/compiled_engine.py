@@ -28,6 +28,7 @@ from simulators.analytical.calls import memoised
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.intervals import ordered_busy
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
+from simulators.analytical.skeletons import Skeleton
 
 _INT = np.int64
 
@@ -182,19 +183,23 @@ in a few ways; more would let one entry grow without bound (the layout kept firs
 
 @dataclass(frozen=True, slots=True)
 class _Rows:
-    """A set of plans' op rows (`_Layout._ops`; the kernel only reads them), their links numbered, and the bytes
-    of what of them keys a layout."""
+    """A set of plans' op rows (`_Layout._ops`; the kernel only reads them) but their seconds, their links
+    numbered, and the bytes of what of them keys a layout: what of the plans their skeletons give, so kept across
+    systems."""
 
-    ops: tuple[tuple, ...]
-    """The plans' op tuples, kept so that the identities the key holds stay theirs."""
+    skeletons: tuple[Skeleton, ...]
+    """The plans' skeletons, kept so that the identities the key holds stay theirs."""
     fields: dict[str, np.ndarray]
     per_plan: _PerPlan
     link_ptr: np.ndarray
     link_ids: np.ndarray
     p_ops: np.ndarray
     key: tuple[bytes, ...]
+    gather: np.ndarray
+    """Where o_seconds, o_mark_offset and p_category_seconds, in turn, are in the plans' seconds joined (per plan
+    the three parts in turn, `Plan.seconds`): seconds are joined per point; the rows are kept across systems."""
     bytes: int
-    """The arrays' bytes, and as much again for the op tuples the entry keeps alive."""
+    """The arrays' bytes, and as much again for the skeletons the entry keeps alive."""
 
 
 OP_ROW_BYTES = 8 * MIB
@@ -361,8 +366,13 @@ class _Layout:
         # The kept arrays go to the kernel as copies: by the next point they have left the CPU's caches, and the
         # kernel, which reads them call by call, ran 0.2 ms a point slower on them than on fresh copies, which
         # cost about 0.02 ms (the 96 GPT-3 configurations of benchmarks/vs_calculon.py).
+        seconds = (np.concatenate([p.seconds for p in self._plans]) if self._plans else np.zeros(0))[rows.gather]
+        o, m = len(ops["o_kind"]), len(ops["o_kind"]) + len(ops["o_mark_slot"])
         return kernel.EngineTables(
             **ops,
+            o_seconds=seconds[:o],
+            o_mark_offset=seconds[o:m],
+            p_category_seconds=seconds[m:],
             base=base.copy(),
             call_plan=laid.call_plan.copy(),
             run_last=laid.run_last.copy(),
@@ -403,87 +413,96 @@ class _Layout:
         )
 
     def _rows(self) -> "_Rows":
-        """`_ops` and what the layout's key and links read of them, kept per tuple of the plans' op tuples
-        (checked by identity): a point's plans are mostly kept ones, and the steady check's longer form runs the
-        same plans again (a quarter of the runs of the 96 GPT-3 configurations of benchmarks/vs_calculon.py)."""
+        """`_ops` and what the layout's key and links read of them, kept per tuple of the plans' skeletons
+        (checked by identity): a point's plans are mostly kept ones, the steady check's longer form runs the same
+        plans again (a quarter of the runs of the 96 GPT-3 configurations of benchmarks/vs_calculon.py), and a
+        point on another system has plans of the same skeletons."""
         plans, streams = self._plans, len(self._scheduler._planner.streams)
-        key = (streams, *[id(p.ops) for p in plans])
+        key = (streams, *[id(p.skeleton) for p in plans])
         found = _ROWS.get(key)
-        if found is not None and all(a is p.ops for a, p in zip(found.ops, plans, strict=True)):
+        if found is not None and all(a is p.skeleton for a, p in zip(found.skeletons, plans, strict=True)):
             return found
-        fields, per_plan = self._ops()
+        fields, per_plan, gather = self._ops()
         links: dict = {}
         link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
         p_ops = np.diff(fields["p_op_ptr"])
         arrays = (per_plan.compute, per_plan.comm, per_plan.mails, link_ptr, link_ids, p_ops)
         found = _Rows(
-            ops=tuple(p.ops for p in plans),
+            skeletons=tuple(p.skeleton for p in plans),
             fields=fields,
             per_plan=per_plan,
             link_ptr=link_ptr,
             link_ids=link_ids,
             p_ops=p_ops,
             key=tuple(x.tobytes() for x in arrays),
-            bytes=2 * sum(x.nbytes for x in (*fields.values(), *arrays)),
+            gather=gather,
+            bytes=2 * sum(x.nbytes for x in (*fields.values(), *arrays, gather)),
         )
         _ROWS.put(key, found)
         return found
 
-    def _ops(self) -> tuple[dict[str, np.ndarray], _PerPlan]:
-        """Every distinct plan's ops as rows (plans.PlanOp's fields, transposed) with, per plan, its rows, output,
-        slots and category seconds: the EngineTables fields named p_* and o_*; and what laying out calls needs."""
-        plans = self._plans
-        lengths = np.fromiter((len(p.ops) for p in plans), _INT, len(plans))
-        p_op_ptr = np.zeros(len(plans) + 1, dtype=_INT)
+    def _ops(self) -> tuple[dict[str, np.ndarray], _PerPlan, np.ndarray]:
+        """Every distinct plan's ops as rows (skeletons.SkeletonOp's fields, transposed) with, per plan, its rows,
+        output, slots and categories: the EngineTables fields named p_* and o_* but the seconds; what laying out
+        calls needs; and `_Rows.gather`."""
+        skeletons = [p.skeleton for p in self._plans]
+        n = len(skeletons)
+        lengths = np.fromiter((len(s.ops) for s in skeletons), _INT, n)
+        p_op_ptr = np.zeros(n + 1, dtype=_INT)
         np.cumsum(lengths, out=p_op_ptr[1:])
-        rows = list(chain.from_iterable(p.ops for p in plans))
-        kind, stream, seconds, deps, waits, slot, marks, category, link, shares = (
-            zip(*rows, strict=True) if rows else ((),) * 10
-        )
+        rows = list(chain.from_iterable(s.ops for s in skeletons))
+        kind, stream, deps, waits, slot, marks, category, link, shares = zip(*rows, strict=True) if rows else ((),) * 9
         o_kind, o_stream = np.array(kind, dtype=_INT), np.array(stream, dtype=_INT)
         p2p = np.fromiter((x is not None for x in link), np.bool_, len(link))
         comm = (o_kind == COLLECTIVE) | p2p
         streams = len(self._scheduler._planner.streams)
-        plan_of_row = np.repeat(np.arange(len(plans)), lengths)
-        first_p2p = np.zeros(len(plans) + 1, dtype=_INT)
-        np.cumsum(np.bincount(plan_of_row, p2p, len(plans)).astype(_INT), out=first_p2p[1:])
+        plan_of_row = np.repeat(np.arange(n), lengths)
+        first_p2p = np.zeros(n + 1, dtype=_INT)
+        np.cumsum(np.bincount(plan_of_row, p2p, n).astype(_INT), out=first_p2p[1:])
         before = np.cumsum(p2p) - p2p  # each p2p op's place among its plan's p2p ops
-        dep_ptr, dep_values = _csr(deps)
-        share_ptr, share_values = _csr(shares)
-        flat_marks = list(chain.from_iterable(marks))
-        categories = [p.category_seconds for p in plans]
-        flat_categories = list(chain.from_iterable(categories))
+        (dep_ptr, dep_values), (share_ptr, share_values) = _csr(deps), _csr(shares)
+        categories = [s.totals for s in skeletons]
+        p_category_ptr, o_mark_ptr = _ptr(categories), _ptr(marks)
         fields = {
             "p_op_ptr": p_op_ptr,
-            "p_output": np.fromiter((p.output for p in plans), _INT, len(plans)),
-            "p_slots": np.fromiter((len(p.block.ops) for p in plans), _INT, len(plans)),
-            "p_category_ptr": _ptr(categories),
-            "p_category": np.array([i for i, _ in flat_categories], dtype=_INT),
-            "p_category_seconds": np.array([s for _, s in flat_categories], dtype=float),
+            "p_output": np.fromiter((s.output for s in skeletons), _INT, n),
+            "p_slots": np.fromiter((len(s.block.ops) for s in skeletons), _INT, n),
+            "p_category_ptr": p_category_ptr,
+            "p_category": np.fromiter(chain.from_iterable(categories), _INT),
             "o_kind": o_kind,
             "o_stream": o_stream,
-            "o_seconds": np.array(seconds, dtype=float),
             "o_waits": np.array(waits, dtype=np.bool_),
             "o_slot": np.array(slot, dtype=_INT),
             "o_category": np.array(category, dtype=_INT),
             "o_mail": np.where(p2p, before - first_p2p[plan_of_row], -1).astype(_INT),
             "o_dep_ptr": dep_ptr,
             "o_deps": dep_values,
-            "o_mark_ptr": _ptr(marks),
-            "o_mark_slot": np.array([k for k, _ in flat_marks], dtype=_INT),
-            "o_mark_offset": np.array([o for _, o in flat_marks], dtype=float),
+            "o_mark_ptr": o_mark_ptr,
+            "o_mark_slot": np.fromiter(chain.from_iterable(marks), _INT),
             "o_share_ptr": share_ptr,
             "o_shares": share_values,
         }
         per_plan = _PerPlan(
-            compute=np.bincount(plan_of_row[o_kind == COMPUTE], minlength=len(plans)),
-            comm=np.bincount(plan_of_row[comm] * streams + o_stream[comm], minlength=len(plans) * streams).reshape(
-                len(plans), streams
-            ),
+            compute=np.bincount(plan_of_row[o_kind == COMPUTE], minlength=n),
+            comm=np.bincount(plan_of_row[comm] * streams + o_stream[comm], minlength=n * streams).reshape(n, streams),
             mails=np.diff(first_p2p),
             links=[[x for x in own if x is not None] for own in _per_plan(link, lengths)],
         )
-        return fields, per_plan
+        return fields, per_plan, _gather(p_op_ptr, o_mark_ptr[p_op_ptr], p_category_ptr)
+
+
+@njit(cache=True)
+def _gather(op_ptr: np.ndarray, mark_ptr: np.ndarray, total_ptr: np.ndarray) -> np.ndarray:
+    """`_Rows.gather` from where each plan's ops, marks and totals start (and end): a plan's seconds hold the three
+    parts in turn. One array out, not three: returning a tuple of arrays cost 8 us a call, seven times the work."""
+    starts = (0, op_ptr[-1], op_ptr[-1] + mark_ptr[-1])
+    out, at = np.empty(starts[2] + total_ptr[-1], _INT), 0
+    for p in range(len(op_ptr) - 1):
+        for part, ptr in enumerate((op_ptr, mark_ptr, total_ptr)):
+            for k in range(starts[part] + ptr[p], starts[part] + ptr[p + 1]):
+                out[k] = at
+                at += 1
+    return out
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:

@@ -6,6 +6,12 @@ consecutive compute kernels that can only wait on the compute stream itself is f
 in order, so the run starts when its first kernel does and its kernels follow back to back. On a transformer
 layer that leaves about a quarter of the ops. The kernels inside a fused run that something else waits on keep
 their end times through `marks`, offsets from the run's start.
+
+A plan is its skeleton and its seconds (`skeletons`): the skeleton depends on the block and the network's shape
+only, so once a block's content is planned on a second system its skeletons are kept (`_Form`), and every later
+system that differs only in speeds prices seconds. On the first system a recipe is planned on, its skeletons are not
+kept: a block's content priced on one system only (a study's configurations on one system) would pay for keeping
+them and gain nothing.
 """
 
 from collections.abc import Iterable
@@ -17,6 +23,7 @@ from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
 from simulators.analytical.pricing import BlockPricer, pricing_settings
+from simulators.analytical.skeletons import Link, Plan, Skeleton, code_of, renumbered, sums
 
 COMPUTE, COLLECTIVE, SEND, RECV = range(4)
 _KIND_CODE = {OpKind.COMPUTE: COMPUTE, OpKind.COLLECTIVE: COLLECTIVE, OpKind.SEND: SEND, OpKind.RECV: RECV}
@@ -24,47 +31,48 @@ _PRICED_ALONE = (OpKind.COMPUTE, OpKind.COLLECTIVE)
 """Kinds whose time is known from the plan; a p2p op's depends on when its partner is ready."""
 _STREAM_PREFIX = {OpKind.COLLECTIVE: "comm", OpKind.SEND: "send", OpKind.RECV: "recv"}
 
-Link = tuple[int, int, str, int]
-"""A p2p op's channel, named alike from both ends: sender class, receiver class, axis, receiver's offset."""
-
-PlanOp = tuple[
-    int, int, float, tuple[int, ...], bool, int, tuple[tuple[int, float], ...], int, Link | None, tuple[int, ...]
-]
-"""(kind, stream, seconds, deps inside the block, waits on the call's inputs, slot, marks, category, link, shares).
-
-slot: the block op whose end this op's end is (the last kernel of a fused run). marks: (block op, seconds from
-the start) for the kernels inside a fused run that a later op or the call's output needs. shares: the streams of
-the network dimensions a collective occupies ("net:<index>"): collectives of different axes that need the same
-dimension queue for it, so two concurrent transfers on one dimension take twice as long as one (their total
-bandwidth is the dimension's, as with fair sharing; the first simply finishes first).
-"""
-
 
 def stream_of(op: Op) -> str:
     """The in-order queue an op runs on; every axis gets its own, as NCCL gives each communicator one."""
     return "compute" if op.kind is OpKind.COMPUTE else f"{_STREAM_PREFIX[op.kind]}:{op.axis}"
 
 
-@dataclass(slots=True, frozen=True, eq=False)
-class Plan:
-    """A block as one rank class runs it: its communication priced for that class's groups and peers."""
-
-    block: Block
-    ops: tuple[PlanOp, ...]
-    output: int
-    category_seconds: tuple[tuple[int, float], ...]
-    """Seconds per category of the ops that are not p2p; a p2p op's seconds are known only once it pairs."""
-    categories: frozenset[int]
-
-
 PLAN_BYTES = 32 * MIB
-"""Recipes and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 3 MiB of them on one system."""
+"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 2.9 MiB of them on one
+system, 7.1 MiB after a second (whose skeletons are kept) and 2.3 MiB more per later system."""
 RECIPE_BYTES_PER_OP = 400
 """A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
 of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
 PLAN_BYTES_PER_OP = 1000
 """A kept plan's bytes per op: a walk of the plans kept after benchmarks/vs_calculon.py's 96 configurations (their
-op tuples, seconds, numberings, names and dicts, each object once) measured 940 B a plan op."""
+op tuples, seconds, numberings, names and dicts, each object once) measured 940 B a plan op. A plan now keeps its
+seconds as arrays and shares its skeleton, but joins its op tuples (`Plan.ops`) for the consumers that ask."""
+SKELETON_BYTES_PER_OP = 800
+"""A kept skeleton's bytes per op: a plan op's tuples without its float (an estimate from PLAN_BYTES_PER_OP)."""
+FORMS_PER_RECIPE = 64
+"""Shapes (a class's span keys, or the network's shape and class for a block with p2p ops) a recipe keeps
+skeletons for, as SHELVES_PER_RECIPE bounds the systems."""
+
+
+@dataclass(slots=True)
+class _Form:
+    """A block's skeletons for one shape of a class's groups, one per numbering (as `_Cached` is for plans)."""
+
+    shape: tuple | None
+    """`Planner._shape` for a block with p2p ops (its key holds its hash; compared on every hit), else None."""
+    names: tuple[tuple[str, ...], tuple[str, ...]]
+    skeletons: dict[tuple[tuple[int, ...], tuple[int, ...]], Skeleton]
+
+
+@dataclass(slots=True)
+class SkeletonCounts:
+    """How often a plan built took a kept skeleton (`reused`) or made one (`built`): what the skeletons save."""
+
+    built: int = 0
+    reused: int = 0
+
+
+SKELETONS = SkeletonCounts()
 SHELVES_PER_RECIPE = 64
 """Prefixes (systems, for one workload's settings) a recipe keeps plans for: pricing one workload on thousands of
 systems must not grow its entry past the cache (the prefix kept first goes first)."""
@@ -108,16 +116,28 @@ class _Recipe:
     block: Block
     """The first block of this content seen, whose plans keep it."""
     categories: tuple[str, ...]
-    """Per op, its category's name."""
-    priced_alone: tuple[int, ...]
-    """The ops whose seconds the plan's category totals hold (not the p2p ones)."""
-    runs: tuple[tuple[int, int, str, tuple[int, ...], bool, tuple[tuple[int, bool], ...]], ...]
-    """Per plan op: (its first block op, kind, stream name, deps, waits on inputs, and per later kernel fused into
-    it, (block op, whether the kernel before it keeps its end time as a mark))."""
+    """The names of its ops' categories, in the order they first appear (the order a build numbers them)."""
+    runs: tuple[tuple[int, int, str, tuple[int, ...], bool, int, tuple[int, ...], int], ...]
+    """Per plan op: (its first block op, kind, stream name, deps, waits on inputs, slot, the block ops of its marks,
+    its category's place in `categories`)."""
     axes: tuple[str, ...]
     """The axes its collectives run on, sorted: a class's plan depends on how their groups span the network."""
     p2p: tuple[tuple[str, int], ...]
     """(axis, peer offset) of each p2p op, in order; a block with any is planned per class (its links name it)."""
+    code: np.ndarray
+    """What sums its plans' seconds from their blocks' op durations (`skeletons.code_of`); category totals in the
+    order their ops first name them."""
+    totals: tuple[int, ...]
+    """The categories of the totals (places in `categories`), in their order."""
+    system: int | None
+    """The hash of the context (`Planner._hashes`) it was first planned under: its skeletons are kept (`forms`) only
+    for plans built under another one. None until a plan is built, or where plans are not kept (`_context`)."""
+    forms: dict[tuple, "_Form"]
+    """The skeletons of its plans, per shape of a class's groups on the network (`Planner._skeleton`): kept across
+    systems, unlike `shelves`."""
+    shapes: dict[int, int]
+    """Per hash of the shapes its forms of a block with p2p ops hold (`_Form.shape`), how many hold it: the ranks'
+    classes it keeps are counted in `bytes` once, not per class."""
     shelves: dict[int, _Shelf]
     """Per prefix's hash, the plans built under it. One cache entry holds a block's recipe and plans, so that a
     point looks the cache up once per block."""
@@ -142,29 +162,51 @@ def _recipe(block: Block, fuse: bool) -> _Recipe:
         _see(block, fuse, recipe)
         return recipe
     needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
-    runs: list[tuple[int, int, str, tuple[int, ...], bool, list[tuple[int, bool]]]] = []
+    categories: dict[str, int] = {}
+    totals: dict[int, int] = {}
+    alone: list[int] = []  # per op priced alone (not p2p), it and its category's total
+    runs: list[tuple[int, int, str, tuple[int, ...], bool, int, list[tuple[int, bool]]]] = []
     for index, op in enumerate(block.ops):
+        category = categories.setdefault(op.category, len(categories))
+        if op.kind in _PRICED_ALONE:
+            alone += (index, totals.setdefault(category, len(totals)))
         run = runs[-1] if runs else None
         if fuse and run is not None and run[1] == COMPUTE and _joins(op, block, run[4]):
-            members = run[5]
-            members.append((index, (members[-1][0] if members else run[0]) in needed))
+            members = run[6]
+            members.append((index, members[-1][0] in needed))
             continue
         deps = tuple(d for d in op.deps if d != BLOCK_INPUT)
-        runs.append((index, _KIND_CODE[op.kind], stream_of(op), deps, BLOCK_INPUT in op.deps, []))
+        runs.append(
+            (index, _KIND_CODE[op.kind], stream_of(op), deps, BLOCK_INPUT in op.deps, category, [(index, False)])
+        )
+    fused = [run[6] for run in runs]
     recipe = _Recipe(
         key=key,
         block=block,
-        categories=tuple(op.category for op in block.ops),
-        priced_alone=tuple(i for i, op in enumerate(block.ops) if op.kind in _PRICED_ALONE),
-        runs=tuple((*run[:5], tuple(run[5])) for run in runs),  # type: ignore[misc]
+        categories=tuple(categories),
+        runs=tuple(
+            (*run[:5], members[-1][0], _marked(members), run[5]) for run, members in zip(runs, fused, strict=True)
+        ),
         axes=tuple(sorted({op.axis for op in block.ops if op.kind is OpKind.COLLECTIVE})),
         p2p=tuple((op.axis, op.peer) for op in block.ops if op.kind in (OpKind.SEND, OpKind.RECV)),
+        code=code_of(fused, alone, len(totals)),
+        totals=tuple(totals),
+        system=None,
+        forms={},
+        shapes={},
         shelves={},
         bytes=RECIPE_BYTES_PER_OP * len(block.ops),
     )
     _RECIPES.put(key, recipe)
     _see(block, fuse, recipe)
     return recipe
+
+
+def _marked(members: list[tuple[int, bool]]) -> tuple[int, ...]:
+    """The block ops of a fused run's marks: each kernel before one flagged as keeping its end."""
+    if len(members) == 1:
+        return ()
+    return tuple([members[k - 1][0] for k in range(1, len(members)) if members[k][1]])
 
 
 SEEN_BLOCKS = 1024
@@ -184,12 +226,14 @@ def _see(block: Block, fuse: bool, recipe: _Recipe) -> None:
 class Planner:
     """Builds and caches plans, and numbers the streams and categories that plans refer to.
 
-    A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`). Besides the block's content it
-    depends on the system and the workload's pricing settings (`_context`), and on how the class's groups spread
-    over the network; a block with p2p ops on the class itself, its peers and their classes, so its plans are kept
-    per layout, classes of the ranks, and class. Streams and categories are numbered per planner in first-use
-    order; a kept plan is reused only under the numbering it was built with, and never for two blocks or classes of
-    one planner that did not share a plan before (each gets its own object, as consumers number plans by identity)."""
+    A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`), and its skeleton for later
+    systems of the same shape once a second system plans it (`_Recipe.forms`, `_skeleton`). Besides the block's
+    content a plan depends on the system and the workload's pricing settings (`_context`), and on how the class's
+    groups spread over the network; a block with p2p ops on the class itself, its peers and their classes, so its
+    plans are kept per layout, classes of the ranks, and class. Streams and categories are numbered per planner in
+    first-use order; a kept plan is reused only under the numbering it was built with, and never for two blocks or
+    classes of one planner that did not share a plan before (each gets its own object, as consumers number plans by
+    identity)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
@@ -207,15 +251,20 @@ class Planner:
         """Identities of the plans this planner gave out."""
         context = _context(workload, system, fuse, share_bandwidth)
         classes = np.ascontiguousarray(workload.class_of)
-        self._prefixes = (
-            None
-            if context is None
-            else (context, (*context, workload.layout.axes, classes.dtype.str, classes.tobytes()))
-        )
+        ranks = (workload.layout.axes, classes.dtype.str, classes.tobytes())
+        self._prefixes = None if context is None else (context, (*context, *ranks))
         """What keys a kept plan besides the block and its class: the context, and with the layout and the ranks'
         classes for a block with p2p ops. A key holds their hashes, computed here once (hashing them per lookup
         would cost as much as the rest of the lookup)."""
         self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
+        self._here = None if self._hashes is None else self._hashes[0]
+        """What `_Recipe.system` compares (the context's hash), None where plans are not kept."""
+        self._shape = (fuse, share_bandwidth, tuple(dim.npus for dim in system.network), *ranks)
+        """What a skeleton of a block with p2p ops depends on besides the block and the class: its links name the
+        peers' classes, and its shares the dimensions it crosses, which follow from the network's shape."""
+        self._shape_hash = hash(self._shape)
+        self._flags = (fuse, share_bandwidth)
+        """What keys a skeleton of a block without p2p ops besides its class's span keys."""
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
 
@@ -236,7 +285,7 @@ class Planner:
                 if recipe is None:
                     recipe = recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
                 if recipe.p2p:
-                    plan = plans[key] = self._kept(block_index, rank_class, recipe, rank_class, 1)
+                    plan = plans[key] = self._kept(block_index, rank_class, recipe, rank_class, None)
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
@@ -246,7 +295,7 @@ class Planner:
                     alike = (block_index, spans[0])
                     plan = shared.get(alike)
                     if plan is None:
-                        plan = shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], 0)
+                        plan = shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], spans[0])
                     plans[key] = plan
             out[block_index] = plan
         return out
@@ -259,29 +308,39 @@ class Planner:
             tuple([pricer.spread(axis, rank_class) for axis in axes]),
         )
 
-    def _kept(self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, p2p: int) -> Plan:
-        """The plan kept for this content and spread of the class (`_Shelf`), numbered as this planner numbers;
-        built if none. p2p: which of `_prefixes` keys it."""
+    def _kept(
+        self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, spans: tuple | None
+    ) -> Plan:
+        """The plan kept for this content and spread of the class on this system (`_Shelf`), numbered as this
+        planner numbers; built if none. spans: the class's span keys (None for a block with p2p ops, which is
+        kept per class under the prefix with the layout and classes)."""
         shelf = self._shelves.get(block_index)
         if shelf is None:
             if self._prefixes is None or self._hashes is None:
-                return self._build(block_index, rank_class, recipe)[0]
+                return self._build(block_index, rank_class, recipe, spans)[0]
+            p2p = int(spans is None)
             shelf = self._shelves[block_index] = _shelf(recipe, self._prefixes[p2p], self._hashes[p2p], self._system)
         entry = shelf.spreads.get(spread)
         if entry is None:
-            plan, streams = self._build(block_index, rank_class, recipe)
-            entry = shelf.spreads[spread] = _Cached((streams, tuple(dict.fromkeys(recipe.categories))), {})
-            entry.plans[self._numbering(entry.names)] = plan
+            plan, names = self._build(block_index, rank_class, recipe, spans)
+            entry = shelf.spreads[spread] = _Cached(names, {})
+            entry.plans[self._numbers[names]] = plan
             _grown(recipe, shelf, plan)
             self._handed.add(id(plan))
             return plan
         numbering = self._numbers.get(entry.names) or self._numbering(entry.names)
         plan = entry.plans.get(numbering)
         if plan is None:
-            plan = entry.plans[numbering] = _renumbered(*next(iter(entry.plans.items())), numbering)
+            built_numbering, built = next(iter(entry.plans.items()))
+            skeleton = (
+                renumbered(built_numbering, built.skeleton, numbering)
+                if recipe.system == self._here
+                else self._skeleton(block_index, rank_class, recipe, spans)[0]
+            )
+            plan = entry.plans[numbering] = Plan(skeleton, built.seconds, built.totals)
             _grown(recipe, shelf, plan)
         elif id(plan) in self._handed:
-            plan = Plan(plan.block, plan.ops, plan.output, plan.category_seconds, plan.categories)
+            plan = plan.copy()
         self._handed.add(id(plan))
         return plan
 
@@ -295,20 +354,53 @@ class Planner:
         )
         return found
 
-    def _build(self, block_index: int, rank_class: int, recipe: _Recipe) -> tuple[Plan, tuple[str, ...]]:
-        """The plan, and the names of the streams it numbered in the order it first numbered them."""
+    def _build(
+        self, block_index: int, rank_class: int, recipe: _Recipe, spans: tuple | None
+    ) -> tuple[Plan, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The plan: its skeleton (kept across systems) and its seconds on this system; and the names its numbering
+        numbers (`_Cached.names`)."""
+        seconds = sums(np.array(self._pricer.durations(block_index, rank_class)), recipe.code)
+        skeleton, names = self._skeleton(block_index, rank_class, recipe, spans)
+        return Plan(skeleton, seconds, seconds[len(seconds) - len(skeleton.totals) :].tolist()), names
+
+    def _skeleton(
+        self, block_index: int, rank_class: int, recipe: _Recipe, spans: tuple | None
+    ) -> tuple[Skeleton, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """The skeleton kept for the class's shape (`_Form`), numbered as this planner numbers; made if none. Made
+        and not kept under the context the recipe was first planned under (`_Recipe.system`)."""
+        if recipe.system is None:
+            recipe.system = self._here
+        kept = self._here is not None and recipe.system != self._here
+        key = ((self._shape_hash, rank_class) if spans is None else (self._flags, spans)) if kept else ()
+        form = recipe.forms.get(key) if kept else None
+        if form is None or (spans is None and form.shape != self._shape):
+            skeleton, streams = self._shaped(block_index, rank_class, recipe)
+            names = (streams, recipe.categories)
+            numbering = self._numbers.get(names) or self._numbering(names)
+            if kept:
+                form = _Form(None if spans is not None else self._shape, names, {numbering: skeleton})
+                _formed(recipe, key, form, len(skeleton.ops))
+                SKELETONS.built += 1
+            return skeleton, names
+        SKELETONS.reused += 1
+        numbering = self._numbers.get(form.names) or self._numbering(form.names)
+        skeleton = form.skeletons.get(numbering)
+        if skeleton is None:
+            skeleton = form.skeletons[numbering] = renumbered(*next(iter(form.skeletons.items())), numbering)
+            recipe.bytes += SKELETON_BYTES_PER_OP * len(skeleton.ops)  # the caller puts the recipe again
+        return skeleton, form.names
+
+    def _shaped(self, block_index: int, rank_class: int, recipe: _Recipe) -> tuple[Skeleton, tuple[str, ...]]:
+        """The skeleton, and the names of the streams it numbered in the order it first numbered them."""
         block = self._workload.blocks[block_index]
-        seconds = self._pricer.durations(block_index, rank_class)
-        categories = [self.categories.setdefault(name, len(self.categories)) for name in recipe.categories]
-        totals: dict[int, float] = {}
-        for index in recipe.priced_alone:
-            category = categories[index]
-            totals[category] = totals.get(category, 0.0) + seconds[index]
+        numbered = self.categories
+        categories = [numbered.setdefault(name, len(numbered)) for name in recipe.categories]
+        streams = self.streams
         ops = []
         names: list[str] = []
-        for first, kind, stream, deps, waits_on_inputs, members in recipe.runs:
+        for first, kind, stream, deps, waits_on_inputs, slot, marks, category in recipe.runs:
             names.append(stream)
-            number = self.streams.setdefault(stream, len(self.streams))
+            number = streams.setdefault(stream, len(streams))
             if kind == COMPUTE:
                 link, shares = None, ()
             else:
@@ -316,22 +408,15 @@ class Planner:
                     self._link(block.ops[first], rank_class),
                     self._shares(block.ops[first], rank_class, names),
                 )
-            slot, duration, marks = first, seconds[first], []
-            for index, mark_previous in members:
-                if mark_previous:
-                    marks.append((slot, duration))
-                duration += seconds[index]
-                slot = index
-            category = categories[first]
-            ops.append((kind, number, duration, deps, waits_on_inputs, slot, tuple(marks), category, link, shares))
-        plan = Plan(
+            ops.append((kind, number, deps, waits_on_inputs, slot, marks, categories[category], link, shares))
+        skeleton = Skeleton(
             block=recipe.block,
             ops=tuple(ops),
             output=block.output_index,
-            category_seconds=tuple(totals.items()),
+            totals=tuple([categories[c] for c in recipe.totals]),
             categories=frozenset(categories),
         )
-        return plan, tuple(dict.fromkeys(names))
+        return skeleton, tuple(dict.fromkeys(names))
 
     def source(self, block_index: int, op_index: int, rank_class: int) -> str:
         """What priced an op for this class (BlockPricer.source)."""
@@ -380,40 +465,40 @@ def _shelf_bytes(shelf: _Shelf) -> int:
 
 def _grown(recipe: _Recipe, shelf: _Shelf, plan: Plan) -> None:
     """Counts a plan added to the shelf, putting the recipe again so that the cache sees its new size."""
-    shelf.ops += len(plan.ops)
-    recipe.bytes += PLAN_BYTES_PER_OP * len(plan.ops)
+    shelf.ops += len(plan.skeleton.ops)
+    recipe.bytes += PLAN_BYTES_PER_OP * len(plan.skeleton.ops)
     _RECIPES.put(recipe.key, recipe)
 
 
-def _renumbered(
-    numbering: tuple[tuple[int, ...], tuple[int, ...]], plan: Plan, to: tuple[tuple[int, ...], tuple[int, ...]]
-) -> Plan:
-    """The plan a build under numbering `to` gives, from one built under `numbering`: only the numbers of its
-    streams and categories differ (a category's seconds are summed in the order of its ops, whatever its number)."""
-    streams = dict(zip(numbering[0], to[0], strict=True))
-    categories = dict(zip(numbering[1], to[1], strict=True))
-    ops = tuple(
-        (
-            kind,
-            streams[stream],
-            seconds,
-            deps,
-            waits,
-            slot,
-            marks,
-            categories[category],
-            link,
-            tuple([streams[s] for s in shares]),
-        )
-        for kind, stream, seconds, deps, waits, slot, marks, category, link, shares in plan.ops
-    )
-    return Plan(
-        block=plan.block,
-        ops=ops,
-        output=plan.output,
-        category_seconds=tuple([(categories[c], seconds) for c, seconds in plan.category_seconds]),
-        categories=frozenset([categories[c] for c in plan.categories]),
-    )
+def _formed(recipe: _Recipe, key: tuple, form: _Form, ops: int) -> None:
+    """Counts a form put on the recipe, its first skeleton of `ops` ops (the caller puts the recipe again, so that
+    the cache sees its new size); the form kept first goes first past FORMS_PER_RECIPE."""
+    forms = recipe.forms
+    if key in forms:  # another shape of the same hash: this one replaces it
+        _unformed(recipe, key)
+    elif len(forms) >= FORMS_PER_RECIPE:
+        _unformed(recipe, next(iter(forms)))
+    forms[key] = form
+    recipe.bytes += SKELETON_BYTES_PER_OP * ops
+    if form.shape is not None:
+        held = recipe.shapes.get(key[0], 0)
+        recipe.bytes += 0 if held else len(form.shape[-1])
+        recipe.shapes[key[0]] = held + 1
+
+
+def _unformed(recipe: _Recipe, key: tuple) -> None:
+    form = recipe.forms.pop(key)
+    recipe.bytes -= _form_bytes(form)
+    if form.shape is not None:
+        held = recipe.shapes.pop(key[0]) - 1
+        if held:
+            recipe.shapes[key[0]] = held
+        else:
+            recipe.bytes -= len(form.shape[-1])
+
+
+def _form_bytes(form: _Form) -> int:
+    return SKELETON_BYTES_PER_OP * sum(len(skeleton.ops) for skeleton in form.skeletons.values())
 
 
 def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool) -> tuple | None:

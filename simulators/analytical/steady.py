@@ -298,7 +298,8 @@ class _Costs:
         self._names = list(scheduler._planner.categories)
         self._block_plans = scheduler._block_plans
         number: dict[int, int] = {}
-        flat: list[tuple[int, float]] = []
+        category: list[int] = []
+        seconds: list[float] = []
         ptr = [0]
         self._plan_of: list[np.ndarray] = []
         for plans in self._block_plans:
@@ -306,13 +307,14 @@ class _Costs:
             for b, plan in plans.items():
                 if (k := number.get(id(plan))) is None:
                     k = number[id(plan)] = len(ptr) - 1
-                    flat.extend(plan.category_seconds)
-                    ptr.append(len(flat))
+                    category.extend(plan.skeleton.totals)
+                    seconds.extend(plan.totals)
+                    ptr.append(len(category))
                 plan_of[b] = k
             self._plan_of.append(plan_of)
         self._ptr = np.array(ptr, dtype=np.int64)
-        self._category = np.array([c for c, _ in flat], dtype=np.int64)
-        self._seconds = np.array([x for _, x in flat], dtype=float)
+        self._category = np.array(category, dtype=np.int64)
+        self._seconds = np.array(seconds, dtype=float)
 
     def of_period(self, index: int, blocks: np.ndarray, sched: ClassSchedule, calls: range) -> dict[str, float]:
         """Busy seconds per category of stage `index`'s calls in `calls`: their blocks' priced ops, then their

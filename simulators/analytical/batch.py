@@ -34,6 +34,7 @@ What depends on times, and how each is handled:
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
 
 import numpy as np
 
@@ -202,39 +203,39 @@ def _results(
     slowdown = np.array([accelerator.overlap_slowdown for accelerator in accelerators], dtype=float)
     reserve_GiB = np.array([accelerator.runtime_reserve_GiB for accelerator in accelerators], dtype=float)
     fragmentation = np.array([accelerator.fragmentation for accelerator in accelerators], dtype=float)
-    columns = []
+    timings = timing_of.tolist()
+    columns = []  # per rank class, its ClassResult on each system: made a class at a time, in C loops (map)
+    ends = []
     for (name, count), own in zip(classes_of, figures, strict=True):
         comm, exposed = own.comm[timing_of], own.exposed[timing_of]
         slowed = slowdown * (comm - exposed)
-        peak = np.array([own.peaks[t][0] for t in timing_of.tolist()], dtype=float)
-        total, reserve, fragments = reserved(peak, reserve_GiB, fragmentation)
+        peaks = [own.peaks[t] for t in timings]
+        total, reserve, fragments = reserved(np.array([p[0] for p in peaks], dtype=float), reserve_GiB, fragmentation)
+        at_peak = [
+            {**breakdown, RESERVE: r, FRAGMENTATION: f}
+            for (_, breakdown), r, f in zip(peaks, reserve.tolist(), fragments.tolist(), strict=True)
+        ]
+        names, seconds = [own.names[t] for t in timings], [own.seconds[t] for t in timings]
+        categories = map(dict, map(zip, names, seconds))  # as many seconds as names, by construction
+        ends.append((own.end[timing_of] + slowed).tolist())
         columns.append(
-            (
-                name,
-                count,
-                (own.end[timing_of] + slowed).tolist(),
+            map(
+                ClassResult,
+                repeat(name),
+                repeat(count),
+                ends[-1],
                 (own.compute[timing_of] + slowed).tolist(),
                 comm.tolist(),
                 exposed.tolist(),
                 total.tolist(),
-                reserve.tolist(),
-                fragments.tolist(),
-                own,
+                at_peak,
+                categories,
             )
         )
-    out = []
-    for k, timing in enumerate(timing_of.tolist()):
-        classes = []
-        for name, count, end, compute, comm, exposed, peak, reserves, fragments, own in columns:
-            at_peak = dict(own.peaks[timing][1])
-            at_peak[RESERVE] = reserves[k]
-            at_peak[FRAGMENTATION] = fragments[k]
-            categories = dict(zip(own.names[timing], own.seconds[timing], strict=True))
-            classes.append(
-                ClassResult(name, count, end[k], compute[k], comm[k], exposed[k], peak[k], at_peak, categories)
-            )
-        out.append(SimResult(step_time_s=max((c.end_s for c in classes), default=0.0), classes=classes))
-    return out
+    if not columns:
+        return [SimResult(step_time_s=0.0, classes=[]) for _ in timings]
+    step = map(max, zip(*ends, strict=True))
+    return list(map(SimResult, step, map(list, zip(*columns, strict=True))))
 
 
 @dataclass(slots=True)
@@ -273,8 +274,10 @@ def _price_timings(workload: Workload, systems: list[SystemSpec], timings: list[
         figures, redo = _evaluate(
             evaluated, [systems[i] for i in left], [timings[i] for i in left], room, steady, periods
         )
+        again = set(redo)
+        done = [index for k, index in enumerate(left) if k not in again]
         for whole, own in zip(out, figures, strict=True):
-            whole.put(left, own)
+            whole.put(done, own)
         left = [left[i] for i in redo]
         if not left:
             break
@@ -296,8 +299,9 @@ def _evaluate(
     periods: Sequence[int] = (),
 ) -> tuple[list[_Figures], list[int]]:
     """Per rank class, its figures of `evaluated`'s step on each system; with a steady form (whose programs those
-    are), extended by the first of `periods` each system's timeline shows. Also the systems that show none (their
-    figures are meaningless). room: where the chunks' values are evaluated, shared with the call's other forms."""
+    are), extended by the first of `periods` each system's timeline shows, on the systems that show one; and the
+    systems that show none (their figures are not made). room: where the chunks' values are evaluated, shared with
+    the call's other forms."""
     built = structure(evaluated, systems[0])
     tape, program, spans, reads, liveness = built.tape, built.program, built.spans, built.reads, built.liveness
     ordered: list[Spans] | None = None  # the spans in the first system's order, once its values are known
@@ -307,6 +311,7 @@ def _evaluate(
     chunks = _chunks(len(systems), program.size)
     values_room = room.of(program.size * max(int(c[-1] - c[0]) for c in chunks))  # every chunk's values, in turn
     counted = [_Counted.of(tape, c) for c in range(len(tape.classes))]
+    sweeps: list[_Sweep | None] = [None] * len(tape.classes)  # per rank class, the sweep its chunks share
     for bounds in chunks:
         lo, hi = int(bounds[0]), int(bounds[-1])
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
@@ -314,7 +319,7 @@ def _evaluate(
         values = program.evaluate(durations, values_room)
         if ordered is None:
             ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
-        calls = [(values[r.call_start], values[r.call_end]) for r in reads]
+        calls = [(values.take(r.call_start, axis=0), values.take(r.call_end, axis=0)) for r in reads]
         found = [[Period.find(evaluated.programs[c], *calls[c], p) for p in periods] for c in range(len(calls))]
         wanted = np.logical_or.reduce([shown([own[i] for own in found]) for i in range(len(periods))]) if form else None
         stages = [
@@ -322,8 +327,12 @@ def _evaluate(
             for c in range(len(tape.classes))
         ]
         extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(hi - lo, dtype=bool))
+        kept = None if valid.all() else np.flatnonzero(valid)
         for c, stage in enumerate(stages):
-            parts[c].append(_figures_of(counted[c], stage, liveness[c], extensions[c] if form else None))
+            own, sweeps[c] = _figures_of(
+                counted[c], stage, liveness[c], extensions[c] if form else None, kept, sweeps[c]
+            )
+            parts[c].append(own)
         redo.extend(lo + i for i in np.flatnonzero(~valid).tolist())
     return [_Figures.joined(own) for own in parts], redo
 
@@ -367,7 +376,9 @@ def _stage(
         call_start=call_start,
         call_end=call_end,
         busy=busy.totals,
-        periods=[replace(f, windows=busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)],
+        periods=[
+            Period(f.length, f.first, f.ok, busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)
+        ],
         plan_of_call=recorded.priced,
         plan_categories=priced.plan_categories,
         transfers=(
@@ -395,42 +406,99 @@ class _Counted:
         return cls(counts, used, [tape.categories[i] for i in used])
 
 
-def _figures_of(counted: _Counted, stage: StageArrays, liveness: Liveness, extension: Extension | None) -> _Figures:
-    """One rank class's figures on every system of a chunk."""
-    end = stage.call_end.max(axis=0, initial=0.0)  # every op ends inside its call
-    compute, comm, exposed = stage.busy
+def _figures_of(
+    counted: _Counted,
+    stage: StageArrays,
+    liveness: Liveness,
+    extension: Extension | None,
+    kept: np.ndarray | None,
+    sweep: "_Sweep | None",
+) -> "tuple[_Figures, _Sweep | None]":
+    """One rank class's figures on the systems of a chunk in `kept` (columns; all where None): a steady form's
+    systems that show no period are priced again on a longer form or the whole step, so their figures and their
+    memory sweeps are not made. The per-category sums are made over the whole chunk, then taken: a matrix product
+    over other columns could round its sums otherwise. sweep: the rank class's reference sweep so far (`_peaks`),
+    returned as the chunk leaves it."""
+    pick = slice(None) if kept is None else kept
+    call_start, call_end = stage.call_start, stage.call_end
+    if kept is not None:  # C-ordered, as the kernels that read them are compiled for
+        call_start, call_end = call_start.take(kept, axis=1), call_end.take(kept, axis=1)
+    end = _latest(call_end)  # every op ends inside its call
+    compute, comm, exposed = (seconds[pick] for seconds in stage.busy)
     by_category = np.tensordot(counted.counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers
     if len(calls):
         batch_kernels.add_rows(by_category, categories, seconds)
     if extension is not None:
-        end = end + extension.end
-        compute, comm, exposed = compute + extension.compute, comm + extension.comm, exposed + extension.exposed
+        end = end + extension.end[pick]
+        compute, comm = compute + extension.compute[pick], comm + extension.comm[pick]
+        exposed = exposed + extension.exposed[pick]
         by_category = by_category + extension.categories
+    peaks, sweep = _peaks(liveness, call_start, call_end, sweep)
     systems = len(end)
-    return _Figures(
+    figures = _Figures(
         end=end,
         compute=compute,
         comm=comm,
         exposed=exposed,
         names=[counted.names] * systems,
-        seconds=by_category[counted.used].T.tolist(),  # Python floats: one conversion for the chunk
-        peaks=_peaks(liveness, stage.call_start, stage.call_end),
+        seconds=by_category[counted.used][:, pick].T.tolist(),  # Python floats: one conversion for the chunk
+        peaks=peaks,
     )
+    return figures, sweep
 
 
-def _peaks(liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray) -> list[tuple[float, dict[str, float]]]:
-    """Peak memory and its breakdown per system (call_start, call_end: calls x systems). Systems whose events sort
-    as the first system's share its sweep (`batch_kernels.keeps_order` checks them); another is swept on its own."""
+def _latest(times: np.ndarray) -> np.ndarray:
+    """Per column, the largest of `times` (rows x columns) and 0: times.max(axis=0, initial=0.0), which a max gives
+    in any order. Halving the rows runs a few long numpy loops where the reduction runs one per row, most of its
+    time on a chunk of few systems."""
+    while len(times) > 1:
+        half = len(times) // 2
+        top = np.maximum(times[:half], times[half : 2 * half])
+        if len(times) % 2:
+            top[0] = np.maximum(top[0], times[-1])
+        times = top
+    return np.maximum(0.0, times[0]) if len(times) else np.zeros(times.shape[1])
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    """One system's memory events in sweep order (`memory.Liveness.order`), which of them allocate, and its peak
+    and breakdown. The sweep reads nothing of the times but their order, so every system whose events keep that
+    order (`batch_kernels.keeps_order`) has that peak and breakdown, whichever chunk it is in."""
+
+    order: np.ndarray
+    allocates: np.ndarray
+    peak: tuple[float, dict[str, float]]
+
+    @classmethod
+    def of(cls, liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray) -> "_Sweep":
+        """The sweep of the system whose calls start and end at these times (one time per call)."""
+        times = liveness.times(call_start, call_end)
+        order = liveness.order(times)
+        return cls(order, (liveness.deltas > 0)[order], liveness.peak(times, order))
+
+    def keeps(self, liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray) -> np.ndarray:
+        """Per system (calls x systems), whether its events keep this order."""
+        at_start, at_end = liveness.at_start, liveness.at_end
+        return batch_kernels.keeps_order(call_start, call_end, at_start, at_end, self.order, self.allocates)
+
+
+def _peaks(
+    liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray, sweep: _Sweep | None
+) -> tuple[list[tuple[float, dict[str, float]]], _Sweep | None]:
+    """Peak memory and its breakdown per system (call_start, call_end: calls x systems), and the sweep the systems
+    that keep its order share: `sweep`, one made on an earlier chunk, while the chunk's first system keeps it, else
+    the first system's (most systems keep the order of any one of them). Another system is swept on its own."""
     systems = call_start.shape[1]
-    if not len(liveness.deltas):
-        return [liveness.peak(np.zeros(0))] * systems
-    times = liveness.times(call_start[:, 0], call_end[:, 0])
-    order = liveness.order(times)
-    first = liveness.peak(times, order)
-    allocates = (liveness.deltas > 0)[order]
-    keeps = batch_kernels.keeps_order(call_start, call_end, liveness.at_start, liveness.at_end, order, allocates)
-    return [
-        first if keep else liveness.peak(liveness.times(call_start[:, s], call_end[:, s]))
+    if not len(liveness.deltas) or not systems:
+        return [liveness.peak(np.zeros(0))] * systems, sweep
+    keeps = None if sweep is None else sweep.keeps(liveness, call_start, call_end)
+    if keeps is None or not keeps[0]:
+        sweep = _Sweep.of(liveness, call_start[:, 0], call_end[:, 0])
+        keeps = sweep.keeps(liveness, call_start, call_end)
+    peaks = [
+        sweep.peak if keep else liveness.peak(liveness.times(call_start[:, s], call_end[:, s]))
         for s, keep in enumerate(keeps.tolist())
     ]
+    return peaks, sweep

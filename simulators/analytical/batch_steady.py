@@ -57,7 +57,7 @@ class Period:
 
     def moments(self, call_start: np.ndarray) -> list[np.ndarray]:
         """The bounds of the two periods from `first` on, per system."""
-        at = np.take_along_axis(call_start, self.first[None, :], axis=0)[0]
+        at = call_start[self.first, np.arange(call_start.shape[1])]
         return [at + k * self.length for k in range(3)]
 
 
@@ -136,10 +136,14 @@ def _period(
     first = lo + distance
     found_in = np.flatnonzero(ok)
     if len(found_in):  # most systems find the same window: each distinct one checked once
-        windows, which = np.unique(np.stack((lo[found_in], hi[found_in]), axis=1), axis=0, return_inverse=True)
+        span = call_start.shape[0] + 1  # a window [lo, hi) as one number, lo * span + hi: one flat unique
+        windows, which = np.unique(lo[found_in] * span + hi[found_in], return_inverse=True)
         reach = call_reach(program)
-        long_enough = [b - a >= max(int(reach[a : b + distance].max()), 2 * distance) for a, b in windows.tolist()]
-        ok[found_in] = np.array(long_enough, dtype=bool)[which.ravel()]
+        long_enough = [
+            b - a >= max(int(reach[a : b + distance].max()), 2 * distance)
+            for a, b in (divmod(window, span) for window in windows.tolist())
+        ]
+        ok[found_in] = np.array(long_enough, dtype=bool)[which]
     return length, first, ok
 
 
@@ -155,5 +159,5 @@ def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.n
     if len(call):
         start = first[columns]
         inside = (call[:, None] >= start) & (call[:, None] < start + calls)
-        batch_kernels.add_rows(out, category, np.where(inside, seconds[:, columns], 0.0))
+        batch_kernels.add_rows(out, category, np.where(inside, seconds.take(columns, axis=1), 0.0))
     return out

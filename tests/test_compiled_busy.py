@@ -42,6 +42,17 @@ def _stream(rng: random.Random, n: int, t: float, grid: float) -> list[tuple[flo
     return out
 
 
+def _one(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray, ptr: np.ndarray) -> tuple[Busy, float]:
+    """`ordered_busy` of one timeline."""
+    [found] = ordered_busy(knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :])
+    return found
+
+
+def _in_order(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray, ptr: np.ndarray) -> bool:
+    """Whether the pass prices the timeline itself (not leaving it to Busy.of)."""
+    return bool(_ordered(knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :])[-1][0] >= 0)
+
+
 def _timeline(rng: random.Random) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(knots, comm starts, comm ends, stream_ptr) of a timeline as the compiled scheduler records it."""
     grid = rng.choice([0.0, 0.5])
@@ -63,11 +74,11 @@ def test_pairwise_sum_is_numpys(n):
 @pytest.mark.parametrize("seed", range(200))
 def test_a_timeline_in_order_prices_as_busy_of(seed):
     knots, starts, ends, ptr = _timeline(random.Random(seed))
-    assert _ordered(knots, starts, ends, ptr)[-1]  # priced by the pass, not left to Busy.of
-    got, latest = ordered_busy(knots, starts, ends, ptr)
+    assert _in_order(knots, starts, ends, ptr)  # priced by the pass, not left to Busy.of
+    got, latest = _one(knots, starts, ends, ptr)
     want, want_latest = _reference(knots, starts, ends)
     assert _same(got, want) and latest == want_latest
-    assert got.knots is knots
+    assert got.knots.base is knots  # a view, not a copy
 
 
 @pytest.mark.parametrize("seed", range(50))
@@ -82,28 +93,53 @@ def test_a_timeline_out_of_order_is_left_to_busy_of(seed):
     elif len(knots) > 2:
         knots = knots.copy()
         knots[2] = knots[1] - 1.0  # the second interval starts before the first ends
-    got, latest = ordered_busy(knots, starts, ends, ptr)
+    got, latest = _one(knots, starts, ends, ptr)
     want, want_latest = _reference(knots, starts, ends)
     assert _same(got, want) and latest == want_latest
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_timelines_priced_in_one_call_are_each_busy_of(seed):
+    """Several timelines laid out in turn (compute with room to spare after each, as the scheduler leaves it),
+    some out of order: each is priced as alone."""
+    rng = random.Random(seed)
+    lines = [_timeline(rng) for _ in range(rng.randint(1, 6))]
+    streams = max(len(ptr) for *_, ptr in lines)
+    knots, starts, ends, knot_ptr, stream_ptr = [], [], [], [], []
+    for k, s, e, ptr in lines:
+        if len(s) > 1 and rng.random() < 0.3:
+            s, e = s[::-1].copy(), e[::-1].copy()
+        at = sum(map(len, knots))
+        knots += [k, np.full(2 * rng.randint(0, 2), -1.0)]
+        knot_ptr.append((at, at + len(k)))
+        stream_ptr.append(sum(map(len, starts)) + np.pad(ptr, (0, streams - len(ptr)), mode="edge"))
+        starts.append(s)
+        ends.append(e)
+    got = ordered_busy(
+        np.concatenate(knots), np.array(knot_ptr), np.concatenate(starts), np.concatenate(ends), np.array(stream_ptr)
+    )
+    for (busy, latest), k, s, e in zip(got, [x[0] for x in lines], starts, ends, strict=True):
+        want, want_latest = _reference(k, s, e)
+        assert _same(busy, want) and latest == want_latest
 
 
 def test_the_pass_declines_what_it_cannot_price_in_order():
     knots = np.array([0.0, 2.0, 1.0, 3.0])  # overlapping compute
     rising = np.array([0.0, 1.0]), np.array([0.5, 2.0]), np.array([0, 2])
-    assert not _ordered(knots, *rising)[-1]
+    assert not _in_order(knots, *rising)
     knots = np.array([0.0, 1.0, 1.0, 3.0])
-    assert _ordered(knots, *rising)[-1]
-    assert not _ordered(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 2]))[-1]
-    assert _ordered(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 1, 2]))[-1]  # two streams
-    assert not _ordered(knots, np.array([0.0, 1.0]), np.array([np.nan, 2.0]), np.array([0, 2]))[-1]
+    assert _in_order(knots, *rising)
+    assert not _in_order(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 2]))
+    assert _in_order(knots, np.array([1.0, 0.0]), np.array([2.0, 0.5]), np.array([0, 1, 2]))  # two streams
+    assert not _in_order(knots, np.array([0.0, 1.0]), np.array([np.nan, 2.0]), np.array([0, 2]))
 
 
 class _Recording(CompiledScheduler):
     """Keeps the tables the kernel filled."""
 
-    def _schedules(self, t: kernel.EngineTables):
+    def schedules(self, t: kernel.EngineTables):
         self.tables = t
-        return super()._schedules(t)
+        return super().schedules(t)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

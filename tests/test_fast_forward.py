@@ -26,9 +26,9 @@ FOUR_NODES = {"base": "dgx-h100", "network": {1: {"npus": 4}}}
 class _Recording(CompiledScheduler):
     """Keeps the tables the kernel filled."""
 
-    def _schedules(self, t: kernel.EngineTables):
+    def schedules(self, t: kernel.EngineTables):
         self.tables = t
-        return super()._schedules(t)
+        return super().schedules(t)
 
 
 def _both(workload: Workload, system) -> tuple[_Recording, _Recording]:

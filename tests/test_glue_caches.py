@@ -21,9 +21,9 @@ LAID_OUT = ("call_plan", "run_last", "mail_ptr", "mailbox", "compute_ptr", "comm
 
 
 class _Recording(CompiledScheduler):
-    def _schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
+    def schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
         self.tables = t
-        return super()._schedules(t)
+        return super().schedules(t)
 
 
 def _run(workload: Workload, system, fast_forward: bool = True) -> tuple[_Recording, list[ClassSchedule]]:

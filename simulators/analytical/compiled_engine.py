@@ -48,38 +48,38 @@ class CompiledScheduler:
         """Per program, the plan of every block it calls."""
 
     def run(self) -> list[ClassSchedule]:
+        return self.schedules(self.drive())
+
+    def drive(self) -> kernel.EngineTables:
+        """Every op scheduled: the kernel's tables, whose call_start and call_end (run r's from base[r]) `steady`
+        checks before it has any run's schedule built (`schedules`), so that a form failing them costs no more."""
         programs = self._workload.programs
         calls = [call_arrays(program) for program in programs]
         self._block_plans = [self._planner.plans(own.used, index) for index, own in enumerate(calls)]
         tables = _Layout(self, calls, all(map(_on_shape, programs, calls))).tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
-            return _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
-        return self._schedules(tables)
+            _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
+            raise RuntimeError("pipeline deadlock in the compiled engine alone (an engine bug)")
+        return tables
 
-    def _schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
+    def schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
         names = list(self._planner.categories)
         runs, streams = len(t.base) - 1, len(self._planner.streams)
-        category_time = t.category_time.tolist()
-        firsts = t.comm_ptr[np.arange(runs + 1) * streams]
-        stream_ptrs = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)] - firsts[:-1, None]
+        knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
+        stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]
+        busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr)
         out = []
-        for r, (plans, lo, hi, c0, c1, m0, m1, b0, b1) in enumerate(
-            zip(
-                self._block_plans,
-                *_spans(t.base),
-                *_spans(2 * t.compute_ptr, 2 * t.compute_count),
-                *_spans(firsts),
-                *_spans(t.t_ptr, t.t_count),
-                strict=True,
-            )
+        for plans, lo, hi, b0, b1, row, (busy, latest) in zip(
+            self._block_plans,
+            *_spans(t.base),
+            *_spans(t.t_ptr, t.t_count),
+            t.category_time.tolist(),
+            busies,
+            strict=True,
         ):
-            busy, latest = ordered_busy(
-                t.compute_knots[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1], stream_ptrs[r]
-            )
             compute_s, comm_s, exposed_s = busy.totals
             used = sorted(frozenset().union(*map(_CATEGORIES, plans.values())))
-            row = category_time[r]
             out.append(
                 ClassSchedule(
                     end_s=latest,

@@ -114,56 +114,101 @@ class Busy:
 
 
 def ordered_busy(
-    knots: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
-) -> tuple[Busy, float]:
-    """`Busy.of` a timeline recorded in order, and its last end (0.0 if it has none), in one compiled pass.
+    knots: np.ndarray, knot_ptr: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
+) -> list[tuple[Busy, float]]:
+    """Per timeline, `Busy.of` it and its last end (0.0 if it has none), for timelines recorded in order, all in
+    one compiled pass: timeline r's compute from knot_ptr[r, 0] to knot_ptr[r, 1] of `knots`, its communication
+    stream s's from stream_ptr[r, s] to stream_ptr[r, s + 1] of comm_starts and comm_ends (one call, not one per
+    timeline: a scheduler's 8 or 16 classes each paid the call's overhead and its Python).
 
     `Busy.of` sorts the compute starts and ends and the communication intervals; a scheduler's records come in
     order already: one in-order stream runs a timeline's compute, so its intervals (`knots`: start, end, start,
-    ...) follow one another, and each communication stream's intervals (stream s's from stream_ptr[s] to
-    stream_ptr[s + 1]) settle in that stream's order, so merging the streams sorts them. The pass checks that
-    order and leaves intervals not so ordered (or not finite) to `Busy.of`: the values are `Busy.of`'s either
-    way. The knots are kept, not copied."""
-    done, merged_starts, merged_ends, hidden, totals, ordered = _ordered(knots, comm_starts, comm_ends, stream_ptr)
-    if not ordered:
-        starts, ends = knots[0::2], knots[1::2]
-        latest = max(float(ends.max(initial=0.0)), float(comm_ends.max(initial=0.0)))
-        return Busy.of(starts, ends, comm_starts, comm_ends), latest
-    compute, comm, exposed, latest = totals.tolist()
-    return Busy(knots, done, merged_starts, merged_ends, hidden, (compute, comm, exposed)), latest
+    ...) follow one another, and each communication stream's intervals settle in that stream's order, so merging
+    the streams sorts them. The pass checks that order and leaves a timeline not so ordered (or not finite) to
+    `Busy.of`: the values are `Busy.of`'s either way. The knots are kept, not copied (each Busy's are a view)."""
+    done, merged_starts, merged_ends, hidden, totals, counts = _ordered(
+        knots, knot_ptr, comm_starts, comm_ends, stream_ptr
+    )
+    out = []
+    firsts, lasts = stream_ptr[:, 0].tolist(), stream_ptr[:, -1].tolist()
+    for (k0, k1), m0, m1, count, (compute, comm, exposed, latest) in zip(
+        knot_ptr.tolist(), firsts, lasts, counts.tolist(), totals.tolist(), strict=True
+    ):
+        if count < 0:
+            starts, ends = knots[k0:k1:2], knots[k0 + 1 : k1 : 2]
+            latest = max(float(ends.max(initial=0.0)), float(comm_ends[m0:m1].max(initial=0.0)))
+            out.append((Busy.of(starts, ends, comm_starts[m0:m1], comm_ends[m0:m1]), latest))
+            continue
+        end = m0 + count
+        merged = merged_starts[m0:end], merged_ends[m0:end], hidden[m0:end]
+        out.append((Busy(knots[k0:k1], done[k0:k1], *merged, (compute, comm, exposed)), latest))
+    return out
 
 
 @njit(cache=True)
 def _ordered(
-    knots: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """`ordered_busy`'s pass: Busy's done, comm_starts, comm_ends and hidden, (compute, communication, exposed,
-    last end), and whether the intervals were in the order this relies on (if not, the rest is unset).
-
-    Every float operation is `Busy.of`'s: the running compute sum as np.cumsum adds, np.interp's search and
-    formula, numpy's pairwise summation."""
+    knots: np.ndarray, knot_ptr: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`ordered_busy`'s pass: Busy's done, comm_starts, comm_ends and hidden, each laid out as the timelines' knots
+    or communication intervals (a timeline's merged intervals from its first communication interval's place on),
+    per timeline (compute, communication, exposed, last end), and per timeline how many merged intervals it has,
+    or -1 where its intervals were not in the order this relies on (its values are then unset)."""
     done = np.empty(len(knots))
     merged_starts = np.empty(len(comm_starts))
     merged_ends = np.empty(len(comm_starts))
-    totals = np.zeros(4)
-    declined = (done, merged_starts, merged_ends, merged_ends, totals, False)
-    if not _running_compute(knots, done):
-        return declined
+    hidden = np.zeros(len(comm_starts))
+    totals = np.zeros((len(knot_ptr), 4))
+    counts = np.full(len(knot_ptr), -1, dtype=np.int64)
+    for r in range(len(knot_ptr)):
+        k0, k1, m0 = knot_ptr[r, 0], knot_ptr[r, 1], stream_ptr[r, 0]
+        own = knots[k0:k1]
+        if _running_compute(own, done[k0:k1]):
+            counts[r] = _ordered_one(
+                own,
+                done[k0:k1],
+                comm_starts,
+                comm_ends,
+                stream_ptr[r],
+                merged_starts[m0:],
+                merged_ends[m0:],
+                hidden[m0:],
+                totals[r],
+            )
+    return done, merged_starts, merged_ends, hidden, totals, counts
+
+
+@njit(cache=True)
+def _ordered_one(
+    knots: np.ndarray,
+    done: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    stream_ptr: np.ndarray,
+    merged_starts: np.ndarray,
+    merged_ends: np.ndarray,
+    hidden: np.ndarray,
+    totals: np.ndarray,
+) -> int:
+    """One timeline of `_ordered` whose compute seconds (`done`) are in: its merged intervals, their hidden
+    seconds and its totals into the arrays given; how many merged intervals, or -1 if its streams do not rise.
+
+    Every float operation is `Busy.of`'s: the running compute sum as np.cumsum adds, np.interp's search and
+    formula, numpy's pairwise summation."""
     count = _union_of_streams(comm_starts, comm_ends, stream_ptr, merged_starts, merged_ends)
     if count < 0:
-        return declined
-    merged_starts, merged_ends = merged_starts[:count], merged_ends[:count]
-    hidden = _hidden(knots, done, merged_starts, merged_ends)
-    comm = 0.0 + pairwise_sum(merged_ends - merged_starts)
+        return count
+    starts, ends = merged_starts[:count], merged_ends[:count]
+    _hidden(knots, done, starts, ends, hidden)
+    comm = 0.0 + pairwise_sum(ends - starts)
     exposed = comm
     if len(knots) and count:
-        exposed = comm - (0.0 + pairwise_sum(hidden))
+        exposed = comm - (0.0 + pairwise_sum(hidden[:count]))
         exposed = exposed if exposed > 0.0 else 0.0
     last = knots[-1] if len(knots) and knots[-1] > 0.0 else 0.0
-    if count and merged_ends[-1] > last:
-        last = merged_ends[-1]
+    if count and ends[-1] > last:
+        last = ends[-1]
     totals[0], totals[1], totals[2], totals[3] = done[-1] if len(knots) else 0.0, comm, exposed, last
-    return done, merged_starts, merged_ends, hidden, totals, True
+    return count
 
 
 @njit(cache=True)
@@ -241,14 +286,13 @@ def _union_of_streams(
 
 
 @njit(cache=True)
-def _hidden(knots: np.ndarray, done: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """np.interp(ends, knots, done) - np.interp(starts, knots, done) for disjoint intervals in order, all finite:
-    the starts and ends rise in turn, so one forward walk finds their knots (the last at or before each, as
-    numpy's search does); numpy's cases and formula at each."""
-    hidden = np.zeros(len(starts))
+def _hidden(knots: np.ndarray, done: np.ndarray, starts: np.ndarray, ends: np.ndarray, hidden: np.ndarray) -> None:
+    """Into hidden, np.interp(ends, knots, done) - np.interp(starts, knots, done) for disjoint intervals in order,
+    all finite: the starts and ends rise in turn, so one forward walk finds their knots (the last at or before
+    each, as numpy's search does); numpy's cases and formula at each. Without knots, hidden is left as it is."""
     n = len(knots)
     if not n:
-        return hidden
+        return
     j = -1
     before = 0.0
     for side in range(2 * len(starts)):
@@ -266,7 +310,6 @@ def _hidden(knots: np.ndarray, done: np.ndarray, starts: np.ndarray, ends: np.nd
             hidden[side // 2] = value - before
         else:
             before = value
-    return hidden
 
 
 @njit(cache=True)

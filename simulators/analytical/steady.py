@@ -28,6 +28,7 @@ however many it runs, so the peak is the same (the generator offers no shorter f
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from typing import TypeVar
 
 import numpy as np
@@ -38,6 +39,7 @@ from dse.workload import CallShape, Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, on_shape, shape_array
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
+from simulators.analytical.engine_kernel import EngineTables
 
 T = TypeVar("T")
 
@@ -60,7 +62,7 @@ def schedule_steady(workload: Workload, system: SystemSpec) -> SteadySchedules |
     form = workload.steady
     if form is None or not SteadyForm.holds(workload.programs):
         return None
-    simulated: dict[int, tuple[CompiledScheduler, list[ClassSchedule]]] = {}
+    simulated: dict[int, _Simulated] = {}
     for steady, periods in forms(form):
         if (found := _extended(workload, system, steady, periods, simulated)) is not None:
             return found
@@ -77,36 +79,57 @@ def forms(form: SteadyForm) -> Iterator[tuple[SteadyForm, list[int]]]:
         yield longer, [k for k in steps if longer.period % k == 0]
 
 
+@dataclass(slots=True)
+class _Simulated:
+    """One form's programs driven by the compiled engine: their calls' times, which the period checks read, and
+    their schedules (busy intervals, categories, transfers), built only once a period passes those checks: the
+    shorter form of GPT-3 at tp 8 without sp always fails them, and its schedules were built for nothing."""
+
+    scheduler: CompiledScheduler
+    tables: EngineTables
+    built: list[ClassSchedule] | None = None
+
+    def times(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per run, its calls' starts and ends."""
+        t, base = self.tables, self.tables.base.tolist()
+        return [(t.call_start[a:b], t.call_end[a:b]) for a, b in pairwise(base)]
+
+    def schedules(self) -> list[ClassSchedule]:
+        if self.built is None:
+            self.built = self.scheduler.schedules(self.tables)
+        return self.built
+
+
 def _extended(
     workload: Workload,
     system: SystemSpec,
     form: SteadyForm,
     periods: list[int],
-    simulated: dict[int, tuple[CompiledScheduler, list[ClassSchedule]]],
+    simulated: dict[int, _Simulated],
 ) -> SteadySchedules | None:
     """The step from one form: its timeline simulated (once per programs: a longer form may run the shorter one's
     micro-batches), then extended by the first of `periods` (micro-batches, each dividing the form's period) that
     every stage repeats with one shared length."""
-    if id(form.programs) not in simulated:
+    if (run := simulated.get(id(form.programs))) is None:
         scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
-        simulated[id(form.programs)] = scheduler, scheduler.run()
-    scheduler, schedules = simulated[id(form.programs)]
+        run = simulated[id(form.programs)] = _Simulated(scheduler, scheduler.drive())
     shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
+    times = run.times()
     for period in periods:
         found = []
-        for program, shape, sched in zip(form.programs, shapes, schedules, strict=True):
-            if (own := _period(program, shape, sched, period)) is None:
+        for program, shape, (start, end) in zip(form.programs, shapes, times, strict=True):
+            if (own := _period(program, shape, start, end, period)) is None:
                 break  # one stage without it rules the period out
             found.append(own)
-        if len(found) < len(schedules):
+        if len(found) < len(times):
             continue
         shifts = [f[0] for f in found]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
-        costs = _Costs(scheduler)
+        costs = _Costs(run.scheduler)
         for index, (program, shape, sched, (shift, first, calls)) in enumerate(
-            zip(form.programs, shapes, schedules, found, strict=True)  # type: ignore[arg-type]
+            zip(form.programs, shapes, run.schedules(), found, strict=True)  # type: ignore[arg-type]
         ):
             window = _window(sched, first, shift)
             if window is None:
@@ -121,10 +144,10 @@ def _extended(
 
 
 def _period(
-    program: Program, shape: CallShape | None, sched: ClassSchedule, period: int
+    program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int
 ) -> tuple[float, int, int] | None:
-    """(the period's length, a call in the steady state, calls per period) for one stage, if its timeline shows
-    one.
+    """(the period's length, a call in the steady state, calls per period) for one stage, if its calls' starts and
+    ends show one.
 
     In the steady state a stage's calls recur a fixed number of calls later (P, read off a micro-batch whose
     calls recur `period` micro-batches later at one distance) with the same block, the micro-batch `period`
@@ -137,8 +160,6 @@ def _period(
     if not found:
         return None
     distance, twin, middle = found
-    start = np.asarray(sched.call_start, dtype=float)
-    end = np.asarray(sched.call_end, dtype=float)
     length = float(start[middle + distance] - start[middle])
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
     if lo < 0 or length <= 0:

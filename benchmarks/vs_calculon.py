@@ -12,13 +12,14 @@ other load do not count; the load averages are printed because a busy core still
 - One point at a time, as a study prices its trials: dse through a trial's entry point (`PluginEvaluation`:
   generate the workload, price it with the analytical model, every objective; the DesignPoint is built before the
   clock starts, as a study's driver builds it), Calculon through its Python API (Application, Execution and System
-  built from their JSON's dicts, Llm compiled and run, all timed) in a subprocess of its own venv,
-  fed one configuration at a time, so the two alternate point by point. Both processes are warmed with a point of
-  another global batch first. Round 0 is each configuration's first visit in this process; the later rounds visit
-  them again on another system (InfiniBand 1 GB/s slower each round, for both tools), so no result is reused but
-  what dse keeps per schedule shape may be. Each round goes through the configurations in a shuffled (seeded) order,
-  as a study does. Printed per round: points per CPU-second, median and max CPU time per point, and the ratio;
-  then every configuration's cost and step time in both tools, the configurations over 5x the median marked.
+  built from their JSON's dicts, Llm compiled and run, all timed) in a subprocess of its own venv, fed one
+  configuration at a time, so the two alternate point by point. Both processes are warmed first with points of
+  other global batches (`WARM_BATCHES`). Round 0 is each configuration's first visit in this process; the later
+  rounds visit them again on another system (InfiniBand 1 GB/s slower each round, for both tools), so no result is
+  reused but what dse keeps per schedule shape may be. Each round goes through the configurations in a shuffled
+  (seeded) order, as a study does. Printed per round: points per CPU-second, median and max CPU time per point,
+  and the ratio; then every configuration's cost and step time in both tools, the configurations over 5x the median
+  marked.
 - A hardware grid of 1,000 systems per configuration (NVLink 10 x InfiniBand 10 x peak FLOP/s 10), for every
   `--grid-every`-th configuration: dse's batch path (`AnalyticalCostModel.simulate_many`, as a sweep calls it) on its
   first batch (the workload generated and its structure recorded) and again with the structure kept, and Calculon
@@ -71,6 +72,13 @@ GRID = list(
     )
 )
 """benchmarks/batch_pricing.py's grid of 1,000 systems that all time differently."""
+
+
+WARM_BATCHES = (GLOBAL_BATCH // 3, 2 * GLOBAL_BATCH // 3)
+"""The global batches of the points each tool prices before the clock starts, none a structure measured: imports and
+plugins, and (the second, whose micro-batches make a steady form where the first's make none) every compiled kernel
+dse's default path calls, which a process loads from numba's disk cache on its first call (about 5 ms each, a study's
+worker pays them once), where a first visit would otherwise pay for whichever configuration came first."""
 
 
 @dataclass(frozen=True)
@@ -374,9 +382,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     loads = [os.getloadavg()]
     evaluation = PluginEvaluation("symbolic", "analytical")
     calculon = None if args.calculon is None else Calculon(args.calculon)
-    evaluation(dse_point(CONFIGURATIONS[0], Hardware(), global_batch=GLOBAL_BATCH // 3))  # imports, plugins
-    if calculon is not None:
-        calculon.price([calculon_job(CONFIGURATIONS[0], Hardware(), GLOBAL_BATCH // 3)])
+    for warm_batch in WARM_BATCHES:
+        evaluation(dse_point(CONFIGURATIONS[0], Hardware(), global_batch=warm_batch))
+        if calculon is not None:
+            calculon.price([calculon_job(CONFIGURATIONS[0], Hardware(), warm_batch)])
     print(
         f"GPT-3 175B (unfused attention), seq {SEQ}, global batch {GLOBAL_BATCH}, {GPUS} H100, "
         f"{len(CONFIGURATIONS)} configurations; one point at a time, warm:"

@@ -27,13 +27,14 @@ the kernel's tables before the walk and keeps the used part of its arrays after.
 """
 
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import pairwise
 
 import numpy as np
 
 from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical import tape_kernel as kernel
+from simulators.analytical.compiled_engine import call_arrays
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner
 from simulators.analytical.tape_kernel import INF, MAX_ADD, MIN, SHARED, ZERO
 
@@ -111,19 +112,23 @@ def record(workload: Workload, system: SystemSpec) -> Tape:
 
 
 def _tape_arrays(nodes: int, args: int) -> tuple[np.ndarray, ...]:
-    """kinds, columns, argument offsets, arguments, counters: the constants 0 and inf made."""
-    kinds = np.full(nodes, MAX_ADD, dtype=np.int64)
-    columns = np.full(nodes, -1, dtype=np.int64)
+    """kinds, columns, argument offsets, arguments, counters: the constants 0 and inf made. In the tape's own types,
+    so that keeping them is a copy of their used part; left unset but for the constants, as the walk sets every node
+    it makes (a zeroed array would be touched twice)."""
+    kinds, columns = np.empty(nodes, dtype=np.int8), np.empty(nodes, dtype=np.int32)
+    kinds[:2], columns[:2] = MAX_ADD, -1
+    lo = np.empty(nodes + 1, dtype=np.int32)
+    lo[:3] = 0
     counters = np.zeros(3, dtype=np.int64)
     counters[kernel.NODES] = 2
-    return kinds, columns, np.zeros(nodes + 1, dtype=np.int64), np.zeros(args, dtype=np.int64), counters
+    return kinds, columns, lo, np.empty(args, dtype=np.int32), counters
 
 
 class _Layout:
     """The workload's programs and plans as the kernel's tables (`tape_kernel`'s columns): per distinct plan its
     ops, per call its plan, inputs and p2p keys (link and tag, numbered); lists in one items array, the plans' first,
-    then every call's inputs, then the p2p calls' keys. Only the distinct plans and the p2p calls take a Python loop
-    of their own; a call's rows are laid out with numpy per program."""
+    then every call's inputs, then the p2p calls' keys. Only the distinct plans take a Python loop of their own; a
+    call's rows are laid out with numpy per program, and the p2p calls' keys with numpy once every plan is made."""
 
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._planner = Planner(workload, system, fuse=True)
@@ -137,56 +142,85 @@ class _Layout:
         self._op_rows: list[list[int]] = []
         self._plan_rows: list[list[int]] = []
         self._items: list[int] = []
-        self.priced: list[list[int]] = []
-        keys: dict[tuple[Link, int], int] = {}
-        key_items: list[int] = []
+        self.priced: list[np.ndarray] = []
+        p2p_calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        """Per program, its rows, its p2p calls and their tags (their keys numbered once every plan is made)."""
         inputs: list[np.ndarray] = []
         parts: list[np.ndarray] = []
         """Per program, its calls' rows of the call table: plan, inputs, inputs' end and keys (those from the
         start of their parts of the items array), call, run."""
         self.first_call: list[int] = []
         calls = 0
+        widest = 0
         for index, program in enumerate(workload.programs):
-            memo: dict[int, int] = {}
-            for call in program.calls:
-                if call.block not in memo:
-                    memo[call.block] = self._plan_id(self._planner.plan(call.block, index), index, call.block)
-            ids = [memo[call.block] for call in program.calls]
+            arrays = call_arrays(program)  # kept on the program's CallShape, as the per-point path reads it too
+            blocks, lengths = arrays.blocks, arrays.input_counts
+            count = len(blocks)
+            distinct, first = np.unique(blocks, return_index=True)
+            plan_of = np.zeros(int(distinct.max(initial=0)) + 1, dtype=np.int64)
+            for b in distinct[np.argsort(first)].tolist():  # the plans in order of first sight
+                plan_of[b] = self._plan_id(self._planner.plan(b, index), index, b)
+            ids = plan_of[blocks]
             self.priced.append(ids)
             self.first_call.append(calls)
-            count = len(ids)
             rows = np.zeros((count, 6), dtype=np.int64)
             rows[:, kernel.PLAN] = ids
-            lengths = np.fromiter(map(len, (call.inputs for call in program.calls)), np.int64, count)
+            widest = max(widest, int(lengths.max(initial=0)))
             ends = np.cumsum(lengths) + sum(map(len, inputs))
             rows[:, kernel.INPUTS], rows[:, kernel.INPUTS_END] = ends - lengths, ends
-            flat = np.fromiter(chain.from_iterable(call.inputs for call in program.calls), np.int64, int(lengths.sum()))
-            inputs.append(flat + calls)
-            for c in np.flatnonzero([len(self._plan_links[i]) for i in ids]).tolist():  # p2p calls
-                rows[c, kernel.KEYS] = len(key_items)
-                tag = program.calls[c].tag
-                key_items += [keys.setdefault((link, tag), len(keys)) for link in self._plan_links[ids[c]]]
+            inputs.append(arrays.inputs + calls)
+            linked = np.array([len(links) > 0 for links in self._plan_links])
+            p2p = np.flatnonzero(linked[rows[:, kernel.PLAN]])
+            p2p_calls.append((rows, p2p, arrays.tags[p2p]))
             rows[:, kernel.CALL] = np.arange(count)
             rows[:, kernel.RUN] = index
             parts.append(rows)
             calls += count
+        key_items, self._keys = self._keys_of(p2p_calls)
         call_table = np.concatenate(parts) if parts else np.zeros((0, 6), dtype=np.int64)
         call_table[:, kernel.INPUTS : kernel.KEYS] += len(self._items)
         call_table[:, kernel.KEYS] += len(self._items) + sum(map(len, inputs))
         sizes = np.diff(np.array(self._plan_rows, dtype=np.int64).reshape(-1, 4)[:, :2], axis=1).ravel()
         self.ops_run = int(sizes[call_table[:, kernel.PLAN]].sum())
         self.links = len(key_items)
-        self._keys = len(keys)
         self.calls = calls
         self.streams = len(self._planner.streams)
         self.ops = np.array(self._op_rows, dtype=np.int64).reshape(-1, 14)
         self.plan_table = np.array(self._plan_rows, dtype=np.int64).reshape(-1, 4)
         self.call_table = call_table
-        self.items = np.concatenate([np.array(self._items, dtype=np.int64), *inputs, np.array(key_items, np.int64)])
+        self.items = np.concatenate([np.array(self._items, dtype=np.int64), *inputs, key_items])
         self.categories = list(self._planner.categories)
         self.runs = len(workload.programs)
         self.calls_of = [len(program.calls) for program in workload.programs]
-        self._inputs = max((len(c.inputs) for p in workload.programs for c in p.calls), default=0)
+        self._inputs = widest
+
+    def _keys_of(self, p2p_calls: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, int]:
+        """Every p2p call's keys, calls in order and each call's links in its plan's order: a number per distinct
+        (link, tag), in order of first sight; each p2p call's start in them written to its row. How many keys."""
+        numbers: dict[Link, int] = {}
+        own = [
+            np.array([numbers.setdefault(link, len(numbers)) for link in links], np.int64) for links in self._plan_links
+        ]
+        plan_links = np.concatenate([np.zeros(0, np.int64), *own])
+        counts = np.array([len(links) for links in own], dtype=np.int64)
+        starts = np.cumsum(counts) - counts
+        pairs, at = [], 0
+        for rows, p2p, tags in p2p_calls:
+            plans = rows[p2p, kernel.PLAN]
+            many = counts[plans]
+            before = np.cumsum(many) - many  # each call's first key among the program's
+            rows[p2p, kernel.KEYS] = at + before
+            step = np.arange(int(many.sum())) - np.repeat(before, many)  # each key's link within its plan
+            pairs.append(np.stack((plan_links[np.repeat(starts[plans], many) + step], np.repeat(tags, many)), axis=1))
+            at += int(many.sum())
+        if not at:
+            return np.zeros(0, dtype=np.int64), 0
+        links, tags = np.concatenate(pairs).T
+        _, tag_ids = np.unique(tags, return_inverse=True)  # one number per (link, tag): a 1-d unique is far cheaper
+        distinct, first, inverse = np.unique(tag_ids * len(plan_links) + links, return_index=True, return_inverse=True)
+        number = np.empty(len(distinct), dtype=np.int64)
+        number[np.argsort(first)] = np.arange(len(distinct))
+        return number[inverse.ravel()], len(distinct)
 
     def _plan_id(self, plan: Plan, rank_class: int, block: int) -> int:
         """The plan's index on the tape, its ops' and marks' columns and rows of the op table made on first
@@ -263,31 +297,30 @@ class _Layout:
         return np.zeros((5, 4 + widest + self.streams + self._inputs), dtype=np.int64)
 
     def tape(self, arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> Tape:
-        """The walk's arrays as a `Tape`: copies of their used parts, so the room left over is freed, in the narrowest
-        types that hold them (a structure kept keeps them: `batch_structure`)."""
+        """The walk's arrays as a `Tape`: copies of their used parts, so the room left over is freed (a structure kept
+        keeps them: `batch_structure`; the walk writes the tape's narrow types)."""
         kinds, columns, lo, flat, counters = arrays
         nodes = int(counters[kernel.NODES])
-        compute, comm, transfers = (state[8 + i][: state[13][i]] for i in range(3))
+        owned = [self._by_run(state[8 + i][: state[13][i]]) for i in range(3)]  # compute, comm, transfers
         edges = state[16]
         classes = []
         for run in range(self.runs):
             first, last = self.first_call[run], self.first_call[run] + self.calls_of[run]
-            own = [part[part[:, 0] == run, 1:].T.copy() for part in (compute, comm, transfers)]
             classes.append(
                 ClassTape(
                     call_start=edges[first:last, 0].copy(),
                     call_end=edges[first:last, 1].copy(),
-                    compute=own[0],
-                    comm=own[1],
-                    transfers=own[2],
-                    priced=np.array(self.priced[run], dtype=np.intp),
+                    compute=owned[0][run],
+                    comm=owned[1][run],
+                    transfers=owned[2][run],
+                    priced=self.priced[run].astype(np.intp, copy=False),
                 )
             )
         return Tape(
-            kind=kinds[:nodes].astype(np.int8),
-            column=columns[:nodes].astype(np.int32),
-            first=lo[: nodes + 1].astype(np.int32),
-            args=flat[: lo[nodes]].astype(np.int32),
+            kind=kinds[:nodes].copy(),
+            column=columns[:nodes].copy(),
+            first=lo[: nodes + 1].copy(),
+            args=flat[: lo[nodes]].copy(),
             columns=self._columns,
             classes=classes,
             plans=self._plans,
@@ -295,3 +328,13 @@ class _Layout:
             plan_block=self._plan_block,
             categories=self.categories,
         )
+
+    def _by_run(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Per run, its rows (the run first, then the fields) as fields x rows, in the walk's order: grouped in one
+        compiled pass (`tape_kernel.grouped`), each run's part contiguous in one array."""
+        fields = rows.shape[1] - 1
+        count = np.bincount(rows[:, 0], minlength=self.runs)
+        ends = np.cumsum(count * fields)
+        out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=rows.dtype)
+        kernel.grouped(rows, ends - count * fields, count, np.zeros(self.runs, dtype=np.int64), out)
+        return [out[lo:hi].reshape(fields, -1) for lo, hi in pairwise([0, *ends.tolist()])]

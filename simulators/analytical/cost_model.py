@@ -21,11 +21,12 @@ from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
 
 _RESULTS = ResultCache()
-BATCH_FROM = 48
+BATCH_FROM = 24
 """Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
-than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py) a batch cost 128-144 ms
-for 6 to 32 systems, 167-197 ms for 48 and 171 ms for 64, against about 3-4 ms a system point by point (26 ms for
-6, 90 ms for 32, 153-194 ms for 48, 195 ms for 64; 2026-11-30, on a shared 2-core machine)."""
+than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py, 6 structures, the tape
+recorded afresh for each) a batch cost 29-42 ms for 8 to 16 systems, 51-56 ms for 24, 57 ms for 32 and 66-75 ms for
+48 to 64, against 19-35 ms point by point for 8 to 16 systems, 49-54 ms for 24, 74 for 32 and 116-160 for 48 to 64
+(2026-11-30, on a shared 2-core machine): the two break even at about 16 to 24."""
 
 
 _last_system: tuple[SystemSpec, str] | None = None
@@ -42,12 +43,12 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 2.1-2.2 ms at the median
-    with its generation, and 12-15 ms of simulation on average over 18 points, most of it the process's first
-    point (199-236 ms with its workload's first shape); a revisit of the same points runs at 593-613 per second,
-    a sweep of one configuration over 18 systems at 325-333, and a study-like sample (216 points, 18 configurations
-    on 12 systems, shuffled) at 331-370 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load
-    0.6-2, 2026-11-30).
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 1.9-2.0 ms at the median
+    with its generation, and 11.8 ms of simulation on average over 18 points, most of it the process's first
+    point (191-194 ms with its workload's first shape); a revisit of the same points runs at 696-703 per second,
+    a sweep of one configuration over 18 systems at 428-431, and a study-like sample (216 points, 18 configurations
+    on 12 systems, shuffled) at 391-397 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load
+    1-2, 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

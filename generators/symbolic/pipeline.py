@@ -33,6 +33,7 @@ from generators.symbolic.skeleton import (
     step_for,
     traced_bytes,
 )
+from generators.symbolic.splice import splice
 from generators.symbolic.walk import walk
 
 
@@ -89,6 +90,8 @@ class Pipeline:
         """By stage, its gradient buckets (`gradient_buckets`), made once so that every program of the stage, the
         steady form's and the full step's, issues the same blocks."""
         self.bucket_blocks: dict[Block, int] = {}
+        self.formed: dict[int, list[Skeleton]] = {}
+        """By micro-batches, the skeletons the stages took for programs over them (see `spliced`)."""
         self.sharding = Sharding.of(point.parallel)
         p, m = point.parallel, point.model
         placement = self.placement = Placement.of(point)
@@ -130,10 +133,12 @@ class Pipeline:
             for kind, peer, strategy in step.p2p:
                 self.p2p_block(kind, peer, strategy)
             step.fill(programs, [self.source_bytes(source) for source in step.sources])
+            self.formed[microbatches] = list(step.skeletons)
             return programs
         after_first, skeletons = len(self.p2p), [first]
         for stage, (layers, optimizer, _) in enumerate(stages[1:], start=1):
             skeletons.append(self.scheduled(programs[stage], stage, layers, optimizer, shape))
+        self.formed[microbatches] = skeletons
         if keyed:
             keep_step(key, StepSkeletons.of(skeletons, tuple(list(self.p2p)[after_first:])))
         return programs
@@ -256,15 +261,53 @@ class Pipeline:
         )
         skeleton = skeleton_for(key)
         if skeleton is None:
+            skeleton = self.spliced(stage)
+            if skeleton is not None:
+                skeleton.fill_rows(
+                    program, np.array([self.source_bytes(s) for s in skeleton.sources], dtype=float)[skeleton.source_of]
+                )
+                keep_skeleton(key, skeleton)
+                return skeleton
             first_p2p = len(self.p2p)
-            rows, sources = walk(self, program, stage, layers, optimizer)
-            skeleton = Skeleton.of_walk(program, rows, sources, tuple(list(self.p2p)[first_p2p:]))
+            rows, sources, marks = walk(self, program, stage, layers, optimizer)
+            skeleton = Skeleton.of_walk(program, rows, sources, tuple(list(self.p2p)[first_p2p:]), marks)
             keep_skeleton(key, skeleton)
             return skeleton
         for kind, peer, strategy in skeleton.p2p:
             self.p2p_block(kind, peer, strategy)
         skeleton.fill(program, np.array([self.source_bytes(source) for source in skeleton.sources]))
         return skeleton
+
+    def spliceable(self) -> bool:
+        """Whether a stage's skeleton over more micro-batches may be spliced from its skeleton over fewer
+        (`splice`): training 1F1B, whose steady pairs repeat whatever the micro-batches, with nothing issued per
+        micro-batch outside them: no gradient sync per micro-batch (ZeRO-2 and up), whose collectives without
+        overlap_grad_reduce wait for the backward's end, no weight gathers (ZeRO-3, FSDP) or gathers of updated
+        weights, no gradient buckets sized by bytes and no deferred weight gradients."""
+        p = self.point.parallel
+        traces = (self.embed, self.head, *self.layer_traces.values())
+        traces += tuple(t.unrecomputed for t in traces if t.unrecomputed is not None)
+        return (
+            self.train
+            and p.pp_schedule == "1f1b"
+            and self.chunks == 1
+            and p.grad_bucket_mb is None
+            and not (p.zero >= 2 and not self.sharding.grad_per_step)
+            and not self.sharding.reduce_after_stage
+            and not self.param_gathers
+            and all(t.gathers == (None, None) and t.backward_weight is None for t in traces)
+        )
+
+    def spliced(self, stage: int) -> Skeleton | None:
+        """The stage's skeleton spliced from the one it took for a step of fewer micro-batches on this pipeline
+        (the steady form's, which a point makes before its longer form or whole step), if it may be (`splice`).
+        Its p2p blocks were all made for that one, so it makes none."""
+        fewer = [m for m in self.formed if m < self.microbatches and len(self.formed[m]) > stage]
+        if not fewer or not self.spliceable():
+            return None
+        shorter = min(fewer)
+        pp = self.point.parallel.pp
+        return splice(self.formed[shorter][stage], pp, stage, shorter, self.microbatches - shorter, ())
 
     def source_bytes(self, source: Source) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""

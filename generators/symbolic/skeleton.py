@@ -60,14 +60,20 @@ class Skeleton:
     """The distinct sources of the tensors' sizes."""
     source_of: np.ndarray
     """Per row of the table, its source's place in `sources`."""
+    marks: tuple[tuple[int, int], ...]
+    """Per step of the stage's schedule, the calls and rows made before it (`splice` finds periods by them)."""
 
     @staticmethod
     def of_walk(
-        program: Program, rows: list[TensorRow], sources: list[Source], p2p: tuple[tuple[OpKind, int, str], ...]
+        program: Program,
+        rows: list[TensorRow],
+        sources: list[Source],
+        p2p: tuple[tuple[OpKind, int, str], ...],
+        marks: list[tuple[int, int]],
     ) -> "Skeleton":
         """The skeleton of a program just walked (`walk.walk`): the walk kept the tensors `rows` alive,
-        sized by `sources`, and made the p2p blocks `p2p`. The program takes the skeleton's shape and holds those
-        tensors in its table after its own."""
+        sized by `sources`, made the p2p blocks `p2p` and began its steps at `marks`. The program takes the
+        skeleton's shape and holds those tensors in its table after its own."""
         distinct = tuple(dict.fromkeys(sources))
         place = {source: i for i, source in enumerate(distinct)}
         names, kinds, nbytes, producer, consumer = tuple(zip(*rows, strict=True)) or ((),) * 5
@@ -84,6 +90,7 @@ class Skeleton:
             table,
             distinct,
             np.array([place[source] for source in sources], dtype=np.intp),
+            tuple(marks),
         )
         program.calls, program.shape = skeleton.shape.program_calls(), skeleton.shape
         program.tensors = TableTensors(program.tensors, table, np.array(nbytes, dtype=float))

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 
 def walk(
     pipeline: "Pipeline", program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None
-) -> tuple[list[TensorRow], list[Source]]:
+) -> tuple[list[TensorRow], list[Source], list[tuple[int, int]]]:
     """Calls of one stage in its pipeline schedule order, with the activations (and prefetched weights) they
-    keep alive; returns those tensors and what sizes each of them (a `Source`).
+    keep alive; returns those tensors, what sizes each of them (a `Source`) and, per step of the schedule, the
+    calls and tensors made before it (where `splice` finds the steady periods of a 1F1B stage).
 
     Its hot loops make their calls as `new(Call, (block, inputs, layer, microbatch, tag))`, without the named
     tuple's own constructor (a Python function per call, half the time of making one), and its tensors as plain
@@ -246,7 +247,9 @@ def walk(
         if held == "step" and gathers.on
     }
     calls, append = program.calls, program.calls.append  # the walk's two hot loops add calls inline
+    marks: list[tuple[int, int]] = []
     for i, (step, mb, chunk) in enumerate(steps):
+        marks.append((len(calls), len(rows)))
         vstage = vstage_of(stage, chunk)
         if lockstepped:
             post_lockstep(step)
@@ -378,4 +381,4 @@ def walk(
         syncs.append(program.add(Call(tied, (last_backward[owner],), owner, microbatches - 1, TIED_SYNC_TAG)))
     if optimizer is not None:
         program.add(Call(optimizer, (*syncs, *waits()) or (len(program.calls) - 1,)))
-    return rows, sources
+    return rows, sources, marks

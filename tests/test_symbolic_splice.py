@@ -1,0 +1,83 @@
+"""A 1F1B stage's skeleton over a longer form or the whole step spliced from its steady form's (`splice`) is the
+one its walk makes: calls, tags, tensors, p2p blocks and step marks alike, and the programs filled from it too."""
+
+import numpy as np
+import pytest
+from helpers import make_point
+
+import generators.symbolic.pipeline as pipeline
+import generators.symbolic.skeleton as skeleton
+from dse.workload import Program, columns_of
+from generators.symbolic.generator import SymbolicGenerator
+from generators.symbolic.pipeline import Pipeline
+from generators.symbolic.skeleton import Skeleton
+
+CASES = {
+    "pp2": (dict(pp=2), 30),
+    "pp2-zero1-blocking": (dict(pp=2, dp=2, zero=1, overlap_p2p_comm=False), 64),
+    "pp4-recompute": (dict(pp=4, recompute="full"), 41),
+    "pp4-blocking-selective": (dict(pp=4, overlap_p2p_comm=False, recompute="selective"), 48),
+    "pp8-tp2-sp": (dict(pp=8, tp=2, sp=True), 60),
+    "pp8-tp2-blocking": (dict(pp=8, tp=2, overlap_p2p_comm=False), 96),
+    "pp8-zero1-dp2": (dict(pp=8, dp=2, zero=1), 2 * 77),
+    "pp4-zero2-dp2": (dict(pp=4, dp=2, zero=2), 2 * 40),
+    "pp4-zero2-dp2-synced-per-microbatch": (dict(pp=4, dp=2, zero=2, grad_reduce="per_microbatch"), 2 * 40),
+    "pp4-zero3-dp2": (dict(pp=4, dp=2, zero=3), 2 * 40),
+}
+WALKED = {"pp4-zero2-dp2-synced-per-microbatch", "pp4-zero3-dp2"}
+"""Cases whose stages issue per micro-batch outside the steady pairs (gradient syncs, weight gathers): walked."""
+
+
+def programs_and_skeletons(point, monkeypatch) -> tuple[list[list[Program]], list[Skeleton]]:
+    """The programs of a point's steady form, its longer form and its whole step, made with empty skeleton
+    caches, and the skeletons its stages took, in order."""
+    skeleton._SKELETONS.clear()
+    skeleton._STEPS.clear()
+    kept: list[Skeleton] = []
+    keep = pipeline.keep_skeleton
+    monkeypatch.setattr(pipeline, "keep_skeleton", lambda key, made: (kept.append(made), keep(key, made)))
+    workload = SymbolicGenerator().generate(point)
+    assert workload.steady is not None
+    longer = workload.steady.longer()
+    assert longer is not None and longer is not workload.steady
+    forms = [workload.steady.programs, longer.programs, list(workload.programs)]
+    monkeypatch.undo()
+    return forms, kept
+
+
+def same_skeleton(a: Skeleton, b: Skeleton) -> bool:
+    tables = [(t.names, t.kinds, t.producer, t.consumer, t.kind) for t in (a.table, b.table)]
+    columns = [(x.dtype, x.tolist()) for x in (*tables[0][2:], a.source_of)]
+    assert columns == [(x.dtype, x.tolist()) for x in (*tables[1][2:], b.source_of)]
+    return (a.shape.calls, a.p2p, a.table.names, a.table.kinds, a.sources, a.marks) == (
+        b.shape.calls,
+        b.p2p,
+        b.table.names,
+        b.table.kinds,
+        b.sources,
+        b.marks,
+    )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_spliced_skeleton_is_the_walked_one(case, monkeypatch):
+    parallel, global_batch = CASES[case]
+    point = make_point("llama3-8b", global_batch=global_batch, **parallel)
+    spliced: list[Skeleton | None] = []
+    splice = pipeline.splice
+    monkeypatch.setattr(pipeline, "splice", lambda *args: spliced.append(splice(*args)) or spliced[-1])
+    forms, skeletons = programs_and_skeletons(point, monkeypatch)
+    monkeypatch.setattr(Pipeline, "spliceable", lambda self: False)
+    walked_forms, walked = programs_and_skeletons(point, monkeypatch)
+
+    if case in WALKED:
+        assert not spliced
+    else:
+        assert len(spliced) == 2 * point.parallel.pp and all(s is not None for s in spliced)
+    assert len(skeletons) == len(walked) == 3 * point.parallel.pp
+    assert all(same_skeleton(a, b) for a, b in zip(skeletons, walked, strict=True))
+    for programs, walked_programs in zip(forms, walked_forms, strict=True):
+        for a, b in zip(programs, walked_programs, strict=True):
+            assert list(a.calls) == list(b.calls)
+            for x, y in zip(columns_of(a.tensors), columns_of(b.tensors), strict=True):
+                assert np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)

@@ -1,6 +1,7 @@
 """Per-call facts of a program, kept on its CallShape: later points of the shape call alike."""
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import TypeVar
 
 import numpy as np
@@ -37,4 +38,4 @@ def shape_array(shape: CallShape, field: str) -> np.ndarray:
 
 
 def _field(calls: Sequence[Call], field: str) -> np.ndarray:
-    return np.fromiter((getattr(call, field) for call in calls), np.intp, len(calls))
+    return np.fromiter(map(attrgetter(field), calls), np.intp, len(calls))

@@ -263,9 +263,7 @@ class Pipeline:
         if skeleton is None:
             skeleton = self.spliced(stage)
             if skeleton is not None:
-                skeleton.fill_rows(
-                    program, np.array([self.source_bytes(s) for s in skeleton.sources], dtype=float)[skeleton.source_of]
-                )
+                skeleton.fill(program, np.array([self.source_bytes(s) for s in skeleton.sources], dtype=float))
                 keep_skeleton(key, skeleton)
                 return skeleton
             first_p2p = len(self.p2p)
@@ -307,7 +305,7 @@ class Pipeline:
             return None
         shorter = min(fewer)
         pp = self.point.parallel.pp
-        return splice(self.formed[shorter][stage], pp, stage, shorter, self.microbatches - shorter, ())
+        return splice(self.formed[shorter][stage], pp, stage, shorter, self.microbatches - shorter)
 
     def source_bytes(self, source: Source) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""

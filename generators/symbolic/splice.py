@@ -14,7 +14,7 @@ from itertools import chain, pairwise
 
 import numpy as np
 
-from dse.workload import Call, CallShape, OpKind, TensorTable
+from dse.workload import Call, CallShape, TensorTable
 from generators.symbolic.skeleton import Skeleton
 
 _new = tuple.__new__
@@ -42,12 +42,10 @@ def _moved_rows(rows: np.ndarray, cut: int, by: np.ndarray) -> np.ndarray:
     return (rows[None, :] + by[:, None] * (rows >= cut)[None, :]).ravel()
 
 
-def splice(
-    short: Skeleton, stages: int, stage: int, microbatches: int, more: int, p2p: tuple[tuple[OpKind, int, str], ...]
-) -> Skeleton | None:
+def splice(short: Skeleton, stages: int, stage: int, microbatches: int, more: int) -> Skeleton | None:
     """The skeleton of a 1F1B `stage` over `microbatches` + `more` micro-batches, from its skeleton over
-    `microbatches`; None if that one does not repeat as the splice needs. `p2p` the blocks the stage's walk would
-    have made (none, where the shorter form's were made on the same pipeline)."""
+    `microbatches`; None if that one does not repeat as the splice needs. It makes no p2p blocks: the shorter
+    form's walk made them on the same pipeline, and the inserted pairs send and receive through the same ones."""
     warmup = min(stages - stage - 1, microbatches)
     at = microbatches - warmup - 2
     """The steady pair before which the new ones go (`one_f_one_b`: pair j is steps warmup + 2j and + 1)."""
@@ -103,7 +101,7 @@ def splice(
     marks += tuple((c + more * period, t + more * row_period) for c, t in short.marks[step:])
     return Skeleton(
         CallShape(tuple(spliced)),
-        p2p,
+        (),
         TensorTable(
             repeated(table.names),
             repeated(table.kinds),

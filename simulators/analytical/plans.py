@@ -328,7 +328,7 @@ class Planner:
             _grown(recipe, shelf, plan)
             self._handed.add(id(plan))
             return plan
-        numbering = self._numbers.get(entry.names) or self._numbering(entry.names)
+        numbering = self._numbering(entry.names)
         plan = entry.plans.get(numbering)
         if plan is None:
             built_numbering, built = next(iter(entry.plans.items()))
@@ -347,11 +347,13 @@ class Planner:
     def _numbering(self, names: tuple[tuple[str, ...], tuple[str, ...]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The numbers of the names of streams and of categories in this planner, numbering new ones in the order
         a build would; kept per names, as a name's number never changes once given."""
-        streams, categories = self.streams, self.categories
-        found = self._numbers[names] = (
-            tuple([streams.setdefault(name, len(streams)) for name in names[0]]),
-            tuple([categories.setdefault(name, len(categories)) for name in names[1]]),
-        )
+        found = self._numbers.get(names)
+        if found is None:
+            streams, categories = self.streams, self.categories
+            found = self._numbers[names] = (
+                tuple([streams.setdefault(name, len(streams)) for name in names[0]]),
+                tuple([categories.setdefault(name, len(categories)) for name in names[1]]),
+            )
         return found
 
     def _build(
@@ -376,14 +378,14 @@ class Planner:
         if form is None or (spans is None and form.shape != self._shape):
             skeleton, streams = self._shaped(block_index, rank_class, recipe)
             names = (streams, recipe.categories)
-            numbering = self._numbers.get(names) or self._numbering(names)
+            numbering = self._numbering(names)
             if kept:
                 form = _Form(None if spans is not None else self._shape, names, {numbering: skeleton})
                 _formed(recipe, key, form, len(skeleton.ops))
                 SKELETONS.built += 1
             return skeleton, names
         SKELETONS.reused += 1
-        numbering = self._numbers.get(form.names) or self._numbering(form.names)
+        numbering = self._numbering(form.names)
         skeleton = form.skeletons.get(numbering)
         if skeleton is None:
             skeleton = form.skeletons[numbering] = renumbered(*next(iter(form.skeletons.items())), numbering)

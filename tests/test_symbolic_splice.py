@@ -10,6 +10,7 @@ import generators.symbolic.skeleton as skeleton
 from dse.workload import Program, columns_of
 from generators.symbolic.generator import SymbolicGenerator
 from generators.symbolic.pipeline import Pipeline
+from generators.symbolic.schedule import steady_microbatches
 from generators.symbolic.skeleton import Skeleton
 
 CASES = {
@@ -78,6 +79,42 @@ def test_a_spliced_skeleton_is_the_walked_one(case, monkeypatch):
     assert all(same_skeleton(a, b) for a, b in zip(skeletons, walked, strict=True))
     for programs, walked_programs in zip(forms, walked_forms, strict=True):
         for a, b in zip(programs, walked_programs, strict=True):
+            assert list(a.calls) == list(b.calls)
+            for x, y in zip(columns_of(a.tensors), columns_of(b.tensors), strict=True):
+                assert np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+
+
+def steady_programs(point) -> tuple[list, list[Program]]:
+    """A fresh generator's workload's blocks and steady-form programs for the point, with the caches as they are."""
+    workload = SymbolicGenerator().generate(point)
+    assert workload.steady is not None
+    return workload.blocks, workload.steady.programs
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case not in WALKED])
+def test_a_skeleton_spliced_from_an_earlier_points_is_the_walked_one(case, monkeypatch):
+    """A stage first seen over more micro-batches than an earlier point of its shape took is spliced from that
+    point's skeleton, not walked, and gives the programs a walk does, then and when reused."""
+    parallel, global_batch = CASES[case]
+    points = [make_point("llama3-8b", global_batch=g, **parallel) for g in range(global_batch, 2 * global_batch)]
+    points = sorted((p for p in points if steady_microbatches(p) is not None), key=steady_microbatches)
+    fewer, point = points[0], points[-1]
+    assert steady_microbatches(fewer) < steady_microbatches(point)
+    skeleton._SKELETONS.clear()
+    skeleton._STEPS.clear()
+    walked = steady_programs(point)
+    skeleton._SKELETONS.clear()
+    skeleton._STEPS.clear()
+    steady_programs(fewer)
+    walks: list[int] = []
+    walk = pipeline.walk
+    monkeypatch.setattr(pipeline, "walk", lambda *args: walks.append(args[2]) or walk(*args))
+    spliced = steady_programs(point)
+    reused = steady_programs(point)
+    assert not walks
+    for blocks, programs in (spliced, reused):
+        assert blocks == walked[0]
+        for a, b in zip(programs, walked[1], strict=True):
             assert list(a.calls) == list(b.calls)
             for x, y in zip(columns_of(a.tensors), columns_of(b.tensors), strict=True):
                 assert np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)

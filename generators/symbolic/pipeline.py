@@ -27,13 +27,14 @@ from generators.symbolic.skeleton import (
     Unit,
     keep_skeleton,
     keep_step,
+    kept_shorter,
     runs,
     schedule_shape,
     skeleton_for,
     step_for,
     traced_bytes,
 )
-from generators.symbolic.splice import splice
+from generators.symbolic.splice import fewest_microbatches, splice
 from generators.symbolic.walk import walk
 
 
@@ -105,6 +106,7 @@ class Pipeline:
             stage, chunk = placement.holder(v)
             count = per_stage[stage]
             starts.append(starts[-1] + count // chunks + (chunk < count % chunks))
+        self.shape = self.step_shape()
 
     def stage_layers(self, stage: int) -> dict[int, list[int]]:
         """Per model chunk, the layers a stage holds."""
@@ -121,13 +123,13 @@ class Pipeline:
         """One program per pipeline stage, running `microbatches` micro-batches."""
         self.microbatches = microbatches
         self.sends = None
-        shape = self.step_shape()
         programs = [Program(stage, f"stage{stage}", tensors=list(fixed)) for stage, (_, _, fixed) in enumerate(stages)]
-        first = self.scheduled(programs[0], 0, stages[0].layers, stages[0].optimizer, shape)
+        first = self.scheduled(programs[0], 0, stages[0].layers, stages[0].optimizer)
         # the stages' skeletons as one: their keys follow from the first's with the step's optimizer blocks, unless
         # gradient buckets sized by this point's bytes add blocks between the stages
         keyed = not self.train or self.point.parallel.grad_bucket_mb is None
-        key = (shape, len(self.blocks), tuple(self.p2p.items()), tuple(s.optimizer for s in stages), first)
+        optimizers = tuple(s.optimizer for s in stages)
+        key = (self.shape, microbatches, len(self.blocks), tuple(self.p2p.items()), optimizers, first)
         step = step_for(key) if keyed else None
         if step is not None:
             for kind, peer, strategy in step.p2p:
@@ -137,20 +139,19 @@ class Pipeline:
             return programs
         after_first, skeletons = len(self.p2p), [first]
         for stage, (layers, optimizer, _) in enumerate(stages[1:], start=1):
-            skeletons.append(self.scheduled(programs[stage], stage, layers, optimizer, shape))
+            skeletons.append(self.scheduled(programs[stage], stage, layers, optimizer))
         self.formed[microbatches] = skeletons
         if keyed:
             keep_step(key, StepSkeletons.of(skeletons, tuple(list(self.p2p)[after_first:])))
         return programs
 
     def step_shape(self) -> StepShape:
-        """What every stage's skeleton is keyed by besides the stage's own (see `scheduled`), for the micro-batches
-        being scheduled."""
+        """What every stage's skeleton is keyed by besides the stage's own and the micro-batches (see
+        `scheduled`)."""
         traces = (self.embed, self.head, *self.layer_traces.values())
         return StepShape.of(
             (
                 schedule_shape(self.point),
-                self.microbatches,
                 tuple(self.param_gathers.items()),
                 runs(self.keys),
                 tuple(
@@ -232,11 +233,9 @@ class Pipeline:
                 buckets += gradient_buckets(chunk, self.point.parallel.grad_bucket_mb, self.blocks, self.bucket_blocks)
         return buckets
 
-    def scheduled(
-        self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None, shape: StepShape
-    ) -> Skeleton:
-        """The stage walked (`walk`), or its skeleton from an earlier point of the same shape with this point's sizes;
-        returns the skeleton.
+    def scheduled(self, program: Program, stage: int, layers: dict[int, list[int]], optimizer: int | None) -> Skeleton:
+        """The stage walked (`walk`), spliced from its skeleton over fewer micro-batches (`spliced`), or its skeleton
+        from an earlier point of the same shape and micro-batches with this point's sizes; returns the skeleton.
 
         The calls of a stage depend only on the shape of the step (stages, chunks, micro-batches, layer kinds,
         block numbering, when gradients sync), not on sizes; only the activation bytes differ, and those come
@@ -250,18 +249,21 @@ class Pipeline:
             buckets = None
         else:
             buckets = tuple(self.stage_buckets(stage, layers))
-        key = (
-            stage,
-            shape,
-            len(self.blocks),
-            tuple(self.p2p.items()),
-            optimizer,
-            tuple((c, tuple(indices)) for c, indices in layers.items()),
-            buckets,
+        stage_shape = StepShape.of(
+            (
+                stage,
+                self.shape,
+                len(self.blocks),
+                tuple(self.p2p.items()),
+                optimizer,
+                tuple((c, tuple(indices)) for c, indices in layers.items()),
+                buckets,
+            )
         )
+        key = (stage_shape, self.microbatches)
         skeleton = skeleton_for(key)
         if skeleton is None:
-            skeleton = self.spliced(stage)
+            skeleton = self.spliced(stage, stage_shape)
             if skeleton is not None:
                 skeleton.fill(program, np.array([self.source_bytes(s) for s in skeleton.sources], dtype=float))
                 keep_skeleton(key, skeleton)
@@ -296,16 +298,30 @@ class Pipeline:
             and all(t.gathers == (None, None) and t.backward_weight is None for t in traces)
         )
 
-    def spliced(self, stage: int) -> Skeleton | None:
-        """The stage's skeleton spliced from the one it took for a step of fewer micro-batches on this pipeline
-        (the steady form's, which a point makes before its longer form or whole step), if it may be (`splice`).
-        Its p2p blocks were all made for that one, so it makes none."""
-        fewer = [m for m in self.formed if m < self.microbatches and len(self.formed[m]) > stage]
-        if not fewer or not self.spliceable():
+    def spliced(self, stage: int, stage_shape: StepShape) -> Skeleton | None:
+        """The stage's skeleton spliced from one over fewer micro-batches (`splice`), if it may be: the one it took
+        for a shorter form on this pipeline (the steady form's, which a point makes before its longer form or
+        whole step), else one kept from an earlier point of the stage's shape (`kept_shorter`: a point whose
+        steady form has other micro-batches, or one without a steady form). It makes the p2p blocks that one's
+        walk made and this pipeline has not: those of a kept one, none of its own shorter form's."""
+        if not self.spliceable():
             return None
-        shorter = min(fewer)
         pp = self.point.parallel.pp
-        return splice(self.formed[shorter][stage], pp, stage, shorter, self.microbatches - shorter)
+        fewer = [m for m in self.formed if m < self.microbatches and len(self.formed[m]) > stage]
+        if fewer:
+            shorter = min(fewer)
+            short = self.formed[shorter][stage]
+        else:
+            kept = kept_shorter(stage_shape, self.microbatches, fewest_microbatches(pp, stage))
+            if kept is None:
+                return None
+            shorter, short = kept
+        made = tuple(p2p for p2p in short.p2p if p2p not in self.p2p)
+        skeleton = splice(short, pp, stage, shorter, self.microbatches - shorter, made)
+        if skeleton is not None:
+            for kind, peer, strategy in made:
+                self.p2p_block(kind, peer, strategy)
+        return skeleton
 
     def source_bytes(self, source: Source) -> float:
         """The bytes of a scheduled tensor, from what sizes it (see `Source`)."""

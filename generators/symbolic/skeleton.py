@@ -110,7 +110,9 @@ class Skeleton:
 @dataclass(frozen=True, slots=True, eq=False)
 class StepShape:
     """The part of a stage skeleton's key that every stage of a step shares (`Pipeline.step_shape`): a long tuple
-    (a layer kind per layer, the traces' blocks) hashed once per step rather than once per stage."""
+    (a layer kind per layer, the traces' blocks) hashed once per step rather than once per stage. A stage's whole
+    shape (its key but for the micro-batches) is one too, hashed once however many micro-batches `kept_shorter`
+    tries it with."""
 
     key: tuple
     digest: int
@@ -192,6 +194,17 @@ def skeleton_for(key: tuple) -> Skeleton | None:
 def keep_skeleton(key: tuple, skeleton: Skeleton) -> None:
     """Keep a stage's skeleton for later points of its shape."""
     _SKELETONS.put(key, skeleton)
+
+
+def kept_shorter(stage_shape: StepShape, microbatches: int, fewest: int) -> tuple[int, Skeleton] | None:
+    """The kept skeleton of a stage of this shape (`Pipeline.scheduled` keys them by it and their micro-batches)
+    over the most micro-batches from `fewest` to fewer than `microbatches`, with those micro-batches; None if
+    none is kept. Looked up without counting a miss per number of micro-batches tried."""
+    for fewer in range(microbatches - 1, fewest - 1, -1):
+        skeleton = _SKELETONS.peek((stage_shape, fewer))
+        if skeleton is not None:
+            return fewer, skeleton
+    return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

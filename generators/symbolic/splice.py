@@ -14,7 +14,7 @@ from itertools import chain, pairwise
 
 import numpy as np
 
-from dse.workload import Call, CallShape, TensorTable
+from dse.workload import Call, CallShape, OpKind, TensorTable
 from generators.symbolic.skeleton import Skeleton
 
 _new = tuple.__new__
@@ -42,16 +42,30 @@ def _moved_rows(rows: np.ndarray, cut: int, by: np.ndarray) -> np.ndarray:
     return (rows[None, :] + by[:, None] * (rows >= cut)[None, :]).ravel()
 
 
-def splice(short: Skeleton, stages: int, stage: int, microbatches: int, more: int) -> Skeleton | None:
+def fewest_microbatches(stages: int, stage: int) -> int:
+    """The fewest micro-batches of a 1F1B stage's skeleton that `splice` can lengthen: its warm-up forwards, two
+    steady pairs before the last two and as many drain backwards as warm-up forwards."""
+    return 2 * (stages - stage - 1) + 4
+
+
+def splice(
+    short: Skeleton,
+    stages: int,
+    stage: int,
+    microbatches: int,
+    more: int,
+    p2p: tuple[tuple[OpKind, int, str], ...] = (),
+) -> Skeleton | None:
     """The skeleton of a 1F1B `stage` over `microbatches` + `more` micro-batches, from its skeleton over
-    `microbatches`; None if that one does not repeat as the splice needs. It makes no p2p blocks: the shorter
-    form's walk made them on the same pipeline, and the inserted pairs send and receive through the same ones."""
+    `microbatches`; None if that one does not repeat as the splice needs. The inserted pairs send and receive
+    through the p2p blocks of the shorter one; `p2p` are those of them the caller makes for it (none when the
+    shorter form's walk made them on the same pipeline)."""
     warmup = min(stages - stage - 1, microbatches)
     at = microbatches - warmup - 2
     """The steady pair before which the new ones go (`one_f_one_b`: pair j is steps warmup + 2j and + 1)."""
     first = at - warmup - 2
     """The first pair the last one before `at` reads from: its forwards' backward and the step before them."""
-    if first < 0 or more <= 0:
+    if microbatches < fewest_microbatches(stages, stage) or more <= 0:
         return None
     starts = [short.marks[warmup + 2 * j] for j in range(first, at + 2)]
     cut, (insert, row_insert) = starts[0][0], starts[-2]
@@ -101,7 +115,7 @@ def splice(short: Skeleton, stages: int, stage: int, microbatches: int, more: in
     marks += tuple((c + more * period, t + more * row_period) for c, t in short.marks[step:])
     return Skeleton(
         CallShape(tuple(spliced)),
-        (),
+        p2p,
         TensorTable(
             repeated(table.names),
             repeated(table.kinds),

@@ -35,7 +35,7 @@ _INT = np.int64
 
 class CompiledScheduler:
     """`engine._Scheduler` without a timeline, with its loop compiled; the same schedules, plus each class's busy
-    intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`)."""
+    intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`, which may hand `schedules` cuts)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fast_forward: bool = True) -> None:
         self._workload = workload
@@ -63,12 +63,12 @@ class CompiledScheduler:
             raise RuntimeError("pipeline deadlock in the compiled engine alone (an engine bug)")
         return tables
 
-    def schedules(self, t: kernel.EngineTables) -> list[ClassSchedule]:
+    def schedules(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> list[ClassSchedule]:
         names = list(self._planner.categories)
         runs, streams = len(t.base) - 1, len(self._planner.streams)
         knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
         stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]
-        busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr)
+        busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr, cuts)
         out = []
         for plans, lo, hi, b0, b1, row, (busy, latest) in zip(
             self._block_plans,

@@ -2,7 +2,7 @@
 communication no compute hides."""
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numba import njit
@@ -114,7 +114,12 @@ class Busy:
 
 
 def ordered_busy(
-    knots: np.ndarray, knot_ptr: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, stream_ptr: np.ndarray
+    knots: np.ndarray,
+    knot_ptr: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    stream_ptr: np.ndarray,
+    cuts: np.ndarray | None = None,
 ) -> list[tuple[Busy, float]]:
     """Per timeline, `Busy.of` it and its last end (0.0 if it has none), for timelines recorded in order, all in
     one compiled pass: timeline r's compute from knot_ptr[r, 0] to knot_ptr[r, 1] of `knots`, its communication
@@ -125,10 +130,21 @@ def ordered_busy(
     order already: one in-order stream runs a timeline's compute, so its intervals (`knots`: start, end, start,
     ...) follow one another, and each communication stream's intervals settle in that stream's order, so merging
     the streams sorts them. The pass checks that order and leaves a timeline not so ordered (or not finite) to
-    `Busy.of`: the values are `Busy.of`'s either way. The knots are kept, not copied (each Busy's are a view)."""
+    `Busy.of`: the values are `Busy.of`'s either way. The knots are kept, not copied (each Busy's are a view).
+
+    With `cuts` (per timeline (a, b), a >= b for none), each timeline is measured without the intervals inside
+    (a, b) (`_kept`), and its totals are its busy seconds outside (a, b) (`_outside`): `steady` cuts out periods
+    of a stretch it has checked to repeat, and adds them back as it adds the step's further periods. Its Busy
+    reads as the whole timeline's up to a, all that `steady` reads of it."""
+    if cuts is not None:
+        knots, knot_ptr, comm_starts, comm_ends, stream_ptr = _kept(
+            knots, knot_ptr, comm_starts, comm_ends, stream_ptr, cuts[:, 0], cuts[:, 1]
+        )
     done, merged_starts, merged_ends, hidden, totals, counts = _ordered(
         knots, knot_ptr, comm_starts, comm_ends, stream_ptr
     )
+    if cuts is not None:
+        _outside_all(knots, knot_ptr, done, merged_starts, merged_ends, hidden, stream_ptr[:, 0], counts, totals, cuts)
     out = []
     firsts, lasts = stream_ptr[:, 0].tolist(), stream_ptr[:, -1].tolist()
     for (k0, k1), m0, m1, count, (compute, comm, exposed, latest) in zip(
@@ -137,12 +153,127 @@ def ordered_busy(
         if count < 0:
             starts, ends = knots[k0:k1:2], knots[k0 + 1 : k1 : 2]
             latest = max(float(ends.max(initial=0.0)), float(comm_ends[m0:m1].max(initial=0.0)))
-            out.append((Busy.of(starts, ends, comm_starts[m0:m1], comm_ends[m0:m1]), latest))
+            busy = Busy.of(starts, ends, comm_starts[m0:m1], comm_ends[m0:m1])
+            if cuts is not None and cuts[len(out), 0] < cuts[len(out), 1]:
+                fields = busy.knots, busy.done, busy.comm_starts, busy.comm_ends, busy.hidden
+                busy = replace(busy, totals=_outside(*fields, *busy.totals[:2], *cuts[len(out)].tolist()))
+            out.append((busy, latest))
             continue
         end = m0 + count
         merged = merged_starts[m0:end], merged_ends[m0:end], hidden[m0:end]
         out.append((Busy(knots[k0:k1], done[k0:k1], *merged, (compute, comm, exposed)), latest))
     return out
+
+
+@njit(cache=True)
+def _outside_all(
+    knots: np.ndarray,
+    knot_ptr: np.ndarray,
+    done: np.ndarray,
+    merged_starts: np.ndarray,
+    merged_ends: np.ndarray,
+    hidden: np.ndarray,
+    firsts: np.ndarray,
+    counts: np.ndarray,
+    totals: np.ndarray,
+    cuts: np.ndarray,
+) -> None:
+    """`_outside` into `_ordered`'s totals of each timeline it measured (count >= 0) with a cut, in one call."""
+    for r in range(len(knot_ptr)):
+        if counts[r] >= 0 and cuts[r, 0] < cuts[r, 1]:
+            k0, k1, m0, m1 = knot_ptr[r, 0], knot_ptr[r, 1], firsts[r], firsts[r] + counts[r]
+            fields = knots[k0:k1], done[k0:k1], merged_starts[m0:m1], merged_ends[m0:m1], hidden[m0:m1]
+            totals[r, 0], totals[r, 1], totals[r, 2] = _outside(
+                *fields, totals[r, 0], totals[r, 1], cuts[r, 0], cuts[r, 1]
+            )
+
+
+@njit(cache=True)
+def _outside(
+    knots: np.ndarray,
+    done: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    hidden: np.ndarray,
+    compute: float,
+    comm: float,
+    a: float,
+    b: float,
+) -> tuple[float, float, float]:
+    """(compute, communication, exposed) seconds outside (a, b) of a timeline, from the Busy fields and the
+    compute and communication totals of its intervals less those inside (a, b): their totals less what they have
+    between a and b (each side read by `_before`; the hidden seconds summed as `_ordered_one` sums them),
+    exposed = communication - hidden, clipped at 0 on the totals only. Outside (a, b) the busy seconds are the
+    whole timeline's: an interval that reaches either side is kept, and the union and its hidden seconds on a
+    side read only intervals that reach into it."""
+    at_a = _before(knots, done, comm_starts, comm_ends, hidden, a)
+    at_b = _before(knots, done, comm_starts, comm_ends, hidden, b)
+    covered = 0.0 + pairwise_sum(hidden) if len(knots) else 0.0
+    comm = comm - (at_b[1] - at_a[1])
+    exposed = comm - (covered - (at_b[2] - at_a[2]))
+    return compute - (at_b[0] - at_a[0]), comm, exposed if exposed > 0.0 else 0.0
+
+
+@njit(cache=True)
+def _kept(
+    knots: np.ndarray,
+    knot_ptr: np.ndarray,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    stream_ptr: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`ordered_busy`'s arguments less, per timeline r and stream (its compute one first), the intervals inside
+    (a[r], b[r]) that `_inside` finds, the rest in their order. Found first, then copied into arrays of the size
+    kept: fresh arrays of the whole size cost more in page faults than the copying.
+
+    Strictly inside: what the window check reads up to a then finds every merged interval it reads ended, under
+    way or not yet begun as in the whole timeline, so it reads the same values to the bit."""
+    runs, streams = len(knot_ptr), stream_ptr.shape[1] - 1
+    left = np.empty((runs, streams + 1, 2), dtype=np.int64)  # per stream, [i0, i1) in the whole arrays
+    n = m = 0
+    for r in range(runs):
+        k0, k1 = knot_ptr[r, 0], knot_ptr[r, 1]
+        i0, i1 = _inside(knots[k0:k1:2], knots[k0 + 1 : k1 : 2], a[r], b[r])
+        left[r, 0, 0], left[r, 0, 1] = k0 + 2 * i0, k0 + 2 * i1
+        n += k1 - k0 - 2 * (i1 - i0)
+        for s in range(streams):
+            s0, s1 = stream_ptr[r, s], stream_ptr[r, s + 1]
+            i0, i1 = _inside(comm_starts[s0:s1], comm_ends[s0:s1], a[r], b[r])
+            left[r, s + 1, 0], left[r, s + 1, 1] = s0 + i0, s0 + i1
+            m += s1 - s0 - (i1 - i0)
+    out_knots, out_starts, out_ends = np.empty(n), np.empty(m), np.empty(m)
+    out_knot_ptr, out_stream_ptr = np.empty_like(knot_ptr), np.empty_like(stream_ptr)
+    n = m = 0
+    for r in range(runs):
+        out_knot_ptr[r, 0] = n
+        for lo, hi in ((knot_ptr[r, 0], left[r, 0, 0]), (left[r, 0, 1], knot_ptr[r, 1])):
+            out_knots[n : n + hi - lo] = knots[lo:hi]
+            n += hi - lo
+        out_knot_ptr[r, 1] = n
+        for s in range(streams):
+            out_stream_ptr[r, s] = m
+            for lo, hi in ((stream_ptr[r, s], left[r, s + 1, 0]), (left[r, s + 1, 1], stream_ptr[r, s + 1])):
+                out_starts[m : m + hi - lo] = comm_starts[lo:hi]
+                out_ends[m : m + hi - lo] = comm_ends[lo:hi]
+                m += hi - lo
+        out_stream_ptr[r, streams] = m
+    return out_knots, out_knot_ptr, out_starts, out_ends, out_stream_ptr
+
+
+@njit(cache=True)
+def _inside(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> tuple[int, int]:
+    """[i0, i1) of a stream's intervals inside (a, b): from the first that starts after a to the first that ends
+    at or after b, by binary searches. That relies on the stream's starts and ends both rising, as the engine
+    records them (an op starts once its stream's previous op has ended, `engine_kernel.drive`; a p2p op holds
+    its stream until it settles); reading every interval to check it cost as much as the cut saved, so only
+    the run's first start and last end are checked (nothing is left out where they are not inside)."""
+    i0 = np.searchsorted(starts, a, side="right")
+    i1 = max(i0, np.searchsorted(ends, b, side="left"))
+    if i1 == i0 or not (a < starts[i0] and ends[i1 - 1] < b):
+        return i0, i0
+    return i0, i1
 
 
 @njit(cache=True)

@@ -83,21 +83,23 @@ def forms(form: SteadyForm) -> Iterator[tuple[SteadyForm, list[int]]]:
 class _Simulated:
     """One form's programs driven by the compiled engine: their calls' times, which the period checks read, and
     their schedules (busy intervals, categories, transfers), built only once a period passes those checks: the
-    shorter form of GPT-3 at tp 8 without sp always fails them, and its schedules were built for nothing."""
+    shorter form of GPT-3 at tp 8 without sp always fails them, and its schedules were built for nothing. They
+    are built without the spare periods a period's checks find (`_cuts`), so kept with the cuts they had."""
 
     scheduler: CompiledScheduler
     tables: EngineTables
-    built: list[ClassSchedule] | None = None
+    built: tuple[bytes, list[ClassSchedule]] | None = None
 
     def times(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per run, its calls' starts and ends."""
         t, base = self.tables, self.tables.base.tolist()
         return [(t.call_start[a:b], t.call_end[a:b]) for a, b in pairwise(base)]
 
-    def schedules(self) -> list[ClassSchedule]:
-        if self.built is None:
-            self.built = self.scheduler.schedules(self.tables)
-        return self.built
+    def schedules(self, cuts: np.ndarray | None) -> list[ClassSchedule]:
+        key = b"" if cuts is None else cuts.tobytes()
+        if self.built is None or self.built[0] != key:
+            self.built = key, self.scheduler.schedules(self.tables, cuts)
+        return self.built[1]
 
 
 def _extended(
@@ -128,8 +130,8 @@ def _extended(
             continue
         extended = []
         costs = _Costs(run.scheduler)
-        for index, (program, shape, sched, (shift, first, calls)) in enumerate(
-            zip(form.programs, shapes, run.schedules(), found, strict=True)  # type: ignore[arg-type]
+        for index, (program, shape, sched, (shift, first, calls, spare)) in enumerate(
+            zip(form.programs, shapes, run.schedules(_cuts(found, times)), found, strict=True)
         ):
             window = _window(sched, first, shift)
             if window is None:
@@ -137,7 +139,8 @@ def _extended(
             categories = costs.of_period(
                 index, _call_field(program, shape, "block"), sched, range(first, first + calls)
             )
-            extended.append(_extend(sched, shift, window, categories, form.repeats * form.period // period))
+            repeats = form.repeats * form.period // period
+            extended.append(_extend(sched, shift, window, categories, repeats, spare))
         else:
             return SteadySchedules(extended, form.programs)
     return None
@@ -145,9 +148,10 @@ def _extended(
 
 def _period(
     program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int
-) -> tuple[float, int, int] | None:
-    """(the period's length, a call in the steady state, calls per period) for one stage, if its calls' starts and
-    ends show one.
+) -> tuple[float, int, int, int] | None:
+    """(the period's length, a call in the steady state, calls per period, periods its busy seconds surely recur
+    beyond the two the window check reads, `_spare_periods`) for one stage, if its calls' starts and ends show
+    one.
 
     In the steady state a stage's calls recur a fixed number of calls later (P, read off a micro-batch whose
     calls recur `period` micro-batches later at one distance) with the same block, the micro-batch `period`
@@ -167,7 +171,53 @@ def _period(
     depth = int(_kept(program, shape, _REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
-    return length, lo + distance, distance
+    return length, lo + distance, distance, _spare_periods(start, end, lo, hi, distance, length)
+
+
+def _cuts(found: list[tuple[float, int, int, int]], times: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
+    """Per stage, the (a, b) its busy seconds are measured without (`intervals.ordered_busy`): from the end of the
+    two periods the window check reads to the end of its spare periods (a = b for none), or None where no stage
+    has one. Each spare period is then added back as one window, as the step's further periods are (`_extend`).
+
+    That assumes what the extension assumes, over a stretch of calls checked to repeat: each spare period's busy
+    seconds are the window's. The window check lets the next period's figures differ from the window's by
+    TOLERANCE_S each; with each spare period no further from it than that (and the hidden seconds, which the
+    check sees only through communication and exposed, by twice that), each stage's figures differ from the
+    whole measurement's by at most spare * 3 * TOLERANCE_S, and by rounding (tests/test_steady_cut.py)."""
+    rows = []
+    for (length, first, _, spare), (start, _) in zip(found, times, strict=True):
+        a = float(start[first]) + 2 * length  # as the window check's end (`intervals._windows`)
+        rows.append((a, a + spare * length))
+    cuts = np.array(rows)
+    return cuts if (cuts[:, 0] < cuts[:, 1]).any() else None
+
+
+@njit(cache=True)
+def _spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distance: int, length: float) -> int:
+    """How many periods past the two the window check reads (from m0 = start[lo + distance] to a = m0 + 2 *
+    length) the stage's busy intervals surely recur a period apart, a period to b = a + periods * length: the
+    measurement may leave those out (`_cuts`). Every interval of a call lies between its call's start
+    and end (the engine widens them to each op it settles), and calls lo..hi recur as calls lo + distance ..
+    hi + distance a period later, so the intervals in [m0 + length, b] are those in [m0, b - length] moved by a
+    period if every call reaching into the latter is one of lo..hi and every one reaching into the former is
+    one of their twins: calls before lo end by m0, those before lo + distance by m0 + length, those from hi on
+    start no earlier than b - length, those from hi + distance on no earlier than b. 0 where none such is left
+    after the stretch (the cut must keep the timeline's last end)."""
+    n = len(start)
+    m0 = start[lo + distance]
+    if hi + distance >= n:
+        return 0
+    for c in range(lo + distance):
+        if end[c] > (m0 if c < lo else m0 + length):
+            return 0
+    bound = np.inf
+    for c in range(hi, n):
+        bound = min(bound, start[c] if c >= hi + distance else start[c] + length)
+    a = m0 + 2 * length
+    periods = 0
+    while a + (periods + 1) * length <= bound:
+        periods += 1
+    return periods
 
 
 def call_reach(program: Program) -> np.ndarray:
@@ -400,17 +450,24 @@ def _add_period(
 
 
 def _extend(
-    sched: ClassSchedule, shift: float, window: tuple[float, ...], categories: dict[str, float], repeats: int
+    sched: ClassSchedule,
+    shift: float,
+    window: tuple[float, ...],
+    categories: dict[str, float],
+    repeats: int,
+    spare: int,
 ) -> ClassSchedule:
+    """The stage's schedule with `repeats` more periods, its busy seconds with its `spare` periods (measured
+    without, `_cuts`) too."""
     compute, comm, exposed = window
     by_category = dict(sched.time_by_category)
     for name, seconds in categories.items():
         by_category[name] = by_category.get(name, 0.0) + repeats * seconds
     return ClassSchedule(
         end_s=sched.end_s + repeats * shift,
-        compute_s=sched.compute_s + repeats * compute,
-        comm_s=sched.comm_s + repeats * comm,
-        exposed_comm_s=sched.exposed_comm_s + repeats * exposed,
+        compute_s=sched.compute_s + (repeats + spare) * compute,
+        comm_s=sched.comm_s + (repeats + spare) * comm,
+        exposed_comm_s=sched.exposed_comm_s + (repeats + spare) * exposed,
         time_by_category=by_category,
         call_start=sched.call_start,
         call_end=sched.call_end,

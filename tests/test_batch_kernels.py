@@ -25,7 +25,8 @@ def _measured(
     compute: np.ndarray, comm: np.ndarray, moments: np.ndarray, blocks: np.ndarray, wanted: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """`batch_kernels.measure` on intervals given as times (2 x intervals x systems: starts, ends), each a row of
-    values, the communication's starts and ends in the first system's order; every system wanted by default."""
+    values, the communication's starts and ends in the first system's order; every system wanted by default;
+    no cut, and the hidden total made the exposed one, as `batch_busy.BusyMany` makes it."""
     systems = compute.shape[2]
     wanted = np.ones(systems, dtype=bool) if wanted is None else wanted
     values = np.vstack((compute[0], compute[1], comm[0], comm[1]))
@@ -37,7 +38,10 @@ def _measured(
     comm_starts = 2 * n + np.argsort(comm[0, :, 0], kind="stable")
     comm_ends = 2 * n + m + np.argsort(comm[1, :, 0], kind="stable")
     comm_rows = np.stack((comm_starts, column[n:], comm_ends))
-    return batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks, wanted)
+    no_cut = np.zeros((2, systems))
+    totals, before = batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks, wanted, no_cut)
+    totals[2] = np.maximum(0.0, totals[1] - totals[2])
+    return totals, before
 
 
 def test_measure_is_what_busy_measures():

@@ -368,7 +368,8 @@ def _stage(
     recorded = tape.classes[rank_class]
     call_start, call_end = calls
     moments = [moment for period in found for moment in period.moments(call_start)]
-    busy = BusyMany.of(values, priced.durations, spans, moments, blocks, wanted)
+    cut = found[0].cut(call_start, call_end, 0) if len(found) == 1 else None  # the shorter form's one period
+    busy = BusyMany.of(values, priced.durations, spans, moments, blocks, wanted, cut)
     each = len(moments) // len(found) if found else 0
     transfers = recorded.transfers
     return StageArrays(
@@ -376,9 +377,7 @@ def _stage(
         call_start=call_start,
         call_end=call_end,
         busy=busy.totals,
-        periods=[
-            Period(f.length, f.first, f.ok, busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)
-        ],
+        periods=[replace(f, windows=busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)],
         plan_of_call=recorded.priced,
         plan_categories=priced.plan_categories,
         transfers=(

@@ -90,6 +90,26 @@ gathered and measured. The block changes no figure."""
 
 
 @dataclass(frozen=True, slots=True)
+class Cut:
+    """A steady stretch of each system's timeline measured by its period rather than interval by interval: from
+    A, the end of the two periods the steady checks read (moments `window`, `window` + 1, `window` + 2: M0, M0 + L,
+    A = M0 + 2L), to B = A + k L, before which only calls whose times were checked periodic run
+    (`batch_steady.cut`). The intervals inside [A, B] are left out (most of them: `batch_kernels.measure`), and
+    the totals corrected: with R what is left, total = total_R - (before_R(B) - before_R(A)) + k (before(M0 + L)
+    - before(M0)), for the compute, communication and hidden communication alike, since nothing before A is left
+    out and every interval reaching past B is kept. It is the assumption the step's extension makes for its
+    further periods, for k periods the shorter form has: the figures differ from a full measurement by rounding
+    and by how far the periods' busy seconds differ within the window check's tolerance, at most k * 3 *
+    TOLERANCE_S per figure (`steady.TOLERANCE_S`; `tests/test_batch_steady_cut.py`)."""
+
+    window: int
+    repeats: np.ndarray
+    """k per system, 0 where nothing is cut."""
+    end: np.ndarray
+    """B per system."""
+
+
+@dataclass(frozen=True, slots=True)
 class BusyMany:
     """The busy figures of many systems: `Busy.totals`, and the seconds covered before given moments, from which
     `windows` reads `Busy.between`."""
@@ -109,17 +129,26 @@ class BusyMany:
         moments: list[np.ndarray],
         blocks: np.ndarray,
         wanted: np.ndarray | None = None,
+        cut: Cut | None = None,
     ) -> "BusyMany":
         """From the values of the tape program's rows and the durations (rows x systems both, C-ordered), `spans`
         in rows (`Spans.ordered`); moments: arrays of one time per system; blocks: where each block of systems
         measured together starts (of at most `BLOCK`), and where the last ends; wanted: the systems whose figures
         will be read (all by default), where the others' would be thrown away (their figures are then 0: a steady
-        form's systems that show no period are priced again on a longer form)."""
+        form's systems that show no period are priced again on a longer form); cut: a steady stretch measured by
+        its period (`Cut`), if any."""
         systems = values.shape[1]
-        at = np.array(moments, dtype=float).reshape(len(moments), systems)
+        at = np.array([*moments, cut.end] if cut else moments, dtype=float).reshape(-1, systems)
         chosen = np.ones(systems, dtype=np.bool_) if wanted is None else wanted
-        totals, covered = batch_kernels.measure(values, durations, spans.compute, spans.comm, at, blocks, chosen)
-        return cls((totals[0], totals[1], totals[2]), covered)
+        cuts = np.stack((at[cut.window + 2], cut.end)) if cut else np.zeros((2, systems))
+        totals, covered = batch_kernels.measure(values, durations, spans.compute, spans.comm, at, blocks, chosen, cuts)
+        if cut:
+            covered, at_end = covered[:-1], covered[-1]
+            start, one, two = covered[cut.window : cut.window + 3]
+            corrected = totals - (at_end - two) + cut.repeats * (one - start)
+            totals = np.where(cut.repeats > 0, corrected, totals)
+        exposed = np.maximum(0.0, totals[1] - totals[2])
+        return cls((totals[0], totals[1], exposed), covered)
 
     def windows(self, moments: slice = slice(None)) -> list[tuple[np.ndarray, ...]]:
         """Between each of the given moments (all by default) and the next of them, the (compute, communication,

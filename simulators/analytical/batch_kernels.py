@@ -102,8 +102,9 @@ def measure(
     moments: np.ndarray,
     blocks: np.ndarray,
     wanted: np.ndarray,
+    cuts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`intervals.Busy` on each system (values: rows x systems): the (compute, communication, exposed
+    """`intervals.Busy` on each system (values: rows x systems): the (compute, communication, hidden
     communication) seconds (3 x systems), and the (compute, communication, hidden communication) seconds before
     each moment (moments x 3 x systems), as `Busy._before` reads them. compute, comm: the intervals as rows, 3 x
     intervals each (`batch_busy.Spans`): an interval starts at values[row 0] less durations[row 1] (nothing taken
@@ -113,7 +114,11 @@ def measure(
     systems gathered together starts, and where the last ends: a block's intervals stay in the processor's cache
     while every figure is measured from them, so each interval's times are gathered once. Each system's figures
     are its own whatever the blocks. `wanted`: which systems to measure; the others' figures are left 0 (a block is
-    gathered only from its first wanted system to its last)."""
+    gathered only from its first wanted system to its last). `cuts` (2 x systems): per system a stretch [from, to]
+    whose intervals may be left out (none where to <= from; `batch_busy.Cut` says why and corrects the totals):
+    the compute intervals inside it on every system of a block are not gathered (`_kept_compute`), and on each
+    system as many communication starts as ends inside it (`_merged`). Times before `from` and sums after `to` are
+    those of every interval; the moments are best at or before `from`, or at `to`."""
     n, m, systems = compute.shape[1], comm.shape[1], values.shape[1]
     moment_count = moments.shape[0]
     totals = np.zeros((3, systems))
@@ -134,14 +139,16 @@ def measure(
         if lo == hi:
             continue
         width = hi - lo
-        _gather(values, durations, compute, lo, width, compute_starts, done, True)
+        kept = _kept_compute(values, durations, compute, lo, hi, wanted, cuts)
+        count_b = kept.shape[1]
+        _gather(values, durations, kept, lo, width, compute_starts, done, True)
         _gather(values, durations, comm, lo, width, comm_starts, comm_ends, False)
         for j in range(width):
             s = lo + j
             if not wanted[s]:
                 continue
-            starts, done_j = compute_starts[j], done[j]
-            count = _merged(comm_starts[j], comm_ends[j], merged_starts, merged_ends)
+            starts, done_j = compute_starts[j, :count_b], done[j, : count_b + 1]
+            count = _merged(comm_starts[j], comm_ends[j], merged_starts, merged_ends, cuts[0, s], cuts[1, s])
             comm_by[0] = hidden_by[0] = 0.0
             at = 0  # the compute intervals started by the time reached: both walks go forward
             for k in range(count):
@@ -151,11 +158,10 @@ def measure(
                 inside = _compute_before(starts, done_j, at, merged_ends[k]) - compute_at[k]
                 comm_by[k + 1] = comm_by[k] + (merged_ends[k] - merged_starts[k])
                 hidden_by[k + 1] = hidden_by[k] + inside
-            exposed = comm_by[count] - hidden_by[count]
-            totals[0, s], totals[1, s], totals[2, s] = done_j[n], comm_by[count], exposed if exposed > 0.0 else 0.0
+            totals[0, s], totals[1, s], totals[2, s] = done_j[count_b], comm_by[count], hidden_by[count]
             for k in range(moment_count):
                 t = moments[k, s]
-                compute_t = _compute_before(starts, done_j, _at_or_before(starts, n, t), t)
+                compute_t = _compute_before(starts, done_j, _at_or_before(starts, count_b, t), t)
                 whole = _at_or_before(merged_ends, count, t)
                 comm_t, hidden_t = comm_by[whole], hidden_by[whole]
                 if whole < count and merged_starts[whole] < t:  # the merged interval under way, up to t
@@ -163,6 +169,51 @@ def measure(
                     hidden_t += compute_t - compute_at[whole]
                 before[k, 0, s], before[k, 1, s], before[k, 2, s] = compute_t, comm_t, hidden_t
     return totals, before
+
+
+@njit(cache=True)
+def _kept_compute(
+    values: np.ndarray,
+    durations: np.ndarray,
+    compute: np.ndarray,
+    lo: int,
+    hi: int,
+    wanted: np.ndarray,
+    cuts: np.ndarray,
+) -> np.ndarray:
+    """The compute intervals (3 x intervals, in order on every system: one stream's) less those inside the cut on
+    every wanted system of lo..hi (all of them where one has no cut): a run of them, found by two binary searches
+    per system, so that the run is never gathered."""
+    zero = durations.shape[0] - 1
+    n = compute.shape[1]
+    first, last = 0, n
+    for s in range(lo, hi):
+        if not wanted[s]:
+            continue
+        if not cuts[1, s] > cuts[0, s]:
+            return compute
+        a, b = 0, n  # the first interval starting at or after the cut's start
+        while a < b:
+            middle = (a + b) // 2
+            start = values[compute[0, middle], s]
+            if compute[1, middle] != zero:
+                start -= durations[compute[1, middle], s]
+            if start < cuts[0, s]:
+                a = middle + 1
+            else:
+                b = middle
+        first = max(first, a)
+        a, b = 0, n  # the first interval ending after the cut's end
+        while a < b:
+            middle = (a + b) // 2
+            if values[compute[2, middle], s] <= cuts[1, s]:
+                a = middle + 1
+            else:
+                b = middle
+        last = min(last, a)
+    if last <= first:
+        return compute
+    return np.concatenate((compute[:, :first], compute[:, last:]), axis=1)
 
 
 @njit(cache=True)
@@ -224,15 +275,36 @@ def _prefetch(typingctx: object, array: types.Array, row: types.Integer, column:
 
 
 @njit(cache=True)
-def _merged(starts: np.ndarray, ends: np.ndarray, merged_starts: np.ndarray, merged_ends: np.ndarray) -> int:
+def _merged(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    merged_starts: np.ndarray,
+    merged_ends: np.ndarray,
+    cut_from: float,
+    cut_to: float,
+) -> int:
     """The union of intervals as disjoint intervals in order, into merged_starts and merged_ends; how many. The
     starts and ends are sorted here, each on its own: the i-th start opens a new interval exactly when the i
-    earliest ends all come before it, and the interval before it then ends at the (i - 1)-th end (`batch_busy`)."""
+    earliest ends all come before it, and the interval before it then ends at the (i - 1)-th end (`batch_busy`).
+
+    Where cut_to > cut_from, the earliest k starts and the earliest k ends in [cut_from, cut_to] are left out, k as
+    many as both have there: the union outside that stretch stays (every time before it loses none, every time
+    after it as many starts as ends), and inside it no time sees more ends than starts (as many as before the
+    stretch at least), so what is left still pairs up, the i-th start with the i-th end."""
     count = len(starts)
     if not count:
         return 0
     _sort(starts)
     _sort(ends)
+    if cut_to > cut_from:
+        first_start, first_end = _below(starts, cut_from), _below(ends, cut_from)
+        k = min(_at_or_before(starts, count, cut_to) - first_start, _at_or_before(ends, count, cut_to) - first_end)
+        if k > 0:
+            starts[first_start : count - k] = starts[first_start + k : count].copy()
+            ends[first_end : count - k] = ends[first_end + k : count].copy()
+            count -= k
+    if not count:
+        return 0
     merged_starts[0] = starts[0]
     k = 0
     for i in range(1, count):
@@ -242,6 +314,19 @@ def _merged(starts: np.ndarray, ends: np.ndarray, merged_starts: np.ndarray, mer
             merged_starts[k] = starts[i]
     merged_ends[k] = ends[count - 1]
     return k + 1
+
+
+@njit(cache=True)
+def _below(times: np.ndarray, t: float) -> int:
+    """How many of the times (in order) are before t: a binary search."""
+    lo, hi = 0, len(times)
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if times[middle] < t:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
 
 
 @njit(cache=True)

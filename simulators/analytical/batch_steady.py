@@ -14,6 +14,7 @@ import numpy as np
 
 from dse.workload import Program, SteadyForm
 from simulators.analytical import batch_kernels
+from simulators.analytical.batch_busy import Cut
 from simulators.analytical.calls import memoised
 from simulators.analytical.steady import TOLERANCE_S, _twins, call_reach
 
@@ -48,6 +49,9 @@ class Period:
     """A call one period into the steady state."""
     ok: np.ndarray
     """Whether the timeline shows a period."""
+    lo: np.ndarray
+    hi: np.ndarray
+    """The steady run of calls [lo, hi), each recurring one period later (`steady._period`)."""
     windows: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     """Filled in once the busy intervals are measured at `moments` (`BusyMany.windows`)."""
 
@@ -59,6 +63,35 @@ class Period:
         """The bounds of the two periods from `first` on, per system."""
         at = call_start[self.first, np.arange(call_start.shape[1])]
         return [at + k * self.length for k in range(3)]
+
+    def cut(self, call_start: np.ndarray, call_end: np.ndarray, window: int) -> Cut:
+        """The steady stretch past the two periods `moments` bounds (they are moments `window` on) that the busy
+        figures may measure by the period (`batch_busy.Cut`), per system: from A = M0 + 2L to B = A + kL, k whole
+        periods (none where the period is not shown). Each period up to B must hold the images, one period on, of
+        the calls of the period before it, and those only: calls before the steady run end by M0 + L and calls
+        before the one at M0 by A; calls after the steady run start from B - L on, and calls after their twins
+        from B on (every busy interval lies inside its call)."""
+        systems = call_start.shape[1]
+        columns = np.arange(systems)
+        middle = call_start[self.first, columns] + self.length
+        start = middle + self.length
+        repeats = np.zeros(systems)
+        bounds, which = np.unique(np.stack((self.lo, self.first, self.hi)), axis=1, return_inverse=True)
+        for k, (lo, first, hi) in enumerate(bounds.T.tolist()):
+            at = np.flatnonzero(which.ravel() == k)
+            ended = (call_end[:lo, at].max(axis=0, initial=-np.inf) <= middle[at]) & (
+                call_end[:first, at].max(axis=0, initial=-np.inf) <= start[at]
+            )
+            last = np.minimum(
+                call_start[hi:, at].min(axis=0, initial=np.inf) + self.length[at],
+                call_start[hi + first - lo :, at].min(axis=0, initial=np.inf),
+            )
+            periods = np.floor(
+                (last - TOLERANCE_S - start[at]) / np.where(self.length[at] > 0, self.length[at], np.inf)
+            )
+            repeats[at] = np.where(ended & np.isfinite(periods), periods, 0.0)
+        repeats = np.where(self.ok & (repeats > 0), repeats, 0.0)
+        return Cut(window, repeats, start + repeats * self.length)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +156,14 @@ def _period_calls(program: Program, period: int) -> int:
 
 def _period(
     program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per system: the period's length, a call one period into the steady state, and whether there is one
-    (`steady._period`)."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per system: the period's length, a call one period into the steady state, whether there is one, and the
+    steady run of calls (`steady._period`)."""
     systems = call_start.shape[1]
     found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
     if not found:
-        return np.zeros(systems), np.zeros(systems, dtype=np.intp), np.zeros(systems, dtype=bool)
+        nothing = np.zeros(systems, dtype=np.intp)
+        return np.zeros(systems), nothing, np.zeros(systems, dtype=bool), nothing, nothing
     distance, twin, middle = found
     length, lo, hi = batch_kernels.longest_steady(twin, call_start, call_end, distance, middle, TOLERANCE_S)
     ok = (hi > lo) & (length > 0)
@@ -144,7 +178,7 @@ def _period(
             for a, b in (divmod(window, span) for window in windows.tolist())
         ]
         ok[found_in] = np.array(long_enough, dtype=bool)[which]
-    return length, first, ok
+    return length, first, ok, lo, hi
 
 
 def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.ndarray) -> np.ndarray:

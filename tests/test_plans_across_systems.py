@@ -6,7 +6,7 @@ for bit. On the first system nothing is kept for later systems."""
 import numpy as np
 
 from dse.system import SystemSpec
-from simulators.analytical import compiled_engine, plans, pricing
+from simulators.analytical import op_rows, plans, pricing
 from simulators.analytical.compiled_engine import CompiledScheduler, _Layout, call_arrays
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import _snapshot, workloads  # noqa: F401  (the fixture)
@@ -28,7 +28,8 @@ def _empty() -> None:
     plans._RECIPES.clear()
     plans._SEEN.clear()
     pricing._GROUPS.clear()
-    compiled_engine._ROWS.clear()
+    op_rows._ROWS.clear()
+    op_rows._ENCODED.clear()
 
 
 def _tables(workload, system) -> dict[str, np.ndarray]:
@@ -65,9 +66,9 @@ def test_tables_on_later_systems_reuse_rows_and_equal_fresh_ones(workloads):  # 
         _empty()
         _tables(workload, system)
         kept = _tables(workload, second)
-        entries, hits = len(compiled_engine._ROWS), compiled_engine._ROWS.hits
+        entries, hits = len(op_rows._ROWS), op_rows._ROWS.hits
         again = _tables(workload, third)
-        assert len(compiled_engine._ROWS) == entries and compiled_engine._ROWS.hits == hits + 1, name
+        assert len(op_rows._ROWS) == entries and op_rows._ROWS.hits == hits + 1, name
         assert set(again) == set(fresh)
         for field, want in fresh.items():
             assert want.dtype == again[field].dtype and want.tobytes() == again[field].tobytes(), (name, field)

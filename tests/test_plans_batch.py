@@ -1,10 +1,10 @@
 """The per-program plan lookup (`Planner.plans`), the recipes found by a block's identity (`plans._SEEN`) and the
-op rows kept per set of plans (`compiled_engine._ROWS`) give what the per-block lookups and a fresh conversion
+op rows kept per set of plans (`op_rows._ROWS`) give what the per-block lookups and a fresh conversion
 give."""
 
 import numpy as np
 
-from simulators.analytical import compiled_engine, plans
+from simulators.analytical import op_rows, plans
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
@@ -36,11 +36,11 @@ def test_recipe_by_identity_is_the_cached_one(workloads):  # noqa: F811
 
 def test_kept_op_rows_are_fresh_rows(workloads):  # noqa: F811
     for _, workload, system in workloads[:4]:
-        compiled_engine._ROWS.clear()
+        op_rows._ROWS.clear()
         fresh = CompiledScheduler(workload, system).run()
-        entries = len(compiled_engine._ROWS)
+        entries = len(op_rows._ROWS)
         kept = CompiledScheduler(workload, system).run()  # the same kept plans: its rows are found, none added
-        assert entries == 1 and len(compiled_engine._ROWS) == entries
+        assert entries == 1 and len(op_rows._ROWS) == entries
         for a, b in zip(fresh, kept, strict=True):
             assert (a.end_s, a.compute_s, a.comm_s, a.exposed_comm_s) == (
                 b.end_s,

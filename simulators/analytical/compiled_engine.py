@@ -2,8 +2,8 @@
 turned into the schedules `engine._Scheduler` gives.
 
 Per point, the plans (each block as a rank class runs it) are built by `plans.Planner` as for the interpreted
-engine and transposed into op rows, once per distinct plan; what the calls decide (their blocks, inputs and tags)
-is read from arrays kept on the program's `CallShape`, joined over the programs and laid out per call by one
+engine and transposed into op rows, once per distinct plan (`op_rows`); what the calls decide (their blocks, inputs
+and tags) is read from arrays kept on the program's `CallShape`, joined over the programs and laid out per call by one
 compiled pass (`_lay_out_calls`); both are kept for later points whose programs share those shapes and whose
 plans have the same structure (`_Joined`: a study's points run a few schedules). The kernel then schedules every
 op, recording each class's busy intervals in the order its streams run them and its transfers per class, so that
@@ -24,11 +24,11 @@ from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
+from simulators.analytical import op_rows
 from simulators.analytical.calls import memoised
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.intervals import ordered_busy
-from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan, Planner
-from simulators.analytical.skeletons import Skeleton
+from simulators.analytical.plans import Plan, Planner
 
 _INT = np.int64
 
@@ -140,36 +140,11 @@ def call_arrays(program: Program) -> CallArrays:
     return memoised(program, _CALLS_KEY, derive)
 
 
-def _ptr(lists) -> np.ndarray:
-    """Where each list starts in their concatenation; one more entry for the end."""
-    return _ptr_of(np.fromiter(map(len, lists), _INT, len(lists)))
-
-
 def _ptr_of(counts: np.ndarray) -> np.ndarray:
     """Where each count's entries start when laid out in turn; one more entry for the end."""
     ptr = np.zeros(len(counts) + 1, dtype=_INT)
     np.cumsum(counts, out=ptr[1:])
     return ptr
-
-
-def _csr(lists) -> tuple[np.ndarray, np.ndarray]:
-    """(_ptr, the values concatenated) of lists of ints."""
-    ptr = _ptr(lists)
-    return ptr, np.fromiter(chain.from_iterable(lists), _INT, int(ptr[-1]))
-
-
-@dataclass(frozen=True, slots=True)
-class _PerPlan:
-    """Per distinct plan, what laying out its calls needs besides the kernel's fields."""
-
-    compute: np.ndarray
-    """Its compute ops (each call's room for busy intervals)."""
-    comm: np.ndarray
-    """plans x streams: its communication ops on each stream."""
-    mails: np.ndarray
-    """Its p2p ops."""
-    links: list[list]
-    """Its p2p ops' links, in order."""
 
 
 CALL_LAYOUT_BYTES = 32 * MIB
@@ -179,32 +154,6 @@ in all."""
 LAYOUTS_PER_JOIN = 16
 """Layouts (plans' structures) a joined entry keeps: a study's configurations of one schedule number their plans
 in a few ways; more would let one entry grow without bound (the layout kept first goes first)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Rows:
-    """A set of plans' op rows (`_Layout._ops`; the kernel only reads them) but their seconds, their links
-    numbered, and the bytes of what of them keys a layout: what of the plans their skeletons give, so kept across
-    systems."""
-
-    skeletons: tuple[Skeleton, ...]
-    """The plans' skeletons, kept so that the identities the key holds stay theirs."""
-    fields: dict[str, np.ndarray]
-    per_plan: _PerPlan
-    link_ptr: np.ndarray
-    link_ids: np.ndarray
-    p_ops: np.ndarray
-    key: tuple[bytes, ...]
-    gather: np.ndarray
-    """Where o_seconds, o_mark_offset and p_category_seconds, in turn, are in the plans' seconds joined (per plan
-    the three parts in turn, `Plan.seconds`): seconds are joined per point; the rows are kept across systems."""
-    bytes: int
-    """The arrays' bytes, and as much again for the skeletons the entry keeps alive."""
-
-
-OP_ROW_BYTES = 8 * MIB
-"""Sets of plans' op rows (`_Rows`): one set is about 20 to 60 KiB."""
-_ROWS: ByteBoundedLru[tuple[int, ...], _Rows] = ByteBoundedLru("op rows", OP_ROW_BYTES, lambda e: e.bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +300,7 @@ class _Layout:
                 numbers.append(number)
         plan_of = np.zeros(runs * width, dtype=_INT)
         plan_of[keys] = numbers
-        rows = self._rows()
+        rows = op_rows.rows(self._plans, len(scheduler._planner.streams))
         ops, per_plan = rows.fields, rows.per_plan
         structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, rows.link_ptr, rows.link_ids)
         key = (scheduler._fast_forward, width, per_plan.comm.shape, plan_of.tobytes(), *rows.key)
@@ -412,101 +361,14 @@ class _Layout:
             counters=counters,
         )
 
-    def _rows(self) -> "_Rows":
-        """`_ops` and what the layout's key and links read of them, kept per tuple of the plans' skeletons
-        (checked by identity): a point's plans are mostly kept ones, the steady check's longer form runs the same
-        plans again (a quarter of the runs of the 96 GPT-3 configurations of benchmarks/vs_calculon.py), and a
-        point on another system has plans of the same skeletons."""
-        plans, streams = self._plans, len(self._scheduler._planner.streams)
-        key = (streams, *[id(p.skeleton) for p in plans])
-        found = _ROWS.get(key)
-        if found is not None and all(a is p.skeleton for a, p in zip(found.skeletons, plans, strict=True)):
-            return found
-        fields, per_plan, gather = self._ops()
-        links: dict = {}
-        link_ptr, link_ids = _csr([[links.setdefault(x, len(links)) for x in own] for own in per_plan.links])
-        p_ops = np.diff(fields["p_op_ptr"])
-        arrays = (per_plan.compute, per_plan.comm, per_plan.mails, link_ptr, link_ids, p_ops)
-        found = _Rows(
-            skeletons=tuple(p.skeleton for p in plans),
-            fields=fields,
-            per_plan=per_plan,
-            link_ptr=link_ptr,
-            link_ids=link_ids,
-            p_ops=p_ops,
-            key=tuple(x.tobytes() for x in arrays),
-            gather=gather,
-            bytes=2 * sum(x.nbytes for x in (*fields.values(), *arrays, gather)),
-        )
-        _ROWS.put(key, found)
-        return found
-
-    def _ops(self) -> tuple[dict[str, np.ndarray], _PerPlan, np.ndarray]:
-        """Every distinct plan's ops as rows (skeletons.SkeletonOp's fields, transposed) with, per plan, its rows,
-        output, slots and categories: the EngineTables fields named p_* and o_* but the seconds; what laying out
-        calls needs; and `_Rows.gather`."""
-        skeletons = [p.skeleton for p in self._plans]
-        n = len(skeletons)
-        lengths = np.fromiter((len(s.ops) for s in skeletons), _INT, n)
-        p_op_ptr = np.zeros(n + 1, dtype=_INT)
-        np.cumsum(lengths, out=p_op_ptr[1:])
-        rows = list(chain.from_iterable(s.ops for s in skeletons))
-        kind, stream, deps, waits, slot, marks, category, link, shares = zip(*rows, strict=True) if rows else ((),) * 9
-        o_kind, o_stream = np.array(kind, dtype=_INT), np.array(stream, dtype=_INT)
-        p2p = np.fromiter((x is not None for x in link), np.bool_, len(link))
-        comm = (o_kind == COLLECTIVE) | p2p
-        streams = len(self._scheduler._planner.streams)
-        plan_of_row = np.repeat(np.arange(n), lengths)
-        first_p2p = np.zeros(n + 1, dtype=_INT)
-        np.cumsum(np.bincount(plan_of_row, p2p, n).astype(_INT), out=first_p2p[1:])
-        before = np.cumsum(p2p) - p2p  # each p2p op's place among its plan's p2p ops
-        (dep_ptr, dep_values), (share_ptr, share_values) = _csr(deps), _csr(shares)
-        categories = [s.totals for s in skeletons]
-        p_category_ptr, o_mark_ptr = _ptr(categories), _ptr(marks)
-        fields = {
-            "p_op_ptr": p_op_ptr,
-            "p_output": np.fromiter((s.output for s in skeletons), _INT, n),
-            "p_slots": np.fromiter((len(s.block.ops) for s in skeletons), _INT, n),
-            "p_category_ptr": p_category_ptr,
-            "p_category": np.fromiter(chain.from_iterable(categories), _INT),
-            "o_kind": o_kind,
-            "o_stream": o_stream,
-            "o_waits": np.array(waits, dtype=np.bool_),
-            "o_slot": np.array(slot, dtype=_INT),
-            "o_category": np.array(category, dtype=_INT),
-            "o_mail": np.where(p2p, before - first_p2p[plan_of_row], -1).astype(_INT),
-            "o_dep_ptr": dep_ptr,
-            "o_deps": dep_values,
-            "o_mark_ptr": o_mark_ptr,
-            "o_mark_slot": np.fromiter(chain.from_iterable(marks), _INT),
-            "o_share_ptr": share_ptr,
-            "o_shares": share_values,
-        }
-        per_plan = _PerPlan(
-            compute=np.bincount(plan_of_row[o_kind == COMPUTE], minlength=n),
-            comm=np.bincount(plan_of_row[comm] * streams + o_stream[comm], minlength=n * streams).reshape(n, streams),
-            mails=np.diff(first_p2p),
-            links=[[x for x in own if x is not None] for own in _per_plan(link, lengths)],
-        )
-        return fields, per_plan, _gather(p_op_ptr, o_mark_ptr[p_op_ptr], p_category_ptr)
-
-
-@njit(cache=True)
-def _gather(op_ptr: np.ndarray, mark_ptr: np.ndarray, total_ptr: np.ndarray) -> np.ndarray:
-    """`_Rows.gather` from where each plan's ops, marks and totals start (and end): a plan's seconds hold the three
-    parts in turn. One array out, not three: returning a tuple of arrays cost 8 us a call, seven times the work."""
-    starts = (0, op_ptr[-1], op_ptr[-1] + mark_ptr[-1])
-    out, at = np.empty(starts[2] + total_ptr[-1], _INT), 0
-    for p in range(len(op_ptr) - 1):
-        for part, ptr in enumerate((op_ptr, mark_ptr, total_ptr)):
-            for k in range(starts[part] + ptr[p], starts[part] + ptr[p + 1]):
-                out[k] = at
-                at += 1
-    return out
-
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(arrays) if arrays else np.zeros(0, dtype=_INT)
+
+
+RANK_TABLE_PER_ENTRY = 16
+"""`_ranks` ranks values by a table of at most this many entries a value (the table is one pass; a sort's cost per
+value grows with the log of their count)."""
 
 
 @njit(cache=True)
@@ -554,14 +416,34 @@ def _lay_out_calls(
         p = call_plan[c]
         for k in range(p_mails[p]):
             code[mail_ptr[c] + k] = p_links[p_link_ptr[p] + k] * top + tags[c]
+    links = p_links.max() + 1 if moved > 0 else 0
+    size = links * top if moved > 0 and tags.min() >= 0 else -1
+    return call_plan, compute_count, comm_count, transfer_count, mail_ptr, _ranks(code, size)
+
+
+@njit(cache=True)
+def _ranks(code: np.ndarray, size: int) -> np.ndarray:
+    """Per entry, the rank of its value among the distinct values in `code`. Values all in 0..size - 1 (size -1 if
+    not known so) are ranked by a table of `size` entries if that is at most RANK_TABLE_PER_ENTRY a value: sorting
+    them took 20 of the 34 us a layout of a GPT-3 configuration at pp 16 took (2,164 values under 2,336), the table
+    2 us; else by sorting."""
+    out = np.empty(len(code), dtype=np.int64)
+    if 0 <= size <= RANK_TABLE_PER_ENTRY * len(code):
+        rank = np.zeros(size + 1, dtype=np.int64)
+        for value in code:
+            rank[value + 1] = 1
+        for i in range(size):
+            rank[i + 1] += rank[i]
+        for i in range(len(code)):
+            out[i] = rank[code[i]]
+        return out
     order = np.argsort(code)
-    mailbox = np.empty(moved, dtype=np.int64)
     number = -1
-    for i in range(moved):
+    for i in range(len(code)):
         if i == 0 or code[order[i]] != code[order[i - 1]]:
             number += 1
-        mailbox[order[i]] = number
-    return call_plan, compute_count, comm_count, transfer_count, mail_ptr, mailbox
+        out[order[i]] = number
+    return out
 
 
 @njit(cache=True)
@@ -588,11 +470,6 @@ def _layer_runs(
             if reads and call_plan[c - 1] == p and p_mails[p] == 0 and p_ops[p] > 0:
                 run_last[c] = run_last[c + 1] if c + 1 < base[r + 1] and run_last[c + 1] >= 0 else c
     return run_last
-
-
-def _per_plan(values: tuple, lengths: np.ndarray) -> list[tuple]:
-    ends = np.cumsum(lengths).tolist()
-    return [values[e - n : e] for e, n in zip(ends, lengths.tolist(), strict=True)]
 
 
 def schedule_compiled(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dse.workload import TENSOR_KINDS, Block, Call, Op, OpKind, Program, Tensor
-from simulators.analytical.memory import Liveness, peak_memory
+from simulators.analytical.memory import Liveness, peak_memory, working_bytes
 
 
 def _random_case(seed: int) -> tuple[Program, list[Block], np.ndarray, np.ndarray]:
@@ -49,3 +49,16 @@ def test_a_timeline_that_is_not_finite_takes_liveness_path():
     events = Liveness.of(program, blocks)
     expected = events.peak(events.times(start, end))
     assert peak_memory(program, blocks, start, end) == expected
+
+
+@pytest.mark.parametrize("size", [np.nan, np.inf, -1.0])
+def test_a_size_that_is_not_finite_or_is_negative_takes_liveness_path(size):
+    program, blocks, start, end = _random_case(5)
+    program.tensors[3] = program.tensors[3]._replace(bytes=size)
+    events = Liveness.of(program, blocks)
+    np.testing.assert_equal(peak_memory(program, blocks, start, end), events.peak(events.times(start, end)))
+
+
+def test_working_memory_read_once_sweeps_as_read_per_program():
+    program, blocks, start, end = _random_case(11)
+    assert peak_memory(program, blocks, start, end, working_bytes(blocks)) == peak_memory(program, blocks, start, end)

@@ -15,7 +15,7 @@ from simulators.analytical import network
 from simulators.analytical.batch import price_many, too_small
 from simulators.analytical.compiled_engine import schedule_compiled
 from simulators.analytical.engine import schedule
-from simulators.analytical.memory import peak_memory, with_runtime_reserve
+from simulators.analytical.memory import peak_memory, with_runtime_reserve, working_bytes
 from simulators.analytical.steady import schedule_steady
 from simulators.analytical.trace import to_chrome_trace
 from simulators.result_cache import ResultCache
@@ -135,8 +135,9 @@ class AnalyticalCostModel:
         ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
         classes = []
         accelerator = system.accelerator
+        block_temp = working_bytes(workload.blocks)
         for index, (program, sched) in enumerate(zip(programs, schedules, strict=True)):
-            peak, at_peak = peak_memory(program, workload.blocks, sched.call_start, sched.call_end)
+            peak, at_peak = peak_memory(program, workload.blocks, sched.call_start, sched.call_end, block_temp)
             peak = with_runtime_reserve(peak, at_peak, accelerator)
             slowed = accelerator.overlap_slowdown * (sched.comm_s - sched.exposed_comm_s)
             classes.append(

@@ -34,7 +34,11 @@ T = TypeVar("T", float, np.ndarray)
 
 
 def peak_memory(
-    program: Program, blocks: Sequence[Block], call_start: Sequence[float], call_end: Sequence[float]
+    program: Program,
+    blocks: Sequence[Block],
+    call_start: Sequence[float],
+    call_end: Sequence[float],
+    block_temp: np.ndarray | None = None,
 ) -> tuple[float, dict[str, float]]:
     """The peak bytes and, at the moment of the peak, the bytes by tensor kind (block working memory counts as
     temporary). Frees at an instant go before allocations at that instant: a call that starts as another ends
@@ -43,9 +47,10 @@ def peak_memory(
     Swept in one compiled pass (`_sweep`) over the tensors each moment allocates or frees (`_Moments`, kept on
     the program's call shape per tensor table: later points of the shape differ only in sizes and times), in
     `Liveness.order`'s order, with `Liveness.peak`'s float operations; sizes, working memory or call times that
-    are not finite or are negative take `Liveness`'s own path."""
+    are not finite or are negative take `Liveness`'s own path. block_temp: the blocks' `working_bytes`, which a
+    caller sweeping every rank class of a workload reads once for all of them (the same blocks)."""
     moments, own_bytes, table_bytes = _moments_of(program)
-    temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
+    temp = working_bytes(blocks) if block_temp is None else block_temp
     start, end = np.asarray(call_start, dtype=float), np.asarray(call_end, dtype=float)
     by_kind = np.zeros(len(TENSOR_KINDS))
     peak, swept = 0.0, False
@@ -55,6 +60,11 @@ def peak_memory(
         events = Liveness.from_columns(columns_of(program.tensors), call_array(program, "block"), blocks)
         return events.peak(events.times(start, end))
     return peak, dict(zip(_KIND_NAMES, by_kind.tolist(), strict=True))
+
+
+def working_bytes(blocks: Sequence[Block]) -> np.ndarray:
+    """Each block's working memory (temp_bytes), by block."""
+    return np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
 
 
 class _Moments(NamedTuple):
@@ -125,8 +135,7 @@ class Liveness:
         """The events of a program's tensors and calls (the block of each call)."""
         producer, consumer, kind, size = tensors
         freed = consumer >= 0
-        block_temp = np.fromiter((block.temp_bytes for block in blocks), float, len(blocks))
-        temp = block_temp[call_blocks]
+        temp = working_bytes(blocks)[call_blocks]
         held = np.flatnonzero(temp)
         frees, temps = int(freed.sum()), len(held)
         nowhere = np.full(max(len(producer), frees, temps), -1, dtype=np.intp)
@@ -234,9 +243,11 @@ def _sweep(
     size = np.empty(own + len(table_bytes))
     size[:own] = own_bytes
     size[own:] = table_bytes
-    for t in range(len(size)):
-        if not 0.0 <= size[t] < np.inf:
-            return 0.0, False
+    valid = True
+    for t in range(len(size)):  # without an early exit, which keeps the loop from vectorizing
+        valid &= (size[t] >= 0.0) & (size[t] < np.inf)
+    if not valid:
+        return 0.0, False
     temp = np.empty(calls)
     when = np.empty(moments)  # np.round(time, 9): rint(time * 10**9) / 10**9
     busy = np.empty(moments, dtype=np.bool_)  # whether the moment has events

@@ -38,8 +38,11 @@ def _measured(
     comm_starts = 2 * n + np.argsort(comm[0, :, 0], kind="stable")
     comm_ends = 2 * n + m + np.argsort(comm[1, :, 0], kind="stable")
     comm_rows = np.stack((comm_starts, column[n:], comm_ends))
-    no_cut = np.zeros((2, systems))
-    totals, before = batch_kernels.measure(values, durations, compute_rows, comm_rows, moments, blocks, wanted, no_cut)
+    no_cut = np.zeros((2, systems), dtype=np.intp)
+    calls = np.zeros((2, n), dtype=np.int32), np.zeros((4, m), dtype=np.int32)
+    totals, before = batch_kernels.measure(
+        values, durations, compute_rows, comm_rows, *calls, moments, blocks, wanted, no_cut
+    )
     totals[2] = np.maximum(0.0, totals[1] - totals[2])
     return totals, before
 
@@ -103,6 +106,29 @@ def test_measure_of_communication_straddling_compute():
     totals, before = _measured(compute, comm, np.array([[5.25], [0.5], [7.0]]), np.array([0, 1]))
     assert totals[:, 0].tolist() == [3.0, 5.0, 3.0]
     assert before[:, :, 0].tolist() == [[2.25, 4.75, 1.75], [0.0, 0.5, 0.0], [3.0, 5.0, 2.0]]
+
+
+def test_calls_inside_a_stretch():
+    """The run of calls `batch_steady.Period.cut` leaves out: from the one after the last call starting before A to
+    the first ending after B, per system, as a plain search over every call finds it; with the calls the caller
+    knows end by A or start after B not read, and with systems whose calls all lie inside, or none."""
+    rng = np.random.default_rng(3)
+    calls, systems = 60, 40
+    start = np.cumsum(rng.random((calls, systems)), axis=0) - rng.random((calls, systems))
+    end = start + 2 * rng.random((calls, systems))
+    a, b = rng.uniform(5, 12, systems), rng.uniform(18, 26, systems)
+    for special in (False, True):
+        if special:
+            a[0], b[0], a[1], b[1] = -1.0, 1e9, 1e9, 1e9
+        early, late = start < a, end > b
+        first = np.where(early.any(axis=0), calls - np.argmax(early[::-1], axis=0), 0)
+        after = np.where(late.any(axis=0), np.argmax(late, axis=0), calls)
+        ended = int(np.argmin(np.all(end <= a, axis=1)))  # the calls before it end by A on every system
+        started = calls - int(np.argmin(np.all(start > b, axis=1)[::-1]))  # those from it on start after B
+        assert special or (ended > 0 and started < calls)
+        for known in [(0, calls), (ended, started)]:
+            found = batch_kernels.calls_inside(start, end, a, b, *known)
+            assert found.tolist() == [first.tolist(), after.tolist()]
 
 
 def test_chunks_cover_the_systems_in_blocks_within_the_budget():

@@ -4,12 +4,13 @@ TOLERANCE_S per figure, on real GPT-3 and Llama points; intervals really are lef
 makes the totals right."""
 
 import random
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import batch_busy
+from simulators.analytical import batch_busy, batch_kernels
 from simulators.analytical.batch import price_many
 from simulators.analytical.steady import TOLERANCE_S
 from tests.helpers import make_point
@@ -48,7 +49,7 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     (the others are priced again on a longer form)."""
     case = CASES[name]
     measured = batch_busy.BusyMany.of.__func__  # type: ignore[attr-defined]
-    seen = {"cut": 0, "needed": 0}
+    seen = {"cut": 0, "needed": 0, "dropped": 0}
 
     def both(cls, values, durations, spans, moments, blocks, wanted=None, cut=None):
         full = measured(cls, values, durations, spans, moments, blocks, wanted, None)
@@ -66,6 +67,7 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
             assert np.all(np.abs(a - b)[shown] <= bound[shown])
             seen["needed"] += int(np.sum((np.abs(a - c) > bound)[shown & (cut.repeats > 0)]))
         seen["cut"] += int(np.sum(cut.repeats[shown] > 0))
+        seen["dropped"] += _dropped(values, durations, spans, moments[cut.window + 2], cut, blocks, wanted)
         return got
 
     monkeypatch.setattr(batch_busy.BusyMany, "of", classmethod(both))
@@ -73,14 +75,34 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     price_many(SymbolicGenerator().generate(point), _systems(case, 8))
     assert seen["cut"] > 0
     assert seen["needed"] > 0
+    assert seen["dropped"] > 0
+
+
+def _dropped(values, durations, spans, start, cut, blocks, wanted) -> int:
+    """How many spans the kernel leaves out of the blocks (`batch_kernels._common` and `_kept`), checking that each
+    lies inside [A, B] (start: A) on every wanted system of its block, as the correction needs."""
+    chosen = np.ones(values.shape[1], dtype=bool) if wanted is None else wanted
+    dropped = 0
+    for lo, hi in pairwise(blocks.tolist()):
+        first, last = batch_kernels._common(cut.calls, lo, hi, chosen)
+        at = np.arange(lo, hi)[chosen[lo:hi]]
+        for rows, calls in ((spans.compute, spans.compute_calls), (spans.comm, spans.comm_calls)):
+            starts = np.flatnonzero((calls[0] >= first) & (calls[1] < last))
+            ends = np.flatnonzero((calls[-2] >= first) & (calls[-1] < last))
+            assert len(starts) == len(ends) == rows.shape[1] - batch_kernels._kept(rows, calls, first, last).shape[1]
+            begun = values[rows[0, starts][:, None], at] - durations[rows[1, starts][:, None], at]
+            assert np.all(begun >= start[at] - 1e-12)
+            assert np.all(values[rows[2, ends][:, None], at] <= cut.end[at] + 1e-12)
+            dropped += len(starts)
+    return dropped
 
 
 class _Uncorrected:
     """A cut whose totals are left uncorrected: its intervals are left out as the cut's are, but every k is 0 to
-    the correction (the kernel is handed the cut's stretch through `end`)."""
+    the correction (the kernel is handed the calls left out through `calls`, and B through `end`)."""
 
     def __init__(self, cut: batch_busy.Cut) -> None:
-        self.window, self.end, self._repeats = cut.window, cut.end, cut.repeats
+        self.window, self.end, self.calls, self._repeats = cut.window, cut.end, cut.calls, cut.repeats
 
     @property
     def repeats(self) -> np.ndarray:

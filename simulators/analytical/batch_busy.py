@@ -26,10 +26,15 @@ from simulators.analytical.tape import MAX_ADD, ClassTape, Tape
 @dataclass(frozen=True, slots=True)
 class Spans:
     """A rank class's busy intervals as tape nodes, each 3 x intervals: the start's node, a duration column taken
-    from it (the zero row where the node is the start itself), the end's node."""
+    from it (the zero row where the node is the start itself), the end's node; and their calls, so that a stretch
+    of calls can be left out by index (`Cut`): the lowest and the highest index of the calls whose ops make each
+    span (2 x spans); once `ordered` orders the communication's starts and ends each on its own, 4 x spans there:
+    those of the span the start in this column is of, then those of the span the end is of."""
 
     compute: np.ndarray
     comm: np.ndarray
+    compute_calls: np.ndarray
+    comm_calls: np.ndarray
 
     @classmethod
     def of(cls, tape: Tape, recorded: ClassTape) -> "Spans":
@@ -41,31 +46,36 @@ class Spans:
             compute[0, at] = tape.args[tape.first[firsts[at]]]
             compute[1, at] = zero
         comm = np.stack((recorded.comm[0], np.full(recorded.comm.shape[1], zero), recorded.comm[1])).astype(np.intp)
-        return cls(_joined(compute, zero), _joined(comm, zero))
+        compute, compute_calls = _joined(compute, recorded.compute_calls, zero)
+        comm, comm_calls = _joined(comm, np.stack((recorded.comm_calls, recorded.comm_calls)), zero)
+        return cls(compute, comm, compute_calls, comm_calls)
 
     def rows(self, row_of: np.ndarray) -> "Spans":
         """The spans with their nodes mapped to rows of values (`tape_program.TapeProgram.row_of`)."""
         spans = (self.compute, self.comm)
-        return Spans(*(np.stack((row_of[s[0]], s[1], row_of[s[2]])).astype(np.intp) for s in spans))
+        compute, comm = (np.stack((row_of[s[0]], s[1], row_of[s[2]])).astype(np.intp) for s in spans)
+        return Spans(compute, comm, self.compute_calls, self.comm_calls)
 
     def ordered(self, values: np.ndarray, durations: np.ndarray) -> "Spans":
         """The spans (in rows) with the communication's starts in order on one system and its ends in order on it
         (values and durations: a column each), the orders most systems keep but for a few. A communication span
         then no longer pairs its start with its end: only the union is measured, and it reads the starts and the
         ends each sorted on its own."""
-        comm = self.comm
+        comm, calls = self.comm, self.comm_calls
         starts = np.argsort(values[comm[0]] - durations[comm[1]], kind="stable")
         ends = np.argsort(values[comm[2]], kind="stable")
-        return Spans(self.compute, np.stack((comm[0, starts], comm[1, starts], comm[2, ends])))
+        ordered = np.stack((comm[0, starts], comm[1, starts], comm[2, ends]))
+        return Spans(self.compute, ordered, self.compute_calls, np.vstack((calls[:2, starts], calls[-2:, ends])))
 
 
-def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
+def _joined(spans: np.ndarray, calls: np.ndarray, zero: int) -> tuple[np.ndarray, np.ndarray]:
     """The spans with every chain of one ending at the node the next starts at (its column the zero row) made one
-    span, in the order of their first spans. Only an end no other span shares is joined on, and a span follows
-    one span at most. Node ids grow along a chain (an end comes after its start), so chains never loop."""
+    span, in the order of their first spans, and each one's lowest and highest call (calls: 2 x spans, of each
+    span before). Only an end no other span shares is joined on, and a span follows one span at most. Node ids
+    grow along a chain (an end comes after its start), so chains never loop."""
     start, column, end = spans
     if not len(start):
-        return spans
+        return spans, calls
     ends, first_at, count = np.unique(end, return_index=True, return_counts=True)
     at = np.minimum(np.searchsorted(ends, start), len(ends) - 1)
     follows = np.flatnonzero((column == zero) & (ends[at] == start) & (count[at] == 1))
@@ -74,14 +84,16 @@ def _joined(spans: np.ndarray, zero: int) -> np.ndarray:
     follows = follows[unique]
     tail = np.arange(len(start))
     tail[before] = follows
-    while True:  # pointer jumping: each pass doubles how far along its chain a span's tail is
+    low, high = calls
+    while True:  # pointer jumping: each pass doubles how far along its chain a span's tail (and its calls) is
         further = tail[tail]
+        low, high = np.minimum(low, low[tail]), np.maximum(high, high[tail])
         if np.array_equal(further, tail):
             break
         tail = further
     heads = np.ones(len(start), dtype=bool)
     heads[follows] = False
-    return np.stack((start[heads], column[heads], end[tail[heads]]))
+    return np.stack((start[heads], column[heads], end[tail[heads]])), np.stack((low[heads], high[heads]))
 
 
 BLOCK = 32
@@ -94,7 +106,7 @@ class Cut:
     """A steady stretch of each system's timeline measured by its period rather than interval by interval: from
     A, the end of the two periods the steady checks read (moments `window`, `window` + 1, `window` + 2: M0, M0 + L,
     A = M0 + 2L), to B = A + k L, before which only calls whose times were checked periodic run
-    (`batch_steady.cut`). The intervals inside [A, B] are left out (most of them: `batch_kernels.measure`), and
+    (`batch_steady.cut`). The intervals of the calls inside [A, B] are left out (`batch_kernels.measure`), and
     the totals corrected: with R what is left, total = total_R - (before_R(B) - before_R(A)) + k (before(M0 + L)
     - before(M0)), for the compute, communication and hidden communication alike, since nothing before A is left
     out and every interval reaching past B is kept. It is the assumption the step's extension makes for its
@@ -107,6 +119,9 @@ class Cut:
     """k per system, 0 where nothing is cut."""
     end: np.ndarray
     """B per system."""
+    calls: np.ndarray
+    """2 x systems: the first call of a run of calls that all run inside [A, B], and the call after the run (none
+    where k is 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +155,9 @@ class BusyMany:
         systems = values.shape[1]
         at = np.array([*moments, cut.end] if cut else moments, dtype=float).reshape(-1, systems)
         chosen = np.ones(systems, dtype=np.bool_) if wanted is None else wanted
-        cuts = np.stack((at[cut.window + 2], cut.end)) if cut else np.zeros((2, systems))
-        totals, covered = batch_kernels.measure(values, durations, spans.compute, spans.comm, at, blocks, chosen, cuts)
+        cuts = cut.calls if cut else np.zeros((2, systems), dtype=np.intp)
+        arrays = (spans.compute, spans.comm, spans.compute_calls, spans.comm_calls)
+        totals, covered = batch_kernels.measure(values, durations, *arrays, at, blocks, chosen, cuts)
         if cut:
             covered, at_end = covered[:-1], covered[-1]
             start, one, two = covered[cut.window : cut.window + 3]

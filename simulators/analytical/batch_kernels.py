@@ -99,6 +99,8 @@ def measure(
     durations: np.ndarray,
     compute: np.ndarray,
     comm: np.ndarray,
+    compute_calls: np.ndarray,
+    comm_calls: np.ndarray,
     moments: np.ndarray,
     blocks: np.ndarray,
     wanted: np.ndarray,
@@ -114,11 +116,10 @@ def measure(
     systems gathered together starts, and where the last ends: a block's intervals stay in the processor's cache
     while every figure is measured from them, so each interval's times are gathered once. Each system's figures
     are its own whatever the blocks. `wanted`: which systems to measure; the others' figures are left 0 (a block is
-    gathered only from its first wanted system to its last). `cuts` (2 x systems): per system a stretch [from, to]
-    whose intervals may be left out (none where to <= from; `batch_busy.Cut` says why and corrects the totals):
-    the compute intervals inside it on every system of a block are not gathered (`_kept_compute`), and on each
-    system as many communication starts as ends inside it (`_merged`). Times before `from` and sums after `to` are
-    those of every interval; the moments are best at or before `from`, or at `to`."""
+    gathered only from its first wanted system to its last). compute_calls, comm_calls: the calls of the spans
+    (`batch_busy.Spans`); `cuts` (2 x systems): per system a run of calls [from, to) whose intervals may be left
+    out (none where to <= from; `batch_busy.Cut` says why and corrects the totals): the intervals of the calls in
+    every wanted system's run of a block are neither gathered nor sorted (`_kept`)."""
     n, m, systems = compute.shape[1], comm.shape[1], values.shape[1]
     moment_count = moments.shape[0]
     totals = np.zeros((3, systems))
@@ -139,16 +140,17 @@ def measure(
         if lo == hi:
             continue
         width = hi - lo
-        kept = _kept_compute(values, durations, compute, lo, hi, wanted, cuts)
-        count_b = kept.shape[1]
+        first, last = _common(cuts, lo, hi, wanted)
+        kept, kept_comm = _kept(compute, compute_calls, first, last), _kept(comm, comm_calls, first, last)
+        count_b, count_m = kept.shape[1], kept_comm.shape[1]
         _gather(values, durations, kept, lo, width, compute_starts, done, True)
-        _gather(values, durations, comm, lo, width, comm_starts, comm_ends, False)
+        _gather(values, durations, kept_comm, lo, width, comm_starts, comm_ends, False)
         for j in range(width):
             s = lo + j
             if not wanted[s]:
                 continue
             starts, done_j = compute_starts[j, :count_b], done[j, : count_b + 1]
-            count = _merged(comm_starts[j], comm_ends[j], merged_starts, merged_ends, cuts[0, s], cuts[1, s])
+            count = _merged(comm_starts[j, :count_m], comm_ends[j, :count_m], merged_starts, merged_ends)
             comm_by[0] = hidden_by[0] = 0.0
             at = 0  # the compute intervals started by the time reached: both walks go forward
             for k in range(count):
@@ -172,48 +174,41 @@ def measure(
 
 
 @njit(cache=True)
-def _kept_compute(
-    values: np.ndarray,
-    durations: np.ndarray,
-    compute: np.ndarray,
-    lo: int,
-    hi: int,
-    wanted: np.ndarray,
-    cuts: np.ndarray,
-) -> np.ndarray:
-    """The compute intervals (3 x intervals, in order on every system: one stream's) less those inside the cut on
-    every wanted system of lo..hi (all of them where one has no cut): a run of them, found by two binary searches
-    per system, so that the run is never gathered."""
-    zero = durations.shape[0] - 1
-    n = compute.shape[1]
-    first, last = 0, n
+def _common(cuts: np.ndarray, lo: int, hi: int, wanted: np.ndarray) -> tuple[int, int]:
+    """The calls [first, last) inside the cut (`cuts`: each system's run of calls) of every wanted system of lo..hi;
+    none where one has no cut."""
+    first, last = 0, -1  # none until a wanted system is seen
     for s in range(lo, hi):
         if not wanted[s]:
             continue
         if not cuts[1, s] > cuts[0, s]:
-            return compute
-        a, b = 0, n  # the first interval starting at or after the cut's start
-        while a < b:
-            middle = (a + b) // 2
-            start = values[compute[0, middle], s]
-            if compute[1, middle] != zero:
-                start -= durations[compute[1, middle], s]
-            if start < cuts[0, s]:
-                a = middle + 1
-            else:
-                b = middle
-        first = max(first, a)
-        a, b = 0, n  # the first interval ending after the cut's end
-        while a < b:
-            middle = (a + b) // 2
-            if values[compute[2, middle], s] <= cuts[1, s]:
-                a = middle + 1
-            else:
-                b = middle
-        last = min(last, a)
+            return 0, 0
+        if last < 0:
+            first, last = cuts[0, s], cuts[1, s]
+        else:
+            first, last = max(first, cuts[0, s]), min(last, cuts[1, s])
+    return first, last
+
+
+@njit(cache=True)
+def _kept(spans: np.ndarray, calls: np.ndarray, first: int, last: int) -> np.ndarray:
+    """The spans (3 x spans) less those whose calls all lie in first..last - 1: the starts (rows 0 and 1) and the
+    ends (row 2) each by the calls of their own span (calls: the lowest and the highest of the starts' spans, then
+    of the ends' where they differ, `batch_busy.Spans`), as many of each; the spans themselves where none are left
+    out."""
     if last <= first:
-        return compute
-    return np.concatenate((compute[:, :first], compute[:, last:]), axis=1)
+        return spans
+    out = np.empty_like(spans)
+    starts = ends = 0
+    at = calls.shape[0] - 2  # the ends' spans' calls
+    for i in range(spans.shape[1]):
+        if calls[0, i] < first or calls[1, i] >= last:
+            out[0, starts], out[1, starts] = spans[0, i], spans[1, i]
+            starts += 1
+        if calls[at, i] < first or calls[at + 1, i] >= last:
+            out[2, ends] = spans[2, i]
+            ends += 1
+    return out[:, :starts]
 
 
 @njit(cache=True)
@@ -275,36 +270,15 @@ def _prefetch(typingctx: object, array: types.Array, row: types.Integer, column:
 
 
 @njit(cache=True)
-def _merged(
-    starts: np.ndarray,
-    ends: np.ndarray,
-    merged_starts: np.ndarray,
-    merged_ends: np.ndarray,
-    cut_from: float,
-    cut_to: float,
-) -> int:
+def _merged(starts: np.ndarray, ends: np.ndarray, merged_starts: np.ndarray, merged_ends: np.ndarray) -> int:
     """The union of intervals as disjoint intervals in order, into merged_starts and merged_ends; how many. The
     starts and ends are sorted here, each on its own: the i-th start opens a new interval exactly when the i
-    earliest ends all come before it, and the interval before it then ends at the (i - 1)-th end (`batch_busy`).
-
-    Where cut_to > cut_from, the earliest k starts and the earliest k ends in [cut_from, cut_to] are left out, k as
-    many as both have there: the union outside that stretch stays (every time before it loses none, every time
-    after it as many starts as ends), and inside it no time sees more ends than starts (as many as before the
-    stretch at least), so what is left still pairs up, the i-th start with the i-th end."""
+    earliest ends all come before it, and the interval before it then ends at the (i - 1)-th end (`batch_busy`)."""
     count = len(starts)
     if not count:
         return 0
     _sort(starts)
     _sort(ends)
-    if cut_to > cut_from:
-        first_start, first_end = _below(starts, cut_from), _below(ends, cut_from)
-        k = min(_at_or_before(starts, count, cut_to) - first_start, _at_or_before(ends, count, cut_to) - first_end)
-        if k > 0:
-            starts[first_start : count - k] = starts[first_start + k : count].copy()
-            ends[first_end : count - k] = ends[first_end + k : count].copy()
-            count -= k
-    if not count:
-        return 0
     merged_starts[0] = starts[0]
     k = 0
     for i in range(1, count):
@@ -314,19 +288,6 @@ def _merged(
             merged_starts[k] = starts[i]
     merged_ends[k] = ends[count - 1]
     return k + 1
-
-
-@njit(cache=True)
-def _below(times: np.ndarray, t: float) -> int:
-    """How many of the times (in order) are before t: a binary search."""
-    lo, hi = 0, len(times)
-    while lo < hi:
-        middle = (lo + hi) // 2
-        if times[middle] < t:
-            lo = middle + 1
-        else:
-            hi = middle
-    return lo
 
 
 @njit(cache=True)
@@ -442,6 +403,40 @@ def longest_steady(
                     lo[s], hi[s] = run[s], i
                 run[s] = -1
     return length, lo, hi
+
+
+@njit(cache=True)
+def calls_inside(
+    call_start: np.ndarray, call_end: np.ndarray, start: np.ndarray, end: np.ndarray, ended: int, started: int
+) -> np.ndarray:
+    """Per system (call_start, call_end: calls x systems), a run of calls [first, after) that all start at or after
+    start and end at or before end (2 x systems): from the one after the last call that starts before start to the
+    first call that ends after end. The calls before `ended` end by start and those from `started` on start after
+    end on every system, as the caller knows: only the calls between are read, row by row (the systems inner, as
+    the times lie), each walk until every system has found its call."""
+    calls, systems = call_start.shape
+    out = np.full((2, systems), -1, dtype=np.intp)
+    first, after = out[0], out[1]
+    left = systems
+    for c in range(started - 1, -1, -1):
+        for s in range(systems):
+            if first[s] < 0 and call_start[c, s] < start[s]:
+                first[s] = c + 1
+                left -= 1
+        if not left:
+            break
+    left = systems
+    for c in range(ended, calls):
+        for s in range(systems):
+            if after[s] < 0 and call_end[c, s] > end[s]:
+                after[s] = c
+                left -= 1
+        if not left:
+            break
+    for s in range(systems):
+        first[s] = first[s] if first[s] >= 0 else 0
+        after[s] = after[s] if after[s] >= 0 else calls
+    return out
 
 
 @njit(cache=True)

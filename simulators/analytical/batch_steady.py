@@ -70,7 +70,8 @@ class Period:
         periods (none where the period is not shown). Each period up to B must hold the images, one period on, of
         the calls of the period before it, and those only: calls before the steady run end by M0 + L and calls
         before the one at M0 by A; calls after the steady run start from B - L on, and calls after their twins
-        from B on (every busy interval lies inside its call)."""
+        from B on (every busy interval lies inside its call). The calls left out are a run of them by index, from
+        the one after the last that starts before A to the first that ends after B (`Cut.calls`)."""
         systems = call_start.shape[1]
         columns = np.arange(systems)
         middle = call_start[self.first, columns] + self.length
@@ -91,7 +92,15 @@ class Period:
             )
             repeats[at] = np.where(ended & np.isfinite(periods), periods, 0.0)
         repeats = np.where(self.ok & (repeats > 0), repeats, 0.0)
-        return Cut(window, repeats, start + repeats * self.length)
+        end = start + repeats * self.length
+        cut = repeats > 0
+        calls = np.zeros((2, systems), dtype=np.intp)
+        if cut.any():  # on a system cut, the calls before `first` end by A and those from hi + first - lo start after
+            # B, as checked above; a system not cut finds its calls at once (A and B made inf and -inf)
+            known = int(self.first[cut].min()), int((self.hi + self.first - self.lo)[cut].max())
+            times = np.where(cut, start, np.inf), np.where(cut, end, -np.inf)
+            calls = np.where(cut, batch_kernels.calls_inside(call_start, call_end, *times, *known), 0)
+        return Cut(window, repeats, end, calls)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,14 @@ from simulators.analytical.tape_program import TapeProgram
 from simulators.result_cache import contents
 
 KEPT_BYTES = 96 * MIB
-"""What the structures kept may weigh, least recently used out first: about 1.2 million nodes, more than the 256 MiB
+"""What the structures kept may weigh, least recently used out first: about 1.1 million nodes, more than the 256 MiB
 this cache had when a structure held Python lists (380 B per node): the steady and longer forms of
 benchmarks/vs_calculon.py's GPT-3 configurations together (up to 560k nodes), or the largest tape measured then
 (848k)."""
-BYTES_PER_NODE = 80
-"""A structure's bytes per node of its tape, the most measured: tracemalloc put `structure` at 76 B per node on
-GPT-3 175B's steady forms (75k and 152k nodes): arrays of node ids, int32, and little else."""
+BYTES_PER_NODE = 90
+"""A structure's bytes per node of its tape, the most measured: tracemalloc put `structure` at 76 to 89 B per node
+on GPT-3 175B's steady and longer forms (89k to 406k nodes): arrays of node ids, int32, and little else (the busy
+intervals' calls, 8 to 10 of those bytes)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,8 +62,12 @@ class ClassTape:
     """3 x intervals: (end node of its first op, that op's column, end node) of every compute interval: its start is
     the first op's end less its column. Ops that run back to back on every system (one waits for the other alone)
     make one interval; on one stream, the intervals never overlap."""
+    compute_calls: np.ndarray
+    """2 x intervals: the first and the last call (indices in the class's program) each compute interval runs in."""
     comm: np.ndarray
     """2 x ops: (start node, end node) of every communication op."""
+    comm_calls: np.ndarray
+    """Per communication op, its call (a p2p transfer's: the call of its side)."""
     transfers: np.ndarray
     """4 x transfers: (category, call, start node, end node) of every p2p transfer."""
     priced: np.ndarray
@@ -279,8 +283,8 @@ class _Layout:
             np.full(calls, ZERO, dtype=np.int64),
             np.full((calls, streams, 2), kernel.UNTOUCHED, dtype=np.int64),
             np.zeros((calls, streams + 1), dtype=np.int64),
-            np.zeros((self.ops_run, 4), dtype=np.int64),
-            np.zeros((self.ops_run + self.links, 3), dtype=np.int64),
+            np.zeros((self.ops_run, 6), dtype=np.int64),
+            np.zeros((self.ops_run + self.links, 4), dtype=np.int64),
             np.zeros((self.links, 5), dtype=np.int64),
             np.zeros((self.links, 6), dtype=np.int64),
             np.full((max(self._keys, 1), 2), -1, dtype=np.int64),
@@ -302,6 +306,7 @@ class _Layout:
         kinds, columns, lo, flat, counters = arrays
         nodes = int(counters[kernel.NODES])
         owned = [self._by_run(state[8 + i][: state[13][i]]) for i in range(3)]  # compute, comm, transfers
+        # the intervals' nodes and calls copied apart (calls in int32): a kept structure holds no room beyond them
         edges = state[16]
         classes = []
         for run in range(self.runs):
@@ -310,8 +315,10 @@ class _Layout:
                 ClassTape(
                     call_start=edges[first:last, 0].copy(),
                     call_end=edges[first:last, 1].copy(),
-                    compute=owned[0][run],
-                    comm=owned[1][run],
+                    compute=owned[0][run][:3].copy(),
+                    compute_calls=owned[0][run][3:].astype(np.int32),
+                    comm=owned[1][run][:2].copy(),
+                    comm_calls=owned[1][run][2].astype(np.int32),
                     transfers=owned[2][run],
                     priced=self.priced[run].astype(np.intp, copy=False),
                 )

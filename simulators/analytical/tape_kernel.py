@@ -8,6 +8,8 @@ Python recorder's, in its order, so the tape is the same node for node (`tape`'s
 - what a node is never earlier than (`_beneath`): a max's arguments, a shared transfer's start, nothing for a min;
 - per run: its streams' ends, the current call's op ends (`PARKED`, `MARKED`), the marked kernels'
   arguments and columns, its call and op;
+- the busy intervals, each with its run and its calls' indices in the run (a compute interval joined over calls:
+  its first and last), so that the batch path can leave a steady stretch's calls out by index (`batch_busy.Cut`);
 - parked p2p sides in one first-in-first-out queue per link and tag (linked lists), runs to resume in a ring;
 - per call and stream, the start of its first op and the end of its last, streams in the order first touched (the
   order of the Python recorder's dicts, which the call's start and end nodes take their arguments in).
@@ -251,10 +253,11 @@ def _issue_call(tape, state, run: int, ops, calls, plans, items, scratch) -> boo
         if ops[o, KIND] == COMPUTE:
             last = position[run, LAST_COMPUTE]
             if last >= 0 and count == 1 and needed[0] == compute[last, 3]:  # one interval with the last
-                compute[last, 3] = end
+                compute[last, 3], compute[last, 5] = end, c
             else:
                 at = counters[COMPUTED]
                 compute[at, 0], compute[at, 1], compute[at, 2], compute[at, 3] = run, end, ops[o, COLUMN], end
+                compute[at, 4], compute[at, 5] = c, c
                 counters[COMPUTED] = at + 1
                 position[run, LAST_COMPUTE] = at
             if spans[call, stream, 0] == UNTOUCHED:
@@ -262,7 +265,7 @@ def _issue_call(tape, state, run: int, ops, calls, plans, items, scratch) -> boo
         else:
             start = _after(tape, needed, count, -1)
             at = counters[COMMUNICATED]
-            comm[at, 0], comm[at, 1], comm[at, 2] = run, start, end
+            comm[at, 0], comm[at, 1], comm[at, 2], comm[at, 3] = run, start, end, c
             counters[COMMUNICATED] = at + 1
             _first(state, call, stream, start)
         spans[call, stream, 1] = end
@@ -348,7 +351,7 @@ def _settle(tape, state, side: int, start: int, end: int, ops, items, scratch) -
     row[0], row[1], row[2], row[3], row[4] = run, ops[op, CATEGORY], call - position[run, FIRST], start, end
     counters[TRANSFERRED] = at + 1
     at = counters[COMMUNICATED]
-    comm[at, 0], comm[at, 1], comm[at, 2] = run, start, end
+    comm[at, 0], comm[at, 1], comm[at, 2], comm[at, 3] = run, start, end, call - position[run, FIRST]
     counters[COMMUNICATED] = at + 1
     _first(state, call, stream, start)
     spans[call, stream, 1] = end

@@ -1,7 +1,10 @@
 """What a point's system costs to buy and draws to run: closed forms over the prices and powers of its hardware and
 the owner's terms (dse/economics.py), read by the cost and energy objectives (objectives/cost.py, energy.py)."""
 
+from collections.abc import Callable
+from functools import wraps
 from math import ceil
+from typing import TypeVar
 
 from dse.economics import EconomicsSpec
 from dse.network import NetworkDim
@@ -43,6 +46,26 @@ def dragonfly(npus: int, group_npus: int, ports: int) -> tuple[int, int]:
     return groups * routers, npus + groups * routers * (routers - 1) // 2 + groups * (groups - 1) // 2
 
 
+T = TypeVar("T")
+
+
+def _kept_for_last_system(fn: Callable[[SystemSpec], T]) -> Callable[[SystemSpec], T]:
+    """fn, keeping its value for the last system it was given: a point's cost and energy metrics each ask it of the
+    same system (its capital and network power about four times a point). A system is frozen, so one object has one
+    value; the entry is one tuple, read and replaced whole, so that a thread never pairs a system with another's."""
+    last: tuple[SystemSpec, T] | None = None
+
+    @wraps(fn)
+    def kept(system: SystemSpec) -> T:
+        nonlocal last
+        entry = last
+        if entry is None or entry[0] is not system:
+            entry = last = (system, fn(system))
+        return entry[1]
+
+    return kept
+
+
 def dimension_parts(dim: NetworkDim, npus: int) -> tuple[int, int]:
     """(switches, cables) of one network dimension over a system of `npus` NPUs: npus / dim.npus copies of it
     (one per combination of the other dimensions' positions, as a rail-optimised fabric builds a rail apart), each
@@ -63,6 +86,7 @@ def dimension_parts(dim: NetworkDim, npus: int) -> tuple[int, int]:
     return 0, copies * ceil(dim.npus * ports / 2)
 
 
+@_kept_for_last_system
 def capital_usd(system: SystemSpec) -> float | None:
     """What the system costs to buy: its accelerators (price_usd each, with their share of the server), and per
     network dimension its NICs (one per NPU), switches and cables (`dimension_parts`). None: the accelerator has no
@@ -79,6 +103,7 @@ def capital_usd(system: SystemSpec) -> float | None:
     return total
 
 
+@_kept_for_last_system
 def network_power_W(system: SystemSpec) -> float:
     """What the system's NICs and switches draw, all the time: a port draws about the same idle or busy."""
     total = 0.0

@@ -161,3 +161,11 @@ def test_economics_left_at_its_default_keeps_the_point_key():
     assert plain.key == default.key and "economics" not in plain.model_dump()
     assert _point().key != make_point(system=NODE, dp=8).key
     assert LinkHardware().switch_ports is None
+
+
+def test_each_point_reads_its_own_systems_capital():
+    """capital_usd and network_power_W keep the last system's value (several metrics of a point read them): points
+    taken in turn still get their own."""
+    cheap, dear = _point(), make_point(system={**NODE, "accelerator": {"price_usd": 40000}}, dp=8)
+    for point, capital in [(cheap, 285_000), (dear, 365_000)] * 2:
+        assert cost._capital(point, None, None) == capital

@@ -32,6 +32,7 @@ What depends on times, and how each is handled:
 - The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
 """
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -63,6 +64,10 @@ longer forms set the peak (185 MiB traced at most, with the structures kept) for
 256 MiB reached 299; 64 MiB cost 7% more time with the structure kept. A process's first batch also pays for
 touching the array's pages: 0.05 to 0.25 s of a first batch of 1,000 systems (GPT-3 175B tp4 pp8), erratic, which
 64 MiB avoided in every run measured, but at up to 10% more on tp4 pp16 with the structure kept."""
+ROOM_BYTES = 2 * MEMORY_BUDGET_BYTES
+"""The address space a thread keeps for the values (`_Room`): the budget, which every chunk of more than one block
+fits in (`_chunks`), and room for a single block's values past it (GPT-3 175B tp8 pp16's longer form: 131 MiB), so
+that the room never grows. Only the pages a chunk writes are backed by memory: as many as the largest chunk's."""
 _TIMELESS = frozenset(
     {"name", "hbm_GiB", "runtime_reserve_GiB", "fragmentation", "overlap_slowdown", "tdp_W", "price_usd"}
 )
@@ -85,6 +90,7 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
             shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
     ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
     classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
+    room = _room()
     for members in shapes.values():  # which dimensions a group or a send spans: the tape's decisions
         timings: dict[tuple[str, str], int] = {}
         firsts: list[int] = []  # per distinct timing, the first member that has it
@@ -95,10 +101,11 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
                 timing = timings[key] = len(firsts)
                 firsts.append(index)
             timing_of.append(timing)
-        figures = _price_timings(workload, [systems[i] for i in firsts], list(timings))
+        figures = _price_timings(workload, [systems[i] for i in firsts], list(timings), room)
         chosen = [systems[i] for i in members]
         for index, result in zip(members, _results(classes_of, figures, chosen, np.array(timing_of)), strict=True):
             out[index] = result
+    room.trim()
     return out  # type: ignore[return-value]
 
 
@@ -240,10 +247,13 @@ def _results(
 
 @dataclass(slots=True)
 class _Room:
-    """One flat array the chunks of all the forms a call evaluates write their values in (a longer form's and the
-    whole step's chunks reuse the steady form's), grown when a chunk needs more: a process's first touches of fresh
-    memory are what its first batch pays most for these values (`MEMORY_BUDGET_BYTES`), so they are touched once a
-    call."""
+    """One flat array the chunks of every form a call evaluates write their values in, kept for the thread's next
+    calls (`_room`): a process's first touches of fresh memory are what its first batch pays most for these values
+    (0.01 to 0.3 s of CPU time for 128 MiB in huge pages, erratic, where evaluating into them takes 0.05 s), so
+    they are touched once a process where they can be. A room freed after each call was taken afresh whenever the
+    heap no longer held its size in one piece (on vs_calculon's grid, GPT-3 175B tp4 pp8 mb1 full sp off's first
+    batch: 0.2 s), and one grown was too; so a room is taken at ROOM_BYTES, kept, and only the pages written are
+    ever touched. A larger room (a single block's values over it) is dropped when its call ends."""
 
     values: np.ndarray = field(default_factory=lambda: np.empty(0))
 
@@ -251,11 +261,29 @@ class _Room:
         """A flat array of at least `size` floats."""
         if len(self.values) < size:
             self.values = np.empty(0)  # the smaller room freed before the larger is taken
-            self.values = np.empty(size)
+            self.values = np.empty(max(size, ROOM_BYTES // 8))
         return self.values
 
+    def trim(self) -> None:
+        """Drop a room larger than ROOM_BYTES."""
+        if self.values.nbytes > ROOM_BYTES:
+            self.values = np.empty(0)
 
-def _price_timings(workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]]) -> list[_Figures]:
+
+_ROOMS = threading.local()
+"""Per thread, its room (`_Room`): threads pricing batches at once each write their own."""
+
+
+def _room() -> _Room:
+    room = getattr(_ROOMS, "room", None)
+    if room is None:
+        room = _ROOMS.room = _Room()
+    return room
+
+
+def _price_timings(
+    workload: Workload, systems: list[SystemSpec], timings: list[tuple[str, str]], room: _Room
+) -> list[_Figures]:
     """Per rank class, its figures on each system (of one network shape, each of a distinct timing: `timings`,
     their `_timing_key`s).
 
@@ -264,7 +292,6 @@ def _price_timings(workload: Workload, systems: list[SystemSpec], timings: list[
     them, and extended by the first period that each one's timeline shows, as `steady.schedule_steady` tries them;
     what is left is evaluated on the whole step."""
     form = workload.steady
-    room = _Room()
     if form is None or not SteadyForm.holds(workload.programs):
         return _evaluate(workload, systems, timings, room)[0]
     out = [_Figures.empty(len(systems)) for _ in workload.programs]

@@ -11,6 +11,7 @@ longer form or the whole step.
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from dse.workload import Program, SteadyForm
 from simulators.analytical import batch_kernels
@@ -73,31 +74,21 @@ class Period:
         from B on (every busy interval lies inside its call). The calls left out are a run of them by index, from
         the one after the last that starts before A to the first that ends after B (`Cut.calls`)."""
         systems = call_start.shape[1]
-        columns = np.arange(systems)
-        middle = call_start[self.first, columns] + self.length
+        middle = call_start[self.first, np.arange(systems)] + self.length
         start = middle + self.length
-        repeats = np.zeros(systems)
-        bounds, which = np.unique(np.stack((self.lo, self.first, self.hi)), axis=1, return_inverse=True)
-        for k, (lo, first, hi) in enumerate(bounds.T.tolist()):
-            at = np.flatnonzero(which.ravel() == k)
-            ended = (call_end[:lo, at].max(axis=0, initial=-np.inf) <= middle[at]) & (
-                call_end[:first, at].max(axis=0, initial=-np.inf) <= start[at]
-            )
-            last = np.minimum(
-                call_start[hi:, at].min(axis=0, initial=np.inf) + self.length[at],
-                call_start[hi + first - lo :, at].min(axis=0, initial=np.inf),
-            )
-            periods = np.floor(
-                (last - TOLERANCE_S - start[at]) / np.where(self.length[at] > 0, self.length[at], np.inf)
-            )
-            repeats[at] = np.where(ended & np.isfinite(periods), periods, 0.0)
-        repeats = np.where(self.ok & (repeats > 0), repeats, 0.0)
+        lo, first, hi = self.lo, self.first, self.hi
+        after = hi + first - lo
+        ended_lo, ended_first, start_hi, start_after = _bounds(call_start, call_end, lo, first, hi, after)
+        last = np.minimum(start_hi + self.length, start_after)
+        periods = np.floor((last - TOLERANCE_S - start) / np.where(self.length > 0, self.length, np.inf))
+        steady = self.ok & (ended_lo <= middle) & (ended_first <= start) & np.isfinite(periods)
+        repeats = np.where(steady & (periods > 0), periods, 0.0)
         end = start + repeats * self.length
         cut = repeats > 0
         calls = np.zeros((2, systems), dtype=np.intp)
         if cut.any():  # on a system cut, the calls before `first` end by A and those from hi + first - lo start after
             # B, as checked above; a system not cut finds its calls at once (A and B made inf and -inf)
-            known = int(self.first[cut].min()), int((self.hi + self.first - self.lo)[cut].max())
+            known = int(self.first[cut].min()), int(after[cut].max())
             times = np.where(cut, start, np.inf), np.where(cut, end, -np.inf)
             calls = np.where(cut, batch_kernels.calls_inside(call_start, call_end, *times, *known), 0)
         return Cut(window, repeats, end, calls)
@@ -193,14 +184,66 @@ def _period(
 def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.ndarray) -> np.ndarray:
     """categories x columns: busy seconds per category of the `calls` calls from `first` on, on the systems of
     `columns` (first: per system)."""
-    plans = stage.plan_categories.shape[0]
-    starts, which = np.unique(first[columns], return_inverse=True)  # most systems' windows start at one call
-    windows = [np.bincount(stage.plan_of_call[at : at + calls], minlength=plans) for at in starts.tolist()]
-    counts = np.ascontiguousarray(np.array(windows, dtype=float)[which.ravel()].T)  # laid out as einsum had it
-    out = np.einsum("ps,pcs->cs", counts, stage.plan_categories[:, :, columns])
     call, category, seconds = stage.transfers
-    if len(call):
-        start = first[columns]
-        inside = (call[:, None] >= start) & (call[:, None] < start + calls)
-        batch_kernels.add_rows(out, category, np.where(inside, seconds.take(columns, axis=1), 0.0))
+    return _window_categories(stage.plan_of_call, stage.plan_categories, first, calls, columns, call, category, seconds)
+
+
+@njit(cache=True)
+def _bounds(
+    call_start: np.ndarray, call_end: np.ndarray, lo: np.ndarray, first: np.ndarray, hi: np.ndarray, after: np.ndarray
+) -> np.ndarray:
+    """Per system (call_start, call_end: calls x systems; lo <= first, hi <= after), the latest end of the calls
+    before lo and of those before first, and the earliest start of the calls from hi on and of those from after on
+    (-inf and inf for none), as rows: `Period.cut`'s bounds, each system's own calls read down its column."""
+    calls, systems = call_start.shape
+    out = np.empty((4, systems))
+    for s in range(systems):
+        latest = -np.inf
+        for c in range(min(lo[s], calls)):
+            latest = max(latest, call_end[c, s])
+        out[0, s] = latest
+        for c in range(min(lo[s], calls), min(first[s], calls)):
+            latest = max(latest, call_end[c, s])
+        out[1, s] = latest
+        earliest = np.inf
+        for c in range(calls - 1, after[s] - 1, -1):
+            earliest = min(earliest, call_start[c, s])
+        out[3, s] = earliest
+        for c in range(min(after[s], calls) - 1, hi[s] - 1, -1):
+            earliest = min(earliest, call_start[c, s])
+        out[2, s] = earliest
+    return out
+
+
+@njit(cache=True)
+def _window_categories(
+    plan_of_call: np.ndarray,
+    plan_categories: np.ndarray,
+    first: np.ndarray,
+    calls: int,
+    columns: np.ndarray,
+    call: np.ndarray,
+    category: np.ndarray,
+    seconds: np.ndarray,
+) -> np.ndarray:
+    """`_categories` per system in one pass, reading the chunk's arrays in place (no copy of plan_categories'
+    columns, no transfers x systems temporaries): each plan's count in the window times its seconds, summed over
+    the plans in order from 0.0 (as einsum sums them on these layouts), then every p2p transfer added in order, 0.0
+    for one outside the window (as `batch_kernels.add_rows` added them)."""
+    plans, categories = plan_categories.shape[0], plan_categories.shape[1]
+    out = np.empty((categories, len(columns)))
+    count = np.empty(plans)
+    for j in range(len(columns)):
+        s = columns[j]
+        at = first[s]
+        count[:] = 0.0
+        for i in range(at, min(at + calls, len(plan_of_call))):
+            count[plan_of_call[i]] += 1.0
+        for c in range(categories):
+            total = 0.0
+            for p in range(plans):
+                total += count[p] * plan_categories[p, c, s]
+            out[c, j] = total
+        for k in range(len(call)):
+            out[category[k], j] += seconds[k, s] if at <= call[k] < at + calls else 0.0
     return out

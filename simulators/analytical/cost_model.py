@@ -24,9 +24,9 @@ _RESULTS = ResultCache()
 BATCH_FROM = 24
 """Systems from which `simulate_many` records the workload's tape and evaluates it for all of them (`batch`) rather
 than pricing them one by one: on GPT-3 175B's configurations (benchmarks/vs_calculon.py, 6 structures, the tape
-recorded afresh for each) a batch cost 29-42 ms for 8 to 16 systems, 51-56 ms for 24, 57 ms for 32 and 66-75 ms for
-48 to 64, against 19-35 ms point by point for 8 to 16 systems, 49-54 ms for 24, 74 for 32 and 116-160 for 48 to 64
-(2026-11-30, on a shared 2-core machine): the two break even at about 16 to 24."""
+recorded afresh for each) a batch cost 31-39 ms for 8 systems, 31-34 ms for 12 to 16, 53-66 ms for 24, 56-61 ms for
+32 and 62-71 ms for 48, against 19-25, 25-35, 48-54, 65-71 and 106-117 ms point by point (2026-11-30, on a shared
+2-core machine): the two break even at about 16 to 32."""
 
 
 _last_system: tuple[SystemSpec, str] | None = None
@@ -43,11 +43,11 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 1.9-2.0 ms at the median
-    with its generation, and 11.8 ms of simulation on average over 18 points, most of it the process's first
-    point (191-194 ms with its workload's first shape); a revisit of the same points runs at 696-703 per second,
-    a sweep of one configuration over 18 systems at 428-431, and a study-like sample (216 points, 18 configurations
-    on 12 systems, shuffled) at 391-397 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 22 (`steady`), costs 1.8-1.9 ms at the median
+    with its generation, and 12.9-17.3 ms of simulation on average over 18 points, most of it the process's first
+    point (213-307 ms with its workload's first shape); a revisit of the same points runs at 704-731 per second,
+    a sweep of one configuration over 18 systems at 418-433, and a study-like sample (216 points, 18 configurations
+    on 12 systems, shuffled) at 354-407 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load
     1-2, 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the

@@ -1,9 +1,9 @@
 """Compile the analytical model's kernels into numba's disk cache before first use (`make` runs this after installing).
 
 Every kernel is compiled once per checkout and kept in `__pycache__` (README, "analytical model"). Without this step
-the first process that prices a point compiles the per-point kernels (about 20 s of CPU on the 2-core machine this
+the first process that prices a point compiles the per-point kernels (about 24 s of CPU on the 2-core machine this
 was measured on, 2026-11-30, with an empty NUMBA_CACHE_DIR) and the first that prices a batch the batch path's
-(about 13.6 s more): a user's first `dse evaluate` and every worker of a first study would wait for them. Pricing
+(about 15 s more): a user's first `dse evaluate` and every worker of a first study would wait for them. Pricing
 one small pipeline point on the default path, which fast-forwards its layer runs and extends its steady form, and
 the same workload as a batch, compiles them all.
 

@@ -110,7 +110,7 @@ def test_the_step_priced_with_the_cut_is_the_step_priced_without(case, monkeypat
     workload = SymbolicGenerator().generate(point)
     found = schedule_steady(workload, point.system)
     spare = max(own[3] for own in _measured(case)[0])
-    monkeypatch.setattr(steady, "_spare_periods", lambda *_: 0)  # no spare periods: no cut, as before it
+    monkeypatch.setattr(steady, "spare_periods", lambda *_: 0)  # no spare periods: no cut, as before it
     whole = schedule_steady(workload, point.system)
     assert found is not None and whole is not None
     for c, w in zip(found.schedules, whole.schedules, strict=True):

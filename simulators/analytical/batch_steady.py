@@ -17,7 +17,7 @@ from dse.workload import Program, SteadyForm
 from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import Cut
 from simulators.analytical.calls import memoised
-from simulators.analytical.steady import TOLERANCE_S, _twins, call_reach
+from simulators.analytical.steady import TOLERANCE_S, _twins, call_reach, spare_periods
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,26 +68,18 @@ class Period:
     def cut(self, call_start: np.ndarray, call_end: np.ndarray, window: int) -> Cut:
         """The steady stretch past the two periods `moments` bounds (they are moments `window` on) that the busy
         figures may measure by the period (`batch_busy.Cut`), per system: from A = M0 + 2L to B = A + kL, k whole
-        periods (none where the period is not shown). Each period up to B must hold the images, one period on, of
-        the calls of the period before it, and those only: calls before the steady run end by M0 + L and calls
-        before the one at M0 by A; calls after the steady run start from B - L on, and calls after their twins
-        from B on (every busy interval lies inside its call). The calls left out are a run of them by index, from
-        the one after the last that starts before A to the first that ends after B (`Cut.calls`)."""
+        periods (none where the period is not shown), k as `steady.spare_periods` finds it on the system's calls,
+        the rule the per-point path cuts by. The calls left out are a run of them by index, from the one after the
+        last that starts before A to the first that ends after B (`Cut.calls`)."""
         systems = call_start.shape[1]
-        middle = call_start[self.first, np.arange(systems)] + self.length
-        start = middle + self.length
-        lo, first, hi = self.lo, self.first, self.hi
-        after = hi + first - lo
-        ended_lo, ended_first, start_hi, start_after = _bounds(call_start, call_end, lo, first, hi, after)
-        last = np.minimum(start_hi + self.length, start_after)
-        periods = np.floor((last - TOLERANCE_S - start) / np.where(self.length > 0, self.length, np.inf))
-        steady = self.ok & (ended_lo <= middle) & (ended_first <= start) & np.isfinite(periods)
-        repeats = np.where(steady & (periods > 0), periods, 0.0)
+        start = call_start[self.first, np.arange(systems)] + 2 * self.length
+        repeats = _spare_each(call_start, call_end, self.lo, self.hi, self.first - self.lo, self.length, self.ok)
         end = start + repeats * self.length
+        after = self.hi + self.first - self.lo
         cut = repeats > 0
         calls = np.zeros((2, systems), dtype=np.intp)
         if cut.any():  # on a system cut, the calls before `first` end by A and those from hi + first - lo start after
-            # B, as checked above; a system not cut finds its calls at once (A and B made inf and -inf)
+            # B, as spare_periods checked; a system not cut finds its calls at once (A and B made inf and -inf)
             known = int(self.first[cut].min()), int(after[cut].max())
             times = np.where(cut, start, np.inf), np.where(cut, end, -np.inf)
             calls = np.where(cut, batch_kernels.calls_inside(call_start, call_end, *times, *known), 0)
@@ -189,29 +181,22 @@ def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.n
 
 
 @njit(cache=True)
-def _bounds(
-    call_start: np.ndarray, call_end: np.ndarray, lo: np.ndarray, first: np.ndarray, hi: np.ndarray, after: np.ndarray
+def _spare_each(
+    call_start: np.ndarray,
+    call_end: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    distance: np.ndarray,
+    length: np.ndarray,
+    ok: np.ndarray,
 ) -> np.ndarray:
-    """Per system (call_start, call_end: calls x systems; lo <= first, hi <= after), the latest end of the calls
-    before lo and of those before first, and the earliest start of the calls from hi on and of those from after on
-    (-inf and inf for none), as rows: `Period.cut`'s bounds, each system's own calls read down its column."""
-    calls, systems = call_start.shape
-    out = np.empty((4, systems))
+    """Per system (call_start, call_end: calls x systems) that shows its period, `steady.spare_periods` on its own
+    calls, read down its column; 0 elsewhere."""
+    systems = call_start.shape[1]
+    out = np.zeros(systems)
     for s in range(systems):
-        latest = -np.inf
-        for c in range(min(lo[s], calls)):
-            latest = max(latest, call_end[c, s])
-        out[0, s] = latest
-        for c in range(min(lo[s], calls), min(first[s], calls)):
-            latest = max(latest, call_end[c, s])
-        out[1, s] = latest
-        earliest = np.inf
-        for c in range(calls - 1, after[s] - 1, -1):
-            earliest = min(earliest, call_start[c, s])
-        out[3, s] = earliest
-        for c in range(min(after[s], calls) - 1, hi[s] - 1, -1):
-            earliest = min(earliest, call_start[c, s])
-        out[2, s] = earliest
+        if ok[s]:
+            out[s] = spare_periods(call_start[:, s], call_end[:, s], lo[s], hi[s], distance[s], length[s])
     return out
 
 

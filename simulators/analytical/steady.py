@@ -150,7 +150,7 @@ def _period(
     program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int
 ) -> tuple[float, int, int, int] | None:
     """(the period's length, a call in the steady state, calls per period, periods its busy seconds surely recur
-    beyond the two the window check reads, `_spare_periods`) for one stage, if its calls' starts and ends show
+    beyond the two the window check reads, `spare_periods`) for one stage, if its calls' starts and ends show
     one.
 
     In the steady state a stage's calls recur a fixed number of calls later (P, read off a micro-batch whose
@@ -171,7 +171,7 @@ def _period(
     depth = int(_kept(program, shape, _REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
     if hi - lo < max(depth, 2 * distance):
         return None
-    return length, lo + distance, distance, _spare_periods(start, end, lo, hi, distance, length)
+    return length, lo + distance, distance, spare_periods(start, end, lo, hi, distance, length)
 
 
 def _cuts(found: list[tuple[float, int, int, int]], times: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
@@ -193,20 +193,21 @@ def _cuts(found: list[tuple[float, int, int, int]], times: list[tuple[np.ndarray
 
 
 @njit(cache=True)
-def _spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distance: int, length: float) -> int:
+def spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distance: int, length: float) -> int:
     """How many periods past the two the window check reads (from m0 = start[lo + distance] to a = m0 + 2 *
     length) the stage's busy intervals surely recur a period apart, a period to b = a + periods * length: the
-    measurement may leave those out (`_cuts`). Every interval of a call lies between its call's start
-    and end (the engine widens them to each op it settles), and calls lo..hi recur as calls lo + distance ..
-    hi + distance a period later, so the intervals in [m0 + length, b] are those in [m0, b - length] moved by a
-    period if every call reaching into the latter is one of lo..hi and every one reaching into the former is
-    one of their twins: calls before lo end by m0, those before lo + distance by m0 + length, those from hi on
-    start no earlier than b - length, those from hi + distance on no earlier than b. 0 where none such is left
-    after the stretch (the cut must keep the timeline's last end)."""
+    measurement may leave those out (`_cuts` here, `batch_steady.Period.cut` per system). Every interval of a call
+    lies between its call's start and end (the engine widens them to each op it settles), and calls lo..hi recur
+    as calls lo + distance .. hi + distance a period later, so the intervals in [m0 + length, b] are those in
+    [m0, b - length] moved by a period if every call reaching into the latter is one of lo..hi and every one
+    reaching into the former is one of their twins: calls before lo end by m0, those before lo + distance by m0 +
+    length, those from hi on start no earlier than b - length, those from hi + distance on no earlier than b, with
+    TOLERANCE_S to spare. 0 where none such is left after the stretch (the cut must keep the timeline's last
+    end)."""
     n = len(start)
-    m0 = start[lo + distance]
-    if hi + distance >= n:
+    if hi + distance >= n or not length > 0.0:
         return 0
+    m0 = start[lo + distance]
     for c in range(lo + distance):
         if end[c] > (m0 if c < lo else m0 + length):
             return 0
@@ -215,7 +216,7 @@ def _spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distanc
         bound = min(bound, start[c] if c >= hi + distance else start[c] + length)
     a = m0 + 2 * length
     periods = 0
-    while a + (periods + 1) * length <= bound:
+    while a + (periods + 1) * length <= bound - TOLERANCE_S:
         periods += 1
     return periods
 

@@ -188,6 +188,8 @@ def objective(name: str) -> Objective | Constraint:
     return load("objective", name)
 
 
-def objectives() -> list[Objective | Constraint]:
-    """Every installed objective and constraint, in name order."""
-    return [objective(name) for name in available("objective")]
+@cache
+def objectives() -> tuple[Objective | Constraint, ...]:
+    """Every installed objective and constraint, in name order; found once per process, as the entry points are
+    (`_registry`): every priced point asks for them (`dse.point.evaluate.metrics_of`)."""
+    return tuple(objective(name) for name in available("objective"))

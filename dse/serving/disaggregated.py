@@ -22,8 +22,6 @@ iteration (the decode engine streams every token); TPOT = the decode pool's.
 import math
 from dataclasses import dataclass, replace
 
-from scipy.optimize import brentq
-
 from dse.errors import InfeasibleError
 from dse.serving import steady
 from dse.serving.shapes import Engine, IterationShape, IterationTime, chunk_pairs, prompt_chunks
@@ -174,7 +172,7 @@ def steady_state(pools: Pools, load: steady.Load) -> PoolsSteady:
     if full.seqs <= clients:
         wait = (clients - full.seqs) / highest
         return replace(full, ttft_s=full.ttft_s + wait, prefill_s=full.prefill_s + wait, seqs=clients)
-    rate = brentq(
+    rate = steady.root(
         lambda r: at_rate(pools, load, r, capacity).seqs - clients, highest * 1e-9, highest, rtol=steady.TOLERANCE
     )
     return at_rate(pools, load, rate, capacity)

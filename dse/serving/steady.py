@@ -26,8 +26,6 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from scipy.optimize import brentq
-
 from dse.errors import InfeasibleError
 from dse.serving.shapes import Engine, IterationShape, IterationTime, chunk_pairs, prompt_chunks
 from dse.serving.spec import meets
@@ -37,6 +35,14 @@ STALL_LIMIT = 2**40
 """Without chunked prefill, a TPOT this many iterations long means the prompts never leave the decodes a turn."""
 TOLERANCE = 1e-9
 """Relative: of the fixed points' iteration times and of the open loop's sequences held."""
+
+
+def root(f: Callable[[float], float], low: float, high: float, **tolerance: float) -> float:
+    """scipy's brentq, imported on the first solve: scipy.optimize takes about 0.4 s and 30-50 MiB to import, which
+    every process that imports dse (a Ray worker, a CLI call, a training-only sweep) would pay at import time."""
+    from scipy.optimize import brentq
+
+    return brentq(f, low, high, **tolerance)
 
 
 @dataclass(frozen=True)
@@ -182,7 +188,7 @@ def state(engine: Engine, time: IterationTime, n: float, load: Load, others: Oth
         high *= 2
         if high > STALL_LIMIT * t:
             return Held(n, t, ttft, math.inf, residual)
-    tpot = low if shortfall(low) >= 0 else brentq(shortfall, low, high, rtol=TOLERANCE)
+    tpot = low if shortfall(low) >= 0 else root(shortfall, low, high, rtol=TOLERANCE)
     return Held(n, t, ttft, tpot, residual)
 
 
@@ -220,7 +226,7 @@ def steady_state(engine: Engine, time: IterationTime, load: Load) -> Steady:
             f"{full.requests_per_s * engine.engines:.4g} requests/s with every engine at {most:.0f} sequences; "
             "lower the rate or add instances"
         )
-    n = brentq(excess, 0.0, most, xtol=TOLERANCE * most, rtol=TOLERANCE)
+    n = root(excess, 0.0, most, xtol=TOLERANCE * most, rtol=TOLERANCE)
     s, wait = arriving(engine, time, n, load, rate)
     return s.at(rate, wait)
 

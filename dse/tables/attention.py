@@ -56,12 +56,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import pandas as pd
-import pyarrow.parquet as pq
 
 from dse.errors import SpecError
 from dse.tables.scale import DeviceScale
-from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, read_rows, table_file
 from dse.workload import Op
 
 if TYPE_CHECKING:
@@ -108,6 +106,8 @@ class AttentionGrid:
         length_power: float,
     ) -> "AttentionGrid":
         """The grid of these rows (one value per row and axis); rows of one cell give their median."""
+        import pandas as pd  # with the first table read (source.read_rows)
+
         values = {"d": head_dim, "g": ratio, "n": length, "w": work, "t": seconds}
         frame = pd.DataFrame({name: np.asarray(column, dtype=float) for name, column in values.items()})
         cells = frame.groupby(["d", "g", "n", "w"])["t"].median()
@@ -187,7 +187,7 @@ def _between(keys: list[float], lo: tuple[int, float], hi: tuple[int, float], x:
 def _grid(path: Path, size: int, mtime_ns: int, table: Table, dtype: str) -> AttentionGrid:
     """One table's grid for one dtype, read once per process per version of the file (its size and time)."""
     filters = [("window_size", "=", 0), ("attn_dtype", "=", dtype), ("kv_cache_dtype", "=", dtype)]
-    rows = pq.read_table(path, columns=COLUMNS, filters=filters).to_pandas()
+    rows = read_rows(path, COLUMNS, filters)
     if rows.empty:
         raise SpecError(
             f"{path} has no full-attention {dtype} rows; use a collection that measured them or the roofline"

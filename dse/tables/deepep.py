@@ -33,15 +33,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow.parquet as pq
-
 from dse.tables.by_ep import across_ep
 from dse.tables.nccl import SizeCurve
-from dse.tables.source import DeepepTables, KernelTables, file_state, table_file
+from dse.tables.source import DeepepTables, KernelTables, file_state, read_rows, table_file
 from dse.workload import ExpertExchange
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dse.system import AcceleratorSpec
 
 FRAMEWORK = "sglang"
@@ -69,7 +68,7 @@ class ExchangeTable:
     """Per (phase, hidden, top_k, experts), per EP size: seconds along the tokens per rank."""
 
     @classmethod
-    def from_rows(cls, rows: pd.DataFrame) -> "ExchangeTable":
+    def from_rows(cls, rows: "pd.DataFrame") -> "ExchangeTable":
         """The curves of rows with ep, the SHAPE columns, num_token and one seconds column per phase, each point the
         fastest of its rows (the normal kernels' best SM count)."""
         curves: dict[Key, dict[int, SizeCurve]] = {}
@@ -94,25 +93,25 @@ def _within(curve: SizeCurve, tokens: float) -> float | None:
     return None if tokens > curve.sizes[-1] else curve.at(tokens)
 
 
-def _low_latency(rows: pd.DataFrame) -> pd.DataFrame:
+def _low_latency(rows: "pd.DataFrame") -> "pd.DataFrame":
     return rows.assign(dispatch=rows["dispatch_avg_t_us"], combine=rows["combine_avg_t_us"])
 
 
-def _normal(rows: pd.DataFrame) -> pd.DataFrame:
+def _normal(rows: "pd.DataFrame") -> "pd.DataFrame":
     return rows.assign(
         dispatch=rows["dispatch_transmit_us"] + rows["dispatch_notify_us"],
         combine=rows["combine_transmit_us"] + rows["combine_notify_us"],
     )
 
 
-PHASE_TIMES: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {"low_latency": _low_latency, "normal": _normal}
+PHASE_TIMES: dict[str, Callable[["pd.DataFrame"], "pd.DataFrame"]] = {"low_latency": _low_latency, "normal": _normal}
 """Each table's microseconds per phase."""
 
 
 @lru_cache(maxsize=16)
 def _table(kernel: str, path: Path, size: int, mtime_ns: int) -> ExchangeTable:
     """One file's table, read once per process per version of the file (its size and time)."""
-    rows = PHASE_TIMES[kernel](pq.read_table(path).to_pandas())
+    rows = PHASE_TIMES[kernel](read_rows(path))
     rows = rows.assign(
         ep=rows["node_num"] * GPUS_PER_NODE,
         dispatch=rows["dispatch"] * MICROSECOND,

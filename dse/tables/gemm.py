@@ -34,11 +34,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import pyarrow.parquet as pq
 
 from dse.tables.scale import DeviceScale
-from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, file_state, medians, read_columns, table_file
 from dse.workload import Op
 
 if TYPE_CHECKING:
@@ -61,13 +59,14 @@ class GemmGrid:
 
     @classmethod
     def from_rows(cls, m: np.ndarray, n: np.ndarray, k: np.ndarray, seconds: np.ndarray) -> "GemmGrid":
-        """The grid the rows span; repeated rows of one shape give their median."""
+        """The grid the rows span; repeated rows of one shape give their median (a row without a time is left out,
+        and a shape with none is not measured)."""
         values = [np.unique(np.asarray(x, dtype=float)) for x in (m, n, k)]
         index = tuple(np.searchsorted(v, np.asarray(x, dtype=float)) for v, x in zip(values, (m, n, k), strict=True))
         shape = tuple(len(v) for v in values)
-        medians = pd.Series(np.asarray(seconds, dtype=float)).groupby(np.ravel_multi_index(index, shape)).median()
         measured = np.full(shape, np.nan)
-        measured.flat[medians.index.to_numpy()] = medians.to_numpy()
+        (cells,), cell_seconds = medians([np.ravel_multi_index(index, shape)], np.asarray(seconds, dtype=float))
+        measured.flat[cells] = cell_seconds
         axes = tuple(np.log(v) for v in values)
         filled = np.log(measured)
         while (missing := np.isnan(filled).sum()) > 0:  # a corner no measured cell reaches, from the filled ones
@@ -147,13 +146,12 @@ def _filled(log_measured: np.ndarray, axes: tuple[np.ndarray, ...]) -> np.ndarra
 def _grid(path: Path, size: int, mtime_ns: int, dtype: str) -> GemmGrid | None:
     """One table's grid for one dtype, read once per process per version of the file (its size and time); None
     where the collection timed no GEMM of that dtype."""
-    table = pq.read_table(path, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
-    rows = table[table["gemm_dtype"] == dtype]
-    if rows.empty:
+    rows = read_columns(path, ["gemm_dtype", "m", "n", "k", "latency"])
+    of_dtype = rows["gemm_dtype"] == dtype
+    if not of_dtype.any():
         return None
-    return GemmGrid.from_rows(
-        rows["m"].to_numpy(), rows["n"].to_numpy(), rows["k"].to_numpy(), rows["latency"].to_numpy() * LATENCY_UNIT_S
-    )
+    m, n, k, latency = (rows[name][of_dtype] for name in ("m", "n", "k", "latency"))
+    return GemmGrid.from_rows(m, n, k, latency * LATENCY_UNIT_S)
 
 
 def gemm_grid(path: Path, dtype: str) -> GemmGrid | None:

@@ -35,16 +35,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow.parquet as pq
-
 from dse.tables.by_ep import across_ep
 from dse.tables.nccl import SizeCurve
 from dse.tables.scale import DeviceScale
-from dse.tables.source import LATENCY_UNIT_S, KernelTables, data_root, file_state
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, data_root, file_state, read_rows
 from dse.workload import ExpertCompute, Op
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dse.system import AcceleratorSpec
 
 MOE_TABLE = "moe_table"
@@ -68,7 +67,7 @@ class MoeTable:
     """Per (moe_dtype, hidden, width, experts, top_k, tp), per EP size: seconds along the EP group's tokens."""
 
     @classmethod
-    def from_rows(cls, rows: pd.DataFrame) -> "MoeTable":
+    def from_rows(cls, rows: "pd.DataFrame") -> "MoeTable":
         """The curves of balanced rows with the COLUMNS, num_tokens and latency (seconds here); repeated rows of one
         point give their median."""
         medians = rows.groupby([*COLUMNS, "num_tokens"])["latency"].median()
@@ -90,7 +89,7 @@ class MoeTable:
 @lru_cache(maxsize=8)
 def _table(path: Path, size: int, mtime_ns: int) -> MoeTable:
     """One file's table, read once per process per version of the file (its size and time)."""
-    rows = pq.read_table(path, columns=COLUMNS_READ).to_pandas()
+    rows = read_rows(path, COLUMNS_READ)
     rows = rows[rows["distribution"] == BALANCED]
     return MoeTable.from_rows(rows.assign(latency=rows["latency"] * LATENCY_UNIT_S))
 

@@ -30,17 +30,17 @@ Why it is read as it is:
 """
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from math import log
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
-import pyarrow.parquet as pq
+import numpy as np
 
 from dse.errors import SpecError
-from dse.tables.source import LATENCY_UNIT_S, KernelTables, NcclTables, file_state, table_file
+from dse.tables.source import LATENCY_UNIT_S, KernelTables, NcclTables, file_state, medians, read_columns, table_file
 from dse.workload import Collective
 
 if TYPE_CHECKING:
@@ -93,15 +93,18 @@ class NcclTable:
     curves: dict[tuple[Collective, int], SizeCurve]
 
     @classmethod
-    def from_rows(cls, rows: pd.DataFrame) -> "NcclTable":
-        """The curves of rows with op_name, num_gpus, message_size (bytes here) and latency (seconds here)."""
-        medians = rows.groupby(["op_name", "num_gpus", "message_size"])["latency"].median()
-        names = {name: kind for kind, name in OPS.items()}
+    def from_rows(cls, rows: Mapping[str, np.ndarray]) -> "NcclTable":
+        """The curves of rows (columns: arrays, or a DataFrame's) with op_name, num_gpus, message_size (bytes here)
+        and latency (seconds here); repeated rows of one size give their median."""
+        keys = [np.asarray(rows[name]) for name in ("op_name", "num_gpus", "message_size")]
+        (names, gpus, sizes), seconds = medians([keys[0].astype(str), *keys[1:]], np.asarray(rows["latency"], float))
+        kinds = {name: kind for kind, name in OPS.items()}
         curves = {}
-        for (name, gpus), curve in medians.groupby(level=[0, 1]):
-            if name in names and len(curve) > 1:
-                sizes = curve.index.get_level_values(2)
-                curves[names[name], int(gpus)] = SizeCurve(tuple(map(float, sizes)), tuple(map(float, curve)))
+        bounds = np.flatnonzero((names[1:] != names[:-1]) | (gpus[1:] != gpus[:-1])) + 1
+        for run in np.split(np.arange(len(names)), bounds):  # one (collective, GPUs), its sizes ascending
+            if len(run) > 1 and names[run[0]] in kinds:
+                curve = SizeCurve(tuple(map(float, sizes[run])), tuple(map(float, seconds[run])))
+                curves[kinds[names[run[0]]], int(gpus[run[0]])] = curve
         return cls(curves)
 
     def seconds(self, kind: Collective, gpus: int, size: float) -> float | None:
@@ -113,11 +116,8 @@ class NcclTable:
 @lru_cache(maxsize=16)
 def _table(path: Path, size: int, mtime_ns: int) -> NcclTable:
     """One file's table, read once per process per version of the file (its size and time)."""
-    rows = pq.read_table(path, columns=["op_name", "nccl_dtype", "num_gpus", "message_size", "latency"]).to_pandas()
-    rows = rows[rows["nccl_dtype"] == DTYPE]
-    table = NcclTable.from_rows(
-        rows.assign(message_size=rows["message_size"] * ELEMENT_BYTES, latency=rows["latency"] * LATENCY_UNIT_S)
-    )
+    read = read_columns(path, ["op_name", "nccl_dtype", "num_gpus", "message_size", "latency"])
+    table = NcclTable.from_rows(_in_bytes_and_seconds(read, read["nccl_dtype"] == DTYPE, read["op_name"]))
     if missing := [name for kind, name in OPS.items() if not any(k is kind for k, _ in table.curves)]:
         others = sorted(p.parent.name for p in path.parent.parent.glob(f"*/{path.name}") if p != path)
         raise SpecError(
@@ -190,12 +190,17 @@ def framework_allreduce(tables: KernelTables) -> NcclTable:
 
 @lru_cache(maxsize=16)
 def _framework_table(path: Path, size: int, mtime_ns: int) -> NcclTable:
-    rows = pq.read_table(path, columns=["allreduce_dtype", "num_gpus", "message_size", "latency"]).to_pandas()
-    rows = rows[rows["allreduce_dtype"] == "bfloat16"]
-    return NcclTable.from_rows(
-        rows.assign(
-            op_name=OPS[Collective.ALL_REDUCE],
-            message_size=rows["message_size"] * ELEMENT_BYTES,
-            latency=rows["latency"] * LATENCY_UNIT_S,
-        )
-    )
+    read = read_columns(path, ["allreduce_dtype", "num_gpus", "message_size", "latency"])
+    names = np.full(len(read["num_gpus"]), OPS[Collective.ALL_REDUCE])
+    return NcclTable.from_rows(_in_bytes_and_seconds(read, read["allreduce_dtype"] == "bfloat16", names))
+
+
+def _in_bytes_and_seconds(read: dict[str, np.ndarray], rows: np.ndarray, names: np.ndarray) -> dict[str, np.ndarray]:
+    """The rows picked (a mask) of a table's columns as `NcclTable.from_rows` takes them: the collective's name,
+    its GPUs, its buffer in bytes and its seconds."""
+    return {
+        "op_name": names[rows],
+        "num_gpus": read["num_gpus"][rows],
+        "message_size": read["message_size"][rows] * ELEMENT_BYTES,
+        "latency": read["latency"][rows] * LATENCY_UNIT_S,
+    }

@@ -110,25 +110,39 @@ def test_measure_of_communication_straddling_compute():
 
 def test_calls_inside_a_stretch():
     """The run of calls `batch_steady.Period.cut` leaves out: from the one after the last call starting before A to
-    the first ending after B, per system, as a plain search over every call finds it; with the calls the caller
-    knows end by A or start after B not read, and with systems whose calls all lie inside, or none."""
+    the first ending after B, per system cut, as a plain search over every call finds it, (0, 0) on the others; on
+    timelines whose calls repeat a period apart within the tolerance, in no order within a period and reaching
+    past the next period's, with the steady run and the stretch [A, B] anywhere the search's premises allow: by the
+    binary search over windows, and by the walks alone where the period is no more than twice the tolerance."""
     rng = np.random.default_rng(3)
-    calls, systems = 60, 40
-    start = np.cumsum(rng.random((calls, systems)), axis=0) - rng.random((calls, systems))
-    end = start + 2 * rng.random((calls, systems))
-    a, b = rng.uniform(5, 12, systems), rng.uniform(18, 26, systems)
-    for special in (False, True):
-        if special:
-            a[0], b[0], a[1], b[1] = -1.0, 1e9, 1e9, 1e9
-        early, late = start < a, end > b
-        first = np.where(early.any(axis=0), calls - np.argmax(early[::-1], axis=0), 0)
-        after = np.where(late.any(axis=0), np.argmax(late, axis=0), calls)
-        ended = int(np.argmin(np.all(end <= a, axis=1)))  # the calls before it end by A on every system
-        started = calls - int(np.argmin(np.all(start > b, axis=1)[::-1]))  # those from it on start after B
-        assert special or (ended > 0 and started < calls)
-        for known in [(0, calls), (ended, started)]:
-            found = batch_kernels.calls_inside(start, end, a, b, *known)
-            assert found.tolist() == [first.tolist(), after.tolist()]
+    systems, tolerance = 200, 1e-7
+    length = rng.uniform(0.5, 2.0, systems)
+    distance = rng.integers(1, 12, systems)
+    periods = 40
+    calls = int(distance.max()) * periods
+    start, end = np.full((calls, systems), np.inf), np.full((calls, systems), np.inf)
+    lo, hi = np.zeros(systems, dtype=np.intp), np.zeros(systems, dtype=np.intp)
+    a, b = np.zeros(systems), np.zeros(systems)
+    for s in range(systems):
+        d, own = int(distance[s]), int(distance[s]) * periods
+        at = np.arange(own) // d * length[s] + np.tile(rng.uniform(0, length[s], d), periods)
+        jitter = rng.uniform(-tolerance / 2, tolerance / 2, (2, own))
+        start[:own, s] = at + jitter[0]
+        end[:own, s] = at + np.tile(rng.uniform(0, 1.5 * length[s], d), periods) + jitter[1]
+        lo[s] = rng.integers(0, 5 * d)
+        hi[s] = own - d - rng.integers(1, 5 * d)
+        a[s] = start[lo[s] + d, s] + 2 * length[s]
+        later = start[hi[s] + d : own, s].min()  # calls from hi + distance start after B
+        b[s] = a[s] + rng.integers(0, max(1, int((later - a[s]) / length[s]))) * length[s]
+        assert np.all(end[: lo[s] + d, s] <= b[s]) and later > b[s]
+    cut = rng.random(systems) < 0.9
+    early, late = start < a, end > b
+    first = np.where(early.any(axis=0), calls - np.argmax(early[::-1], axis=0), 0)
+    after = np.where(late.any(axis=0), np.argmax(late, axis=0), calls)
+    expected = [np.where(cut, first, 0).tolist(), np.where(cut, after, 0).tolist()]
+    for tolerance in (1e-7, 1.0):  # 1.0: every period within twice it, so no window is searched
+        found = batch_kernels.calls_inside(start, end, a, b, cut, lo, hi, distance, length, tolerance)
+        assert found.tolist() == expected
 
 
 def test_chunks_cover_the_systems_in_blocks_within_the_budget():

@@ -1,18 +1,21 @@
 """The batch path's steady cut (`batch_busy.Cut`): the busy totals of a steady form measured without the intervals
 of k repeated periods and corrected by k windows equal a full measurement within the documented bound, k * 3 *
-TOLERANCE_S per figure, on real GPT-3 and Llama points; intervals really are left out, and the correction is what
-makes the totals right."""
+TOLERANCE_S per figure, on real GPT-3 and Llama points, on the shorter form and on the longer one (each system cut
+by its own period of those tried); intervals really are left out, and the correction is what makes the totals
+right. A system whose windows fail on the period it was cut by is measured again uncut where a later period may
+pass."""
 
 import random
+from dataclasses import asdict
 from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import batch_busy, batch_kernels
+from simulators.analytical import batch, batch_busy, batch_kernels, batch_steady
 from simulators.analytical.batch import price_many
-from simulators.analytical.steady import TOLERANCE_S
+from simulators.analytical.steady import TOLERANCE_S, forms
 from tests.helpers import make_point
 
 GPT3 = {"base": "gpt3-175b", "flash_attention": False, "dropout": True}
@@ -24,6 +27,10 @@ CASES = {
         model="llama3-8b", tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=96
     ),
 }
+
+
+LONGER = {"gpt3-tp8-pp8-sp-off"}
+"""The cases whose systems are cut on the longer form too (7 of the 8: its sends queue on the slow links)."""
 
 
 def _systems(case: dict, count: int) -> list:
@@ -49,7 +56,7 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     (the others are priced again on a longer form)."""
     case = CASES[name]
     measured = batch_busy.BusyMany.of.__func__  # type: ignore[attr-defined]
-    seen = {"cut": 0, "needed": 0, "dropped": 0}
+    seen = {form: {"cut": 0, "needed": 0, "dropped": 0} for form in ("shorter", "longer")}
 
     def both(cls, values, durations, spans, moments, blocks, wanted=None, cut=None):
         full = measured(cls, values, durations, spans, moments, blocks, wanted, None)
@@ -57,25 +64,77 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
             return full
         got = measured(cls, values, durations, spans, moments, blocks, wanted, cut)
         uncorrected = measured(cls, values, durations, spans, moments, blocks, wanted, _Uncorrected(cut))
-        assert np.array_equal(full.covered, got.covered)  # nothing before A is left out
+        covered = _own(full.covered, cut.window)  # each system's moments M0, M0 + L and A
+        assert np.array_equal(covered, _own(got.covered, cut.window))  # nothing before A is left out
+        own = seen["longer" if len(moments) > 3 else "shorter"]  # the longer form tries several periods
         shown = np.ones(values.shape[1], dtype=bool) if wanted is None else wanted.copy()
-        covered = full.covered[cut.window : cut.window + 3]
         for q in range(3):
             shown &= np.abs((covered[1, q] - covered[0, q]) - (covered[2, q] - covered[1, q])) <= TOLERANCE_S
         bound = cut.repeats * 3 * TOLERANCE_S + 1e-12
         for a, b, c in zip(full.totals, got.totals, uncorrected.totals, strict=True):
             assert np.all(np.abs(a - b)[shown] <= bound[shown])
-            seen["needed"] += int(np.sum((np.abs(a - c) > bound)[shown & (cut.repeats > 0)]))
-        seen["cut"] += int(np.sum(cut.repeats[shown] > 0))
-        seen["dropped"] += _dropped(values, durations, spans, moments[cut.window + 2], cut, blocks, wanted)
+            own["needed"] += int(np.sum((np.abs(a - c) > bound)[shown & (cut.repeats > 0)]))
+        own["cut"] += int(np.sum(cut.repeats[shown] > 0))
+        own["dropped"] += _dropped(
+            values, durations, spans, _own(np.array(moments), cut.window)[2], cut, blocks, wanted
+        )
         return got
 
     monkeypatch.setattr(batch_busy.BusyMany, "of", classmethod(both))
     point = make_point(**case, system=NODES)
     price_many(SymbolicGenerator().generate(point), _systems(case, 8))
-    assert seen["cut"] > 0
-    assert seen["needed"] > 0
-    assert seen["dropped"] > 0
+    for form in ("shorter", "longer") if name in LONGER else ("shorter",):
+        assert seen[form]["cut"] > 0, form
+        assert seen[form]["needed"] > 0, form
+        assert seen[form]["dropped"] > 0, form
+
+
+def test_a_system_whose_windows_fail_on_the_period_it_was_cut_by_is_measured_again_uncut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The longer form's last period tried twice, so that a later period than the one each system is cut by can
+    pass; each chunk's first `extend` reports every system cut on it as failing that period's windows, and each
+    is measured again uncut: its figures are those of the same step priced with nothing cut anywhere, to the bit.
+    Without the second measurement it would take the whole step."""
+    case = CASES["gpt3-tp8-pp8-sp-off"]
+    workload, systems = SymbolicGenerator().generate(make_point(**case, system=NODES)), _systems(case, 8)
+    longer: set[int] = set()  # the systems priced on the longer form
+    evaluate, extend, tried = batch._evaluate, batch.extend, set()
+
+    def spy(evaluated, priced, timings, room, form=None, periods=()):
+        if len(periods) > 1:
+            longer.update(id(system) for system in priced)
+        return evaluate(evaluated, priced, timings, room, form, periods)
+
+    def failing_first(form, stages, periods):
+        extensions, chosen = extend(form, stages, periods)
+        if len(periods) > 1 and id(stages[0].call_start) not in tried:
+            tried.add(id(stages[0].call_start))
+            by = batch_steady.first_shown([stage.periods for stage in stages])
+            chosen = np.where((by >= 0) & (by < len(periods) - 1), -1, chosen)
+        return extensions, chosen
+
+    def twice_the_last(form):
+        for steady, periods in forms(form):
+            yield steady, [*periods, periods[-1]] if len(periods) > 1 else periods
+
+    monkeypatch.setattr(batch, "forms", twice_the_last)
+    monkeypatch.setattr(batch, "_evaluate", spy)
+    monkeypatch.setattr(batch, "extend", failing_first)
+    priced = price_many(workload, systems)
+    monkeypatch.setattr(batch, "extend", extend)
+    monkeypatch.setattr(batch_steady, "_spare_each", lambda *args: np.zeros(args[0].shape[1]))
+    uncut = price_many(workload, systems)
+    assert tried and len(longer) == 7
+    for system, got, expected in zip(systems, priced, uncut, strict=True):
+        if id(system) in longer:
+            assert asdict(got) == asdict(expected)
+
+
+def _own(moments: np.ndarray, window: np.ndarray) -> np.ndarray:
+    """Of moments (moments x ... x systems), each system's three from its own window on: 3 x ... x systems."""
+    columns = np.arange(moments.shape[-1])
+    return np.stack([moments[window + k, ..., columns].T for k in range(3)])
 
 
 def _dropped(values, durations, spans, start, cut, blocks, wanted) -> int:

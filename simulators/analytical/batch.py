@@ -49,7 +49,7 @@ from dse.workload import SteadyForm, Workload
 from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
-from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend, shown
+from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend, first_shown
 from simulators.analytical.batch_structure import Reads, structure
 from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness, reserved
 from simulators.analytical.steady import forms
@@ -348,12 +348,20 @@ def _evaluate(
             ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
         calls = [(values.take(r.call_start, axis=0), values.take(r.call_end, axis=0)) for r in reads]
         found = [[Period.find(evaluated.programs[c], *calls[c], p) for p in periods] for c in range(len(calls))]
-        wanted = np.logical_or.reduce([shown([own[i] for own in found]) for i in range(len(periods))]) if form else None
-        stages = [
-            _stage(evaluated, tape, c, ordered[c], reads[c], values, priced, calls[c], found[c], bounds - lo, wanted)
-            for c in range(len(tape.classes))
-        ]
-        extensions, valid = extend(form, stages, list(periods)) if form else ([], np.ones(hi - lo, dtype=bool))
+        by = first_shown(found) if form else np.full(hi - lo, -1)
+        wanted = by >= 0 if form else None
+        blocks = bounds - lo
+        for _ in range(2):  # again where the period cut by fails its windows and a later one may pass: uncut there
+            stages = [
+                _stage(evaluated, tape, c, ordered[c], reads[c], values, priced, calls[c], found[c], blocks, wanted, by)
+                for c in range(len(tape.classes))
+            ]
+            extensions, chosen = extend(form, stages, list(periods)) if form else ([], np.zeros(hi - lo, dtype=int))
+            again = (by >= 0) & (chosen != by) & (by < len(periods) - 1)
+            if not again.any():
+                break
+            by = np.where(again, -1, by)
+        valid = chosen >= 0
         kept = None if valid.all() else np.flatnonzero(valid)
         for c, stage in enumerate(stages):
             own, sweeps[c] = _figures_of(
@@ -385,19 +393,22 @@ def _stage(
     found: list[Period],
     blocks: np.ndarray,
     wanted: np.ndarray | None,
+    by: np.ndarray,
 ) -> StageArrays:
     """One rank class's times on every system of a chunk, from its nodes' values (the program's rows x systems);
     spans and reads: its busy intervals (`batch_busy.Spans.ordered`) and the rows its figures read; calls: its
     calls' starts and ends (calls x systems); found: the steady form's periods found on them, one per period tried
     (one busy measurement serves them all), if the step is a steady form; blocks: the chunk's blocks (`_chunks`),
     from its first system; wanted: the systems that can pass the steady checks (`batch_steady.shown`), the only
-    ones measured (all where None)."""
+    ones measured (all where None); by: per system, the period of `found` whose steady stretch its busy figures
+    measure by the period (`batch_busy.Cut`), -1 for none: the first its timeline shows, which it takes if that
+    period's windows pass (`_evaluate` measures it again without where they fail and a later period may pass)."""
     recorded = tape.classes[rank_class]
     call_start, call_end = calls
     moments = [moment for period in found for moment in period.moments(call_start)]
-    cut = found[0].cut(call_start, call_end, 0) if len(found) == 1 else None  # the shorter form's one period
-    busy = BusyMany.of(values, priced.durations, spans, moments, blocks, wanted, cut)
     each = len(moments) // len(found) if found else 0
+    cut = Period.each(found, by).cut(call_start, call_end, each * np.maximum(by, 0)) if found else None
+    busy = BusyMany.of(values, priced.durations, spans, moments, blocks, wanted, cut)
     transfers = recorded.transfers
     return StageArrays(
         program=workload.programs[rank_class],

@@ -106,15 +106,18 @@ class Cut:
     """A steady stretch of each system's timeline measured by its period rather than interval by interval: from
     A, the end of the two periods the steady checks read (moments `window`, `window` + 1, `window` + 2: M0, M0 + L,
     A = M0 + 2L), to B = A + k L, before which only calls whose times were checked periodic run
-    (`batch_steady.cut`). The intervals of the calls inside [A, B] are left out (`batch_kernels.measure`), and
-    the totals corrected: with R what is left, total = total_R - (before_R(B) - before_R(A)) + k (before(M0 + L)
-    - before(M0)), for the compute, communication and hidden communication alike, since nothing before A is left
-    out and every interval reaching past B is kept. It is the assumption the step's extension makes for its
-    further periods, for k periods the shorter form has: the figures differ from a full measurement by rounding
-    and by how far the periods' busy seconds differ within the window check's tolerance, at most k * 3 *
-    TOLERANCE_S per figure (`steady.TOLERANCE_S`; `tests/test_batch_steady_cut.py`)."""
+    (`batch_steady.Period.cut`). The intervals of the calls inside [A, B] are left out (`batch_kernels.measure`),
+    and the totals corrected: with R what is left, total = total_R - (before_R(B) - before_R(A)) + k (before(M0 +
+    L) - before(M0)), for the compute, communication and hidden communication alike, since nothing before A is
+    left out and every interval reaching past B is kept. It is the assumption the step's extension makes for its
+    further periods, for k periods the form has: the figures differ from a full measurement by rounding and by how
+    far the periods' busy seconds differ within the window check's tolerance, at most k * 3 * TOLERANCE_S per
+    figure (`steady.TOLERANCE_S`; `tests/test_batch_steady_cut.py`). On a longer form each system is cut by its
+    own period, the first its timeline shows (`batch_steady.Period.each`); moments of the other periods tried
+    that fall inside its [A, B] are measured without its stretch, and are not read for it (`batch._evaluate`)."""
 
-    window: int
+    window: np.ndarray
+    """Per system, the index of the moment M0 (its period's first: several periods may be measured at once)."""
     repeats: np.ndarray
     """k per system, 0 where nothing is cut."""
     end: np.ndarray
@@ -160,7 +163,8 @@ class BusyMany:
         totals, covered = batch_kernels.measure(values, durations, *arrays, at, blocks, chosen, cuts)
         if cut:
             covered, at_end = covered[:-1], covered[-1]
-            start, one, two = covered[cut.window : cut.window + 3]
+            columns = np.arange(systems)
+            start, one, two = (covered[cut.window + k, :, columns].T for k in range(3))
             corrected = totals - (at_end - two) + cut.repeats * (one - start)
             totals = np.where(cut.repeats > 0, corrected, totals)
         exposed = np.maximum(0.0, totals[1] - totals[2])

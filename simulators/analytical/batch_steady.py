@@ -65,24 +65,31 @@ class Period:
         at = call_start[self.first, np.arange(call_start.shape[1])]
         return [at + k * self.length for k in range(3)]
 
-    def cut(self, call_start: np.ndarray, call_end: np.ndarray, window: int) -> Cut:
-        """The steady stretch past the two periods `moments` bounds (they are moments `window` on) that the busy
-        figures may measure by the period (`batch_busy.Cut`), per system: from A = M0 + 2L to B = A + kL, k whole
-        periods (none where the period is not shown), k as `steady.spare_periods` finds it on the system's calls,
-        the rule the per-point path cuts by. The calls left out are a run of them by index, from the one after the
-        last that starts before A to the first that ends after B (`Cut.calls`)."""
+    @classmethod
+    def each(cls, found: "list[Period]", by: np.ndarray) -> "Period":
+        """Per system, its period of `found` (one per period tried): found[by] (by: an index per system), shown
+        nowhere where by is -1. Its windows are not picked."""
+        columns, pick = np.arange(len(by)), np.maximum(by, 0)
+
+        def picked(name: str) -> np.ndarray:
+            return np.array([getattr(period, name) for period in found])[pick, columns]
+
+        ok = picked("ok") & (by >= 0)
+        return cls(picked("length"), picked("first"), ok, picked("lo"), picked("hi"))
+
+    def cut(self, call_start: np.ndarray, call_end: np.ndarray, window: np.ndarray) -> Cut:
+        """The steady stretch past the two periods `moments` bounds (they are moments `window` on, per system) that
+        the busy figures may measure by the period (`batch_busy.Cut`), per system: from A = M0 + 2L to B = A + kL,
+        k whole periods (none where the period is not shown), k as `steady.spare_periods` finds it on the system's
+        calls, the rule the per-point path cuts by. The calls left out are a run of them by index, from the one
+        after the last that starts before A to the first that ends after B (`Cut.calls`)."""
         systems = call_start.shape[1]
         start = call_start[self.first, np.arange(systems)] + 2 * self.length
-        repeats = _spare_each(call_start, call_end, self.lo, self.hi, self.first - self.lo, self.length, self.ok)
+        distance = self.first - self.lo
+        repeats = _spare_each(call_start, call_end, self.lo, self.hi, distance, self.length, self.ok)
         end = start + repeats * self.length
-        after = self.hi + self.first - self.lo
-        cut = repeats > 0
-        calls = np.zeros((2, systems), dtype=np.intp)
-        if cut.any():  # on a system cut, the calls before `first` end by A and those from hi + first - lo start after
-            # B, as spare_periods checked; a system not cut finds its calls at once (A and B made inf and -inf)
-            known = int(self.first[cut].min()), int(after[cut].max())
-            times = np.where(cut, start, np.inf), np.where(cut, end, -np.inf)
-            calls = np.where(cut, batch_kernels.calls_inside(call_start, call_end, *times, *known), 0)
+        steady = self.lo, self.hi, distance, self.length
+        calls = batch_kernels.calls_inside(call_start, call_end, start, end, repeats > 0, *steady, TOLERANCE_S)
         return Cut(window, repeats, end, calls)
 
 
@@ -99,10 +106,10 @@ class Extension:
 
 
 def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> tuple[list[Extension], np.ndarray]:
-    """Per stage what the step's further periods add, and per system whether its timeline is periodic (where it
-    is not, the extensions hold nothing). `periods`: the periods tried (micro-batches, each dividing the form's
-    period), in order, as each stage's `StageArrays.periods` holds them; a system takes the first one that passes
-    every check, as `steady._extended` does point by point."""
+    """Per stage what the step's further periods add, and per system the index of the period it takes, -1 where
+    its timeline is not periodic (there the extensions hold nothing). `periods`: the periods tried (micro-batches,
+    each dividing the form's period), in order, as each stage's `StageArrays.periods` holds them; a system takes
+    the first one that passes every check, as `steady._extended` does point by point."""
     systems = stages[0].call_start.shape[1]
     chosen = np.full(systems, -1)
     for index in range(len(periods)):
@@ -128,7 +135,16 @@ def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> t
             calls = _period_calls(stage.program, period)
             categories[:, columns] = repeats * _categories(stage, found.first, calls, columns)
         extensions.append(Extension(end=end, compute=compute, comm=comm, exposed=exposed, categories=categories))
-    return extensions, chosen >= 0
+    return extensions, chosen
+
+
+def first_shown(found: list[list[Period]]) -> np.ndarray:
+    """Per system, the index of the first period tried that its timeline shows (`shown`; found: per stage, one
+    `Period` per period tried), -1 where none is: the period it takes if that one's busy windows pass (`extend`)."""
+    by = np.full(found[0][0].length.shape, -1)
+    for index in range(len(found[0])):
+        by[(by < 0) & shown([own[index] for own in found])] = index
+    return by
 
 
 def shown(found: list[Period]) -> np.ndarray:

@@ -118,5 +118,5 @@ def test_only_plans_whose_every_op_waits_for_the_inputs_are_memo_anchored():
     o_mark_ptr = np.array([0, 0, 1, 1, 1, 1])
     o_mark_slot = np.array([3])
     p_slots = np.array([4, 2])
-    anchored = kernel._anchored(p_op_ptr, o_waits, o_dep_ptr, o_deps, o_slot, o_mark_ptr, o_mark_slot, p_slots)
+    anchored = kernel.anchored_plans(p_op_ptr, o_waits, o_dep_ptr, o_deps, o_slot, o_mark_ptr, o_mark_slot, p_slots)
     assert anchored.tolist() == [True, False]

@@ -8,10 +8,13 @@ every four micro-batches (GPT-3 175B at tp 8, pp 16 on 1,024 H100s does the same
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import AnalyticalCostModel
+from simulators.analytical.compiled_engine import CompiledScheduler
+from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.steady import schedule_steady
 from tests.helpers import make_point
 
@@ -54,6 +57,36 @@ def test_the_longer_form_prices_the_step_as_its_own_programs_do():
             assert getattr(s, field) == pytest.approx(getattr(w, field), rel=1e-9, abs=1e-15), field
         assert s.peak_memory_bytes == pytest.approx(w.peak_memory_bytes, rel=1e-12)
         assert s.time_by_category == pytest.approx(w.time_by_category, rel=1e-9)
+
+
+def _same(a: ClassSchedule, b: ClassSchedule) -> None:
+    for field in ("end_s", "compute_s", "comm_s", "exposed_comm_s", "time_by_category"):
+        assert getattr(a, field) == getattr(b, field), field
+    for field in ("call_start", "call_end"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
+    assert a.transfers is not None and b.transfers is not None
+    for mine, theirs in zip(a.transfers, b.transfers, strict=True):
+        assert np.array_equal(mine, theirs)
+
+
+def test_the_longer_form_planned_by_the_shorter_forms_planner_schedules_as_with_its_own():
+    """`CompiledScheduler.for_programs`: the longer form planned by the shorter form's planner (`steady._extended`)
+    schedules to the bit as with a planner of its own, and the shorter form's schedules built after it are
+    unchanged (the planner may have numbered more streams and categories since)."""
+    point = _point(42)
+    workload = SymbolicGenerator().generate(point)
+    form = workload.steady
+    longer = form.longer()
+    shorter = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
+    tables = shorter.drive()
+    before = shorter.schedules(tables)
+    shared = shorter.for_programs(longer.programs)
+    assert shared._planner is shorter._planner
+    own = CompiledScheduler(replace(workload, programs=longer.programs, steady=None), point.system)
+    for a, b in zip(shared.run(), own.run(), strict=True):
+        _same(a, b)
+    for a, b in zip(shorter.schedules(tables), before, strict=True):
+        _same(a, b)
 
 
 def test_a_step_whose_shorter_form_repeats_never_builds_the_longer_one():

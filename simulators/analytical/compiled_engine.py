@@ -13,7 +13,7 @@ interpreted engine's to the bit). A deadlock (a generator bug) is left to the in
 ops that wait.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from operator import attrgetter
 
@@ -37,18 +37,34 @@ class CompiledScheduler:
     """`engine._Scheduler` without a timeline, with its loop compiled; the same schedules, plus each class's busy
     intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`, which may hand `schedules` cuts)."""
 
-    def __init__(self, workload: Workload, system: SystemSpec, fast_forward: bool = True) -> None:
+    def __init__(
+        self, workload: Workload, system: SystemSpec, fast_forward: bool = True, planner: Planner | None = None
+    ) -> None:
         self._workload = workload
         self._system = system
         self._fast_forward = fast_forward
         """Lay out a layer run's calls by shift once one repeats the call before (`engine_kernel.drive`); off, the
         schedules are the interpreted engine's to the bit."""
-        self._planner = Planner(workload, system, fuse=True)
+        self._planner = Planner(workload, system, fuse=True) if planner is None else planner
         self._block_plans: list[dict[int, Plan]] = []
         """Per program, the plan of every block it calls."""
 
     def run(self) -> list[ClassSchedule]:
         return self.schedules(self.drive())
+
+    def for_programs(self, programs: list[Program]) -> "CompiledScheduler":
+        """A scheduler of the workload with these programs instead (of its blocks, as a steady form's longer form
+        has), on the same system. It shares this one's planner where plans do not depend on the programs (no
+        memory tiers, `Planner.keeps`): the longer form asks for mostly the same plans, which a planner of its own
+        looked up again (24 of the 120 planners of the 96 GPT-3 configurations of benchmarks/vs_calculon.py)."""
+        workload = replace(self._workload, programs=programs, steady=None)
+        planner = self._planner if self._planner.keeps else None
+        return CompiledScheduler(workload, self._system, self._fast_forward, planner)
+
+    @property
+    def categories(self) -> list[str]:
+        """The names of the categories its tables number (`EngineTables.category_time`), in their numbers' order."""
+        return list(self._planner.categories)
 
     def drive(self) -> kernel.EngineTables:
         """Every op scheduled: the kernel's tables, whose call_start and call_end (run r's from base[r]) `steady`
@@ -65,7 +81,7 @@ class CompiledScheduler:
 
     def schedules(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> list[ClassSchedule]:
         names = list(self._planner.categories)
-        runs, streams = len(t.base) - 1, len(self._planner.streams)
+        runs, streams = t.stream_end.shape  # not the planner's count: a longer form's may have numbered more since
         knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
         stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]
         busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr, cuts)
@@ -166,6 +182,7 @@ class _LaidOut:
     mailbox: np.ndarray
     mailboxes: int
     run_last: np.ndarray
+    other_inputs: int
     compute_ptr: np.ndarray
     compute_ops: int
     comm_ptr: np.ndarray
@@ -245,12 +262,14 @@ def _laid_out(
         run_last = _layer_runs(base, call_plan, joined.input_ptr, joined.inputs, p_mails, p_ops)
     else:
         run_last = np.full(len(call_plan), -1, dtype=_INT)
+    other_inputs = kernel.other_inputs(base, run_last, joined.input_ptr, joined.inputs)
     return _LaidOut(
         call_plan=call_plan,
         mail_ptr=mail_ptr,
         mailbox=mailbox,
         mailboxes=int(mailbox.max(initial=-1)) + 1,
         run_last=run_last,
+        other_inputs=other_inputs,
         compute_ptr=np.cumsum(compute_count) - compute_count,
         compute_ops=int(compute_count.sum()),
         comm_ptr=_ptr_of(comm_count),
@@ -322,9 +341,12 @@ class _Layout:
             o_seconds=seconds[:o],
             o_mark_offset=seconds[o:m],
             p_category_seconds=seconds[m:],
+            p_anchored=rows.anchored,
+            p_touches=rows.touches,
             base=base.copy(),
             call_plan=laid.call_plan.copy(),
             run_last=laid.run_last.copy(),
+            other_inputs=laid.other_inputs,
             input_ptr=joined.input_ptr.copy(),
             inputs=joined.inputs.copy(),
             mail_ptr=laid.mail_ptr.copy(),

@@ -61,6 +61,8 @@ class EngineTables(NamedTuple):
     """Per call that continues a layer run (the call before has its plan, it reads that call's output and its plan
     has ops and no p2p op; `compiled_engine._layer_runs`), the run's last call; -1 for any other call (and for
     every call with fast-forward off)."""
+    other_inputs: int
+    """The longest entry a layer run's calls add to the run memo's (`other_inputs`, kept with the layout)."""
     input_ptr: np.ndarray
     inputs: np.ndarray
     """CSR per call: program-local calls whose outputs it reads."""
@@ -77,6 +79,10 @@ class EngineTables(NamedTuple):
     p_category: np.ndarray
     p_category_seconds: np.ndarray
     """CSR per plan: seconds per category of its ops that are not p2p."""
+    p_anchored: np.ndarray
+    """Per plan, whether the run memo may be anchored at its calls' inputs (`anchored_plans`)."""
+    p_touches: np.ndarray
+    """plans x streams: whether an op of the plan runs on the stream or occupies it (`touched_streams`)."""
     o_kind: np.ndarray
     o_stream: np.ndarray
     o_seconds: np.ndarray
@@ -386,10 +392,8 @@ def drive(t: EngineTables) -> None:
 
     # The run memo: a layer run whose stage enters it as an earlier run of the same plans entered (every stream
     # its ops touch and every input its calls read besides the call before, relative to when its first call's
-    # inputs are ready) runs as that run did, moved by the difference (`_anchored` plans only: see there).
-    anchored = _anchored(p_op_ptr, o_waits, o_dep_ptr, o_deps, o_slot, o_mark_ptr, o_mark_slot, p_slots)
-    touch = _touches(p_op_ptr, o_stream, o_share_ptr, o_shares, streams)
-    width = streams + _most_other_inputs(base, run_last, input_ptr, inputs)
+    # inputs are ready) runs as that run did, moved by the difference (plans `anchored_plans` marks only).
+    anchored, touch, width = t.p_anchored, t.p_touches, streams + t.other_inputs
     m_run = np.full(MEMO_ENTRIES, -1, dtype=np.int64)
     m_sig = np.zeros((MEMO_ENTRIES, 3), dtype=np.int64)
     m_flat = np.zeros(MEMO_ENTRIES, dtype=np.int64)
@@ -567,7 +571,7 @@ def _moved(
 
 
 @njit(cache=True)
-def _anchored(
+def anchored_plans(
     p_op_ptr: np.ndarray,
     o_waits: np.ndarray,
     o_dep_ptr: np.ndarray,
@@ -579,7 +583,7 @@ def _anchored(
 ) -> np.ndarray:
     """Per plan, whether every op of it waits for the call's inputs or for an op that does: then none starts
     before its call's inputs are ready, so a stream's end or an input's that comes before then decides nothing
-    (the run memo tells those apart from none)."""
+    (the run memo tells those apart from none). Of the plans' rows alone, so kept with them (`op_rows.Rows`)."""
     plans = len(p_op_ptr) - 1
     out = np.zeros(plans, dtype=np.bool_)
     for p in range(plans):
@@ -601,10 +605,11 @@ def _anchored(
 
 
 @njit(cache=True)
-def _touches(
+def touched_streams(
     p_op_ptr: np.ndarray, o_stream: np.ndarray, o_share_ptr: np.ndarray, o_shares: np.ndarray, streams: int
 ) -> np.ndarray:
-    """Per plan and stream, whether an op of the plan runs on the stream or occupies it."""
+    """Per plan and stream, whether an op of the plan runs on the stream or occupies it; kept with the plans' rows
+    (`op_rows.Rows`)."""
     plans = len(p_op_ptr) - 1
     out = np.zeros((plans, streams), dtype=np.bool_)
     for p in range(plans):
@@ -616,9 +621,10 @@ def _touches(
 
 
 @njit(cache=True)
-def _most_other_inputs(base: np.ndarray, run_last: np.ndarray, input_ptr: np.ndarray, inputs: np.ndarray) -> int:
+def other_inputs(base: np.ndarray, run_last: np.ndarray, input_ptr: np.ndarray, inputs: np.ndarray) -> int:
     """The longest entry a layer run's calls add to the run memo's: per call after the first, a count and each
-    input it reads besides the call before."""
+    input it reads besides the call before. Of the calls and their layout alone, so kept with the layout
+    (`compiled_engine._LaidOut`)."""
     most = 0
     for r in range(len(base) - 1):
         g = base[r]

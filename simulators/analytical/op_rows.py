@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from dse.lru import MIB, ByteBoundedLru
+from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan
 from simulators.analytical.skeletons import Link, Skeleton
 
@@ -47,6 +48,10 @@ class Rows:
     link_ptr: np.ndarray
     link_ids: np.ndarray
     p_ops: np.ndarray
+    anchored: np.ndarray
+    touches: np.ndarray
+    """The kernel's p_anchored and p_touches (`engine_kernel.anchored_plans`, `touched_streams`): of the rows alone,
+    so found here once per set, not per point."""
     key: tuple[bytes, ...]
     gather: np.ndarray
     """Where o_seconds, o_mark_offset and p_category_seconds, in turn, are in the plans' seconds joined (per plan
@@ -95,6 +100,9 @@ _FIELDS = (
 """The fields `_assemble` lays out, in turn; then per plan its compute ops, its comm ops per stream, its p2p ops,
 link_ptr, its op rows and `Rows.gather`."""
 _PARTS = len(_FIELDS) + 6
+_ANCHORED_BY = ("p_op_ptr", "o_waits", "o_dep_ptr", "o_deps", "o_slot", "o_mark_ptr", "o_mark_slot", "p_slots")
+_TOUCHED_BY = ("p_op_ptr", "o_stream", "o_share_ptr", "o_shares")
+"""The fields `engine_kernel.anchored_plans` and `touched_streams` read, in turn."""
 
 
 def rows(plans: list[Plan], streams: int) -> Rows:
@@ -119,6 +127,8 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     links: dict[Link, int] = {}
     chained = chain.from_iterable(e[2] for e in encoded)
     link_ids = np.fromiter((links.setdefault(x, len(links)) for x in chained), _INT, int(link_ptr[-1]))
+    anchored = kernel.anchored_plans(*[fields[name] for name in _ANCHORED_BY])
+    touches = kernel.touched_streams(*[fields[name] for name in _TOUCHED_BY], streams)
     found = Rows(
         skeletons=skeletons,
         fields=fields,
@@ -126,11 +136,13 @@ def rows(plans: list[Plan], streams: int) -> Rows:
         link_ptr=link_ptr,
         link_ids=link_ids,
         p_ops=p_ops,
+        anchored=anchored,
+        touches=touches,
         # compute, comm, mails, link_ptr and p_ops lie in turn in `out`: their bytes key a layout, given the
         # plans and streams (the layout's key holds comm's shape).
         key=(out[ends[len(_FIELDS)] : ends[-2]].tobytes(), link_ids.tobytes()),
         gather=gather,
-        bytes=2 * (out.nbytes + link_ids.nbytes),
+        bytes=2 * (out.nbytes + link_ids.nbytes + anchored.nbytes + touches.nbytes),
     )
     _ROWS.put(key, found)
     return found

@@ -268,6 +268,12 @@ class Planner:
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
 
+    @property
+    def keeps(self) -> bool:
+        """Whether its plans are kept across points (not where they depend on the whole workload, `_context`): then
+        they depend on the workload's blocks, layout and settings, not on its programs."""
+        return self._prefixes is not None
+
     def plan(self, block_index: int, rank_class: int) -> Plan:
         plan = self._plans.get((block_index, rank_class))
         return self.plans((block_index,), rank_class)[block_index] if plan is None else plan

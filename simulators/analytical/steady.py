@@ -36,7 +36,7 @@ from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, on_shape, shape_array
+from simulators.analytical.calls import call_array, on_shape
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
@@ -113,7 +113,14 @@ def _extended(
     micro-batches), then extended by the first of `periods` (micro-batches, each dividing the form's period) that
     every stage repeats with one shared length."""
     if (run := simulated.get(id(form.programs))) is None:
-        scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
+        # A longer form runs the shorter one's blocks on the same system: its scheduler plans with the shorter
+        # one's planner, whose plans it mostly asks for again (`CompiledScheduler.for_programs`).
+        earlier = next(iter(simulated.values()), None)
+        scheduler = (
+            CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
+            if earlier is None
+            else earlier.scheduler.for_programs(form.programs)
+        )
         run = simulated[id(form.programs)] = _Simulated(scheduler, scheduler.drive())
     shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
     times = run.times()
@@ -129,16 +136,13 @@ def _extended(
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
-        costs = _Costs(run.scheduler)
-        for index, (program, shape, sched, (shift, first, calls, spare)) in enumerate(
-            zip(form.programs, shapes, run.schedules(_cuts(found, times)), found, strict=True)
+        for index, (sched, (shift, first, calls, spare)) in enumerate(
+            zip(run.schedules(_cuts(found, times)), found, strict=True)
         ):
             window = _window(sched, first, shift)
             if window is None:
                 break
-            categories = costs.of_period(
-                index, _call_field(program, shape, "block"), sched, range(first, first + calls)
-            )
+            categories = _period_categories(run, index, sched, range(first, first + calls))
             repeats = form.repeats * form.period // period
             extended.append(_extend(sched, shift, window, categories, repeats, spare))
         else:
@@ -345,11 +349,6 @@ def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callabl
     return derive() if shape is None else on_shape(shape, key, lambda _: derive())
 
 
-def _call_field(program: Program, shape: CallShape | None, field: str) -> np.ndarray:
-    """`call_array` of a program whose shape the caller has checked."""
-    return call_array(program, field) if shape is None else shape_array(shape, field)
-
-
 def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
     """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
     the next period has the same."""
@@ -362,62 +361,35 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     return first
 
 
-class _Costs:
-    """Busy seconds per category of a period's calls, for the stages of one simulated form: every distinct plan's
-    category seconds laid out once as arrays (stages alike share plans), each period summed by a compiled loop."""
-
-    def __init__(self, scheduler: CompiledScheduler) -> None:
-        self._names = list(scheduler._planner.categories)
-        self._block_plans = scheduler._block_plans
-        number: dict[int, int] = {}
-        category: list[int] = []
-        seconds: list[float] = []
-        ptr = [0]
-        self._plan_of: list[np.ndarray] = []
-        for plans in self._block_plans:
-            plan_of = np.zeros(1 + max(plans, default=0), dtype=np.int64)
-            for b, plan in plans.items():
-                if (k := number.get(id(plan))) is None:
-                    k = number[id(plan)] = len(ptr) - 1
-                    category.extend(plan.skeleton.totals)
-                    seconds.extend(plan.totals)
-                    ptr.append(len(category))
-                plan_of[b] = k
-            self._plan_of.append(plan_of)
-        self._ptr = np.array(ptr, dtype=np.int64)
-        self._category = np.array(category, dtype=np.int64)
-        self._seconds = np.array(seconds, dtype=float)
-
-    def of_period(self, index: int, blocks: np.ndarray, sched: ClassSchedule, calls: range) -> dict[str, float]:
-        """Busy seconds per category of stage `index`'s calls in `calls`: their blocks' priced ops, then their
-        p2p transfers, each category's seconds added in that order, from 0.0 (as a dict's running sums were)."""
-        totals = np.zeros(len(self._names))
-        seen = np.zeros(len(self._names), dtype=np.int64)
-        transfers = sched.transfers
-        count = _add_period(
-            blocks,
-            calls.start,
-            calls.stop,
-            self._plan_of[index],
-            self._ptr,
-            self._category,
-            self._seconds,
-            transfers.call,
-            transfers.category,
-            transfers.seconds,
-            totals,
-            seen,
-        )
-        sums = totals.tolist()
-        return {self._names[c]: sums[c] for c in seen[:count].tolist()}
+def _period_categories(run: _Simulated, index: int, sched: ClassSchedule, calls: range) -> dict[str, float]:
+    """Busy seconds per category of stage `index`'s calls in `calls`: their plans' priced ops (each plan's category
+    seconds as the kernel's tables hold them, per call its plan's number), then their p2p transfers, each
+    category's seconds added in that order, from 0.0 (as a dict's running sums were)."""
+    t, names = run.tables, run.scheduler.categories
+    totals = np.zeros(len(names))
+    seen = np.zeros(len(names), dtype=np.int64)
+    transfers = sched.transfers
+    base = int(t.base[index])
+    count = _add_period(
+        t.call_plan[base + calls.start : base + calls.stop],
+        calls.start,
+        t.p_category_ptr,
+        t.p_category,
+        t.p_category_seconds,
+        transfers.call,
+        transfers.category,
+        transfers.seconds,
+        totals,
+        seen,
+    )
+    sums = totals.tolist()
+    return {names[c]: sums[c] for c in seen[:count].tolist()}
 
 
 @njit(cache=True)
 def _add_period(
-    blocks: np.ndarray,
+    call_plan: np.ndarray,
     lo: int,
-    hi: int,
-    plan_of: np.ndarray,
     ptr: np.ndarray,
     category: np.ndarray,
     seconds: np.ndarray,
@@ -427,19 +399,19 @@ def _add_period(
     totals: np.ndarray,
     seen: np.ndarray,
 ) -> int:
-    """Adds into totals the category seconds of calls lo..hi's plans, call by call, then those of the transfers
-    of those calls, in the order they settled; lists in `seen` the categories in the order they first appear, and
-    returns how many."""
+    """Adds into totals the category seconds of the plans of calls lo.. (`call_plan`, theirs in turn), call by call,
+    then those of the transfers of those calls, in the order they settled; lists in `seen` the categories in the
+    order they first appear, and returns how many."""
     count = 0
     listed = np.zeros(len(totals), dtype=np.bool_)
-    for c in range(lo, hi):
-        p = plan_of[blocks[c]]
+    for p in call_plan:
         for k in range(ptr[p], ptr[p + 1]):
             totals[category[k]] += seconds[k]
             if not listed[category[k]]:
                 listed[category[k]] = True
                 seen[count] = category[k]
                 count += 1
+    hi = lo + len(call_plan)
     for k in range(len(transfer_call)):
         if lo <= transfer_call[k] < hi:
             totals[transfer_category[k]] += transfer_seconds[k]

@@ -13,6 +13,7 @@ from generators.symbolic import SymbolicGenerator
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.compiled_engine import CompiledScheduler, _layer_runs
 from simulators.analytical.engine_kernel import _repeat
+from simulators.analytical.op_rows import anchored_plans
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES
 
@@ -118,5 +119,5 @@ def test_only_plans_whose_every_op_waits_for_the_inputs_are_memo_anchored():
     o_mark_ptr = np.array([0, 0, 1, 1, 1, 1])
     o_mark_slot = np.array([3])
     p_slots = np.array([4, 2])
-    anchored = kernel.anchored_plans(p_op_ptr, o_waits, o_dep_ptr, o_deps, o_slot, o_mark_ptr, o_mark_slot, p_slots)
+    anchored = anchored_plans(p_op_ptr, o_waits, o_dep_ptr, o_deps, o_slot, o_mark_ptr, o_mark_slot, p_slots)
     assert anchored.tolist() == [True, False]

@@ -262,7 +262,7 @@ def _laid_out(
         run_last = _layer_runs(base, call_plan, joined.input_ptr, joined.inputs, p_mails, p_ops)
     else:
         run_last = np.full(len(call_plan), -1, dtype=_INT)
-    other_inputs = kernel.other_inputs(base, run_last, joined.input_ptr, joined.inputs)
+    other_inputs = _other_inputs(base, run_last, joined.input_ptr, joined.inputs)
     return _LaidOut(
         call_plan=call_plan,
         mail_ptr=mail_ptr,
@@ -497,3 +497,26 @@ def _layer_runs(
 def schedule_compiled(workload: Workload, system: SystemSpec) -> list[ClassSchedule]:
     """`engine.schedule` without a timeline, compiled: the same schedules, with each class's busy intervals."""
     return CompiledScheduler(workload, system).run()
+
+
+@njit(cache=True)
+def _other_inputs(base: np.ndarray, run_last: np.ndarray, input_ptr: np.ndarray, inputs: np.ndarray) -> int:
+    """The longest entry a layer run's calls add to the run memo's: per call after the first, a count and each
+    input it reads besides the call before. Of the calls and their layout alone, so kept with the layout
+    (`compiled_engine._LaidOut`)."""
+    most = 0
+    for r in range(len(base) - 1):
+        g = base[r]
+        while g < base[r + 1]:
+            if run_last[g] < 0:
+                g += 1
+                continue
+            last, count = run_last[g], 0
+            for h in range(g, last + 1):
+                count += 1
+                for k in range(input_ptr[h], input_ptr[h + 1]):
+                    if base[r] + inputs[k] != h - 1:
+                        count += 1
+            most = max(most, count)
+            g = last + 1
+    return most

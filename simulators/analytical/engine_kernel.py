@@ -62,7 +62,8 @@ class EngineTables(NamedTuple):
     has ops and no p2p op; `compiled_engine._layer_runs`), the run's last call; -1 for any other call (and for
     every call with fast-forward off)."""
     other_inputs: int
-    """The longest entry a layer run's calls add to the run memo's (`other_inputs`, kept with the layout)."""
+    """The longest entry a layer run's calls add to the run memo's (`compiled_engine._other_inputs`, kept with the
+    layout)."""
     input_ptr: np.ndarray
     inputs: np.ndarray
     """CSR per call: program-local calls whose outputs it reads."""
@@ -80,9 +81,9 @@ class EngineTables(NamedTuple):
     p_category_seconds: np.ndarray
     """CSR per plan: seconds per category of its ops that are not p2p."""
     p_anchored: np.ndarray
-    """Per plan, whether the run memo may be anchored at its calls' inputs (`anchored_plans`)."""
+    """Per plan, whether the run memo may be anchored at its calls' inputs (`op_rows.anchored_plans`)."""
     p_touches: np.ndarray
-    """plans x streams: whether an op of the plan runs on the stream or occupies it (`touched_streams`)."""
+    """plans x streams: whether an op of the plan runs on the stream or occupies it (`op_rows.touched_streams`)."""
     o_kind: np.ndarray
     o_stream: np.ndarray
     o_seconds: np.ndarray
@@ -392,7 +393,7 @@ def drive(t: EngineTables) -> None:
 
     # The run memo: a layer run whose stage enters it as an earlier run of the same plans entered (every stream
     # its ops touch and every input its calls read besides the call before, relative to when its first call's
-    # inputs are ready) runs as that run did, moved by the difference (plans `anchored_plans` marks only).
+    # inputs are ready) runs as that run did, moved by the difference (plans `op_rows.anchored_plans` marks only).
     anchored, touch, width = t.p_anchored, t.p_touches, streams + t.other_inputs
     m_run = np.full(MEMO_ENTRIES, -1, dtype=np.int64)
     m_sig = np.zeros((MEMO_ENTRIES, 3), dtype=np.int64)
@@ -568,79 +569,6 @@ def _moved(
             if ends[j] < starts[j]:
                 ends[j] = starts[j]
             j += 1
-
-
-@njit(cache=True)
-def anchored_plans(
-    p_op_ptr: np.ndarray,
-    o_waits: np.ndarray,
-    o_dep_ptr: np.ndarray,
-    o_deps: np.ndarray,
-    o_slot: np.ndarray,
-    o_mark_ptr: np.ndarray,
-    o_mark_slot: np.ndarray,
-    p_slots: np.ndarray,
-) -> np.ndarray:
-    """Per plan, whether every op of it waits for the call's inputs or for an op that does: then none starts
-    before its call's inputs are ready, so a stream's end or an input's that comes before then decides nothing
-    (the run memo tells those apart from none). Of the plans' rows alone, so kept with them (`op_rows.Rows`)."""
-    plans = len(p_op_ptr) - 1
-    out = np.zeros(plans, dtype=np.bool_)
-    for p in range(plans):
-        anchored_slot = np.zeros(max(1, p_slots[p]), dtype=np.bool_)
-        every = True
-        for x in range(p_op_ptr[p], p_op_ptr[p + 1]):
-            here = o_waits[x]
-            for k in range(o_dep_ptr[x], o_dep_ptr[x + 1]):
-                if anchored_slot[o_deps[k]]:
-                    here = True
-            if not here:
-                every = False
-                break
-            anchored_slot[o_slot[x]] = True
-            for k in range(o_mark_ptr[x], o_mark_ptr[x + 1]):
-                anchored_slot[o_mark_slot[k]] = True
-        out[p] = every
-    return out
-
-
-@njit(cache=True)
-def touched_streams(
-    p_op_ptr: np.ndarray, o_stream: np.ndarray, o_share_ptr: np.ndarray, o_shares: np.ndarray, streams: int
-) -> np.ndarray:
-    """Per plan and stream, whether an op of the plan runs on the stream or occupies it; kept with the plans' rows
-    (`op_rows.Rows`)."""
-    plans = len(p_op_ptr) - 1
-    out = np.zeros((plans, streams), dtype=np.bool_)
-    for p in range(plans):
-        for x in range(p_op_ptr[p], p_op_ptr[p + 1]):
-            out[p, o_stream[x]] = True
-            for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
-                out[p, o_shares[k]] = True
-    return out
-
-
-@njit(cache=True)
-def other_inputs(base: np.ndarray, run_last: np.ndarray, input_ptr: np.ndarray, inputs: np.ndarray) -> int:
-    """The longest entry a layer run's calls add to the run memo's: per call after the first, a count and each
-    input it reads besides the call before. Of the calls and their layout alone, so kept with the layout
-    (`compiled_engine._LaidOut`)."""
-    most = 0
-    for r in range(len(base) - 1):
-        g = base[r]
-        while g < base[r + 1]:
-            if run_last[g] < 0:
-                g += 1
-                continue
-            last, count = run_last[g], 0
-            for h in range(g, last + 1):
-                count += 1
-                for k in range(input_ptr[h], input_ptr[h + 1]):
-                    if base[r] + inputs[k] != h - 1:
-                        count += 1
-            most = max(most, count)
-            g = last + 1
-    return most
 
 
 @njit(cache=True)

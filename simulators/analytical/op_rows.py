@@ -16,7 +16,6 @@ import numpy as np
 from numba import njit
 
 from dse.lru import MIB, ByteBoundedLru
-from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan
 from simulators.analytical.skeletons import Link, Skeleton
 
@@ -50,7 +49,7 @@ class Rows:
     p_ops: np.ndarray
     anchored: np.ndarray
     touches: np.ndarray
-    """The kernel's p_anchored and p_touches (`engine_kernel.anchored_plans`, `touched_streams`): of the rows alone,
+    """The kernel's p_anchored and p_touches (`anchored_plans`, `touched_streams`): of the rows alone,
     so found here once per set, not per point."""
     key: tuple[bytes, ...]
     gather: np.ndarray
@@ -102,7 +101,7 @@ link_ptr, its op rows and `Rows.gather`."""
 _PARTS = len(_FIELDS) + 6
 _ANCHORED_BY = ("p_op_ptr", "o_waits", "o_dep_ptr", "o_deps", "o_slot", "o_mark_ptr", "o_mark_slot", "p_slots")
 _TOUCHED_BY = ("p_op_ptr", "o_stream", "o_share_ptr", "o_shares")
-"""The fields `engine_kernel.anchored_plans` and `touched_streams` read, in turn."""
+"""The fields `anchored_plans` and `touched_streams` read, in turn."""
 
 
 def rows(plans: list[Plan], streams: int) -> Rows:
@@ -127,8 +126,8 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     links: dict[Link, int] = {}
     chained = chain.from_iterable(e[2] for e in encoded)
     link_ids = np.fromiter((links.setdefault(x, len(links)) for x in chained), _INT, int(link_ptr[-1]))
-    anchored = kernel.anchored_plans(*[fields[name] for name in _ANCHORED_BY])
-    touches = kernel.touched_streams(*[fields[name] for name in _TOUCHED_BY], streams)
+    anchored = anchored_plans(*[fields[name] for name in _ANCHORED_BY])
+    touches = touched_streams(*[fields[name] for name in _TOUCHED_BY], streams)
     found = Rows(
         skeletons=skeletons,
         fields=fields,
@@ -251,4 +250,54 @@ def _assemble(code: np.ndarray, starts: np.ndarray, streams: int) -> np.ndarray:
             for k in range(parts[part] + bounds[part][0], parts[part] + bounds[part][1]):
                 out[gather + k] = at
                 at += 1
+    return out
+
+
+@njit(cache=True)
+def anchored_plans(
+    p_op_ptr: np.ndarray,
+    o_waits: np.ndarray,
+    o_dep_ptr: np.ndarray,
+    o_deps: np.ndarray,
+    o_slot: np.ndarray,
+    o_mark_ptr: np.ndarray,
+    o_mark_slot: np.ndarray,
+    p_slots: np.ndarray,
+) -> np.ndarray:
+    """Per plan, whether every op of it waits for the call's inputs or for an op that does: then none starts
+    before its call's inputs are ready, so a stream's end or an input's that comes before then decides nothing
+    (the run memo tells those apart from none). Of the plans' rows alone, so kept with them (`op_rows.Rows`)."""
+    plans = len(p_op_ptr) - 1
+    out = np.zeros(plans, dtype=np.bool_)
+    for p in range(plans):
+        anchored_slot = np.zeros(max(1, p_slots[p]), dtype=np.bool_)
+        every = True
+        for x in range(p_op_ptr[p], p_op_ptr[p + 1]):
+            here = o_waits[x]
+            for k in range(o_dep_ptr[x], o_dep_ptr[x + 1]):
+                if anchored_slot[o_deps[k]]:
+                    here = True
+            if not here:
+                every = False
+                break
+            anchored_slot[o_slot[x]] = True
+            for k in range(o_mark_ptr[x], o_mark_ptr[x + 1]):
+                anchored_slot[o_mark_slot[k]] = True
+        out[p] = every
+    return out
+
+
+@njit(cache=True)
+def touched_streams(
+    p_op_ptr: np.ndarray, o_stream: np.ndarray, o_share_ptr: np.ndarray, o_shares: np.ndarray, streams: int
+) -> np.ndarray:
+    """Per plan and stream, whether an op of the plan runs on the stream or occupies it; kept with the plans' rows
+    (`op_rows.Rows`)."""
+    plans = len(p_op_ptr) - 1
+    out = np.zeros((plans, streams), dtype=np.bool_)
+    for p in range(plans):
+        for x in range(p_op_ptr[p], p_op_ptr[p + 1]):
+            out[p, o_stream[x]] = True
+            for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
+                out[p, o_shares[k]] = True
     return out

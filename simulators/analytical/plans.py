@@ -8,10 +8,11 @@ layer that leaves about a quarter of the ops. The kernels inside a fused run tha
 their end times through `marks`, offsets from the run's start.
 
 A plan is its skeleton and its seconds (`skeletons`): the skeleton depends on the block and the network's shape
-only, so once a block's content is planned on a second system its skeletons are kept (`_Form`), and every later
-system that differs only in speeds prices seconds. On the first system a recipe is planned on, its skeletons are not
-kept: a block's content priced on one system only (a study's configurations on one system) would pay for keeping
-them and gain nothing.
+only, so a block's skeletons are kept from the first system it is planned on (`_Form`), and every later system that
+differs only in speeds prices seconds. Kept from the first, not the second: a revisit's second system is the one
+most recipes see, and rebuilding every skeleton there, and with them every set's op rows (`op_rows`, kept per
+skeletons' identities), cost its revisits 18% more Python calls and about a fifth more CPU than a third system's
+(benchmarks/vs_calculon.py), while the first system's skeletons are held by its kept plans anyway.
 """
 
 from collections.abc import Iterable
@@ -38,8 +39,9 @@ def stream_of(op: Op) -> str:
 
 
 PLAN_BYTES = 32 * MIB
-"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 2.9 MiB of them on one
-system, 7.1 MiB after a second (whose skeletons are kept) and 2.3 MiB more per later system."""
+"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 4.9 MiB of them on one
+system (its skeletons counted again as forms, though its plans hold the same objects), 7.1 MiB after a second and
+2.3 MiB more per later system."""
 RECIPE_BYTES_PER_OP = 400
 """A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
 of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
@@ -129,9 +131,6 @@ class _Recipe:
     order their ops first name them."""
     totals: tuple[int, ...]
     """The categories of the totals (places in `categories`), in their order."""
-    system: int | None
-    """The hash of the context (`Planner._hashes`) it was first planned under: its skeletons are kept (`forms`) only
-    for plans built under another one. None until a plan is built, or where plans are not kept (`_context`)."""
     forms: dict[tuple, "_Form"]
     """The skeletons of its plans, per shape of a class's groups on the network (`Planner._skeleton`): kept across
     systems, unlike `shelves`."""
@@ -191,7 +190,6 @@ def _recipe(block: Block, fuse: bool) -> _Recipe:
         p2p=tuple((op.axis, op.peer) for op in block.ops if op.kind in (OpKind.SEND, OpKind.RECV)),
         code=code_of(fused, alone, len(totals)),
         totals=tuple(totals),
-        system=None,
         forms={},
         shapes={},
         shelves={},
@@ -227,7 +225,7 @@ class Planner:
     """Builds and caches plans, and numbers the streams and categories that plans refer to.
 
     A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`), and its skeleton for later
-    systems of the same shape once a second system plans it (`_Recipe.forms`, `_skeleton`). Besides the block's
+    systems of the same shape (`_Recipe.forms`, `_skeleton`). Besides the block's
     content a plan depends on the system and the workload's pricing settings (`_context`), and on how the class's
     groups spread over the network; a block with p2p ops on the class itself, its peers and their classes, so its
     plans are kept per layout, classes of the ranks, and class. Streams and categories are numbered per planner in
@@ -257,8 +255,6 @@ class Planner:
         classes for a block with p2p ops. A key holds their hashes, computed here once (hashing them per lookup
         would cost as much as the rest of the lookup)."""
         self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
-        self._here = None if self._hashes is None else self._hashes[0]
-        """What `_Recipe.system` compares (the context's hash), None where plans are not kept."""
         self._shape = (fuse, share_bandwidth, tuple(dim.npus for dim in system.network), *ranks)
         """What a skeleton of a block with p2p ops depends on besides the block and the class: its links name the
         peers' classes, and its shares the dimensions it crosses, which follow from the network's shape."""
@@ -337,12 +333,8 @@ class Planner:
         numbering = self._numbering(entry.names)
         plan = entry.plans.get(numbering)
         if plan is None:
-            built_numbering, built = next(iter(entry.plans.items()))
-            skeleton = (
-                renumbered(built_numbering, built.skeleton, numbering)
-                if recipe.system == self._here
-                else self._skeleton(block_index, rank_class, recipe, spans)[0]
-            )
+            built = next(iter(entry.plans.values()))
+            skeleton = self._skeleton(block_index, rank_class, recipe, spans)[0]
             plan = entry.plans[numbering] = Plan(skeleton, built.seconds, built.totals)
             _grown(recipe, shelf, plan)
         elif id(plan) in self._handed:
@@ -374,12 +366,10 @@ class Planner:
     def _skeleton(
         self, block_index: int, rank_class: int, recipe: _Recipe, spans: tuple | None
     ) -> tuple[Skeleton, tuple[tuple[str, ...], tuple[str, ...]]]:
-        """The skeleton kept for the class's shape (`_Form`), numbered as this planner numbers; made if none. Made
-        and not kept under the context the recipe was first planned under (`_Recipe.system`)."""
-        if recipe.system is None:
-            recipe.system = self._here
-        kept = self._here is not None and recipe.system != self._here
-        key = ((self._shape_hash, rank_class) if spans is None else (self._flags, spans)) if kept else ()
+        """The skeleton kept for the class's shape (`_Form`), numbered as this planner numbers; made if none, and
+        kept where plans are (`keeps`)."""
+        kept = self.keeps
+        key = (self._shape_hash, rank_class) if spans is None else (self._flags, spans)
         form = recipe.forms.get(key) if kept else None
         if form is None or (spans is None and form.shape != self._shape):
             skeleton, streams = self._shaped(block_index, rank_class, recipe)

@@ -19,7 +19,11 @@ other load do not count; the load averages are printed because a busy core still
   reused but what dse keeps per schedule shape may be. Each round goes through the configurations in a shuffled
   (seeded) order, as a study does. Printed per round: points per CPU-second, median and max CPU time per point,
   and the ratio; then every configuration's cost and step time in both tools, the configurations over 5x the median
-  marked.
+  marked. A configuration's cost is the median of its revisits, three by default (`--rounds 4`): with two, the
+  median is their mean, and one collector pause or burst of page faults landing on one revisit (up to 15-20 ms,
+  at whichever point the process's allocations reach it: a change anywhere in the process moved it off GPT-3
+  tp4 pp16 mb1 zero0's second revisit, where it sat in 5 of 7 runs at 2026-11-30's code) flagged a configuration
+  whose other visits cost 2-4 ms. The rates count every point, those pauses included.
 - A hardware grid of 1,000 systems per configuration (NVLink 10 x InfiniBand 10 x peak FLOP/s 10), for every
   `--grid-every`-th configuration: dse's batch path (`AnalyticalCostModel.simulate_many`, as a sweep calls it) on its
   first batch (the workload generated and its structure recorded) and again with the structure kept, and Calculon
@@ -29,7 +33,7 @@ other load do not count; the load averages are printed because a busy core still
 Without `--calculon`, only dse's figures are printed. Calculon is never fetched; to make one:
   git clone https://github.com/calculon-ai/calculon && python -m venv calculon/.venv &&
   calculon/.venv/bin/pip install -e calculon numpy pandas psutil
-Run: nice .venv/bin/python benchmarks/vs_calculon.py [--calculon PATH] [--rounds 3] [--grid-every 5] [--profile 2]
+Run: nice .venv/bin/python benchmarks/vs_calculon.py [--calculon PATH] [--rounds 4] [--grid-every 5] [--profile 2]
 PATH is a Calculon checkout with a venv in .venv (or venv), or the python of an environment that imports calculon.
 """
 
@@ -372,7 +376,7 @@ def profile(evaluation: PluginEvaluation, cost: dict[Configuration, float], coun
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calculon", type=Path, help="a Calculon checkout with a venv, or a python importing it")
-    parser.add_argument("--rounds", type=int, default=3, help="per-point rounds (the first is the first visit)")
+    parser.add_argument("--rounds", type=int, default=4, help="per-point rounds (the first is the first visit)")
     parser.add_argument("--grid-every", type=int, default=5, help="the grid for every n-th configuration; 0: none")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the K costliest configurations")
     args = parser.parse_args(argv)

@@ -5,11 +5,17 @@ import ctypes
 import gc
 import sys
 
-GC_THRESHOLDS = (50_000, 20, 20)
+GC_THRESHOLDS = (10_000, 100, 20)
 """The evaluator processes' garbage-collector thresholds. A workload is tens of thousands of small objects, nearly
 all freed by reference counting; with CPython's defaults (700, 10, 10) the cyclic collector still walks the whole
 heap, the plugins' caches included, every few evaluations: 13-16% of the CPU time of benchmarks/evaluate_rate.py,
-which applies the same thresholds."""
+which applies the same thresholds. What a young collection walks is what was made since the last one and is still
+alive: mostly the tuples a generated workload's calls are (untracked once walked, so each is walked once). At
+50,000 a collection walked about 50,000 of them, a 14-17 ms pause landing on one point: on
+benchmarks/vs_calculon.py's 96 configurations, 5x the median revisit on whichever configuration it fell on. At
+10,000 the pauses are at most 3.5-4 ms and their total is lower (27 against 34 ms over the benchmark's 288
+points: fewer objects walked out of the processor's caches); the middle generation's 100 keeps its collections
+to one per million objects, as 50,000 x 20 did (at 20 one walked 34 ms of objects kept by the caches)."""
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
 """glibc's mallopt parameters (malloc.h)."""

@@ -80,7 +80,7 @@ class CompiledScheduler:
         return tables
 
     def schedules(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> list[ClassSchedule]:
-        names = list(self._planner.categories)
+        names = self.categories
         runs, streams = t.stream_end.shape  # not the planner's count: a longer form's may have numbered more since
         knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
         stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]

@@ -136,13 +136,14 @@ def _extended(
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
+        names = run.scheduler.categories
         for index, (sched, (shift, first, calls, spare)) in enumerate(
             zip(run.schedules(_cuts(found, times)), found, strict=True)
         ):
             window = _window(sched, first, shift)
             if window is None:
                 break
-            categories = _period_categories(run, index, sched, range(first, first + calls))
+            categories = _period_categories(run.tables, names, index, sched, range(first, first + calls))
             repeats = form.repeats * form.period // period
             extended.append(_extend(sched, shift, window, categories, repeats, spare))
         else:
@@ -361,11 +362,13 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     return first
 
 
-def _period_categories(run: _Simulated, index: int, sched: ClassSchedule, calls: range) -> dict[str, float]:
+def _period_categories(
+    t: EngineTables, names: list[str], index: int, sched: ClassSchedule, calls: range
+) -> dict[str, float]:
     """Busy seconds per category of stage `index`'s calls in `calls`: their plans' priced ops (each plan's category
-    seconds as the kernel's tables hold them, per call its plan's number), then their p2p transfers, each
-    category's seconds added in that order, from 0.0 (as a dict's running sums were)."""
-    t, names = run.tables, run.scheduler.categories
+    seconds as the kernel's tables `t` hold them, per call its plan's number), then their p2p transfers, each
+    category's seconds added in that order, from 0.0 (as a dict's running sums were); names: the categories'
+    names in their numbers' order (`CompiledScheduler.categories`, read once per form)."""
     totals = np.zeros(len(names))
     seen = np.zeros(len(names), dtype=np.int64)
     transfers = sched.transfers

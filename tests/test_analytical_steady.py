@@ -1,8 +1,8 @@
 """A pipeline's steady state priced once: the step from its SteadyForm against the step's own programs.
 
-The steady form runs 2p + 2 micro-batches (6p interleaved) and the cost model adds the period it finds on that
-timeline as often as the step has more; the figures must be the whole step's, not approximately but to rounding,
-and a timeline that does not repeat must be priced whole.
+The steady form runs p + 4 micro-batches (at most 2p + 2; 6p interleaved) and the cost model adds the period it
+finds on that timeline as often as the step has more; the figures must be the whole step's, not approximately but
+to rounding, and a timeline that does not repeat must be priced whole.
 """
 
 from dataclasses import replace
@@ -89,7 +89,7 @@ def test_the_steady_form_holds_a_few_periods_and_stands_for_the_rest():
     interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=128)
     form = SymbolicGenerator().generate(interleaved).steady
     assert (form.microbatches, form.period, form.repeats) == (40, 4, 6)  # 6p and a link cycle of 4-groups
-    for kind in (dict(pp_schedule="gpipe"), dict(global_batch=16)):  # GPipe; 8 micro-batches, fewer than 2p + 2
+    for kind in (dict(pp_schedule="gpipe"), dict(global_batch=16)):  # GPipe; 8 micro-batches, no more than its p + 4
         assert (
             SymbolicGenerator().generate(make_point(**{"tp": 2, "pp": 4, "dp": 2, "global_batch": 128, **kind})).steady
             is None

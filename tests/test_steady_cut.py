@@ -16,6 +16,7 @@ from simulators.analytical import steady
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.intervals import ordered_busy
 from simulators.analytical.steady import TOLERANCE_S, schedule_steady
+from simulators.analytical.steady_reads import reads
 from tests.helpers import make_point
 
 ROUNDING = 1e-12
@@ -58,9 +59,10 @@ def _measured(case: str):
     scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
     run = steady._Simulated(scheduler, scheduler.drive())
     times = run.times()
+    read = reads(workload.blocks, form.programs)
     found = [
-        steady._period(program, program.call_shape(), start, end, form.period)
-        for program, (start, end) in zip(form.programs, times, strict=True)
+        steady._period(program, program.call_shape(), start, end, form.period, read, stage)
+        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
     ]
     assert all(f is not None for f in found), "the shorter form's timeline does not repeat"
     cuts = steady._cuts(found, times)
@@ -75,7 +77,7 @@ FIGURES = ("compute_s", "comm_s", "exposed_comm_s")
 def test_the_cut_measures_each_stage_as_the_whole_timeline_within_its_bound(case):
     found, _, whole, cut = _measured(case)
     assert sum(f[3] for f in found) > 0
-    for (shift, first, _, spare), w, c in zip(found, whole, cut, strict=True):
+    for (shift, first, _, spare, _), w, c in zip(found, whole, cut, strict=True):
         window = steady._window(c, first, shift)
         assert window is not None and window == steady._window(w, first, shift)  # to the bit
         bound = spare * 3 * TOLERANCE_S

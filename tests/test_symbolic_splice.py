@@ -10,8 +10,9 @@ import generators.symbolic.skeleton as skeleton
 from dse.workload import Program, columns_of
 from generators.symbolic.generator import SymbolicGenerator
 from generators.symbolic.pipeline import Pipeline
-from generators.symbolic.schedule import steady_microbatches
+from generators.symbolic.schedule import one_f_one_b, steady_microbatches
 from generators.symbolic.skeleton import Skeleton
+from generators.symbolic.splice import _Steps
 
 CASES = {
     "pp2": (dict(pp=2), 30),
@@ -118,3 +119,18 @@ def test_a_skeleton_spliced_from_an_earlier_points_is_the_walked_one(case, monke
             assert list(a.calls) == list(b.calls)
             for x, y in zip(columns_of(a.tensors), columns_of(b.tensors), strict=True):
                 assert np.asarray(x).dtype == np.asarray(y).dtype and np.array_equal(x, y)
+
+
+@pytest.mark.parametrize(("stages", "stage", "microbatches"), [(4, 0, 8), (8, 0, 12), (8, 5, 12), (16, 3, 20)])
+def test_the_splice_finds_each_step_and_moves_reads_by_micro_batches(stages, stage, microbatches):
+    """`_Steps` places every forward and backward where `one_f_one_b` runs it, and moves a call in a step to the
+    same place in the step of its kind a micro-batch on: warm-up forwards onto steady ones too."""
+    steps = one_f_one_b(stages, stage, microbatches)
+    warmup = min(stages - stage - 1, microbatches)
+    located = _Steps(warmup, microbatches, np.arange(len(steps)) * 3, 3 * len(steps))
+    backward = np.array([kind == "B" for kind, _ in steps])
+    assert located.of(backward, np.array([mb for _, mb in steps])).tolist() == list(range(len(steps)))
+    place = {step: i for i, step in enumerate(steps)}
+    calls = np.array([c for c in range(3 * len(steps)) if (steps[c // 3][0], steps[c // 3][1] + 1) in place])
+    expected = [3 * place[(kind, mb + 1)] + c % 3 for c in calls.tolist() for kind, mb in [steps[c // 3]]]
+    assert located.mover(0, np.array([1]), located)(calls).ravel().tolist() == expected

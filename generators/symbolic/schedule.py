@@ -329,8 +329,10 @@ def steady_form(point: DesignPoint, programs: Callable[[int], list[Program]]) ->
 def steady_microbatches(point: DesignPoint) -> int | None:
     """Micro-batches of the step's SteadyForm, or None when it has none.
 
-    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and its timing settles within
-    about p micro-batches of steady state, so 2p + 2 micro-batches leave a few steady periods on every stage;
+    A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and p + 4 micro-batches (2p + 2
+    where that is fewer) leave a few steady periods on every stage: enough, as the cost model checks a stage's
+    steady stretch only for what the calls after it read (`simulators.analytical.steady._period`; a backward's
+    own activations, read p periods back on the first stage, never set its start);
     interleaved and ZB-H1 stages repeat every several micro-batches (`steady_period`) and warm up and drain for up
     to about two of those periods each, so they take 6 periods. To those, as many periods as make the difference to
     the step a multiple of LINK_CYCLE (which keeps an interleaved step's last, shorter group too). Only training
@@ -340,7 +342,7 @@ def steady_microbatches(point: DesignPoint) -> int | None:
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved", "zb_h1"):
         return None
     period = steady_period(point)
-    base = 6 * period if period > 1 else 2 * p.pp + 2
+    base = 6 * period if period > 1 else min(2 * p.pp + 2, p.pp + 4)
     short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
     return short if point.micro_batches > short else None
 

@@ -4,12 +4,16 @@ A point whose steady form fails its period check is priced on a longer form or t
 up to ten times the micro-batches, and walking every stage over all of them cost more than pricing the point.
 A 1F1B stage over m + k micro-batches runs its steps over m with k more steady pairs (a forward of the next
 micro-batch and a backward) before its last two: the calls and tensors of those pairs repeat the pair before
-them with micro-batches (and p2p tags) one further on and the calls they read one period further on, and the
-calls after them are those over m moved by k pairs. Only a stage whose walk shows that repetition over the
-pairs the inserted ones read is spliced (`Pipeline.spliceable` says which schedules qualify); `None` otherwise,
-and the stage is walked."""
+them with micro-batches (and p2p tags) one further on, and the calls after them are those over m with
+micro-batches k further on. A call moved r micro-batches on reads either calls before the first forward
+the pairs read, which stay, or a step of some micro-batch, and then the same place in the step of that kind r
+micro-batches on (`_Steps.mover`): a backward reads its forward's activations, which on an early stage of a
+short form (under 2(p - s) + 4 micro-batches) is a warm-up forward, so the reads follow the steps rather than
+a stride of whole pairs. Only a stage whose walk shows that repetition over the steps the inserted pairs read
+is spliced (`Pipeline.spliceable` says which schedules qualify); `None` otherwise, and the stage is walked."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import cached_property
 from itertools import chain, pairwise
 
 import numpy as np
@@ -20,15 +24,56 @@ from generators.symbolic.skeleton import Skeleton
 _new = tuple.__new__
 
 
-def moved(calls: Sequence[Call], repeats: np.ndarray, period: int, cut: int, first_microbatch: int) -> list[Call]:
-    """`calls` once per repeat r: r micro-batches on, reading the calls from `cut` on r periods further on;
+class _Steps:
+    """Where a 1F1B stage's steps start among its calls (`one_f_one_b`: `warmup` forwards, then pairs of a forward
+    and a backward, then the backwards left), to move a call's reads to the same step micro-batches on."""
+
+    def __init__(self, warmup: int, microbatches: int, starts: np.ndarray, calls: int) -> None:
+        self.warmup, self.microbatches, self.starts, self.calls = warmup, microbatches, starts, calls
+        """`starts`: per step, the calls made before it; `calls`: all of them."""
+
+    @cached_property
+    def step_of(self) -> np.ndarray:
+        """Per call, its step."""
+        return np.repeat(np.arange(len(self.starts)), np.diff(self.starts, append=self.calls))
+
+    def of(self, backward: np.ndarray, microbatch: np.ndarray) -> np.ndarray:
+        """The step that runs each forward (or backward) of a micro-batch."""
+        w, m = self.warmup, self.microbatches
+        forward = np.where(microbatch < w, microbatch, 2 * microbatch - w)
+        return np.where(backward, np.where(microbatch < m - w, w + 2 * microbatch + 1, m + microbatch), forward)
+
+    def mover(self, cut: int, repeats: np.ndarray, onto: "_Steps") -> "Reads":
+        """What moves calls, per repeat r, each from `cut` on to its place in the step of its kind r
+        micro-batches on among `onto`'s steps; calls before `cut` stay. Worked out per step, gathered per call."""
+        steps, w, m = np.arange(len(self.starts)), self.warmup, self.microbatches
+        backward = (steps >= w) & (((steps - w) % 2 == 1) | (steps >= 2 * m - w))
+        microbatch = np.where(backward, np.where(steps < 2 * m - w, (steps - w) // 2, steps - m), (steps + w) // 2)
+        microbatch = np.where(steps < w, steps, microbatch)
+        # steps past `onto`'s last are never read by what is moved (reads go back): any of them will do
+        step = np.minimum(onto.of(backward[None, :], microbatch[None, :] + repeats[:, None]), len(onto.starts) - 1)
+        by = onto.starts[step] - self.starts
+        step_of = self.step_of
+
+        def move(calls: np.ndarray) -> np.ndarray:
+            return calls[None, :] + by[:, step_of[calls]] * (calls >= cut)[None, :]
+
+        return move
+
+
+Reads = Callable[[np.ndarray], np.ndarray]
+"""Calls (or tensors' producers and consumers) moved on: one row per repeat (`_Steps.mover`)."""
+
+
+def moved(calls: Sequence[Call], reads_of: Reads, repeats: np.ndarray, first_microbatch: int) -> list[Call]:
+    """`calls` once per repeat r: r micro-batches on, reading what `reads_of` moves their reads to for r;
     micro-batches before `first_microbatch` (and the optimizer step's -1) stay, and so do their p2p tags (0 for
     other calls). In arrays, then one tuple per call: a Python function per call cost nearly what the walk did."""
     blocks, inputs, layers, microbatches, tags = zip(*calls, strict=True)
     ends = np.cumsum([len(read) for read in inputs]).tolist()
     spans = list(zip([0, *ends[:-1]], ends, strict=True))
     flat = np.fromiter(chain.from_iterable(inputs), dtype=np.int64, count=ends[-1] if ends else 0)
-    read = (flat[None, :] + (period * repeats)[:, None] * (flat >= cut)[None, :]).tolist()
+    read = reads_of(flat).tolist()
     mb, tag = np.array(microbatches), np.array(tags)
     on = repeats[:, None] * (mb >= first_microbatch)[None, :]
     mbs, tags = (mb[None, :] + on).ravel().tolist(), (tag[None, :] + 2 * on * (tag != 0)[None, :]).ravel().tolist()
@@ -37,15 +82,10 @@ def moved(calls: Sequence[Call], repeats: np.ndarray, period: int, cut: int, fir
     return [_new(Call, fields) for fields in zip(blocks * count, reads, layers * count, mbs, tags, strict=True)]
 
 
-def _moved_rows(rows: np.ndarray, cut: int, by: np.ndarray) -> np.ndarray:
-    """Producer or consumer calls of rows, each repeat `by[i]` calls on from `cut` on: one array of all repeats."""
-    return (rows[None, :] + by[:, None] * (rows >= cut)[None, :]).ravel()
-
-
 def fewest_microbatches(stages: int, stage: int) -> int:
-    """The fewest micro-batches of a 1F1B stage's skeleton that `splice` can lengthen: its warm-up forwards, two
-    steady pairs before the last two and as many drain backwards as warm-up forwards."""
-    return 2 * (stages - stage - 1) + 4
+    """The fewest micro-batches of a 1F1B stage's skeleton that `splice` can lengthen: its warm-up forwards and four
+    steady pairs, whatever its drain."""
+    return stages - stage - 1 + 4
 
 
 def splice(
@@ -63,56 +103,69 @@ def splice(
     warmup = min(stages - stage - 1, microbatches)
     at = microbatches - warmup - 2
     """The steady pair before which the new ones go (`one_f_one_b`: pair j is steps warmup + 2j and + 1)."""
-    first = at - warmup - 2
-    """The first pair the last one before `at` reads from: its forwards' backward and the step before them."""
     if microbatches < fewest_microbatches(stages, stage) or more <= 0:
         return None
-    starts = [short.marks[warmup + 2 * j] for j in range(first, at + 2)]
-    cut, (insert, row_insert) = starts[0][0], starts[-2]
+    calls, table = short.shape.calls, short.table
+    steps = _Steps(warmup, microbatches, np.array([c for c, _ in short.marks]), len(calls))
+    cut_step = int(steps.of(np.array(False), np.array(at - 2)))
+    """The forward of micro-batch at - 2, one before the forward that the backward of the pair before `at` reads:
+    calls from it on move with the micro-batches, calls before it stay."""
+    cut = short.marks[cut_step][0]
+    starts = [short.marks[warmup + 2 * j] for j in range(max(at - warmup - 2, 0), at + 2)]
+    insert, row_insert = starts[-2]
     period, row_period = insert - starts[-3][0], row_insert - starts[-3][1]
     if any((c1 - c0, r1 - r0) != (period, row_period) for (c0, r0), (c1, r1) in pairwise(starts)):
         return None
-    calls, table = short.shape.calls, short.table
+    forwards = steps.of(np.array(False), np.arange(at - 2, microbatches)).tolist()
+    if len({tuple(np.subtract(short.marks[s + 1], short.marks[s])) for s in forwards}) != 1:
+        return None
+    one = np.array([1])
+    on_short = steps.mover(cut, one, steps)
     template = calls[insert - period : insert]
     rows = slice(row_insert - row_period, row_insert)
     after = slice(row_insert, row_insert + row_period)
-    # the pair at `at` must be the one before it moved on, calls and tensors alike
-    if moved(template, np.array([1]), period, cut, 0) != list(calls[insert : insert + period]):
+    # the pair at `at` must be the one before it moved on, calls and tensors alike; and where the pairs read
+    # warm-up forwards, the first steady forward the last warm-up one moved on
+    if moved(template, on_short, one, 0) != list(calls[insert : insert + period]):
         return None
-    one = np.array([period])
+    if at - 2 < warmup < microbatches:
+        (c0, _), (c1, _) = short.marks[warmup - 1], short.marks[warmup]
+        if moved(calls[c0:c1], on_short, one, 0) != list(calls[c1 : c1 + c1 - c0]):
+            return None
     if (
         table.names[rows] != table.names[after]
         or table.kinds[rows] != table.kinds[after]
         or not np.array_equal(short.source_of[rows], short.source_of[after])
-        or not np.array_equal(_moved_rows(table.producer[rows], cut, one), table.producer[after])
-        or not np.array_equal(_moved_rows(table.consumer[rows], cut, one), table.consumer[after])
+        or not np.array_equal(on_short(table.producer[rows]).ravel(), table.producer[after])
+        or not np.array_equal(on_short(table.consumer[rows]).ravel(), table.consumer[after])
     ):
         return None
+    step = warmup + 2 * at
+    template_marks = short.marks[step - 2 : step]
+    marks = short.marks[:step]
+    marks += tuple((c + r * period, t + r * row_period) for r in range(1, more + 1) for c, t in template_marks)
+    marks += tuple((c + more * period, t + more * row_period) for c, t in short.marks[step:])
+    longer = _Steps(warmup, microbatches + more, np.array([c for c, _ in marks]), len(calls) + more * period)
     repeats = np.arange(1, more + 1)
+    on_pairs, on_tail = steps.mover(cut, repeats, longer), steps.mover(cut, np.array([more]), longer)
     spliced = [
         *calls[:insert],
-        *moved(template, repeats, period, cut, 0),
-        *moved(calls[insert:], repeats[-1:], period, cut, at),
+        *moved(template, on_pairs, repeats, 0),
+        *moved(calls[insert:], on_tail, np.array([more]), at),
     ]
-    by, tail = period * repeats, period * repeats[-1:]
     head = slice(None, row_insert)
     rest = slice(row_insert, None)
 
     def column(values: np.ndarray) -> np.ndarray:
-        return np.concatenate(
-            [values[head], _moved_rows(values[rows], cut, by), _moved_rows(values[rest], cut, tail)]
-        ).astype(np.intp, copy=False)
+        return np.concatenate([values[head], on_pairs(values[rows]).ravel(), on_tail(values[rest]).ravel()]).astype(
+            np.intp, copy=False
+        )
 
     def repeated(values: tuple | np.ndarray) -> tuple | np.ndarray:
         if isinstance(values, tuple):
             return values[head] + values[rows] * more + values[rest]
         return np.concatenate([values[head], np.tile(values[rows], more), values[rest]])
 
-    step = warmup + 2 * at
-    template_marks = short.marks[step - 2 : step]
-    marks = short.marks[:step]
-    marks += tuple((c + r * period, t + r * row_period) for r in range(1, more + 1) for c, t in template_marks)
-    marks += tuple((c + more * period, t + more * row_period) for c, t in short.marks[step:])
     return Skeleton(
         CallShape(tuple(spliced)),
         p2p,

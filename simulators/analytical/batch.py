@@ -49,10 +49,11 @@ from dse.workload import SteadyForm, Workload
 from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import BLOCK, BusyMany, Spans
 from simulators.analytical.batch_durations import Priced, durations_of
-from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend, first_shown
+from simulators.analytical.batch_steady import Extension, Period, StageArrays, extend, first_shown, joined
 from simulators.analytical.batch_structure import Reads, structure
 from simulators.analytical.memory import FRAGMENTATION, RESERVE, Liveness, reserved
 from simulators.analytical.steady import forms
+from simulators.analytical.steady_reads import reads as stage_reads
 from simulators.analytical.tape import Tape
 
 MEMORY_BUDGET_BYTES = 128 * 2**20
@@ -339,6 +340,7 @@ def _evaluate(
     values_room = room.of(program.size * max(int(c[-1] - c[0]) for c in chunks))  # every chunk's values, in turn
     counted = [_Counted.of(tape, c) for c in range(len(tape.classes))]
     sweeps: list[_Sweep | None] = [None] * len(tape.classes)  # per rank class, the sweep its chunks share
+    read = stage_reads(evaluated.blocks, list(evaluated.programs)) if form else None
     for bounds in chunks:
         lo, hi = int(bounds[0]), int(bounds[-1])
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
@@ -347,7 +349,10 @@ def _evaluate(
         if ordered is None:
             ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
         calls = [(values.take(r.call_start, axis=0), values.take(r.call_end, axis=0)) for r in reads]
-        found = [[Period.find(evaluated.programs[c], *calls[c], p) for p in periods] for c in range(len(calls))]
+        found = [
+            [Period.find(evaluated.programs[c], *calls[c], p, read, c) for p in periods] for c in range(len(calls))
+        ]
+        found = joined(found, read) if read is not None else found
         by = first_shown(found) if form else np.full(hi - lo, -1)
         wanted = by >= 0 if form else None
         blocks = bounds - lo

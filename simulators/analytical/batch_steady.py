@@ -8,7 +8,7 @@ and the same period for long enough, and its busy seconds over one period recur 
 longer form or the whole step.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numba import njit
@@ -17,7 +17,8 @@ from dse.workload import Program, SteadyForm
 from simulators.analytical import batch_kernels
 from simulators.analytical.batch_busy import Cut
 from simulators.analytical.calls import memoised
-from simulators.analytical.steady import TOLERANCE_S, _twins, call_reach, spare_periods
+from simulators.analytical.steady import TOLERANCE_S, _twins, spare_periods
+from simulators.analytical.steady_reads import Reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +58,10 @@ class Period:
     """Filled in once the busy intervals are measured at `moments` (`BusyMany.windows`)."""
 
     @classmethod
-    def find(cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int) -> "Period":
-        return cls(*_period(program, call_start, call_end, period))
+    def find(
+        cls, program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int, read: Reads, stage: int
+    ) -> "Period":
+        return cls(*_period(program, call_start, call_end, period, read, stage))
 
     def moments(self, call_start: np.ndarray) -> list[np.ndarray]:
         """The bounds of the two periods from `first` on, per system."""
@@ -138,6 +141,17 @@ def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> t
     return extensions, chosen
 
 
+def joined(found: list[list[Period]], read: Reads) -> list[list[Period]]:
+    """found (per stage, one `Period` per period tried) without the systems whose runs the stages' transfers do
+    not join (`Reads.joined`, as `steady._extended` checks them)."""
+    for index in range(len(found[0])):
+        lo, hi, first = (np.array([getattr(own[index], name) for own in found]) for name in ("lo", "hi", "first"))
+        ok = read.joined(lo, hi, first - lo)
+        for own in found:
+            own[index] = replace(own[index], ok=own[index].ok & ok)
+    return found
+
+
 def first_shown(found: list[list[Period]]) -> np.ndarray:
     """Per system, the index of the first period tried that its timeline shows (`shown`; found: per stage, one
     `Period` per period tried), -1 where none is: the period it takes if that one's busy windows pass (`extend`)."""
@@ -163,10 +177,10 @@ def _period_calls(program: Program, period: int) -> int:
 
 
 def _period(
-    program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int
+    program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int, read: Reads, stage: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per system: the period's length, a call one period into the steady state, whether there is one, and the
-    steady run of calls (`steady._period`)."""
+    steady run of calls (`steady._period`; `joined` checks the stages' transfers)."""
     systems = call_start.shape[1]
     found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
     if not found:
@@ -180,9 +194,8 @@ def _period(
     if len(found_in):  # most systems find the same window: each distinct one checked once
         span = call_start.shape[0] + 1  # a window [lo, hi) as one number, lo * span + hi: one flat unique
         windows, which = np.unique(lo[found_in] * span + hi[found_in], return_inverse=True)
-        reach = call_reach(program)
         long_enough = [
-            b - a >= max(int(reach[a : b + distance].max()), 2 * distance)
+            b - a >= 2 * distance and read.within(stage, a, b)
             for a, b in (divmod(window, span) for window in windows.tolist())
         ]
         ok[found_in] = np.array(long_enough, dtype=bool)[which]

@@ -5,8 +5,9 @@ micro-batch; a group of p for interleaved 1F1B): the same calls, shifted by the 
 micro-batches only repeats that state more often, so its timeline is the shorter step's with `repeats` more
 periods spliced into the steady stretch, and everything summed over the timeline grows by as many periods' worth.
 The generator supplies the shorter step (`Workload.steady`); whether its timeline really is periodic is checked
-here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period for
-longer than any of its calls reaches back, and its busy seconds over one period must recur in the next.
+here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period over
+a stretch holding every time the calls after it read (`_period`), and its busy seconds over one period must recur
+in the next.
 
 Some 1F1B pipelines repeat only every few micro-batches: where a stage's sends queue behind each other on a slow
 shared link, a delay travels round the pp stages and comes back every pp micro-batches (GPT-3 175B at tp 8, pp 16
@@ -37,9 +38,10 @@ from numba import njit
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
 from simulators.analytical.calls import call_array, on_shape
-from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
+from simulators.analytical.steady_reads import Reads, reads
 
 T = TypeVar("T")
 
@@ -124,20 +126,21 @@ def _extended(
         run = simulated[id(form.programs)] = _Simulated(scheduler, scheduler.drive())
     shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
     times = run.times()
+    read = reads(workload.blocks, form.programs)
     for period in periods:
         found = []
-        for program, shape, (start, end) in zip(form.programs, shapes, times, strict=True):
-            if (own := _period(program, shape, start, end, period)) is None:
+        for stage, (program, shape, (start, end)) in enumerate(zip(form.programs, shapes, times, strict=True)):
+            if (own := _period(program, shape, start, end, period, read, stage)) is None:
                 break  # one stage without it rules the period out
             found.append(own)
-        if len(found) < len(times):
+        if len(found) < len(times) or not read.joined(*np.array([(*f[4], f[2]) for f in found]).T[:, :, None])[0]:
             continue
         shifts = [f[0] for f in found]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
         extended = []
         names = run.scheduler.categories
-        for index, (sched, (shift, first, calls, spare)) in enumerate(
+        for index, (sched, (shift, first, calls, spare, _)) in enumerate(
             zip(run.schedules(_cuts(found, times)), found, strict=True)
         ):
             window = _window(sched, first, shift)
@@ -152,34 +155,51 @@ def _extended(
 
 
 def _period(
-    program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int
-) -> tuple[float, int, int, int] | None:
+    program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int, read: Reads, stage: int
+) -> tuple[float, int, int, int, tuple[int, int]] | None:
     """(the period's length, a call in the steady state, calls per period, periods its busy seconds surely recur
-    beyond the two the window check reads, `spare_periods`) for one stage, if its calls' starts and ends show
-    one.
+    beyond the two the window check reads, `spare_periods`, the steady run of calls [lo, hi)) for one stage, if
+    its calls' starts and ends show one.
 
-    In the steady state a stage's calls recur a fixed number of calls later (P, read off a micro-batch whose
-    calls recur `period` micro-batches later at one distance) with the same block, the micro-batch `period`
-    further on, and start and end times one period later. The steady stretch is the longest run of calls that
-    recur so; it must span two periods of calls (so three periods of the timeline repeat) and the furthest any
-    of its calls reads back (a backward reads its forward's activations, a pipeline depth of periods earlier):
-    a shorter run can be a transient that merely looks steady for a while. The call returned is one period into
-    it, away from the warm-up."""
+    A step with `period` more micro-batches has P more calls on the stage, P the calls of `period` micro-batches
+    (`_twin_calls`). In the steady state each call recurs P calls later with the same block, the micro-batch
+    `period` further on, and its start and end one period later; the steady run [lo, hi) is the longest run of
+    calls that recur so, so calls lo .. hi + P - 1 (the checked calls) repeat a period apart. A step with R more
+    periods is this one spliced at hi: its calls are these up to hi + P, then the checked calls' periodic
+    continuation for R periods, then these from lo on moved by R periods and R times P calls. The three parts
+    agree where they overlap, so the spliced timeline is the engine's for the longer step if every call's wait
+    is met within one of them, given the longer step's calls follow the same rules per micro-batch (the
+    generator's):
+    - on its own stage, every call from hi on reads only calls from lo on (`Reads.within`), counting only inputs
+      that can set its start: an input another input waits on never ends last, as every op reading a block's
+      inputs waits for all of them (a drain backward's forward activations, waited on through its gradient);
+    - across stages (`Reads.joined`, checked by the caller once every stage has its run): every call from hi on
+      transfers with a call from its partner stage's lo on, and every call of the run's first period with a call
+      before the partner's hi + P, so that each pair of transfers recurring a period apart has one pair among
+      the checked calls of both stages (the rest are the continuation's) and no pair straddles a whole run.
+    Warm-up and drain calls also recur at a period's length where a stage runs only forwards or only backwards,
+    but at another distance (a drain backward's twin is the next backward, half a 1F1B period on), and a step with
+    more micro-batches does not add those: the distance is what a period adds, not any at which calls recur. The
+    run must also span two periods of calls, so that three periods of the timeline repeat (`_window` reads two).
+    The call returned is one period into the run, away from the warm-up.
+
+    What the checks do not see: a stream's previous op (the previous call's on every stream a period uses, within
+    the run; a stream used after the run but not in it, as the last steps' reductions, last used before it) and
+    shared links' state (`LINK_CYCLE`)."""
     found = _kept(program, shape, ("steady.twins", period), lambda: _twins(program, period))
     if not found:
         return None
     distance, twin, middle = found
     length = float(start[middle + distance] - start[middle])
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
-    if lo < 0 or length <= 0:
+    if lo < 0 or length <= 0 or hi - lo < 2 * distance or not read.within(stage, lo, hi):
         return None
-    depth = int(_kept(program, shape, _REACH_KEY, lambda: _reach(program))[lo : hi + distance].max())
-    if hi - lo < max(depth, 2 * distance):
-        return None
-    return length, lo + distance, distance, spare_periods(start, end, lo, hi, distance, length)
+    return length, lo + distance, distance, spare_periods(start, end, lo, hi, distance, length), (lo, hi)
 
 
-def _cuts(found: list[tuple[float, int, int, int]], times: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
+def _cuts(
+    found: list[tuple[float, int, int, int, tuple[int, int]]], times: list[tuple[np.ndarray, np.ndarray]]
+) -> np.ndarray | None:
     """Per stage, the (a, b) its busy seconds are measured without (`intervals.ordered_busy`): from the end of the
     two periods the window check reads to the end of its spare periods (a = b for none), or None where no stage
     has one. Each spare period is then added back as one window, as the step's further periods are (`_extend`).
@@ -190,7 +210,7 @@ def _cuts(found: list[tuple[float, int, int, int]], times: list[tuple[np.ndarray
     check sees only through communication and exposed, by twice that), each stage's figures differ from the
     whole measurement's by at most spare * 3 * TOLERANCE_S, and by rounding (tests/test_steady_cut.py)."""
     rows = []
-    for (length, first, _, spare), (start, _) in zip(found, times, strict=True):
+    for (length, first, _, spare, _), (start, _) in zip(found, times, strict=True):
         a = float(start[first]) + 2 * length  # as the window check's end (`intervals._windows`)
         rows.append((a, a + spare * length))
     cuts = np.array(rows)
@@ -226,37 +246,6 @@ def spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distance
     return periods
 
 
-def call_reach(program: Program) -> np.ndarray:
-    """How many calls back each call reads: its index minus its earliest input's (0 without inputs); kept on the
-    program's shape when it has one (`_period`, and the batch path's checks, `batch_steady`)."""
-    return _kept(program, program.call_shape(), _REACH_KEY, lambda: _reach(program))
-
-
-_REACH_KEY = ("calls", "reach")
-
-
-def _reach(program: Program) -> np.ndarray:
-    """`call_reach`, from the calls' inputs the compiled scheduler has laid out as arrays already (walking the calls
-    again cost 0.1 ms a program)."""
-    laid_out = call_arrays(program)
-    return _reach_of(laid_out.input_counts, laid_out.inputs)
-
-
-@njit(cache=True)
-def _reach_of(counts: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-    """`call_reach` from the calls' input counts and their inputs in order."""
-    reach = np.zeros(len(counts), dtype=np.intp)
-    at = 0
-    for c in range(len(counts)):
-        if counts[c]:
-            low = inputs[at]
-            for k in range(at + 1, at + counts[c]):
-                low = min(low, inputs[k])
-            reach[c] = c - low
-        at += counts[c]
-    return reach
-
-
 def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:
     """(P, whether each call recurs P calls later `period` micro-batches on, the middle of the longest run of
     such calls), or () if no micro-batch's calls recur at one distance: the calls' side of `_period`, the same
@@ -267,41 +256,27 @@ def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple
 
 @njit(cache=True)
 def _twin_calls(microbatch: np.ndarray, block: np.ndarray, period: int) -> tuple[int, np.ndarray, int]:
-    """`_twins` in one compiled pass, P -1 where there is none. The micro-batches are tried from the middle of the
-    step outwards (the one before it first at each distance; the steady state holds the middle if any): the
-    first whose calls all recur, with their blocks, one distance P later `period` micro-batches on gives P; then
-    every call that so recurs is a twin, and the first longest run of twins gives the middle."""
+    """`_twins` in one compiled pass, P -1 where there is none. P is the calls of `period` micro-batches, counted
+    from the middle of the step outwards (the one before it first at each distance): the first group j..j +
+    period - 1 whose calls number as many as the next group's. Every call that recurs P calls later with its
+    block, `period` micro-batches on, is a twin, and the first longest run of twins gives the middle."""
     n = len(microbatch)
     count = 0
     for i in range(n):
         count = max(count, microbatch[i] + 1)
-    ptr = np.zeros(count + 1, dtype=np.int64)  # each micro-batch's calls, in order
+    ptr = np.zeros(count + 1, dtype=np.int64)  # where each micro-batch's calls start, counted in order
     for i in range(n):
         if microbatch[i] >= 0:
             ptr[microbatch[i] + 1] += 1
     for m in range(count):
         ptr[m + 1] += ptr[m]
-    calls = np.empty(ptr[count], dtype=np.int64)
-    fill = ptr[:-1].copy()
-    for i in range(n):
-        if microbatch[i] >= 0:
-            calls[fill[microbatch[i]]] = i
-            fill[microbatch[i]] += 1
     middle = max(0, count // 2 - period)
     for step in range(2 * count + 1):
         j = middle - (step + 1) // 2 if step % 2 else middle + step // 2
-        if j < 0 or j >= count - period:
+        if j < 0 or j + 2 * period > count:
             continue
-        a, b, k = ptr[j], ptr[j + period], ptr[j + 1] - ptr[j]
-        if k == 0 or k != ptr[j + period + 1] - b:
-            continue
-        distance = calls[b] - calls[a]
-        recurs = distance > 0
-        q = 0
-        while recurs and q < k:
-            recurs = block[calls[a + q]] == block[calls[b + q]] and calls[b + q] - calls[a + q] == distance
-            q += 1
-        if not recurs:
+        distance = ptr[j + period] - ptr[j]
+        if distance == 0 or distance != ptr[j + 2 * period] - ptr[j + period]:
             continue
         twin = np.zeros(n - distance, dtype=np.bool_)
         for i in range(n - distance):
@@ -311,6 +286,8 @@ def _twin_calls(microbatch: np.ndarray, block: np.ndarray, period: int) -> tuple
                 and microbatch[i + distance] == microbatch[i] + period
             )
         lo, hi = _first_longest(twin)
+        if lo < 0:
+            continue
         return distance, twin, (lo + hi) // 2
     return -1, np.zeros(0, dtype=np.bool_), 0
 

@@ -10,7 +10,7 @@ Units: FLOPs (2 per multiply-add), bytes, seconds. Communication sizes follow th
 """
 
 from collections import UserList
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import prod
@@ -284,60 +284,117 @@ class CallShape:
     calls: tuple[Call, ...]
     memo: dict = field(default_factory=dict)
 
-    def program_calls(self) -> list[Call]:
-        """A program's own list of these calls, which `holds` checks in one step while nothing has edited it."""
-        calls = ShapeCalls(self.calls)
-        calls.shape = self
-        return calls
+    def program_calls(self) -> "ShapeCalls":
+        """A program's own calls, reading these until something edits them; `holds` checks them in one step while
+        nothing has."""
+        return ShapeCalls(self)
 
-    def holds(self, calls: list[Call]) -> bool:
+    def holds(self, calls: Sequence[Call]) -> bool:
         if type(calls) is ShapeCalls and calls.shape is self and not calls.edited:
             return True
         # Equal calls compare by identity first, so this is cheap when the program copied the sequence.
         return len(calls) == len(self.calls) and tuple(calls) == self.calls
 
 
-class ShapeCalls(list[Call]):
-    """A program's calls as `CallShape.program_calls` made them: a list like any other, which notes that it was
-    edited. Cost models ask whether a program's shape still holds its calls once per thing they keep on the shape
-    (about 78 times a point), and comparing every call (thousands a program) each time cost more than the rest of
-    the lookup; an unedited copy of the shape's calls holds them by construction."""
+class ShapeCalls(MutableSequence[Call]):
+    """A program's calls as `CallShape.program_calls` made them: a list like any other (equal to a list of the same
+    calls), which reads its shape's tuple until it is edited and then a list of its own (`edited`).
 
-    __slots__ = ("edited", "shape")
+    Cost models ask whether a program's shape still holds its calls once per thing they keep on the shape (about 78
+    times a point), and comparing every call (thousands a program) each time cost more than the rest of the lookup;
+    an unedited program's calls hold them by construction. Not a copy: a copy of a point's 11,000 calls, kept alive
+    with its workload by the generator's and the results' caches, was young when the next garbage collection came,
+    which traversed it (half of the references the young collections of the first visits of
+    benchmarks/vs_calculon.py's 96 configurations traversed; they took 0.22 ms a point, 0.16 without the copies);
+    the shape's tuple is old by then, or shared with the points before."""
 
-    def __init__(self, calls: Iterable[Call] = ()) -> None:
-        super().__init__(calls)
-        self.shape: CallShape | None = None
+    __slots__ = ("_calls", "edited", "shape")
+
+    def __init__(self, shape: CallShape) -> None:
+        self._calls: tuple[Call, ...] | list[Call] = shape.calls
+        self.shape = shape
         self.edited = False
 
+    def _own(self) -> list[Call]:
+        """The list the calls are edited in, made from the shape's on the first edit."""
+        calls = self._calls
+        if isinstance(calls, tuple):
+            calls = self._calls = list(calls)
+            self.edited = True
+        return calls
 
-def _noting_edits(name: str) -> None:
-    """Make ShapeCalls' list method `name` (one that changes the list in place) note the edit first."""
-    change = getattr(list, name)
+    def __len__(self) -> int:
+        return len(self._calls)
 
-    def edit(self: ShapeCalls, *args: object, **kwargs: object) -> object:
-        self.edited = True
-        return change(self, *args, **kwargs)
+    @overload
+    def __getitem__(self, index: int) -> Call: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Call]: ...
+    def __getitem__(self, index: int | slice) -> Call | list[Call]:
+        found = self._calls[index]
+        return list(found) if type(found) is tuple and type(index) is slice else found
 
-    edit.__name__ = name
-    setattr(ShapeCalls, name, edit)
+    def __iter__(self) -> Iterator[Call]:
+        return iter(self._calls)
 
+    def __contains__(self, call: object) -> bool:
+        return call in self._calls
 
-for _name in (
-    "__setitem__",
-    "__delitem__",
-    "__iadd__",
-    "__imul__",
-    "append",
-    "extend",
-    "insert",
-    "pop",
-    "remove",
-    "clear",
-    "sort",
-    "reverse",
-):
-    _noting_edits(_name)
+    def __eq__(self, other: object) -> bool:
+        if type(other) is ShapeCalls:
+            other = other._calls
+        elif not isinstance(other, list):
+            return NotImplemented
+        return len(other) == len(self._calls) and tuple(other) == tuple(self._calls)
+
+    __hash__ = None  # type: ignore[assignment]  # a list's
+
+    def __repr__(self) -> str:
+        return repr(list(self._calls))
+
+    def __setitem__(self, index, value) -> None:  # type: ignore[no-untyped-def]  # a list's, either overload
+        self._own()[index] = value
+
+    def __delitem__(self, index: int | slice) -> None:
+        del self._own()[index]
+
+    def __iadd__(self, calls: Iterable[Call]) -> "ShapeCalls":
+        self._own().extend(calls)
+        return self
+
+    def __imul__(self, times: int) -> "ShapeCalls":
+        self._own()[:] = self._calls * times
+        return self
+
+    def insert(self, index: int, call: Call) -> None:
+        self._own().insert(index, call)
+
+    def append(self, call: Call) -> None:
+        self._own().append(call)
+
+    def extend(self, calls: Iterable[Call]) -> None:
+        self._own().extend(calls)
+
+    def pop(self, index: int = -1) -> Call:
+        return self._own().pop(index)
+
+    def remove(self, call: Call) -> None:
+        self._own().remove(call)
+
+    def clear(self) -> None:
+        self._own().clear()
+
+    def sort(self, **order: object) -> None:
+        self._own().sort(**order)  # type: ignore[call-overload]
+
+    def reverse(self) -> None:
+        self._own().reverse()
+
+    def index(self, call: Call, *bounds: int) -> int:  # type: ignore[override]
+        return self._calls.index(call, *bounds)
+
+    def count(self, call: Call) -> int:
+        return self._calls.count(call)
 
 
 @dataclass(slots=True)
@@ -346,7 +403,7 @@ class Program:
 
     rank_class: int
     name: str
-    calls: list[Call] = field(default_factory=list)
+    calls: MutableSequence[Call] = field(default_factory=list)
     tensors: list[Tensor] | TableTensors = field(default_factory=list)
     shape: CallShape | None = field(default=None, compare=False)
     """The calls as a shared sequence, when the generator knows one (see CallShape); None otherwise."""

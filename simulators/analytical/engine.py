@@ -24,7 +24,7 @@ import numpy as np
 
 from dse.interfaces import TimelineEvent
 from dse.system import SystemSpec
-from dse.workload import Program, Workload
+from dse.workload import Call, Program, Workload
 from simulators.analytical.intervals import Busy, split_busy
 from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
 
@@ -74,6 +74,9 @@ class _Run:
 
     index: int
     program: Program
+    calls: tuple[Call, ...]
+    """The program's calls, read once per call issued: a tuple of them, as a generated program's read its shape's
+    through Python (`ShapeCalls`)."""
     plans: list[Plan]
     stream_end: list[float]
     out_end: list[float]
@@ -95,7 +98,7 @@ class _Run:
 
     @property
     def done(self) -> bool:
-        return self.call == len(self.program.calls)
+        return self.call == len(self.calls)
 
 
 @dataclass(slots=True, eq=False)
@@ -148,10 +151,12 @@ class _Scheduler:
         return [self._finish(run) for run in runs]
 
     def _start(self, index: int, program: Program, plans: list[Plan]) -> _Run:
-        calls = len(program.calls)
+        own = tuple(program.calls)
+        calls = len(own)
         return _Run(
             index=index,
             program=program,
+            calls=own,
             plans=plans,
             stream_end=[0.0] * len(self._planner.streams),
             out_end=[0.0] * calls,
@@ -165,7 +170,7 @@ class _Scheduler:
 
     def _advance(self, run: _Run) -> None:
         """Schedule the run's ops in issue order until it finishes or needs a time not known yet."""
-        calls = run.program.calls
+        calls = run.calls
         while run.call < len(calls):
             if not self._issue_call(run):
                 return
@@ -173,7 +178,7 @@ class _Scheduler:
     def _issue_call(self, run: _Run) -> bool:
         """Schedule the rest of the run's current call; False when it parks on a p2p partner not reached yet."""
         c = run.call
-        call, plan = run.program.calls[c], run.plans[c]
+        call, plan = run.calls[c], run.plans[c]
         if run.op == 0:
             run.local = [0.0] * len(plan.block.ops)
         stream_end, out_end, local, events = run.stream_end, run.out_end, run.local, run.events
@@ -293,7 +298,7 @@ class _Scheduler:
 
     def _event(self, run: _Run, call: int, op_index: int, start: float, end: float) -> None:
         op = run.plans[call].block.ops[op_index]
-        source = self._planner.source(run.program.calls[call].block, op_index, run.index)
+        source = self._planner.source(run.calls[call].block, op_index, run.index)
         run.events.append(TimelineEvent(run.index, stream_of(op), op.name, op.category, start, end, source))
 
     def _check_finished(self, runs: list[_Run]) -> None:

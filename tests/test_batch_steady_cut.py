@@ -1,9 +1,9 @@
 """The batch path's steady cut (`batch_busy.Cut`): the busy totals of a steady form measured without the intervals
 of k repeated periods and corrected by k windows equal a full measurement within the documented bound, k * 3 *
-TOLERANCE_S per figure, on real GPT-3 and Llama points, on the shorter form and on the longer one (each system cut
-by its own period of those tried); intervals really are left out, and the correction is what makes the totals
-right. A system whose windows fail on the period it was cut by is measured again uncut where a later period may
-pass."""
+TOLERANCE_S per figure, on real GPT-3 and Llama points, on the shorter form (a longer form of 4p micro-batches
+has no spare cycle to cut on systems that repeat every p); intervals really are left out, and the correction is
+what makes the totals right. A system whose windows fail on the period it was cut by is measured again uncut
+where a later period may pass."""
 
 import random
 from dataclasses import asdict
@@ -30,7 +30,9 @@ CASES = {
 
 
 LONGER = {"gpt3-tp8-pp8-sp-off"}
-"""The cases whose systems are cut on the longer form too (7 of the 8: its sends queue on the slow links)."""
+"""The cases whose systems go on to the longer form (7 of the 8: its sends queue on the slow links). It holds 4p
+micro-batches and what the step has over a multiple of p, so a system that repeats every p (all 7 here) has no
+spare cycle beside the warm-up, the two cycles its windows read and the drain: nothing of it is cut."""
 
 
 def _systems(case: dict, count: int) -> list:
@@ -83,10 +85,11 @@ def test_cut_totals_within_bound(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(batch_busy.BusyMany, "of", classmethod(both))
     point = make_point(**case, system=NODES)
     price_many(SymbolicGenerator().generate(point), _systems(case, 8))
-    for form in ("shorter", "longer") if name in LONGER else ("shorter",):
-        assert seen[form]["cut"] > 0, form
-        assert seen[form]["needed"] > 0, form
-        assert seen[form]["dropped"] > 0, form
+    assert seen["shorter"]["cut"] > 0
+    assert seen["shorter"]["needed"] > 0
+    assert seen["shorter"]["dropped"] > 0
+    if name in LONGER:
+        assert seen["longer"]["cut"] == 0 and seen["longer"]["dropped"] == 0
 
 
 def test_a_system_whose_windows_fail_on_the_period_it_was_cut_by_is_measured_again_uncut(

@@ -45,7 +45,7 @@ def test_the_longer_form_prices_the_step_as_its_own_programs_do():
     form = workload.steady
     assert (form.microbatches, form.period, form.repeats) == (12, 1, 30)
     longer = form.longer()
-    assert (longer.microbatches, longer.period, longer.repeats) == (18, 4, 6)  # 4p + 2, 24 = lcm(4, LINK_CYCLE) x 2
+    assert (longer.microbatches, longer.period, longer.repeats) == (18, 4, 6)  # 4p, 42 - 16 mod 4 more
     shorter_only = replace(workload, steady=replace(form, build_longer=None))
     assert schedule_steady(shorter_only, point.system) is None, "the shorter form repeats: this test shows nothing"
     assert schedule_steady(workload, point.system) is not None

@@ -16,7 +16,7 @@ from generators.symbolic.splice import _Steps
 
 CASES = {
     "pp2": (dict(pp=2), 30),
-    "pp2-zero1-blocking": (dict(pp=2, dp=2, zero=1, overlap_p2p_comm=False), 64),
+    "pp2-zero1-blocking": (dict(pp=2, dp=2, zero=1, overlap_p2p_comm=False), 72),
     "pp4-recompute": (dict(pp=4, recompute="full"), 41),
     "pp4-blocking-selective": (dict(pp=4, overlap_p2p_comm=False, recompute="selective"), 48),
     "pp8-tp2-sp": (dict(pp=8, tp=2, sp=True), 60),

@@ -11,7 +11,6 @@ them for a stage holding two chunks placed in a V (`Placement`).
 from collections import defaultdict, deque
 from collections.abc import Callable
 from functools import lru_cache
-from math import lcm
 from typing import Literal, NamedTuple
 
 from dse.spec import DesignPoint
@@ -296,11 +295,19 @@ def stage_steps(point: DesignPoint, stage: int, microbatches: int) -> list[Chunk
 
 
 LINK_CYCLE = 6
-"""Periods after which the state of shared network links repeats, at most, as the analytical model schedules
-them: calls repeat every period, but which transfer last used a link shared by pipeline sends and collectives (or
-ring-attention sends) can cycle over 2 or 3 periods, and the drain after the steady state starts where in that
-cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its drain in the
-same place."""
+"""Periods after which the state of shared network links repeats, as the analytical model schedules them, where
+that state cycles over 2 or 3 periods: calls repeat every period, but which transfer last used a link shared by
+pipeline sends and collectives (or ring-attention sends) can cycle, and the drain after the steady state starts
+where in that cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its
+drain in the same place.
+
+What cycles is which side of a transfer the engine reaches first (the compiled engine drives the stages in turn,
+and a run that parks on a transfer goes on issuing later calls, whose collectives may take a shared link first):
+it repeats every pp micro-batches (2 and 3 at pp 2 and 3, which 6 covers). At pp 4 and 8 a 1F1B step whose last
+stage's final send shares its link with the optimizer's collectives (MoE with ep across nodes and ZeRO-1/2) can
+start its drain in another phase than its steady form: found 2026-11-30 (Mixtral-8x7B, tp 4, pp 4, ep 4, ZeRO-2
+on 8 DGX H100s at 17 micro-batches: the step 0.11% short, per-category seconds up to a few percent off), and not
+yet guarded."""
 
 
 def steady_form(point: DesignPoint, programs: Callable[[int], list[Program]]) -> SteadyForm | None:
@@ -355,15 +362,18 @@ def cycle_microbatches(point: DesignPoint) -> int | None:
     shared links (tp 8 with sp off sends tp times the bytes of sp on), a delay can travel round that loop and come
     back every pp micro-batches: GPT-3 175B on 1,024 H100s at tp 8, pp 16, micro-batch 1 without sp repeats every
     16 micro-batches (653.4 ms with selective recompute and ZeRO-1), not every one. A cost model needs three such
-    cycles steady between the warm-up and the drain to trust one (`simulators.analytical.steady`); 4p + 2
+    cycles steady between the warm-up and the drain to trust one (`simulators.analytical.steady`); 4p
     micro-batches give them from pp 8 to 16 (at 3p, the 16-stage one shows it on no stage, at 4p on all). To
-    those, as many as make the difference to the step a multiple of both the cycle and LINK_CYCLE. Interleaved and
-    ZB-H1 forms already repeat over groups of micro-batches and have none."""
+    those, as many as make the difference to the step a multiple of the cycle, pp micro-batches. The shared links'
+    state that LINK_CYCLE keeps the shorter form in phase with cycles every pp micro-batches too, so whole cycles
+    keep the longer form in phase with it; rounding to a multiple of LINK_CYCLE as well took GPT-3 175B's longer
+    forms from 32 to 48 micro-batches at pp 8 and left none at pp 16 with 96. Interleaved and ZB-H1 forms already
+    repeat over groups of micro-batches and have none."""
     p = point.parallel
     if steady_microbatches(point) is None or steady_period(point) != 1 or p.pp < 2:
         return None
-    base = 4 * p.pp + 2
-    longer = base + (point.micro_batches - base) % lcm(p.pp, LINK_CYCLE)
+    base = 4 * p.pp
+    longer = base + (point.micro_batches - base) % p.pp
     return longer if point.micro_batches > longer else None
 
 

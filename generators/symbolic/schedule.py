@@ -301,13 +301,11 @@ pipeline sends and collectives (or ring-attention sends) can cycle, and the drai
 where in that cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its
 drain in the same place.
 
-What cycles is which side of a transfer the engine reaches first (the compiled engine drives the stages in turn,
-and a run that parks on a transfer goes on issuing later calls, whose collectives may take a shared link first):
-it repeats every pp micro-batches (2 and 3 at pp 2 and 3, which 6 covers). At pp 4 and 8 a 1F1B step whose last
-stage's final send shares its link with the optimizer's collectives (MoE with ep across nodes and ZeRO-1/2) can
-start its drain in another phase than its steady form: found 2026-11-30 (Mixtral-8x7B, tp 4, pp 4, ep 4, ZeRO-2
-on 8 DGX H100s at 17 micro-batches: the step 0.11% short, per-category seconds up to a few percent off), and not
-yet guarded."""
+What cycled was which side of a transfer the engine reached first: a run that parked on a transfer went on
+issuing later calls, whose collectives took a shared link before the transfer or stretched it, by the order the
+engine advanced the stages, which repeats every pp micro-batches. Transfers now reserve their links as they are
+issued (`simulators.analytical.engine._reserve`), so that order no longer shows in any time, and the cycle with
+it (tests/test_analytical_steady.py); whether 6 can become 1 wants its own checks."""
 
 
 def steady_form(point: DesignPoint, programs: Callable[[int], list[Program]]) -> SteadyForm | None:
@@ -365,10 +363,11 @@ def cycle_microbatches(point: DesignPoint) -> int | None:
     cycles steady between the warm-up and the drain to trust one (`simulators.analytical.steady`); 4p
     micro-batches give them from pp 8 to 16 (at 3p, the 16-stage one shows it on no stage, at 4p on all). To
     those, as many as make the difference to the step a multiple of the cycle, pp micro-batches. The shared links'
-    state that LINK_CYCLE keeps the shorter form in phase with cycles every pp micro-batches too, so whole cycles
-    keep the longer form in phase with it; rounding to a multiple of LINK_CYCLE as well took GPT-3 175B's longer
-    forms from 32 to 48 micro-batches at pp 8 and left none at pp 16 with 96. Interleaved and ZB-H1 forms already
-    repeat over groups of micro-batches and have none."""
+    state that LINK_CYCLE kept the shorter form in phase with cycled every pp micro-batches too (an artefact of
+    the engine's order, since removed), so whole cycles kept the longer form in phase with it; rounding to a
+    multiple of LINK_CYCLE as well took GPT-3 175B's longer forms from 32 to 48 micro-batches at pp 8 and left
+    none at pp 16 with 96. Interleaved and ZB-H1 forms already repeat over groups of micro-batches and have
+    none."""
     p = point.parallel
     if steady_microbatches(point) is None or steady_period(point) != 1 or p.pp < 2:
         return None

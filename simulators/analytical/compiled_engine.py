@@ -368,6 +368,7 @@ class _Layout:
             q_call=np.zeros(moved, dtype=_INT),
             q_row=np.zeros(moved, dtype=_INT),
             q_ready=np.zeros(moved),
+            q_held=np.zeros(moved),
             compute_ptr=laid.compute_ptr.copy(),
             compute_count=np.zeros(runs, dtype=_INT),
             compute_knots=np.empty(2 * laid.compute_ops),

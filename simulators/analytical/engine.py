@@ -117,8 +117,36 @@ class _Parked:
     category: int
     shares: tuple[int, ...]
     """Network streams the transfer occupies on this side (see plans.PlanOp)."""
+    held: float
+    """The latest end of its shares when it was issued (`_reserve`)."""
     output: bool
     """Whether the op's end is its call's output."""
+
+
+def _reserve(stream_end: list[float], shares: tuple[int, ...], ready: float, seconds: float) -> float:
+    """Reserve a transfer's shares on its side as it is issued, ready at `ready`: until it would end were its
+    partner ready then as well (stretched as `_Scheduler._rendezvous` stretches it by what holds them). The latest
+    end they had before, returned, is what the transfer shares them with.
+
+    The reservation, not the transfer's settled end, is what its run's later ops on the link queue behind: both
+    are known once the side is issued, whichever side the scheduler reaches first. The settled end is not: a side
+    reached first parks while its run goes on, and its later ops would queue behind the transfer or take the link
+    before it (and stretch it) by the order the scheduler advances programs in (a stage's last send-backward, then
+    its optimizer's reductions: stretched by its own length in a step and not in its steady form). Waiting for
+    the settled end instead is no rule: two stages that each send to the other before a collective and receive
+    after it would deadlock, where NCCL runs both collectives while the sends wait (interleaved 1F1B with cp on
+    one node)."""
+    held = 0.0
+    for r in shares:
+        if stream_end[r] > held:
+            held = stream_end[r]
+    if shares:
+        busy = held if held > ready else ready
+        reserved = ready + seconds + min(seconds, busy - ready)
+        for r in shares:
+            if reserved > stream_end[r]:
+                stream_end[r] = reserved
+    return held
 
 
 def schedule(workload: Workload, system: SystemSpec, timeline: bool = False) -> list[ClassSchedule]:
@@ -222,7 +250,10 @@ class _Scheduler:
                 if events is not None:
                     self._event(run, c, slot, start, end)
             else:
-                side = _Parked(run, c, slot, kind, stream, start, seconds, local, category, shares, slot == plan.output)
+                held = _reserve(stream_end, shares, start, seconds)
+                side = _Parked(
+                    run, c, slot, kind, stream, start, seconds, local, category, shares, held, slot == plan.output
+                )
                 start, end = self._rendezvous(side, (link, call.tag))
                 if end == inf:
                     j += 1
@@ -247,7 +278,8 @@ class _Scheduler:
         rate while the collective lasts (stretched by up to its own length). Queueing it behind the collective
         instead held the last backward sends of a pipeline behind the data-parallel reductions issued before
         them (hundreds of ms per stage on a 405B point), where on the wire they are a small share of the link.
-        Collectives still queue behind what holds a dimension (`plans.PlanOp`)."""
+        Collectives still queue behind what holds a dimension (`plans.PlanOp`), a transfer as its side reserved it
+        (`_reserve`); the busy time is each side's shares' end as it was issued."""
         queue = self._mailbox.get(key)
         if not queue or queue[0].kind == side.kind:
             if queue is None:
@@ -262,10 +294,8 @@ class _Scheduler:
         start = side.ready if side.ready > other.ready else other.ready
         busy = start
         for end_of in (side, other):
-            stream_end = end_of.run.stream_end
-            for r in end_of.shares:
-                if stream_end[r] > busy:
-                    busy = stream_end[r]
+            if end_of.held > busy:
+                busy = end_of.held
         seconds = side.seconds if side.kind == SEND else other.seconds
         end = start + seconds + min(seconds, busy - start)
         self._settle(side, start, end)
@@ -284,9 +314,6 @@ class _Scheduler:
         run = side.run
         side.local[side.op] = end
         run.stream_end[side.stream] = end
-        for r in side.shares:
-            if end > run.stream_end[r]:
-                run.stream_end[r] = end
         if side.output:
             run.out_end[side.call] = end
         run.category_time[side.category] += end - start

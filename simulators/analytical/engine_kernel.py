@@ -117,6 +117,8 @@ class EngineTables(NamedTuple):
     q_call: np.ndarray
     q_row: np.ndarray
     q_ready: np.ndarray
+    q_held: np.ndarray
+    """Per queued side, its shares' latest end as it was issued (`engine._Parked.held`)."""
     compute_ptr: np.ndarray
     compute_count: np.ndarray
     compute_knots: np.ndarray
@@ -152,7 +154,7 @@ def drive(t: EngineTables) -> None:
     stream_end, out_end, call_start, call_end = t.stream_end, t.out_end, t.call_start, t.call_end
     position, op_position, local, queued, ring = t.position, t.op_position, t.local, t.queued, t.ring
     category_time, counters = t.category_time, t.counters
-    mb_head, mb_tail, q_next, q_run, q_call, q_row, q_ready = (
+    mb_head, mb_tail, q_next, q_run, q_call, q_row, q_ready, q_held = (
         t.mb_head,
         t.mb_tail,
         t.q_next,
@@ -160,6 +162,7 @@ def drive(t: EngineTables) -> None:
         t.q_call,
         t.q_row,
         t.q_ready,
+        t.q_held,
     )
     compute_ptr, compute_count, compute_knots = t.compute_ptr, t.compute_count, t.compute_knots
     comm_ptr, comm_count, comm_starts, comm_ends = t.comm_ptr, t.comm_count, t.comm_starts, t.comm_ends
@@ -173,9 +176,6 @@ def drive(t: EngineTables) -> None:
         if base[r] + position[r] == flat:  # else the call is over and its op ends are no one's
             local[r, o_slot[x]] = end
         stream_end[r, o_stream[x]] = end
-        for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
-            if end > stream_end[r, o_shares[k]]:
-                stream_end[r, o_shares[k]] = end
         if o_slot[x] == p_output[call_plan[flat]]:
             out_end[flat] = end
         category_time[r, o_category[x]] += end - start
@@ -187,13 +187,28 @@ def drive(t: EngineTables) -> None:
         comm_starts[i], comm_ends[i] = start, end
         comm_count[own] += 1
 
-    def rendezvous(r: int, flat: int, x: int, m: int, ready: float) -> tuple[float, float]:
-        """`engine._Scheduler._rendezvous`: pair with the head of mailbox m and settle both, or park ((inf, inf))."""
+    def reserve(r: int, x: int, ready: float) -> float:
+        """`engine._reserve`: op row x's shares reserved from `ready`; their latest end before."""
+        held = 0.0
+        for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
+            if stream_end[r, o_shares[k]] > held:
+                held = stream_end[r, o_shares[k]]
+        if o_share_ptr[x + 1] > o_share_ptr[x]:
+            busy = held if held > ready else ready
+            reserved = ready + o_seconds[x] + min(o_seconds[x], busy - ready)
+            for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
+                if reserved > stream_end[r, o_shares[k]]:
+                    stream_end[r, o_shares[k]] = reserved
+        return held
+
+    def rendezvous(r: int, flat: int, x: int, m: int, ready: float, held: float) -> tuple[float, float]:
+        """`engine._Scheduler._rendezvous`: pair with the head of mailbox m and settle both, or park ((inf, inf));
+        `held`: the side's shares' end before it (`reserve`)."""
         head = mb_head[m]
         if head < 0 or o_kind[q_row[head]] == o_kind[x]:
             q = counters[QUEUED]
             counters[QUEUED] = q + 1
-            q_run[q], q_call[q], q_row[q], q_ready[q], q_next[q] = r, flat, x, ready, -1
+            q_run[q], q_call[q], q_row[q], q_ready[q], q_held[q], q_next[q] = r, flat, x, ready, held, -1
             if head < 0:
                 mb_head[m] = q
             else:
@@ -206,12 +221,10 @@ def drive(t: EngineTables) -> None:
         other, other_flat, y, other_ready = q_run[head], q_call[head], q_row[head], q_ready[head]
         start = ready if ready > other_ready else other_ready
         busy = start
-        for k in range(o_share_ptr[x], o_share_ptr[x + 1]):
-            if stream_end[r, o_shares[k]] > busy:
-                busy = stream_end[r, o_shares[k]]
-        for k in range(o_share_ptr[y], o_share_ptr[y + 1]):
-            if stream_end[other, o_shares[k]] > busy:
-                busy = stream_end[other, o_shares[k]]
+        if held > busy:
+            busy = held
+        if q_held[head] > busy:
+            busy = q_held[head]
         seconds = o_seconds[x] if o_kind[x] == SEND else o_seconds[y]
         end = start + seconds + min(seconds, busy - start)
         settle(r, flat, x, start, end)
@@ -277,7 +290,7 @@ def drive(t: EngineTables) -> None:
                     comm_starts[i], comm_ends[i] = start, end
                     comm_count[own] += 1
             else:
-                start, end = rendezvous(r, flat, x, mailbox[mail_ptr[flat] + o_mail[x]], start)
+                start, end = rendezvous(r, flat, x, mailbox[mail_ptr[flat] + o_mail[x]], start, reserve(r, x, start))
                 if end == inf:
                     j += 1
                     continue

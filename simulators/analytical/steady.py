@@ -16,12 +16,14 @@ shorter form's timeline fails the checks, the step's longer form (`SteadyForm.lo
 simulated and searched for the shortest period that divides its cycle and that every stage repeats with one
 shared length. When that fails too, the caller simulates the whole step.
 
-What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares): where
-pipeline transfers share a link with collectives or ring-attention sends, the links' state can cycle over two or
-three micro-batches while every call's times repeat each one, and the drain after the steady state depends on
-where in that cycle it starts. The generator makes the steady form a whole number of such cycles shorter than
-the step (`generators.symbolic.schedule.LINK_CYCLE`), so both drains start in the same phase; a step priced
-from a steady form of the other phase was off by up to 0.8% (Llama-3-8B on two pipeline stages across nodes).
+What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares). Where
+pipeline transfers shared a link with collectives or ring-attention sends, that state cycled over pp
+micro-batches while every call's times repeated each one, and the drain after the steady state depended on where
+in that cycle it started (a step priced from a steady form of the other phase was off by up to 0.8%, Llama-3-8B on
+two pipeline stages across nodes; 0.11%, Mixtral-8x7B at pp 4 with ep across nodes and ZeRO-2). It was the
+engine's order (which side of a transfer it reached first), which transfers' reservations (`engine._reserve`)
+took out of every time; the generator still makes the steady form a whole number of six periods shorter than the
+step (`generators.symbolic.schedule.LINK_CYCLE`).
 
 Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p micro-batches' activations
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).

@@ -286,7 +286,7 @@ class _Layout:
             np.zeros((self.ops_run, 6), dtype=np.int64),
             np.zeros((self.ops_run + self.links, 4), dtype=np.int64),
             np.zeros((self.links, 5), dtype=np.int64),
-            np.zeros((self.links, 6), dtype=np.int64),
+            np.zeros((self.links, 7), dtype=np.int64),
             np.full((max(self._keys, 1), 2), -1, dtype=np.int64),
             np.zeros(6, dtype=np.int64),
             np.zeros(max(runs, 1), dtype=np.int64),
@@ -295,10 +295,11 @@ class _Layout:
         )
 
     def scratch(self) -> np.ndarray:
-        """Rows of room for one max's arguments: an op's, `_needed`'s two, a transfer's, a shared stream's."""
+        """Rows of room for one max's arguments: an op's, `_needed`'s two, a transfer's (its busy time, or what its
+        side reserves: `tape_kernel._reserve`)."""
         ops = self.ops
         widest = max(int((ops[:, 9] - ops[:, 8]).max(initial=0)), 0) + 2 * int((ops[:, 13] - ops[:, 12]).max(initial=0))
-        return np.zeros((5, 4 + widest + self.streams + self._inputs), dtype=np.int64)
+        return np.zeros((4, 4 + widest + self.streams + self._inputs), dtype=np.int64)
 
     def tape(self, arrays: tuple[np.ndarray, ...], state: tuple[np.ndarray, ...]) -> Tape:
         """The walk's arrays as a `Tape`: copies of their used parts, so the room left over is freed (a structure kept

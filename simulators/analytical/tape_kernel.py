@@ -46,7 +46,8 @@ NODES, ARGS, STATUS = range(3)
 # columns of a run's position
 CURRENT, OP, FIRST, CALLS, HELD, LAST_COMPUTE = range(6)
 # columns of a side (a p2p op waiting to pair, or paired)
-S_RUN, S_CALL, S_OP, S_READY, S_NEXT, S_OUTPUT = range(6)
+S_RUN, S_CALL, S_OP, S_READY, S_NEXT, S_OUTPUT, S_HELD = range(7)
+"""S_HELD: its shared stream's end as it was issued (`_reserve`)."""
 # the walk's counters
 COMPUTED, COMMUNICATED, TRANSFERRED, SIDES, HEAD, TAIL = range(6)
 UNTOUCHED = -9
@@ -231,6 +232,7 @@ def _issue_call(tape, state, run: int, ops, calls, plans, items, scratch) -> boo
                 return False
         if ops[o, LINK]:
             side = _side(state, run, call, o, plans[plan, 3], _latest(tape, args, n, -1, scratch), ops)
+            _reserve(tape, state, side, ops, items, scratch)
             _rendezvous(tape, state, side, items[calls[call, KEYS] + ops[o, RANK]], ops, items, scratch)
             j += 1
             continue
@@ -288,6 +290,29 @@ def _side(state, run: int, call: int, op: int, output: int, ready: int, ops) -> 
 
 
 @njit(cache=True, _nrt=False)
+def _reserve(tape, state, side: int, ops, items, scratch) -> None:
+    """`engine._reserve`: the side's shared stream (a transfer crosses one dimension one way at most) reserved
+    from its ready time; what it held before is the side's S_HELD."""
+    stream_end, sides = state[0], state[11]
+    op = sides[side, S_OP]
+    if ops[op, SHARES_END] == ops[op, SHARES]:
+        return
+    run, stream = sides[side, S_RUN], items[ops[op, SHARES]]
+    held = stream_end[run, stream]
+    sides[side, S_HELD] = held
+    args = scratch[3]
+    args[0], args[1] = sides[side, S_READY], held
+    busy = _latest(tape, args, 2, -1, scratch)
+    args[0], args[1] = sides[side, S_READY], busy
+    if busy != args[0]:
+        reserved = _node(tape, SHARED, args, 2, ops[op, COLUMN])
+    else:
+        reserved = _latest(tape, args, 1, ops[op, COLUMN], scratch)
+    args[0], args[1] = held, reserved
+    stream_end[run, stream] = _latest(tape, args, 2, -1, scratch)
+
+
+@njit(cache=True, _nrt=False)
 def _rendezvous(tape, state, side: int, key: int, ops, items, scratch) -> None:
     stream_end, local, sides, queues = state[0], state[1], state[11], state[12]
     head = queues[key, 0]
@@ -312,9 +337,8 @@ def _rendezvous(tape, state, side: int, key: int, ops, items, scratch) -> None:
     args[0] = start
     n = 1
     for s in (side, other):
-        run, op = sides[s, S_RUN], sides[s, S_OP]
-        for i in range(ops[op, SHARES], ops[op, SHARES_END]):
-            args[n] = stream_end[run, items[i]]
+        if ops[sides[s, S_OP], SHARES_END] > ops[sides[s, S_OP], SHARES]:
+            args[n] = sides[s, S_HELD]
             n += 1
     busy = _latest(tape, args, n, -1, scratch)
     column = ops[sides[side, S_OP], COLUMN] if kind == SEND else ops[sides[other, S_OP], COLUMN]
@@ -340,10 +364,6 @@ def _settle(tape, state, side: int, start: int, end: int, ops, items, scratch) -
     if position[run, FIRST] + position[run, CURRENT] == call:  # else the run left the call: its ends are gone
         local[run, ops[op, SLOT]] = end
     stream_end[run, stream] = end
-    args = scratch[4]
-    for i in range(ops[op, SHARES], ops[op, SHARES_END]):
-        args[0], args[1] = stream_end[run, items[i]], end
-        stream_end[run, items[i]] = _latest(tape, args, 2, -1, scratch)
     if sides[side, S_OUTPUT]:
         out_end[call] = end
     at = counters[TRANSFERRED]

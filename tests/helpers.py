@@ -5,6 +5,7 @@ import io
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,11 @@ from conftest import patience
 from dse.cli.main import main
 from dse.point.points import assign, build_point, expand
 from dse.spec import DesignPoint
-from dse.system import AcceleratorSpec
+from dse.system import AcceleratorSpec, SystemSpec
+from dse.workload import Workload
+from simulators.analytical import steady
+from simulators.analytical.compiled_engine import CompiledScheduler
+from simulators.analytical.steady_reads import Reads, reads
 
 UNIT_ACCELERATOR = AcceleratorSpec(
     name="unit",
@@ -120,3 +125,18 @@ def held_out_errors(label: str, predicted: np.ndarray, measured: np.ndarray) -> 
     median, p90, worst = float(np.median(error)), float(np.percentile(error, 90)), float(error.max())
     print(f"{label}: {len(error)} rows held out, error median {median:.1%}, 90th percentile {p90:.1%}, max {worst:.1%}")
     return median, p90, worst
+
+
+def steady_runs(workload: Workload, system: SystemSpec) -> tuple[list, Reads, list]:
+    """The workload's steady form driven on `system`: per stage its calls' (starts, ends), the form's `Reads`, and
+    per stage what `steady._period` finds at the form's period (None where it finds none)."""
+    form = workload.steady
+    assert form is not None
+    scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
+    times = steady._Simulated(scheduler, scheduler.drive()).times()
+    read = reads(workload.blocks, form.programs)
+    runs = [
+        steady._period(program, program.call_shape(), start, end, form.period, read, stage)
+        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
+    ]
+    return times, read, runs

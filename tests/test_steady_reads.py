@@ -17,7 +17,7 @@ from simulators.analytical import AnalyticalCostModel, steady
 from simulators.analytical.calls import call_array
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.steady_reads import reads
-from tests.helpers import make_point
+from tests.helpers import make_point, steady_runs
 
 POINT = dict(
     model="llama2-13b",
@@ -37,14 +37,7 @@ POINT = dict(
 def drained():
     point = make_point(**POINT)
     workload = SymbolicGenerator().generate(point)
-    form = workload.steady
-    scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
-    times = steady._Simulated(scheduler, scheduler.drive()).times()
-    read = reads(workload.blocks, form.programs)
-    runs = [
-        steady._period(program, program.call_shape(), start, end, 1, read, stage)
-        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
-    ]
+    _, _, runs = steady_runs(workload, point.system)
     return point, workload, runs
 
 

@@ -22,10 +22,9 @@ from dse.workload import Workload
 from generators.symbolic import SymbolicGenerator, schedule
 from simulators.analytical import AnalyticalCostModel, steady
 from simulators.analytical.calls import call_array
-from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.cost_model import BATCH_FROM
-from simulators.analytical.steady_reads import reads
-from tests.helpers import make_point
+from tests.helpers import make_point, steady_runs
+from tests.test_steady_reads import POINT
 
 SHORT, STEP = 11, 17
 """The steady form's micro-batches (p + 3) and the step's: a whole LINK_CYCLE more."""
@@ -35,30 +34,13 @@ SHORT, STEP = 11, 17
 def drained():
     """The point with a steady form of SHORT micro-batches (the generator's own would be p + 4 or more), its
     stages' runs as `_period` finds them, and stage 0's calls' times."""
-    point = make_point(
-        "llama2-13b",
-        {"base": "mi300x-8", "network": {1: {"npus": 8}}},
-        seq_len=4096,
-        global_batch=4 * STEP,
-        tp=2,
-        pp=8,
-        dp=4,
-        sp=True,
-        zero=3,
-        recompute="selective",
-    )
+    point = make_point(**{**POINT, "global_batch": 4 * STEP})  # test_steady_reads' point, 17 micro-batches
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(schedule, "steady_microbatches", lambda _: SHORT)
         workload = SymbolicGenerator().generate(point)
     form = workload.steady
     assert (form.microbatches, form.period, form.repeats) == (SHORT, 1, STEP - SHORT)
-    scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
-    times = steady._Simulated(scheduler, scheduler.drive()).times()
-    read = reads(workload.blocks, form.programs)
-    runs = [
-        steady._period(program, program.call_shape(), start, end, 1, read, stage)
-        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
-    ]
+    times, _, runs = steady_runs(workload, point.system)
     return point, workload, runs, times[0]
 
 
@@ -110,13 +92,7 @@ def test_stages_whose_steady_runs_do_not_meet_are_not_extended():
     workload = SymbolicGenerator().generate(point)
     form = workload.steady
     assert (form.microbatches, form.period) == (15, 1)
-    scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
-    times = steady._Simulated(scheduler, scheduler.drive()).times()
-    read = reads(workload.blocks, form.programs)
-    runs = [
-        steady._period(program, program.call_shape(), start, end, 1, read, stage)
-        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
-    ]
+    times, read, runs = steady_runs(workload, point.system)
     assert all(run is not None for run in runs)
     lengths = [run[0] for run in runs]
     assert max(lengths) - min(lengths) <= steady.TOLERANCE_S

@@ -526,6 +526,12 @@ class DeferredPrograms(Sequence[Program]):
     def __iter__(self) -> Iterator[Program]:
         return iter(self._get())
 
+    def __getstate__(self) -> dict:
+        """Pickled built: what builds them is a closure of the generator's, which pickle cannot carry (a Ray
+        worker or a subprocess handing a workload back)."""
+        self._get()
+        return self.__dict__
+
 
 @dataclass(eq=False)
 class SteadyForm:
@@ -562,6 +568,11 @@ class SteadyForm:
         if self.build_longer is not None:
             self._longer, self.build_longer = self.build_longer(), None
         return self._longer
+
+    def __getstate__(self) -> dict:
+        """Pickled with its longer form built, as DeferredPrograms are: what builds it is a generator's closure."""
+        self.longer()
+        return self.__dict__
 
 
 @dataclass(frozen=True)

@@ -84,10 +84,10 @@ def test_a_links_state_repeats_each_micro_batch_whichever_side_of_a_transfer_is_
 def test_the_steady_form_holds_a_few_periods_and_stands_for_the_rest():
     point = make_point(tp=2, pp=4, dp=2, global_batch=128, system=DGX)  # 64 micro-batches
     form = SymbolicGenerator().generate(point).steady
-    assert (form.microbatches, form.period, form.repeats) == (10, 1, 54)
-    interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=128)
+    assert (form.microbatches, form.period, form.repeats) == (8, 1, 56)  # p + 4
+    interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=132)
     form = SymbolicGenerator().generate(interleaved).steady
-    assert (form.microbatches, form.period, form.repeats) == (40, 4, 6)  # 6p and a link cycle of 4-groups
+    assert (form.microbatches, form.period, form.repeats) == (26, 4, 10)  # 6p and the step's last 2 of a 4-group
     for kind in (dict(pp_schedule="gpipe"), dict(global_batch=16)):  # GPipe; 8 micro-batches, no more than its p + 4
         assert (
             SymbolicGenerator().generate(make_point(**{"tp": 2, "pp": 4, "dp": 2, "global_batch": 128, **kind})).steady

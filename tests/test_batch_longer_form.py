@@ -18,8 +18,8 @@ from simulators.analytical.steady import schedule_steady
 from tests.helpers import make_point
 from tests.test_analytical_batch import _same
 
-BANDWIDTHS_GBPS = {3: None, 5: 18, 8: 18, 12: 18, 20: 12, 50: 12, 100: 12}
-"""InfiniBand GB/s, and the micro-batches of the form the step is priced from there (12: the shorter form, 18: the
+BANDWIDTHS_GBPS = {3: None, 5: 18, 8: 18, 12: 18, 20: 8, 50: 8, 100: 8}
+"""InfiniBand GB/s, and the micro-batches of the form the step is priced from there (8: the shorter form, 18: the
 longer, None: the whole step's 42)."""
 
 
@@ -34,7 +34,7 @@ def test_the_systems_are_periodic_at_period_1_at_pp_only_or_not_at_all():
         point = _point(bandwidth)
         workload = SymbolicGenerator().generate(point)
         shorter_only = replace(workload, steady=replace(workload.steady, build_longer=None))
-        assert (schedule_steady(shorter_only, point.system) is not None) == (form == 12), bandwidth
+        assert (schedule_steady(shorter_only, point.system) is not None) == (form == 8), bandwidth
         assert (schedule_steady(workload, point.system) is not None) == (form is not None), bandwidth
 
 
@@ -50,8 +50,8 @@ def test_the_batch_prices_each_system_from_the_per_point_paths_form_to_its_figur
 
     monkeypatch.setattr(batch, "_evaluate", spy)
     priced = price_many(workload, systems)
-    longer = sorted(b for b, form in BANDWIDTHS_GBPS.items() if form != 12)
-    assert evaluations == [(12, sorted(BANDWIDTHS_GBPS)), (18, longer), (None, [3])]
+    longer = sorted(b for b, form in BANDWIDTHS_GBPS.items() if form != 8)
+    assert evaluations == [(8, sorted(BANDWIDTHS_GBPS)), (18, longer), (None, [3])]
     exact = AnalyticalCostModel(exact=True)
     for system, figures in zip(systems, priced, strict=True):
         _same(figures, exact.simulate(workload, system), rel=1e-9)

@@ -43,7 +43,7 @@ def test_the_longer_form_prices_the_step_as_its_own_programs_do():
     point = _point(42)
     workload = SymbolicGenerator().generate(point)
     form = workload.steady
-    assert (form.microbatches, form.period, form.repeats) == (12, 1, 30)
+    assert (form.microbatches, form.period, form.repeats) == (8, 1, 34)  # p + 4
     longer = form.longer()
     assert (longer.microbatches, longer.period, longer.repeats) == (18, 4, 6)  # 4p, 42 - 16 mod 4 more
     shorter_only = replace(workload, steady=replace(form, build_longer=None))

@@ -27,7 +27,7 @@ from tests.helpers import make_point, steady_runs
 from tests.test_steady_reads import POINT
 
 SHORT, STEP = 11, 17
-"""The steady form's micro-batches (p + 3) and the step's: a whole LINK_CYCLE more."""
+"""The steady form's micro-batches (p + 3) and the step's."""
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +71,14 @@ def test_the_step_from_the_short_form_is_the_whole_step(drained):
     _assert_whole(model.simulate_many(workload, [point.system] * BATCH_FROM)[0], whole)
 
 
-def test_stages_whose_steady_runs_do_not_meet_are_not_extended():
-    """Mixtral-8x7B at tp 4, pp 8, dp 4 with ZeRO-1 runs 27 micro-batches, its steady form 15. Its step does not
-    grow by one period a micro-batch (every eighth adds 110 us more), and on the form's timeline every stage
-    repeats at one period's length, but not over one stretch of time: stage 7's longest run ends before those of
-    stages 5 and 6 begin. Each stage on its own passes, so the transfers that join the stages (`Reads.joined`)
-    are what rule the form out, and the step is priced as the whole step is, per point and in a batch (where that
-    check was left out, the step was 2.2e-4 and stage 4's communication 0.6% short)."""
+def test_stages_whose_steady_runs_do_not_meet_are_not_extended(monkeypatch):
+    """Mixtral-8x7B at tp 4, pp 8, dp 4 with ZeRO-1 runs 27 micro-batches, here from a steady form of 15 (the
+    generator's own, p + 4, leaves stage 4 no steady run, which rules it out before the stages are joined). Its step
+    does not grow by one period a micro-batch (every eighth adds 110 us more), and on the form's timeline every stage
+    repeats at one period's length, but not over one stretch of time: stage 7's longest run ends before those of stages
+    5 and 6 begin. Each stage on its own passes, so the transfers that join the stages (`Reads.joined`) are what rule
+    the form out, and the step is priced as the whole step is, per point and in a batch (where that check was left out,
+    the step was 2.2e-4 and stage 4's communication 0.6% short)."""
     point = make_point(
         "mixtral-8x7b",
         {"base": "dgx-h100", "network": {1: {"npus": 16}}},
@@ -89,6 +90,7 @@ def test_stages_whose_steady_runs_do_not_meet_are_not_extended():
         zero=1,
         recompute="selective",
     )
+    monkeypatch.setattr(schedule, "steady_microbatches", lambda _: 15)
     workload = SymbolicGenerator().generate(point)
     form = workload.steady
     assert (form.microbatches, form.period) == (15, 1)

@@ -46,7 +46,7 @@ def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     shape = dict(seq_len=2048, global_batch=32, pp=2, dp=2, sp=True, zero=1)
     tp4 = make_point("llama3-8b", DGX, tp=4, recompute="none", **shape)
     tp2 = make_point("llama3-8b", DGX, tp=2, recompute="full", **shape)
-    # 28 micro-batches instead of 16: the same steady form, 10 micro-batches (a link cycle of 6 fewer)
+    # 28 micro-batches instead of 16: the same steady form, 6 micro-batches (2p + 2)
     more_micro_batches = make_point("llama3-8b", DGX, tp=4, **{**shape, "global_batch": 56})
     synced_each_micro_batch = make_point(
         "llama3-8b", DGX, tp=4, **{**shape, "zero": 2, "grad_reduce": "per_microbatch"}
@@ -58,7 +58,7 @@ def test_points_of_one_affinity_share_their_stages_schedule_skeletons():
     generator = SymbolicGenerator()
     points = (tp4, tp2, more_micro_batches, synced_each_micro_batch)
     workloads = [generator.generate(point) for point in points]
-    assert [w.steady.microbatches for w in workloads] == [10] * 4
+    assert [w.steady.microbatches for w in workloads] == [6] * 4
     assert [len(w.steady.programs[0].calls) for w in workloads[:3]] == [len(workloads[0].steady.programs[0].calls)] * 3
     shapes = [[p.shape for p in w.steady.programs] for w in workloads]
     for alike in shapes[1:3]:

@@ -12,7 +12,7 @@ from generators.symbolic.generator import SymbolicGenerator
 from generators.symbolic.pipeline import Pipeline
 from generators.symbolic.schedule import one_f_one_b, steady_microbatches
 from generators.symbolic.skeleton import Skeleton
-from generators.symbolic.splice import _Steps
+from generators.symbolic.splice import _Steps, fewest_microbatches
 
 CASES = {
     "pp2": (dict(pp=2), 30),
@@ -92,21 +92,30 @@ def steady_programs(point) -> tuple[list, list[Program]]:
     return workload.blocks, workload.steady.programs
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if case not in WALKED])
+@pytest.mark.parametrize(
+    "case", [case for case in CASES if case not in WALKED and CASES[case][0].get("overlap_p2p_comm", True)]
+)
 def test_a_skeleton_spliced_from_an_earlier_points_is_the_walked_one(case, monkeypatch):
     """A stage first seen over more micro-batches than an earlier point of its shape took is spliced from that
-    point's skeleton, not walked, and gives the programs a walk does, then and when reused."""
+    point's skeleton, not walked, and gives the programs a walk does, then and when reused. Every 1F1B point of a
+    shape that has a steady form has the same one (p + 4 micro-batches), so the earlier point is a step of p + 3,
+    which has none, the fewest a first stage's skeleton is spliced from. Not with blocking sends: over p + 3, the
+    pairs of one stage read its last warm-up forward, and with blocking sends that forward's calls a micro-batch on
+    are not the first steady forward's, so `splice` declines and that stage is walked (correct, only slower)."""
     parallel, global_batch = CASES[case]
-    points = [make_point("llama3-8b", global_batch=g, **parallel) for g in range(global_batch, 2 * global_batch)]
-    points = sorted((p for p in points if steady_microbatches(p) is not None), key=steady_microbatches)
-    fewer, point = points[0], points[-1]
-    assert steady_microbatches(fewer) < steady_microbatches(point)
+    point = make_point("llama3-8b", global_batch=global_batch, **parallel)
+    microbatches = steady_microbatches(point)
+    assert microbatches is not None
+    dp = point.parallel.dp
+    fewer = make_point("llama3-8b", global_batch=dp * (microbatches - 1), **parallel)
+    assert steady_microbatches(fewer) is None
+    assert fewer.micro_batches == microbatches - 1 == fewest_microbatches(point.parallel.pp, 0)
     skeleton._SKELETONS.clear()
     skeleton._STEPS.clear()
     walked = steady_programs(point)
     skeleton._SKELETONS.clear()
     skeleton._STEPS.clear()
-    steady_programs(fewer)
+    SymbolicGenerator().generate(fewer)
     walks: list[int] = []
     walk = pipeline.walk
     monkeypatch.setattr(pipeline, "walk", lambda *args: walks.append(args[2]) or walk(*args))

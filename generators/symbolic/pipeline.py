@@ -301,9 +301,10 @@ class Pipeline:
     def spliced(self, stage: int, stage_shape: StepShape) -> Skeleton | None:
         """The stage's skeleton spliced from one over fewer micro-batches (`splice`), if it may be: the one it took
         for a shorter form on this pipeline (the steady form's, which a point makes before its longer form or
-        whole step), else one kept from an earlier point of the stage's shape (`kept_shorter`: a point whose
-        steady form has other micro-batches, or one without a steady form). It makes the p2p blocks that one's
-        walk made and this pipeline has not: those of a kept one, none of its own shorter form's."""
+        whole step), else one kept from an earlier point of the stage's shape over fewer micro-batches
+        (`kept_shorter`: its step, or its longer form; 1F1B points of one shape share their steady form). It makes
+        the p2p blocks that one's walk made and this pipeline has not: those of a kept one, none of its own shorter
+        form's."""
         if not self.spliceable():
             return None
         pp = self.point.parallel.pp

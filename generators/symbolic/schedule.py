@@ -294,20 +294,6 @@ def stage_steps(point: DesignPoint, stage: int, microbatches: int) -> list[Chunk
     return [(s, mb, 0) for s, mb in SCHEDULES[p.pp_schedule](p.pp, stage, microbatches)]
 
 
-LINK_CYCLE = 6
-"""Periods after which the state of shared network links repeats, as the analytical model schedules them, where
-that state cycles over 2 or 3 periods: calls repeat every period, but which transfer last used a link shared by
-pipeline sends and collectives (or ring-attention sends) can cycle, and the drain after the steady state starts
-where in that cycle the step is. A steady form with a whole number of such cycles fewer than the step starts its
-drain in the same place.
-
-What cycled was which side of a transfer the engine reached first: a run that parked on a transfer went on
-issuing later calls, whose collectives took a shared link before the transfer or stretched it, by the order the
-engine advanced the stages, which repeats every pp micro-batches. Transfers now reserve their links as they are
-issued (`simulators.analytical.engine._reserve`), so that order no longer shows in any time, and the cycle with
-it (tests/test_analytical_steady.py); whether 6 can become 1 wants its own checks."""
-
-
 def steady_form(point: DesignPoint, programs: Callable[[int], list[Program]]) -> SteadyForm | None:
     """The step with fewer micro-batches that shows its whole pipeline steady state (`steady_microbatches`), with
     its longer form (`cycle_microbatches`) built only if asked for; None if it has none. `programs` builds the
@@ -339,16 +325,26 @@ def steady_microbatches(point: DesignPoint) -> int | None:
     steady stretch only for what the calls after it read (`simulators.analytical.steady._period`; a backward's
     own activations, read p periods back on the first stage, never set its start);
     interleaved and ZB-H1 stages repeat every several micro-batches (`steady_period`) and warm up and drain for up
-    to about two of those periods each, so they take 6 periods. To those, as many periods as make the difference to
-    the step a multiple of LINK_CYCLE (which keeps an interleaved step's last, shorter group too). Only training
-    with those schedules has one: GPipe holds every micro-batch's activations, so its memory grows with them, and
-    inference holds a KV cache per micro-batch."""
+    to about two of those periods each, so they take 6 periods. To that base, the step's remainder mod the period
+    (which keeps an interleaved step's last, shorter group too), so that the form is a whole number of periods
+    shorter than the step. Only training with those schedules has one: GPipe holds every micro-batch's
+    activations, so its memory grows with them, and inference holds a KV cache per micro-batch.
+
+    The form was once rounded up further, to a difference of a multiple of six periods: which transfer last used a
+    link shared by pipeline sends and collectives cycled over 2 or 3 periods, unseen by the checks, and a form of
+    another phase started its drain elsewhere in that cycle (up to 0.8% off). That cycle was the engine's order
+    (which side of a transfer it reached first), which no time shows since transfers reserve their links as they
+    are issued (`simulators.analytical.engine._reserve`, tests/test_analytical_steady.py), so the rounding guarded
+    nothing and only lengthened forms, by up to five periods (GPT-3 175B at pp 16 and 48 micro-batches: 24, now
+    20). A cycle a pipeline still has, such as a delay round the pp loop, shows in the calls' times: the checks
+    reject the shorter form, and the longer form (`cycle_microbatches`), whole cycles shorter than the step,
+    prices it."""
     p = point.parallel
     if point.workload.mode != "train" or p.pp_schedule not in ("1f1b", "interleaved", "zb_h1"):
         return None
     period = steady_period(point)
     base = 6 * period if period > 1 else min(2 * p.pp + 2, p.pp + 4)
-    short = base + (point.micro_batches - base) % (LINK_CYCLE * period)
+    short = base + (point.micro_batches - base) % period
     return short if point.micro_batches > short else None
 
 
@@ -362,12 +358,9 @@ def cycle_microbatches(point: DesignPoint) -> int | None:
     16 micro-batches (653.4 ms with selective recompute and ZeRO-1), not every one. A cost model needs three such
     cycles steady between the warm-up and the drain to trust one (`simulators.analytical.steady`); 4p
     micro-batches give them from pp 8 to 16 (at 3p, the 16-stage one shows it on no stage, at 4p on all). To
-    those, as many as make the difference to the step a multiple of the cycle, pp micro-batches. The shared links'
-    state that LINK_CYCLE kept the shorter form in phase with cycled every pp micro-batches too (an artefact of
-    the engine's order, since removed), so whole cycles kept the longer form in phase with it; rounding to a
-    multiple of LINK_CYCLE as well took GPT-3 175B's longer forms from 32 to 48 micro-batches at pp 8 and left
-    none at pp 16 with 96. Interleaved and ZB-H1 forms already repeat over groups of micro-batches and have
-    none."""
+    those, the step's remainder mod the cycle, pp micro-batches, so that the form is whole cycles shorter than the
+    step and its drain starts in the step's phase of the cycle. Interleaved and ZB-H1 forms already repeat over
+    groups of micro-batches and have none."""
     p = point.parallel
     if steady_microbatches(point) is None or steady_period(point) != 1 or p.pp < 2:
         return None

@@ -17,13 +17,15 @@ simulated and searched for the shortest period that divides its cycle and that e
 shared length. When that fails too, the caller simulates the whole step.
 
 What the checks do not see is which transfer last used a shared network link (`plans.PlanOp` shares). Where
-pipeline transfers shared a link with collectives or ring-attention sends, that state cycled over pp
+pipeline transfers shared a link with collectives or ring-attention sends, that state once cycled over pp
 micro-batches while every call's times repeated each one, and the drain after the steady state depended on where
 in that cycle it started (a step priced from a steady form of the other phase was off by up to 0.8%, Llama-3-8B on
-two pipeline stages across nodes; 0.11%, Mixtral-8x7B at pp 4 with ep across nodes and ZeRO-2). It was the
-engine's order (which side of a transfer it reached first), which transfers' reservations (`engine._reserve`)
-took out of every time; the generator still makes the steady form a whole number of six periods shorter than the
-step (`generators.symbolic.schedule.LINK_CYCLE`).
+two pipeline stages across nodes; 0.11%, Mixtral-8x7B at pp 4 with ep across nodes and ZeRO-2), so the generator
+made the form a whole number of six periods shorter than the step. It was the engine's order (which side of a
+transfer it reached first), which transfers' reservations (`engine._reserve`) took out of every time, and the
+form is now only a whole number of periods shorter (`generators.symbolic.schedule.steady_microbatches`): with
+every time fixed by the programs, a link's state follows the calls' times, which the checks read, so where it
+cycles they do too (a delay round the pp loop), and the longer form prices the step.
 
 Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p micro-batches' activations
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).
@@ -187,7 +189,7 @@ def _period(
 
     What the checks do not see: a stream's previous op (the previous call's on every stream a period uses, within
     the run; a stream used after the run but not in it, as the last steps' reductions, last used before it) and
-    shared links' state (`LINK_CYCLE`)."""
+    shared links' state (which no longer cycles on its own: the module's docstring)."""
     found = _kept(program, shape, ("steady.twins", period), lambda: _twins(program, period))
     if not found:
         return None

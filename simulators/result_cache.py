@@ -11,9 +11,10 @@ from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 
+from dse.calls import ShapeCalls
 from dse.interfaces import ClassResult, SimResult
 from dse.lru import MIB, ByteBoundedLru
-from dse.workload import Call, DeferredPrograms, Program, ShapeCalls, TableTensors, Tensor, Workload
+from dse.workload import Call, DeferredPrograms, Program, TableTensors, Tensor, Workload
 
 RESULT_CACHE_BYTES = 64 * MIB
 """About 500 configurations of GPT-3 175B on 1,024 GPUs at pp 16 (~130 KB each), five times issue 36's study."""

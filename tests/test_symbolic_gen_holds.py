@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dse.workload import Call, CallShape, ShapeCalls
+from dse.calls import Call, CallShape, ShapeCalls
 from generators.symbolic import skeleton
 from generators.symbolic.generator import SymbolicGenerator
 from tests.helpers import make_point

@@ -76,7 +76,7 @@ class _Run:
     program: Program
     calls: tuple[Call, ...]
     """The program's calls, read once per call issued: a tuple of them, as a generated program's read its shape's
-    through Python (`ShapeCalls`)."""
+    through Python (`dse.calls.ShapeCalls`)."""
     plans: list[Plan]
     stream_end: list[float]
     out_end: list[float]

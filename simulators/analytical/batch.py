@@ -63,9 +63,9 @@ nodes: 41 MiB), the systems measured together. Each chunk's figures cost some nu
 whatever its width, so fewer, larger chunks pay less Python. On vs_calculon's grid, when longer forms reached 405k
 nodes (99 MiB a block; before they were 4p micro-batches), their one-block chunks set the peak (185 MiB traced at
 most, with the structures kept) for any budget up to 128 MiB, where 256 MiB reached 299; 64 MiB cost 7% more
-time with the structure kept. A process's first batch also pays for
-touching the array's pages: 0.05 to 0.25 s of a first batch of 1,000 systems (GPT-3 175B tp4 pp8), erratic, which
-64 MiB avoided in every run measured, but at up to 10% more on tp4 pp16 with the structure kept."""
+time with the structure kept. A process's first batch also pays for touching the array's pages: 0.05 to 0.25 s of
+a first batch of 1,000 systems (GPT-3 175B tp4 pp8), erratic, which 64 MiB avoided in every run measured, but at
+up to 10% more on tp4 pp16 with the structure kept."""
 ROOM_BYTES = 2 * MEMORY_BUDGET_BYTES
 """The address space a thread keeps for the values (`_Room`): the budget, which every chunk of more than one block
 fits in (`_chunks`), and room for a single block's values past it (GPT-3 175B's longer forms: 41 MiB at most, 131

@@ -194,10 +194,7 @@ def _period(
     if len(found_in):  # most systems find the same window: each distinct one checked once
         span = call_start.shape[0] + 1  # a window [lo, hi) as one number, lo * span + hi: one flat unique
         windows, which = np.unique(lo[found_in] * span + hi[found_in], return_inverse=True)
-        long_enough = [
-            b - a >= 2 * distance and read.within(stage, a, b)
-            for a, b in (divmod(window, span) for window in windows.tolist())
-        ]
+        long_enough = [read.holds(stage, a, b, distance) for a, b in (divmod(w, span) for w in windows.tolist())]
         ok[found_in] = np.array(long_enough, dtype=bool)[which]
     return length, first, ok, lo, hi
 

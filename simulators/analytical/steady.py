@@ -184,7 +184,8 @@ def _period(
     Warm-up and drain calls also recur at a period's length where a stage runs only forwards or only backwards,
     but at another distance (a drain backward's twin is the next backward, half a 1F1B period on), and a step with
     more micro-batches does not add those: the distance is what a period adds, not any at which calls recur. The
-    run must also span two periods of calls, so that three periods of the timeline repeat (`_window` reads two).
+    run must also span two periods of calls (both checked in `Reads.holds`), so that three periods of the timeline
+    repeat (`_window` reads two).
     The call returned is one period into the run, away from the warm-up.
 
     What the checks do not see: a stream's previous op (the previous call's on every stream a period uses, within
@@ -196,7 +197,7 @@ def _period(
     distance, twin, middle = found
     length = float(start[middle + distance] - start[middle])
     lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
-    if lo < 0 or length <= 0 or hi - lo < 2 * distance or not read.within(stage, lo, hi):
+    if lo < 0 or length <= 0 or not read.holds(stage, lo, hi, distance):
         return None
     return length, lo + distance, distance, spare_periods(start, end, lo, hi, distance, length), (lo, hi)
 

@@ -51,6 +51,12 @@ class Reads:
     def bytes(self) -> int:
         return sum(a.nbytes for a in (self.base, self.floor, self.done, self.pairs, *self.walk))
 
+    def holds(self, stage: int, lo: int, hi: int, distance: int) -> bool:
+        """Whether the steady run [lo, hi) of `stage`, `distance` calls a period, may be spliced as far as its own
+        stage goes (`steady._period`, per point and per system of a batch alike): it spans two periods, so that
+        three periods of the timeline repeat, and every call after it reads only calls inside it (`within`)."""
+        return hi - lo >= 2 * distance and self.within(stage, lo, hi)
+
     def within(self, stage: int, lo: int, hi: int) -> bool:
         """Whether every call of `stage` from `hi` on reads only calls of its own from `lo` on."""
         if hi < self.done[stage]:

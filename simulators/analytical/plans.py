@@ -23,7 +23,7 @@ import numpy as np
 from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
-from simulators.analytical.pricing import BlockPricer, pricing_settings
+from simulators.analytical.pricing import BlockPricer, facets, pricing_settings
 from simulators.analytical.skeletons import Link, Plan, Skeleton, code_of, renumbered, sums
 
 COMPUTE, COLLECTIVE, SEND, RECV = range(4)
@@ -40,8 +40,8 @@ def stream_of(op: Op) -> str:
 
 PLAN_BYTES = 32 * MIB
 """Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 4.9 MiB of them on one
-system (its skeletons counted again as forms, though its plans hold the same objects), 7.1 MiB after a second and
-2.3 MiB more per later system."""
+system (its skeletons counted again as forms, though its plans hold the same objects), 6.6 MiB after a second and
+1.7 MiB more per later system of another InfiniBand bandwidth (the blocks whose groups stay in a node keep theirs)."""
 RECIPE_BYTES_PER_OP = 400
 """A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
 of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
@@ -76,8 +76,12 @@ class SkeletonCounts:
 
 SKELETONS = SkeletonCounts()
 SHELVES_PER_RECIPE = 64
-"""Prefixes (systems, for one workload's settings) a recipe keeps plans for: pricing one workload on thousands of
-systems must not grow its entry past the cache (the prefix kept first goes first)."""
+"""Prefixes (accelerators, for one workload's settings; networks too for a block with p2p ops) a recipe keeps plans
+for: pricing one workload on thousands of systems must not grow its entry past the cache (the prefix kept first
+goes first)."""
+SPREADS_PER_SHELF = 64
+"""Spreads a shelf keeps plans for, as SHELVES_PER_RECIPE bounds its prefixes: a spread holds the values of the
+dimensions it spans, so a grid of InfiniBand bandwidths gives a block whose groups cross nodes one per system."""
 
 
 @dataclass(slots=True)
@@ -93,13 +97,11 @@ class _Cached:
 
 @dataclass(slots=True)
 class _Shelf:
-    """A block's plans under one prefix (`Planner._prefixes`), per spread of a class (its `BlockPricer.spread` per
+    """A block's plans under one prefix (`Planner._prefixes`), per spread of a class (its `BlockPricer.spans` per
     axis; the class, for a block with p2p ops)."""
 
     prefix: tuple
     """What the recipe finds the shelf by the hash of, compared on every hit."""
-    system: SystemSpec
-    """Kept so that the identity the prefix holds stays its own."""
     spreads: dict[tuple | int, _Cached]
     ops: int
     """Plan ops held, over every spread and numbering."""
@@ -225,17 +227,17 @@ class Planner:
     """Builds and caches plans, and numbers the streams and categories that plans refer to.
 
     A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`), and its skeleton for later
-    systems of the same shape (`_Recipe.forms`, `_skeleton`). Besides the block's
-    content a plan depends on the system and the workload's pricing settings (`_context`), and on how the class's
-    groups spread over the network; a block with p2p ops on the class itself, its peers and their classes, so its
-    plans are kept per layout, classes of the ranks, and class. Streams and categories are numbered per planner in
+    systems of the same shape (`_Recipe.forms`, `_skeleton`). Besides the block's content a plan depends on the
+    accelerator and the workload's pricing settings (`_context`), and on how the class's groups spread over the
+    network, the dimensions they span included (`BlockPricer.spans`); a block with p2p ops on the whole network,
+    the class itself, its peers and their classes, so its plans are kept per network, layout, classes of the
+    ranks, and class. Streams and categories are numbered per planner in
     first-use order; a kept plan is reused only under the numbering it was built with, and never for two blocks or
     classes of one planner that did not share a plan before (each gets its own object, as consumers number plans by
     identity)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
-        self._system = system
         self.share_bandwidth = share_bandwidth
         self._pricer = BlockPricer(workload, system)
         self._fuse = fuse
@@ -250,10 +252,11 @@ class Planner:
         context = _context(workload, system, fuse, share_bandwidth)
         classes = np.ascontiguousarray(workload.class_of)
         ranks = (workload.layout.axes, classes.dtype.str, classes.tobytes())
-        self._prefixes = None if context is None else (context, (*context, *ranks))
-        """What keys a kept plan besides the block and its class: the context, and with the layout and the ranks'
-        classes for a block with p2p ops. A key holds their hashes, computed here once (hashing them per lookup
-        would cost as much as the rest of the lookup)."""
+        self._prefixes = None if context is None else (context, (*context, facets(system).network, *ranks))
+        """What keys a kept plan besides the block and its class's spread (`_shelf`, `_Shelf.spreads`): the
+        context; for a block with p2p ops, which is kept per class, with every dimension of the network (a send's
+        seconds read the dimensions between its ranks), the layout and the ranks' classes (its peers). A key holds
+        their hashes, computed here once (hashing them per lookup would cost as much as the rest of the lookup)."""
         self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
         self._shape = (fuse, share_bandwidth, tuple(dim.npus for dim in system.network), *ranks)
         """What a skeleton of a block with p2p ops depends on besides the block and the class: its links name the
@@ -291,7 +294,7 @@ class Planner:
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
-                        spans = spreads[recipe.axes, rank_class] = self._spans(recipe.axes, rank_class)
+                        spans = spreads[recipe.axes, rank_class] = self._pricer.spans(recipe.axes, rank_class)
                     # Classes whose groups span the network alike run a block without p2p ops identically: they
                     # share one plan.
                     alike = (block_index, spans[0])
@@ -301,14 +304,6 @@ class Planner:
                     plans[key] = plan
             out[block_index] = plan
         return out
-
-    def _spans(self, axes: tuple[str, ...], rank_class: int) -> tuple[tuple, tuple]:
-        """(span_key, spread) per axis of the class's groups."""
-        pricer = self._pricer
-        return (
-            tuple([pricer.span_key(axis, rank_class) for axis in axes]),
-            tuple([pricer.spread(axis, rank_class) for axis in axes]),
-        )
 
     def _kept(
         self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, spans: tuple | None
@@ -321,10 +316,12 @@ class Planner:
             if self._prefixes is None or self._hashes is None:
                 return self._build(block_index, rank_class, recipe, spans)[0]
             p2p = int(spans is None)
-            shelf = self._shelves[block_index] = _shelf(recipe, self._prefixes[p2p], self._hashes[p2p], self._system)
+            shelf = self._shelves[block_index] = _shelf(recipe, self._prefixes[p2p], self._hashes[p2p])
         entry = shelf.spreads.get(spread)
         if entry is None:
             plan, names = self._build(block_index, rank_class, recipe, spans)
+            if len(shelf.spreads) >= SPREADS_PER_SHELF:
+                _dropped(recipe, shelf, next(iter(shelf.spreads)))
             entry = shelf.spreads[spread] = _Cached(names, {})
             entry.plans[self._numbers[names]] = plan
             _grown(recipe, shelf, plan)
@@ -444,7 +441,7 @@ class Planner:
         return (peer_class, rank_class, op.axis, -op.peer)
 
 
-def _shelf(recipe: _Recipe, prefix: tuple, hashed: int, system: SystemSpec) -> _Shelf:
+def _shelf(recipe: _Recipe, prefix: tuple, hashed: int) -> _Shelf:
     """The recipe's shelf for the prefix, made if none."""
     shelf = recipe.shelves.get(hashed)
     if shelf is None or shelf.prefix != prefix:
@@ -452,13 +449,20 @@ def _shelf(recipe: _Recipe, prefix: tuple, hashed: int, system: SystemSpec) -> _
             recipe.bytes -= _shelf_bytes(recipe.shelves.pop(next(iter(recipe.shelves))))
         if shelf is not None:
             recipe.bytes -= _shelf_bytes(shelf)
-        shelf = recipe.shelves[hashed] = _Shelf(prefix, system, {}, 0, sum(len(x) for x in prefix if type(x) is bytes))
+        shelf = recipe.shelves[hashed] = _Shelf(prefix, {}, 0, sum(len(x) for x in prefix if type(x) is bytes))
         recipe.bytes += shelf.held
     return shelf
 
 
 def _shelf_bytes(shelf: _Shelf) -> int:
     return PLAN_BYTES_PER_OP * shelf.ops + shelf.held
+
+
+def _dropped(recipe: _Recipe, shelf: _Shelf, spread: tuple | int) -> None:
+    """Takes the plans of a spread off the shelf, and their bytes off the recipe's."""
+    ops = sum(len(plan.skeleton.ops) for plan in shelf.spreads.pop(spread).plans.values())
+    shelf.ops -= ops
+    recipe.bytes -= PLAN_BYTES_PER_OP * ops
 
 
 def _grown(recipe: _Recipe, shelf: _Shelf, plan: Plan) -> None:
@@ -500,12 +504,16 @@ def _form_bytes(form: _Form) -> int:
 
 
 def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool) -> tuple | None:
-    """What besides a block, its class's spread and the system its plans' seconds depend on (how BlockPricer
-    prices); None where that is the whole workload (memory tiers price an op by the step's working set), so plans
-    are not kept across points. The system is keyed by identity: points of a study share its object."""
+    """What besides a block and its class's spread (`BlockPricer.spans` per axis of its collectives, which holds
+    the dimensions they span as values) a plan of a block without p2p ops depends on: the accelerator (its compute
+    model prices the compute ops, its NCCL and DeepEP tables the collectives within a node; `pricing._tables`),
+    the workload's pricing settings, and how the plan is built (its fusing and its shares of the network's
+    links). Not the network's other dimensions: a block whose groups stay inside a node keeps its plan on a
+    system with another InfiniBand. None where the plans depend on the whole workload (memory tiers price an op by
+    the step's working set), so plans are not kept across points."""
     if system.accelerator.memory_tiers:
         return None
-    return (id(system), *pricing_settings(workload), fuse, share_bandwidth)
+    return (facets(system).accelerator, *pricing_settings(workload), fuse, share_bandwidth)
 
 
 def _joins(op: Op, block: Block, run_waits_on_inputs: bool) -> bool:

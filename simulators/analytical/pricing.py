@@ -170,16 +170,18 @@ class BlockPricer:
         peer = self._workload.layout.peer(rank, axis, offset)
         return p2p_dim(rank, peer, self._system.network)
 
-    def span_key(self, axis: str, rank_class: int) -> tuple[tuple[int, int], ...]:
-        """(dimension index, NPUs spanned) per dimension the axis's group spans: equal keys, equal prices (within
-        a workload, where `plans.Planner` shares a plan between classes by it)."""
-        return self._group(axis, rank_class).key
+    def spans(self, axes: tuple[str, ...], rank_class: int) -> tuple[tuple, tuple]:
+        """Per axis of the class's groups, its span key and its spread (one lookup of each group for both).
 
-    def spread(self, axis: str, rank_class: int) -> tuple:
-        """`span_key`, with the dimension as the group sees it where that is not the dimension itself (a
-        cube-mesh, a tapered dimension; `fabrics.placed`): what prices a collective of the class on this system,
-        whatever the workload."""
-        return self._group(axis, rank_class).spread
+        span key: (dimension index, NPUs spanned) per dimension the group spans; equal keys, equal prices within
+        a workload, where `plans.Planner` shares a plan between classes by them.
+        spread: the span key with each dimension's value as the group sees it (the system's own dimension, or
+        where that is not what the group sees, a cube-mesh's ring or a tapered dimension: `fabrics.placed`), as
+        its JSON. With the accelerator (the node's NCCL and DeepEP tables) and the workload's `pricing_settings`,
+        all that prices a collective of the class (`communication`: `collective_time` reads the span's dimensions
+        and counts, `within_node` and `exchange_time` the indices), whatever the workload and system."""
+        groups = [self._group(axis, rank_class) for axis in axes]
+        return tuple([group.key for group in groups]), tuple([group.spread for group in groups])
 
     def _group(self, axis: str, rank_class: int) -> "_Group":
         key = (axis, rank_class)
@@ -216,7 +218,7 @@ def _tables_of(workload: Workload, accelerator: AcceleratorSpec) -> _Tables:
     """The tables that price the workload on the accelerator, kept per accelerator object and the workload's
     settings: building them looks up and stats the table files, about 0.12 ms, each point again. An accelerator
     with memory tiers prices by the step's working set, so its compute model is built per workload. Like the plans
-    kept per system (`plans._context`), a kept entry does not see a table file replaced while the process runs."""
+    kept per accelerator (`plans._context`), a kept entry does not see a table file replaced while the process runs."""
     if accelerator.memory_tiers:
         return _tables(workload, accelerator, working_set(workload.programs, workload.blocks, accelerator))
     key = (id(accelerator), *pricing_settings(workload))
@@ -248,6 +250,38 @@ def _tables(workload: Workload, accelerator: AcceleratorSpec, placed: float | No
         exchange=None if workload.expert_exchange is None else MeasuredExchange.of(accelerator),
         moe=None if workload.expert_compute is None else MeasuredMoe.of(accelerator, workload.dtype),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Facets:
+    """A system's parts as values: what keeps priced things across systems keys on the parts their prices read
+    (`plans`: a block's compute on the accelerator, its collectives on the dimensions their groups span), so that
+    a system that differs in another part (a new InfiniBand bandwidth, and a block whose groups stay inside a
+    node) finds them. Systems are interned per distinct data (`dse.point.points.validated_system`), but two of
+    them share no part's object; a part's JSON is its value (every field, a field left out only at its default)."""
+
+    system: SystemSpec
+    """Kept so that the identity `_FACETS` finds it by stays its own."""
+    accelerator: str
+    network: tuple[str, ...]
+    """Per dimension."""
+
+
+FACETS_KEPT = 256
+"""Systems whose facets `_FACETS` keeps: a study has a few to thousands; a JSON dump of a DGX H100's accelerator
+takes about 20 us, against the hundreds of microseconds its plans save on a point."""
+_FACETS: dict[int, Facets] = {}
+
+
+def facets(system: SystemSpec) -> Facets:
+    """The system's facets, found by its identity (a plain dict emptied when full, as `plans._SEEN`)."""
+    found = _FACETS.get(id(system))
+    if found is None or found.system is not system:
+        if len(_FACETS) >= FACETS_KEPT:
+            _FACETS.clear()
+        network = tuple(dim.model_dump_json() for dim in system.network)
+        found = _FACETS[id(system)] = Facets(system, system.accelerator.model_dump_json(), network)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,8 +320,9 @@ class _LayoutGroups:
             network = self.system.network
             span, dims = group_span(members, network), spanned_dims(members, network)
             counts = tuple(count for _, count in span)
+            texts = facets(self.system).network
             spread = tuple(
-                (d, count) if seen is network[d] else (d, count, seen.model_dump_json())
+                (d, count, texts[d] if seen is network[d] else seen.model_dump_json())
                 for d, (seen, count) in zip(dims, span, strict=True)
             )
             found = self.groups[axis, rank] = _Group(span, dims, tuple(zip(dims, counts, strict=True)), spread)

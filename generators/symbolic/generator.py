@@ -15,7 +15,7 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from dse.lru import MIB, ByteBoundedLru
-from dse.modelstats import layer_kinds, model_flops
+from dse.modelstats import model_flops
 from dse.serving.steps import step_point
 from dse.spec import DesignPoint
 from dse.workload import (
@@ -28,7 +28,7 @@ from dse.workload import (
     TensorKind,
     Workload,
 )
-from generators.symbolic.blocks import layer_keys
+from generators.symbolic.layers import layer_layout
 from generators.symbolic.optimizer import ModelStates
 from generators.symbolic.pipeline import Pipeline, Stage
 from generators.symbolic.skeleton import schedule_affinity
@@ -47,7 +47,8 @@ class _Builder:
     def build(self) -> Workload:
         point = self.point
         p, m = point.parallel, point.model
-        kinds = self.layer_keys = layer_keys(layer_kinds(m), p)
+        layout = layer_layout(point)
+        kinds = self.layer_keys = layout.keys
         modules = self.tracing.modules(kinds)
         self.blocks = list(modules.blocks)
         traced, embedding, head = modules.layers, modules.embedding, modules.head
@@ -56,17 +57,16 @@ class _Builder:
         states = ModelStates(point, self.tracing.tracer, self.tracing.module.itemsize, self.blocks, modules.weights)
         tied_sync = states.tied_sync_blocks(modules.table) if not modules.tied and m.tied_embeddings else {}
         gathers = states.param_gather_blocks([embedding, *traced.values(), head])
-        pipeline = Pipeline(point, self.tracing.module, self.blocks, traced, embedding, head, kinds, tied_sync, gathers)
+        pipeline = Pipeline(
+            point, self.tracing.module, self.blocks, traced, embedding, head, layout, tied_sync, gathers
+        )
 
         stages: list[Stage] = []
-        states_of: dict[tuple, tuple[int | None, tuple[Tensor, ...]]] = {}
-        """A stage's optimizer block and fixed tensors by what they follow from (whether it holds the embedding
-        and the head, and its layers' kinds in order): the middle stages of a pipeline share them."""
-        for stage in range(p.pp):
-            layers = pipeline.stage_layers(stage)
-            first, last = pipeline.ends(stage)
-            held_kinds = tuple([kinds[i] for c in layers for i in layers[c]])
-            found = states_of.get((first, last, held_kinds))
+        states_of: dict[int, tuple[int | None, tuple[Tensor, ...]]] = {}
+        """A stage's optimizer block and fixed tensors by the first stage alike in what they follow from
+        (`StageLayers.alike`): the middle stages of a pipeline share them."""
+        for layers, first, last, held_kinds, alike in layout.stages:
+            found = states_of.get(alike)
             if found is None:
                 held = [(traced[key], count) for key, count in Counter(held_kinds).items()]
                 held += [(embedding, 1)] if first else []
@@ -77,7 +77,7 @@ class _Builder:
                     cache = sum(traced[key].cache_bytes for key in held_kinds)
                     if cache:
                         fixed.append(Tensor("kv_cache", TensorKind.KV_CACHE, cache * point.micro_batches))
-                found = states_of[(first, last, held_kinds)] = (optimizer, tuple(fixed))
+                found = states_of[alike] = (optimizer, tuple(fixed))
             stages.append(Stage(layers, *found))
         steady = pipeline.steady_form(stages)
         programs: Sequence[Program]

@@ -14,6 +14,7 @@ from generators.symbolic.blocks import LayerKey, Traced, block_of, made_block
 from generators.symbolic.buckets import Bucket, gradient_buckets
 from generators.symbolic.dense import DenseModule
 from generators.symbolic.emitter import Emitter
+from generators.symbolic.layers import LayerLayout
 from generators.symbolic.schedule import (
     Placement,
     steady_form,
@@ -28,7 +29,6 @@ from generators.symbolic.skeleton import (
     keep_skeleton,
     keep_step,
     kept_shorter,
-    runs,
     schedule_shape,
     skeleton_for,
     step_for,
@@ -60,7 +60,7 @@ class Pipeline:
         layer_traces: dict[LayerKey, Traced],
         embed: Traced,
         head: Traced,
-        keys: list[LayerKey],
+        layout: LayerLayout,
         tied_sync: dict[int, int],
         param_gathers: dict[int, int] | None = None,
     ) -> None:
@@ -71,7 +71,8 @@ class Pipeline:
         self.blocks = blocks
         self.layer_traces = layer_traces
         self.embed, self.head = embed, head
-        self.keys = keys
+        self.layout = layout
+        self.keys = layout.keys
         """Per layer, the traced layer it runs."""
         self.tied_sync = tied_sync
         """By stage, the block exchanging a tied weight's gradient (`ModelStates.tied_sync_blocks`)."""
@@ -94,30 +95,10 @@ class Pipeline:
         self.formed: dict[int, list[Skeleton]] = {}
         """By micro-batches, the skeletons the stages took for programs over them (see `spliced`)."""
         self.sharding = Sharding.of(point.parallel)
-        p, m = point.parallel, point.model
-        placement = self.placement = Placement.of(point)
-        chunks = self.chunks = placement.chunks
-        # Virtual stage v (chunk c of stage s, `Placement.holder`) runs layers [starts[v], starts[v + 1]); a
-        # stage's layers split evenly over its chunks, the first chunks taking one more where they do not divide
-        # (uneven stages).
-        per_stage = p.stage_layers(m.layers)
-        starts = self.vstage_starts = [0]
-        for v in range(p.pp * chunks):
-            stage, chunk = placement.holder(v)
-            count = per_stage[stage]
-            starts.append(starts[-1] + count // chunks + (chunk < count % chunks))
+        self.placement = Placement.of(point)
+        self.chunks = self.placement.chunks
+        self.vstage_starts = layout.vstage_starts
         self.shape = self.step_shape()
-
-    def stage_layers(self, stage: int) -> dict[int, list[int]]:
-        """Per model chunk, the layers a stage holds."""
-        starts = self.vstage_starts
-        vstages = [self.placement.vstage(stage, c) for c in range(self.chunks)]
-        return {c: list(range(starts[v], starts[v + 1])) for c, v in enumerate(vstages)}
-
-    def ends(self, stage: int) -> tuple[bool, bool]:
-        """Whether a stage holds the first virtual stage (the embedding) and the last (the head)."""
-        holder, last = self.placement.holder, self.point.parallel.pp * self.chunks - 1
-        return holder(0)[0] == stage, holder(last)[0] == stage
 
     def programs(self, stages: list[Stage], microbatches: int) -> list[Program]:
         """One program per pipeline stage, running `microbatches` micro-batches."""
@@ -153,7 +134,7 @@ class Pipeline:
             (
                 schedule_shape(self.point),
                 tuple(self.param_gathers.items()),
-                runs(self.keys),
+                self.layout.runs,
                 tuple(
                     (
                         t.forward,

@@ -181,7 +181,7 @@ benchmarks/vs_calculon.py's pp 16 configurations (its calls, tensor table and so
 cost models keep on its shape's memo, 88 B a call after those 96 configurations (the compiled engine's call arrays
 34, peak memory's moments 29, the calls' fields 24, the steady check's twins 1)."""
 _SKELETONS: ByteBoundedLru[tuple, Skeleton] = ByteBoundedLru(
-    "skeletons", SKELETON_CACHE_BYTES, lambda skeleton: SKELETON_BYTES_PER_CALL * len(skeleton.shape.calls)
+    "skeletons", SKELETON_CACHE_BYTES, lambda skeleton: SKELETON_BYTES_PER_CALL * len(skeleton.shape)
 )
 """Per process (an evaluator actor keeps it across trials), least recently used out first."""
 
@@ -252,7 +252,7 @@ class StepSkeletons:
 _STEPS: ByteBoundedLru[tuple, StepSkeletons] = ByteBoundedLru(
     "step_skeletons",
     SKELETON_CACHE_BYTES,
-    lambda step: SKELETON_BYTES_PER_CALL * sum(len(skeleton.shape.calls) for skeleton in step.skeletons),
+    lambda step: SKELETON_BYTES_PER_CALL * sum(len(skeleton.shape) for skeleton in step.skeletons),
 )
 """Per process, like the skeletons. An entry keeps its skeletons alive after the skeleton cache lets them go, so it
 is counted at their bytes (an upper bound: both caches mostly hold the same ones)."""

@@ -12,16 +12,15 @@ short form (under 2(p - s) + 4 micro-batches) is a warm-up forward, so the reads
 a stride of whole pairs. Only a stage whose walk shows that repetition over the steps the inserted pairs read
 is spliced (`Pipeline.spliceable` says which schedules qualify); `None` otherwise, and the stage is walked."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cached_property
-from itertools import chain, pairwise
+from itertools import pairwise
 
 import numpy as np
 
-from dse.workload import Call, CallShape, OpKind, TensorTable
+from dse.calls import CallColumns
+from dse.workload import CallShape, OpKind, TensorTable
 from generators.symbolic.skeleton import Skeleton
-
-_new = tuple.__new__
 
 
 class _Steps:
@@ -65,21 +64,21 @@ Reads = Callable[[np.ndarray], np.ndarray]
 """Calls (or tensors' producers and consumers) moved on: one row per repeat (`_Steps.mover`)."""
 
 
-def moved(calls: Sequence[Call], reads_of: Reads, repeats: np.ndarray, first_microbatch: int) -> list[Call]:
+def moved(calls: CallColumns, reads_of: Reads, repeats: np.ndarray, first_microbatch: int) -> CallColumns:
     """`calls` once per repeat r: r micro-batches on, reading what `reads_of` moves their reads to for r;
     micro-batches before `first_microbatch` (and the optimizer step's -1) stay, and so do their p2p tags (0 for
-    other calls). In arrays, then one tuple per call: a Python function per call cost nearly what the walk did."""
-    blocks, inputs, layers, microbatches, tags = zip(*calls, strict=True)
-    ends = np.cumsum([len(read) for read in inputs]).tolist()
-    spans = list(zip([0, *ends[:-1]], ends, strict=True))
-    flat = np.fromiter(chain.from_iterable(inputs), dtype=np.int64, count=ends[-1] if ends else 0)
-    read = reads_of(flat).tolist()
-    mb, tag = np.array(microbatches), np.array(tags)
-    on = repeats[:, None] * (mb >= first_microbatch)[None, :]
-    mbs, tags = (mb[None, :] + on).ravel().tolist(), (tag[None, :] + 2 * on * (tag != 0)[None, :]).ravel().tolist()
-    reads = [tuple(row[start:end]) for row in read for start, end in spans]
+    other calls). As columns: tuples per call (a longer form's thousands a stage) cost more than the splice's
+    arithmetic, and a cost model reads the columns (`CallShape.columns`)."""
     count = len(repeats)
-    return [_new(Call, fields) for fields in zip(blocks * count, reads, layers * count, mbs, tags, strict=True)]
+    on = repeats[:, None] * (calls.microbatch >= first_microbatch)[None, :]
+    return CallColumns(
+        np.tile(calls.block, count),
+        reads_of(calls.inputs).ravel(),
+        np.tile(calls.input_counts, count),
+        np.tile(calls.layer, count),
+        (calls.microbatch[None, :] + on).ravel(),
+        (calls.tag[None, :] + 2 * on * (calls.tag != 0)[None, :]).ravel(),
+    )
 
 
 def fewest_microbatches(stages: int, stage: int) -> int:
@@ -105,8 +104,9 @@ def splice(
     """The steady pair before which the new ones go (`one_f_one_b`: pair j is steps warmup + 2j and + 1)."""
     if microbatches < fewest_microbatches(stages, stage) or more <= 0:
         return None
-    calls, table = short.shape.calls, short.table
-    steps = _Steps(warmup, microbatches, np.array([c for c, _ in short.marks]), len(calls))
+    calls, table = short.shape.columns(), short.table
+    count = len(calls.block)
+    steps = _Steps(warmup, microbatches, np.array([c for c, _ in short.marks]), count)
     cut_step = int(steps.of(np.array(False), np.array(at - 2)))
     """The forward of micro-batch at - 2, one before the forward that the backward of the pair before `at` reads:
     calls from it on move with the micro-batches, calls before it stay."""
@@ -121,16 +121,16 @@ def splice(
         return None
     one = np.array([1])
     on_short = steps.mover(cut, one, steps)
-    template = calls[insert - period : insert]
+    template = calls.span(insert - period, insert)
     rows = slice(row_insert - row_period, row_insert)
     after = slice(row_insert, row_insert + row_period)
     # the pair at `at` must be the one before it moved on, calls and tensors alike; and where the pairs read
     # warm-up forwards, the first steady forward the last warm-up one moved on
-    if moved(template, on_short, one, 0) != list(calls[insert : insert + period]):
+    if not moved(template, on_short, one, 0).same(calls.span(insert, insert + period)):
         return None
     if at - 2 < warmup < microbatches:
         (c0, _), (c1, _) = short.marks[warmup - 1], short.marks[warmup]
-        if moved(calls[c0:c1], on_short, one, 0) != list(calls[c1 : c1 + c1 - c0]):
+        if not moved(calls.span(c0, c1), on_short, one, 0).same(calls.span(c1, c1 + c1 - c0)):
             return None
     if (
         table.names[rows] != table.names[after]
@@ -145,14 +145,16 @@ def splice(
     marks = short.marks[:step]
     marks += tuple((c + r * period, t + r * row_period) for r in range(1, more + 1) for c, t in template_marks)
     marks += tuple((c + more * period, t + more * row_period) for c, t in short.marks[step:])
-    longer = _Steps(warmup, microbatches + more, np.array([c for c, _ in marks]), len(calls) + more * period)
+    longer = _Steps(warmup, microbatches + more, np.array([c for c, _ in marks]), count + more * period)
     repeats = np.arange(1, more + 1)
     on_pairs, on_tail = steps.mover(cut, repeats, longer), steps.mover(cut, np.array([more]), longer)
-    spliced = [
-        *calls[:insert],
-        *moved(template, on_pairs, repeats, 0),
-        *moved(calls[insert:], on_tail, np.array([more]), at),
-    ]
+    spliced = CallColumns.joined(
+        [
+            calls.span(0, insert),
+            moved(template, on_pairs, repeats, 0),
+            moved(calls.span(insert, count), on_tail, np.array([more]), at),
+        ]
+    )
     head = slice(None, row_insert)
     rest = slice(row_insert, None)
 
@@ -167,7 +169,7 @@ def splice(
         return np.concatenate([values[head], np.tile(values[rows], more), values[rest]])
 
     return Skeleton(
-        CallShape(tuple(spliced)),
+        CallShape(columns=spliced),
         p2p,
         TensorTable(
             repeated(table.names),

@@ -172,7 +172,7 @@ def shown(found: list[Period]) -> np.ndarray:
 
 
 def _period_calls(program: Program, period: int) -> int:
-    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    found = memoised(program, ("steady.twins", period), lambda: _twins(program, period))
     return found[0] if found else 0
 
 
@@ -182,7 +182,7 @@ def _period(
     """Per system: the period's length, a call one period into the steady state, whether there is one, and the
     steady run of calls (`steady._period`; `joined` checks the stages' transfers)."""
     systems = call_start.shape[1]
-    found = memoised(program, ("steady.twins", period), lambda _: _twins(program, period))
+    found = memoised(program, ("steady.twins", period), lambda: _twins(program, period))
     if not found:
         nothing = np.zeros(systems, dtype=np.intp)
         return np.zeros(systems), nothing, np.zeros(systems, dtype=bool), nothing, nothing

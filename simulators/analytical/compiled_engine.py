@@ -14,18 +14,18 @@ ops that wait.
 """
 
 from dataclasses import dataclass, replace
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 from numba import njit
 
+from dse.calls import CallColumns
 from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
 from dse.workload import Program, Workload
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical import op_rows
-from simulators.analytical.calls import memoised
+from simulators.analytical.calls import on_columns
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.intervals import ordered_busy
 from simulators.analytical.plans import Plan, Planner
@@ -141,19 +141,22 @@ _CALLS_KEY = ("compiled.calls",)
 
 
 def call_arrays(program: Program) -> CallArrays:
-    def derive(calls) -> CallArrays:
-        inputs = list(map(attrgetter("inputs"), calls))
-        counts = np.fromiter(map(len, inputs), _INT, len(calls))
-        blocks = np.fromiter(map(attrgetter("block"), calls), _INT, len(calls))
-        return CallArrays(
-            blocks=blocks,
-            tags=np.fromiter(map(attrgetter("tag"), calls), _INT, len(calls)),
-            input_counts=counts,
-            inputs=np.fromiter(chain.from_iterable(inputs), _INT, int(counts.sum())),
-            used=np.unique(blocks).tolist(),
-        )
+    """What the kernel reads of a program's calls: its shape's columns (`CallShape.columns`, which a spliced shape
+    is made of), else derived from the calls."""
+    shape = program.call_shape()
+    if shape is None:
+        return _arrays(CallColumns.of(program.calls))
+    return on_columns(shape, _CALLS_KEY, _arrays)
 
-    return memoised(program, _CALLS_KEY, derive)
+
+def _arrays(columns: CallColumns) -> CallArrays:
+    return CallArrays(
+        blocks=columns.block,
+        tags=columns.tag,
+        input_counts=columns.input_counts,
+        inputs=columns.inputs,
+        used=np.unique(columns.block).tolist(),
+    )
 
 
 def _ptr_of(counts: np.ndarray) -> np.ndarray:

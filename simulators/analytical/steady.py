@@ -41,7 +41,7 @@ from numba import njit
 
 from dse.system import SystemSpec
 from dse.workload import CallShape, Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, on_shape
+from simulators.analytical.calls import call_array, made_on
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
@@ -329,7 +329,7 @@ def _first_longest(flags: np.ndarray) -> tuple[int, int]:
 
 def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callable[[], T]) -> T:
     """derive(), kept on the program's shape (checked by the caller) under `key`."""
-    return derive() if shape is None else on_shape(shape, key, lambda _: derive())
+    return derive() if shape is None else made_on(shape, key, derive)
 
 
 def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:

@@ -127,16 +127,12 @@ def held_out_errors(label: str, predicted: np.ndarray, measured: np.ndarray) -> 
     return median, p90, worst
 
 
-def steady_runs(workload: Workload, system: SystemSpec) -> tuple[list, Reads, list]:
+def steady_runs(workload: Workload, system: SystemSpec) -> tuple[list, Reads, list | None]:
     """The workload's steady form driven on `system`: per stage its calls' (starts, ends), the form's `Reads`, and
-    per stage what `steady._period` finds at the form's period (None where it finds none)."""
+    per stage what `steady._periods` finds at the form's period (None where a stage finds none)."""
     form = workload.steady
     assert form is not None
     scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), system)
-    times = steady._Simulated(scheduler, scheduler.drive()).times()
+    run = steady._Simulated(scheduler, scheduler.drive())
     read = reads(workload.blocks, form.programs)
-    runs = [
-        steady._period(program, program.call_shape(), start, end, form.period, read, stage)
-        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
-    ]
-    return times, read, runs
+    return run.times(), read, steady._periods(form.programs, run.tables, form.period, read)

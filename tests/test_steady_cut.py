@@ -60,11 +60,8 @@ def _measured(case: str):
     run = steady._Simulated(scheduler, scheduler.drive())
     times = run.times()
     read = reads(workload.blocks, form.programs)
-    found = [
-        steady._period(program, program.call_shape(), start, end, form.period, read, stage)
-        for stage, (program, (start, end)) in enumerate(zip(form.programs, times, strict=True))
-    ]
-    assert all(f is not None for f in found), "the shorter form's timeline does not repeat"
+    found = steady._periods(form.programs, run.tables, form.period, read)
+    assert found is not None, "the shorter form's timeline does not repeat"
     cuts = steady._cuts(found, times)
     assert cuts is not None, "no stage has spare periods"
     return found, cuts, scheduler.schedules(run.tables), scheduler.schedules(run.tables, cuts)

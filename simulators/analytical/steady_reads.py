@@ -1,4 +1,4 @@
-"""What a steady form's calls read back, for the splice argument of `steady._period`.
+"""What a steady form's calls read back, for the splice argument of `steady._periods`.
 
 A stage's timeline is extended by splicing periods into its steady stretch, and that is sound only if every call
 after the splice reads times from inside the stretch: then the calls it reads were checked to repeat a period
@@ -11,7 +11,7 @@ a pipeline's depth back, but it also reads the gradient from the next stage, whi
 through that stage: the activations never set its start, and the stretch need not reach back that far.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
@@ -46,6 +46,9 @@ class Reads:
     another stage."""
     walk: tuple[np.ndarray, ...]
     """What `_fill` walks: the calls' inputs and what they wait on (and its scratch arrays)."""
+    memo: dict = field(default_factory=dict)
+    """What the steady checks derive from the form's calls, kept with them (`steady._joined_twins`, a few bytes a
+    call per period tried: not counted in `bytes`)."""
 
     @property
     def bytes(self) -> int:
@@ -53,7 +56,7 @@ class Reads:
 
     def holds(self, stage: int, lo: int, hi: int, distance: int) -> bool:
         """Whether the steady run [lo, hi) of `stage`, `distance` calls a period, may be spliced as far as its own
-        stage goes (`steady._period`, per point and per system of a batch alike): it spans two periods, so that
+        stage goes (`steady._periods`, per point and per system of a batch alike): it spans two periods, so that
         three periods of the timeline repeat, and every call after it reads only calls inside it (`within`)."""
         return hi - lo >= 2 * distance and self.within(stage, lo, hi)
 
@@ -65,7 +68,7 @@ class Reads:
 
     def joined(self, lo: np.ndarray, hi: np.ndarray, distance: np.ndarray) -> np.ndarray:
         """Per system (stages x systems: each stage's run [lo, hi) and its calls per period), whether the stages'
-        transfers join their runs as `steady._period` needs: every call from hi on transfers with a call from the
+        transfers join their runs as `steady._periods` needs: every call from hi on transfers with a call from the
         partner's lo on, and every call of the run's first period (lo .. lo + distance - 1) with one of the
         partner's checked calls (before its hi + distance)."""
         return _joined(self.pairs, lo, hi, distance)

@@ -1,5 +1,7 @@
 """The op rows `op_rows.rows` assembles from skeletons encoded once each are the plans' ops transposed plainly, op by
-op, whether the skeletons' encodings are kept (`op_rows._ENCODED`) or made afresh."""
+op, whether the skeletons' encodings are kept (`Skeleton.encoding`) or made afresh."""
+
+from itertools import chain
 
 import numpy as np
 
@@ -71,14 +73,16 @@ def test_rows_are_the_ops_transposed(workloads):  # noqa: F811
     for name, workload, system in workloads:
         scheduler = CompiledScheduler(workload, system)
         calls = [call_arrays(program) for program in workload.programs]
-        used = [scheduler._planner.plans(own.used, index) for index, own in enumerate(calls)]
-        plans = list({id(plan): plan for own in used for plan in own.values()}.values())
+        planner = scheduler._planner
+        places = [planner.plans(own.used, index) for index, own in enumerate(calls)]
+        plans = [planner.handed[place] for place in dict.fromkeys(chain.from_iterable(places))]
         streams = len(scheduler._planner.streams)
         want = _plain(plans, streams)
         for kept in (False, True):
             op_rows._ROWS.clear()
             if not kept:
-                op_rows._ENCODED.clear()
+                for plan in plans:
+                    plan.skeleton.encoding = None
             found = op_rows.rows(plans, streams)
             assert found.fields["o_waits"].dtype == np.bool_ and found.per_plan.comm.shape == (len(plans), streams)
             assert _assembled(found) == want, (name, kept)

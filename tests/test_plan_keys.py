@@ -50,7 +50,6 @@ def _empty() -> None:
     pricing._GROUPS.clear()
     pricing._FACETS.clear()
     op_rows._ROWS.clear()
-    op_rows._ENCODED.clear()
 
 
 def test_a_field_a_price_reads_is_in_the_key(workloads):  # noqa: F811

@@ -29,13 +29,12 @@ def _empty() -> None:
     plans._SEEN.clear()
     pricing._GROUPS.clear()
     op_rows._ROWS.clear()
-    op_rows._ENCODED.clear()
 
 
 def _tables(workload, system) -> dict[str, np.ndarray]:
     scheduler = CompiledScheduler(workload, system)
     calls = [call_arrays(program) for program in workload.programs]
-    scheduler._block_plans = [scheduler._planner.plans(own.used, index) for index, own in enumerate(calls)]
+    scheduler._plan_places = [scheduler._planner.plans(own.used, index) for index, own in enumerate(calls)]
     tables = _Layout(scheduler, calls, keep=True).tables()
     return {name: getattr(tables, name) for name in tables._fields if name[:2] in ("o_", "p_")}
 

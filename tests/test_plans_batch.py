@@ -15,13 +15,14 @@ def test_plans_are_plan_per_block(workloads):  # noqa: F811
         batched, single = Planner(workload, system, True), Planner(workload, system, True)
         for index, program in enumerate(workload.programs):
             used = call_arrays(program).used
-            got = batched.plans(used, index)
-            assert list(got) == used
-            for block in used:
+            got = [batched.handed[place] for place in batched.plans(used, index)]
+            assert len(got) == len(used)
+            for block, plan in zip(used, got, strict=True):
                 want = single.plan(block, index)
-                assert got[block].ops == want.ops and got[block].category_seconds == want.category_seconds
-                assert batched.plan(block, index) is got[block]
+                assert plan.ops == want.ops and plan.category_seconds == want.category_seconds
+                assert batched.plan(block, index) is plan
         assert batched.streams == single.streams and batched.categories == single.categories
+        assert len({id(plan) for plan in batched.handed}) == len(batched.handed)  # each object has one place
 
 
 def test_recipe_by_identity_is_the_cached_one(workloads):  # noqa: F811

@@ -14,7 +14,7 @@ ops that wait.
 """
 
 from dataclasses import dataclass, replace
-from operator import attrgetter
+from itertools import chain
 
 import numpy as np
 from numba import njit
@@ -28,7 +28,7 @@ from simulators.analytical import op_rows
 from simulators.analytical.calls import on_columns
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.intervals import ordered_busy
-from simulators.analytical.plans import Plan, Planner
+from simulators.analytical.plans import Planner
 
 _INT = np.int64
 
@@ -46,8 +46,9 @@ class CompiledScheduler:
         """Lay out a layer run's calls by shift once one repeats the call before (`engine_kernel.drive`); off, the
         schedules are the interpreted engine's to the bit."""
         self._planner = Planner(workload, system, fuse=True) if planner is None else planner
-        self._block_plans: list[dict[int, Plan]] = []
-        """Per program, the plan of every block it calls."""
+        self._plan_places: list[list[int]] = []
+        """Per program, the plan of every block it calls (`CallArrays.used`), as its place in the planner's
+        `Planner.handed`."""
 
     def run(self) -> list[ClassSchedule]:
         return self.schedules(self.drive())
@@ -71,7 +72,7 @@ class CompiledScheduler:
         checks before it has any run's schedule built (`schedules`), so that a form failing them costs no more."""
         programs = self._workload.programs
         calls = [call_arrays(program) for program in programs]
-        self._block_plans = [self._planner.plans(own.used, index) for index, own in enumerate(calls)]
+        self._plan_places = [self._planner.plans(own.used, index) for index, own in enumerate(calls)]
         tables = _Layout(self, calls, all(map(_on_shape, programs, calls))).tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
@@ -85,9 +86,9 @@ class CompiledScheduler:
         knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
         stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]
         busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr, cuts)
-        out = []
-        for plans, lo, hi, b0, b1, row, (busy, latest) in zip(
-            self._block_plans,
+        out, handed = [], self._planner.handed
+        for places, lo, hi, b0, b1, row, (busy, latest) in zip(
+            self._plan_places,
             *_spans(t.base),
             *_spans(t.t_ptr, t.t_count),
             t.category_time.tolist(),
@@ -95,7 +96,7 @@ class CompiledScheduler:
             strict=True,
         ):
             compute_s, comm_s, exposed_s = busy.totals
-            used = sorted(frozenset().union(*map(_CATEGORIES, plans.values())))
+            used = sorted(frozenset().union(*[handed[place].categories for place in places]))
             out.append(
                 ClassSchedule(
                     end_s=latest,
@@ -111,9 +112,6 @@ class CompiledScheduler:
                 )
             )
         return out
-
-
-_CATEGORIES = attrgetter("categories")
 
 
 def _spans(ptr: np.ndarray, count: np.ndarray | None = None) -> tuple[list[int], list[int]]:
@@ -208,6 +206,11 @@ class _Joined:
     tags: np.ndarray
     input_ptr: np.ndarray
     inputs: np.ndarray
+    width: int
+    """One more than the highest block any program calls."""
+    used: np.ndarray
+    """run * width + block for every block each run calls, in turn (`CallArrays.used`): where `_Layout` puts the
+    numbers of their plans."""
     laid_out: dict[tuple, _LaidOut]
     bytes: int
     kept: bool
@@ -231,6 +234,9 @@ def _joined_calls(calls: list[CallArrays], keep: bool) -> _Joined:
     if found is not None and all(a is b for a, b in zip(found.calls, calls, strict=True)):
         return found
     input_counts = _joined([own.input_counts for own in calls])
+    width = 1 + max((max(own.used, default=0) for own in calls), default=0)
+    used = np.fromiter(chain.from_iterable(own.used for own in calls), _INT)
+    used += np.repeat(np.arange(len(calls), dtype=_INT) * width, [len(own.used) for own in calls])
     arrays = (
         _ptr_of(np.fromiter((len(own.blocks) for own in calls), _INT, len(calls))),
         _joined([own.blocks for own in calls]),
@@ -239,7 +245,8 @@ def _joined_calls(calls: list[CallArrays], keep: bool) -> _Joined:
         _joined([own.inputs for own in calls]),
     )
     # Bytes: the joined arrays, and as much again for the CallArrays the entry keeps alive.
-    found = _Joined(tuple(calls), *arrays, laid_out={}, bytes=2 * sum(x.nbytes for x in arrays), kept=keep)
+    bytes_ = 2 * sum(x.nbytes for x in arrays) + used.nbytes
+    found = _Joined(tuple(calls), *arrays, width, used, laid_out={}, bytes=bytes_, kept=keep)
     if keep:
         _JOINED.put(key, found)
     return found
@@ -303,26 +310,20 @@ class _Layout:
         self._calls = calls
         self._keep = keep
         """Whether to keep the joined calls for later points (`_joined_calls`)."""
-        self._plans: list[Plan] = []
 
     def tables(self) -> kernel.EngineTables:
         calls, scheduler = self._calls, self._scheduler
         joined = _joined_calls(calls, self._keep)
-        base, runs = joined.base, len(calls)
-        # Per run and block, its plan's number: plans by identity, as classes alike share theirs.
-        width = 1 + max((max(plans, default=0) for plans in scheduler._block_plans), default=0)
-        index: dict[int, int] = {}
-        keys, numbers = [], []
-        for r, plans in enumerate(scheduler._block_plans):
-            for b, plan in plans.items():
-                if (number := index.get(id(plan))) is None:
-                    number = index[id(plan)] = len(self._plans)
-                    self._plans.append(plan)
-                keys.append(r * width + b)
-                numbers.append(number)
+        base, runs, width = joined.base, len(calls), joined.width
+        # Per run and block, its plan's number, in the order the plans first appear: a plan object has one place in
+        # the planner's `handed` (classes alike share it), but a longer form's scheduler shares the planner, so its
+        # places need not start at 0 nor come in order.
+        numbers: dict[int, int] = {}
         plan_of = np.zeros(runs * width, dtype=_INT)
-        plan_of[keys] = numbers
-        rows = op_rows.rows(self._plans, len(scheduler._planner.streams))
+        places = chain.from_iterable(scheduler._plan_places)
+        plan_of[joined.used] = [numbers.setdefault(place, len(numbers)) for place in places]
+        plans = [scheduler._planner.handed[place] for place in numbers]
+        rows = op_rows.rows(plans, len(scheduler._planner.streams))
         ops, per_plan = rows.fields, rows.per_plan
         structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, rows.link_ptr, rows.link_ids)
         key = (scheduler._fast_forward, width, per_plan.comm.shape, plan_of.tobytes(), *rows.key)
@@ -337,7 +338,7 @@ class _Layout:
         # The kept arrays go to the kernel as copies: by the next point they have left the CPU's caches, and the
         # kernel, which reads them call by call, ran 0.2 ms a point slower on them than on fresh copies, which
         # cost about 0.02 ms (the 96 GPT-3 configurations of benchmarks/vs_calculon.py).
-        seconds = (np.concatenate([p.seconds for p in self._plans]) if self._plans else np.zeros(0))[rows.gather]
+        seconds = (np.concatenate([p.seconds for p in plans]) if plans else np.zeros(0))[rows.gather]
         o, m = len(ops["o_kind"]), len(ops["o_kind"]) + len(ops["o_mark_slot"])
         return kernel.EngineTables(
             **ops,

@@ -63,14 +63,6 @@ OP_ROW_BYTES = 8 * MIB
 """Sets of plans' op rows (`Rows`): one set is about 20 to 60 KiB."""
 _ROWS: ByteBoundedLru[tuple[int, ...], Rows] = ByteBoundedLru("op rows", OP_ROW_BYTES, lambda e: e.bytes)
 
-ENCODED_SKELETONS = 1024
-"""Skeletons `_ENCODED` keeps the encodings of: a point has about 60; the 96 GPT-3 configurations of
-benchmarks/vs_calculon.py have 1,244 on a system, of which this many kept encode 26% of what they ask for, not 22%
-(every skeleton kept). A plain dict emptied when full, as `plans._SEEN` keeps as many blocks: a lookup per plan in
-a ByteBoundedLru would cost as much as an encoding saves, and each entry keeps its skeleton's block alive."""
-_ENCODED: dict[int, tuple[Skeleton, np.ndarray, tuple[Link, ...]]] = {}
-"""Per skeleton's identity, the skeleton (so that the identity stays its own), its encoding and its links."""
-
 _HEAD = 8
 """An encoding's header: ops, output, slots, totals, deps, marks, shares, p2p ops."""
 _OP = 9
@@ -116,15 +108,15 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     skeletons = tuple(p.skeleton for p in plans)
     encoded = list(map(_encoded, skeletons))
     starts = np.zeros(len(encoded) + 1, dtype=_INT)
-    np.cumsum(np.fromiter((len(e[1]) for e in encoded), _INT, len(encoded)), out=starts[1:])
-    out = _assemble(np.concatenate([e[1] for e in encoded]) if encoded else starts[1:], starts, streams)
+    np.cumsum(np.fromiter((len(e[0]) for e in encoded), _INT, len(encoded)), out=starts[1:])
+    out = _assemble(np.concatenate([e[0] for e in encoded]) if encoded else starts[1:], starts, streams)
     ends = out[: _PARTS + 1].tolist()
     parts = [out[a:b] for a, b in pairwise(ends)]
     fields = dict(zip(_FIELDS, parts, strict=False))
     fields["o_waits"] = fields["o_waits"].astype(np.bool_)
     compute, comm, mails, link_ptr, p_ops, gather = parts[len(_FIELDS) :]
     links: dict[Link, int] = {}
-    chained = chain.from_iterable(e[2] for e in encoded)
+    chained = chain.from_iterable(e[1] for e in encoded)
     link_ids = np.fromiter((links.setdefault(x, len(links)) for x in chained), _INT, int(link_ptr[-1]))
     anchored = anchored_plans(*[fields[name] for name in _ANCHORED_BY])
     touches = touched_streams(*[fields[name] for name in _TOUCHED_BY], streams)
@@ -147,11 +139,11 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     return found
 
 
-def _encoded(skeleton: Skeleton) -> tuple[Skeleton, np.ndarray, tuple[Link, ...]]:
-    """The skeleton, its encoding (`_HEAD`, its totals, `_OP` per op, then its ops' deps, then their marks, then
-    their shares) and its p2p ops' links in order; kept per skeleton (`_ENCODED`)."""
-    found = _ENCODED.get(id(skeleton))
-    if found is not None and found[0] is skeleton:
+def _encoded(skeleton: Skeleton) -> tuple[np.ndarray, tuple[Link, ...]]:
+    """The skeleton's encoding (`_HEAD`, its totals, `_OP` per op, then its ops' deps, then their marks, then their
+    shares) and its p2p ops' links in order; kept on the skeleton (`Skeleton.encoding`)."""
+    found = skeleton.encoding
+    if found is not None:
         return found
     ops = skeleton.ops
     deps, marks, shares = [], [], []
@@ -164,9 +156,7 @@ def _encoded(skeleton: Skeleton) -> tuple[Skeleton, np.ndarray, tuple[Link, ...]
     links = tuple(op[7] for op in ops if op[7] is not None)
     head = (len(ops), skeleton.output, len(skeleton.block.ops), len(skeleton.totals), len(deps), len(marks))
     code = np.array((*head, len(shares), len(links), *skeleton.totals, *fields, *deps, *marks, *shares), dtype=_INT)
-    if len(_ENCODED) >= ENCODED_SKELETONS:
-        _ENCODED.clear()
-    found = _ENCODED[id(skeleton)] = (skeleton, code, links)
+    found = skeleton.encoding = (code, links)
     return found
 
 

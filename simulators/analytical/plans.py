@@ -39,8 +39,8 @@ def stream_of(op: Op) -> str:
 
 
 PLAN_BYTES = 32 * MIB
-"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 4.9 MiB of them on one
-system (its skeletons counted again as forms, though its plans hold the same objects), 6.6 MiB after a second and
+"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 5.4 MiB of them on one
+system (its skeletons counted again as forms, though its plans hold the same objects), 7.1 MiB after a second and
 1.7 MiB more per later system of another InfiniBand bandwidth (the blocks whose groups stay in a node keep theirs)."""
 RECIPE_BYTES_PER_OP = 400
 """A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
@@ -49,8 +49,10 @@ PLAN_BYTES_PER_OP = 1000
 """A kept plan's bytes per op: a walk of the plans kept after benchmarks/vs_calculon.py's 96 configurations (their
 op tuples, seconds, numberings, names and dicts, each object once) measured 940 B a plan op. A plan now keeps its
 seconds as arrays and shares its skeleton, but joins its op tuples (`Plan.ops`) for the consumers that ask."""
-SKELETON_BYTES_PER_OP = 800
-"""A kept skeleton's bytes per op: a plan op's tuples without its float (an estimate from PLAN_BYTES_PER_OP)."""
+SKELETON_BYTES_PER_OP = 1100
+"""A kept skeleton's bytes per op: a plan op's tuples without its float (an estimate from PLAN_BYTES_PER_OP, 800 B),
+and its encoding for the compiled engine (`Skeleton.encoding`: 280 B per op over the 1,244 skeletons of the 96
+configurations of benchmarks/vs_calculon.py, most of it an array's header, as a skeleton has 1.5 ops on average)."""
 FORMS_PER_RECIPE = 64
 """Shapes (a class's span keys, or the network's shape and class for a block with p2p ops) a recipe keeps
 skeletons for, as SHELVES_PER_RECIPE bounds the systems."""
@@ -234,15 +236,20 @@ class Planner:
     ranks, and class. Streams and categories are numbered per planner in
     first-use order; a kept plan is reused only under the numbering it was built with, and never for two blocks or
     classes of one planner that did not share a plan before (each gets its own object, as consumers number plans by
-    identity)."""
+    identity; the planner numbers them too, `handed`)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
         self.share_bandwidth = share_bandwidth
         self._pricer = BlockPricer(workload, system)
         self._fuse = fuse
-        self._plans: dict[tuple[int, int], Plan] = {}
-        self._shared: dict[tuple, Plan] = {}
+        self.handed: list[Plan] = []
+        """Every plan it gave out, each object once, in the order first given: `plans` gives places in it, which
+        number a program's plans as they first appear there, so the compiled engine need not number them by
+        identity (`compiled_engine._Layout`)."""
+        self._plans: dict[tuple[int, int], int] = {}
+        """Per (block, class), its plan's place in `handed`."""
+        self._shared: dict[tuple, int] = {}
         self._recipes: dict[int, _Recipe] = {}
         self._spreads: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]] = {}
         self._shelves: dict[int, _Shelf] = {}
@@ -274,23 +281,24 @@ class Planner:
         return self._prefixes is not None
 
     def plan(self, block_index: int, rank_class: int) -> Plan:
-        plan = self._plans.get((block_index, rank_class))
-        return self.plans((block_index,), rank_class)[block_index] if plan is None else plan
+        place = self._plans.get((block_index, rank_class))
+        return self.handed[self.plans((block_index,), rank_class)[0] if place is None else place]
 
-    def plans(self, block_indices: Iterable[int], rank_class: int) -> dict[int, Plan]:
-        """`plan` of each block for the class: one call per program rather than per block, as the compiled engine
-        asks for every block a program calls (about 125 a point) and a call's own cost was most of a kept plan's."""
-        out: dict[int, Plan] = {}
-        plans, recipes, spreads, shared = self._plans, self._recipes, self._spreads, self._shared
+    def plans(self, block_indices: Iterable[int], rank_class: int) -> list[int]:
+        """The place in `handed` of each block's plan for the class: one call per program rather than per block, as
+        the compiled engine asks for every block a program calls (about 125 a point) and a call's own cost was most
+        of a kept plan's."""
+        out: list[int] = []
+        places, recipes, spreads, shared = self._plans, self._recipes, self._spreads, self._shared
         for block_index in block_indices:
             key = (block_index, rank_class)
-            plan = plans.get(key)
-            if plan is None:
+            place = places.get(key)
+            if place is None:
                 recipe = recipes.get(block_index)
                 if recipe is None:
                     recipe = recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
                 if recipe.p2p:
-                    plan = plans[key] = self._kept(block_index, rank_class, recipe, rank_class, None)
+                    place = self._hand(self._kept(block_index, rank_class, recipe, rank_class, None))
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
@@ -298,12 +306,19 @@ class Planner:
                     # Classes whose groups span the network alike run a block without p2p ops identically: they
                     # share one plan.
                     alike = (block_index, spans[0])
-                    plan = shared.get(alike)
-                    if plan is None:
-                        plan = shared[alike] = self._kept(block_index, rank_class, recipe, spans[1], spans[0])
-                    plans[key] = plan
-            out[block_index] = plan
+                    place = shared.get(alike)
+                    if place is None:
+                        place = shared[alike] = self._hand(
+                            self._kept(block_index, rank_class, recipe, spans[1], spans[0])
+                        )
+                places[key] = place
+            out.append(place)
         return out
+
+    def _hand(self, plan: Plan) -> int:
+        """The plan's place in `handed`, a new object's (`_kept` gives each (block, spread) its own)."""
+        self.handed.append(plan)
+        return len(self.handed) - 1
 
     def _kept(
         self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, spans: tuple | None
@@ -434,8 +449,7 @@ class Planner:
     def _link(self, op: Op, rank_class: int) -> Link | None:
         if op.kind not in (OpKind.SEND, OpKind.RECV):
             return None
-        rank = self._pricer.representative(rank_class)
-        peer_class = int(self._workload.class_of[self._workload.layout.peer(rank, op.axis, op.peer)])
+        peer_class = int(self._workload.class_of[self._pricer.peer(op.axis, op.peer, rank_class)[0]])
         if op.kind is OpKind.SEND:
             return (rank_class, peer_class, op.axis, op.peer)
         return (peer_class, rank_class, op.axis, -op.peer)

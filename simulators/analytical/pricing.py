@@ -150,7 +150,7 @@ class BlockPricer:
         hops = self._hops.get(key)
         if hops is None:
             layout, rank = self._workload.layout, self.representative(rank_class)
-            peer = layout.peer(rank, axis, offset)
+            peer = self.peer(axis, offset, rank_class)[0]
             hops = [(rank, peer)]
             if self._workload.class_of[peer] == rank_class:
                 hops = [(r, layout.peer(r, axis, offset)) for r in layout.group(rank, axis)]
@@ -166,9 +166,12 @@ class BlockPricer:
 
     def p2p_dim(self, axis: str, offset: int, rank_class: int) -> int | None:
         """The network dimension a p2p op of this class crosses to its peer (None: the peer is itself)."""
-        rank = self.representative(rank_class)
-        peer = self._workload.layout.peer(rank, axis, offset)
-        return p2p_dim(rank, peer, self._system.network)
+        return self.peer(axis, offset, rank_class)[1]
+
+    def peer(self, axis: str, offset: int, rank_class: int) -> tuple[int, int | None]:
+        """The peer of the class's representative `offset` positions along the axis, and the network dimension a
+        p2p op to it crosses (`_LayoutGroups.peer`)."""
+        return self._layout().peer(axis, offset, self.representative(rank_class))
 
     def spans(self, axes: tuple[str, ...], rank_class: int) -> tuple[tuple, tuple]:
         """Per axis of the class's groups, its span key and its spread (one lookup of each group for both).
@@ -180,17 +183,21 @@ class BlockPricer:
         its JSON. With the accelerator (the node's NCCL and DeepEP tables) and the workload's `pricing_settings`,
         all that prices a collective of the class (`communication`: `collective_time` reads the span's dimensions
         and counts, `within_node` and `exchange_time` the indices), whatever the workload and system."""
-        groups = [self._group(axis, rank_class) for axis in axes]
-        return tuple([group.key for group in groups]), tuple([group.spread for group in groups])
+        return self._layout().spans_of(axes, self.representative(rank_class))
 
     def _group(self, axis: str, rank_class: int) -> "_Group":
         key = (axis, rank_class)
         group = self._groups.get(key)
         if group is None:
-            if self._layout_groups is None:
-                self._layout_groups = _groups_of(self._system, self._workload.layout)
-            group = self._groups[key] = self._layout_groups.get(axis, self.representative(rank_class))
+            group = self._groups[key] = self._layout().get(axis, self.representative(rank_class))
         return group
+
+    def _layout(self) -> "_LayoutGroups":
+        """The groups of the workload's layout on the system, kept across points (`_groups_of`)."""
+        found = self._layout_groups
+        if found is None:
+            found = self._layout_groups = _groups_of(self._system, self._workload.layout)
+        return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,7 +305,8 @@ GROUP_BYTES = 4 * MIB
 """Groups of about 10,000 (axis, rank) pairs of layouts on systems (GROUP_BYTES_EACH each), far more than a study
 meets."""
 GROUP_BYTES_EACH = 400
-"""An estimate of a _Group's bytes with its key: a few short tuples and a list (the dimensions are the system's)."""
+"""An estimate of a _Group's bytes with its key: a few short tuples and a list (the dimensions are the system's);
+counted for an entry of `_LayoutGroups.spans` or `peers` too (a key and two short tuples or ints)."""
 
 
 @dataclass(slots=True)
@@ -311,6 +319,12 @@ class _LayoutGroups:
     """Kept so that the identity the entry's key holds stays its own."""
     layout: RankLayout
     groups: dict[tuple[str, int], _Group]
+    spans: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]]
+    """Per (axes, rank), `BlockPricer.spans` of the rank's groups: a point of the layout asks for the same 30-odd
+    again, and joining them from the groups cost about 2 us each."""
+    peers: dict[tuple[str, int, int], tuple[int, int | None]]
+    """Per (axis, offset, rank), `peer`: a skeleton of a block with p2p ops asks for its peers' (their classes
+    and the dimensions its sends cross)."""
 
     def get(self, axis: str, rank: int) -> _Group:
         """The rank's group on the axis."""
@@ -329,9 +343,31 @@ class _LayoutGroups:
             _GROUPS.put((id(self.system), self.layout), self)  # its size has grown
         return found
 
+    def peer(self, axis: str, offset: int, rank: int) -> tuple[int, int | None]:
+        """The rank `offset` positions along the axis from this one, and the dimension a p2p op to it crosses
+        (None: itself)."""
+        found = self.peers.get((axis, offset, rank))
+        if found is None:
+            peer = self.layout.peer(rank, axis, offset)
+            found = self.peers[axis, offset, rank] = peer, p2p_dim(rank, peer, self.system.network)
+            _GROUPS.put((id(self.system), self.layout), self)  # its size has grown
+        return found
+
+    def spans_of(self, axes: tuple[str, ...], rank: int) -> tuple[tuple, tuple]:
+        """The span keys and spreads of the rank's groups on the axes (`BlockPricer.spans`)."""
+        found = self.spans.get((axes, rank))
+        if found is None:
+            groups = [self.get(axis, rank) for axis in axes]
+            found = tuple([group.key for group in groups]), tuple([group.spread for group in groups])
+            self.spans[axes, rank] = found
+            _GROUPS.put((id(self.system), self.layout), self)  # its size has grown
+        return found
+
 
 _GROUPS: ByteBoundedLru[tuple[int, RankLayout], _LayoutGroups] = ByteBoundedLru(
-    "process groups", GROUP_BYTES, lambda entry: GROUP_BYTES_EACH * len(entry.groups)
+    "process groups",
+    GROUP_BYTES,
+    lambda entry: GROUP_BYTES_EACH * (len(entry.groups) + len(entry.spans) + len(entry.peers)),
 )
 
 
@@ -339,6 +375,6 @@ def _groups_of(system: SystemSpec, layout: RankLayout) -> _LayoutGroups:
     key = (id(system), layout)
     found = _GROUPS.get(key)
     if found is None or found.system is not system:
-        found = _LayoutGroups(system, layout, {})
+        found = _LayoutGroups(system, layout, {}, {}, {})
         _GROUPS.put(key, found)
     return found

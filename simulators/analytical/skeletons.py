@@ -4,7 +4,7 @@ give it. `plans.Planner` keeps skeletons across systems and plans per system; a 
 durations and one compiled pass (`sums`) over index arrays its block's recipe holds.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import numpy as np
@@ -32,12 +32,12 @@ SkeletonOp = tuple[int, int, tuple[int, ...], bool, int, tuple[int, ...], int, L
 shares)."""
 
 
-@dataclass(slots=True, frozen=True, eq=False)
+@dataclass(slots=True, eq=False)
 class Skeleton:
     """What of a plan does not depend on the system's speeds: its ops' fusion, streams, deps, slots, categories,
     links and shares, which follow from the block and from the network's shape (which dimensions a group spans), not
     from bandwidths or FLOP/s. Kept across systems (`plans._Form`), so a study
-    that varies a speed prices only seconds."""
+    that varies a speed prices only seconds. Not changed once made, but for `encoding`."""
 
     block: Block
     ops: tuple[SkeletonOp, ...]
@@ -45,6 +45,11 @@ class Skeleton:
     totals: tuple[int, ...]
     """The category of each of the plan's category totals (the last of `Plan.seconds`), in their order."""
     categories: frozenset[int]
+    encoding: tuple[np.ndarray, tuple[Link, ...]] | None = field(default=None, repr=False)
+    """Its ops as one int array and its p2p ops' links, made by `op_rows` when it first lays the skeleton out and
+    kept as long as the skeleton is: a cache of a bounded count of encodings, emptied when full, held too few of a
+    study's skeletons (the 96 GPT-3 configurations of benchmarks/vs_calculon.py have 1,244 on a system) and encoded
+    each of their first visits' three times."""
 
 
 class Plan:

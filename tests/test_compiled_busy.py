@@ -1,4 +1,4 @@
-"""The compiled scheduler's busy intervals (`intervals.ordered_busy`) are `Busy.of`'s to the bit: every field, the
+"""The compiled scheduler's busy intervals (`ordered_busy`) are `Busy.of`'s to the bit: every field, the
 totals and the last end, on timelines recorded in order (compute on one stream, communication in order per
 stream), on timelines that are not (left to `Busy.of`), and on every class of the fast path's test cases."""
 
@@ -10,7 +10,8 @@ import pytest
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.compiled_engine import CompiledScheduler
-from simulators.analytical.intervals import Busy, _ordered, ordered_busy, pairwise_sum
+from simulators.analytical.intervals import Busy, pairwise_sum
+from simulators.analytical.ordered_busy import _ordered, ordered_busy
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES
 
@@ -44,7 +45,7 @@ def _stream(rng: random.Random, n: int, t: float, grid: float) -> list[tuple[flo
 
 def _one(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray, ptr: np.ndarray) -> tuple[Busy, float]:
     """`ordered_busy` of one timeline."""
-    [found] = ordered_busy(knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :])
+    [found] = ordered_busy(knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :]).each()
     return found
 
 
@@ -115,12 +116,20 @@ def test_timelines_priced_in_one_call_are_each_busy_of(seed):
         stream_ptr.append(sum(map(len, starts)) + np.pad(ptr, (0, streams - len(ptr)), mode="edge"))
         starts.append(s)
         ends.append(e)
-    got = ordered_busy(
+    measured = ordered_busy(
         np.concatenate(knots), np.array(knot_ptr), np.concatenate(starts), np.concatenate(ends), np.array(stream_ptr)
     )
+    got = measured.each()
     for (busy, latest), k, s, e in zip(got, [x[0] for x in lines], starts, ends, strict=True):
         want, want_latest = _reference(k, s, e)
         assert _same(busy, want) and latest == want_latest
+    # every timeline's windows in one call are each Busy's own, to the bit (those left to Busy.of too)
+    lo = np.array([rng.uniform(-1, 30) for _ in lines])
+    shift = np.array([rng.choice([0.0, rng.uniform(0, 10)]) for _ in lines])
+    windows = measured.periods(lo, shift)
+    for r, (busy, _) in enumerate(got):
+        first, second = busy.periods(float(lo[r]), float(shift[r]))
+        assert np.array_equal(windows[r].view(np.int64), np.array([*first, *second]).view(np.int64))
 
 
 def test_the_pass_declines_what_it_cannot_price_in_order():

@@ -1,5 +1,5 @@
 """The steady cut: a steady form's busy seconds measured without the spare periods of its checked stretch
-(`steady._cuts`, `intervals.ordered_busy`) and those periods added back as windows, against the whole measurement.
+(`steady._cuts`, `ordered_busy`) and those periods added back as windows, against the whole measurement.
 
 Each stage's figures must be the whole timeline's within the documented bound (spare periods * 3 * TOLERANCE_S,
 and rounding), intervals must really be left out, and leaving the periods out without adding them back must
@@ -14,7 +14,7 @@ import pytest
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import steady
 from simulators.analytical.compiled_engine import CompiledScheduler
-from simulators.analytical.intervals import ordered_busy
+from simulators.analytical.ordered_busy import ordered_busy
 from simulators.analytical.steady import TOLERANCE_S, schedule_steady
 from simulators.analytical.steady_reads import reads
 from tests.helpers import make_point
@@ -51,20 +51,25 @@ def _point(case: str):
 
 
 def _measured(case: str):
-    """The shorter form simulated, its stages' periods, and its schedules measured whole and with the cuts."""
+    """The shorter form simulated, its stages' periods, its schedules measured whole and with the cuts, and its
+    stages' windows (read on the cut timeline; on the whole one they must be the same to the bit)."""
     point = _point(case)
     workload = SymbolicGenerator().generate(point)
     form = workload.steady
     assert form is not None
     scheduler = CompiledScheduler(replace(workload, programs=form.programs, steady=None), point.system)
     run = steady._Simulated(scheduler, scheduler.drive())
-    times = run.times()
     read = reads(workload.blocks, form.programs)
     found = steady._periods(form.programs, run.tables, form.period, read)
     assert found is not None, "the shorter form's timeline does not repeat"
-    cuts = steady._cuts(found, times)
+    lo = steady._steady_starts(run.tables, found)
+    cuts = steady._cuts(found, lo)
     assert cuts is not None, "no stage has spare periods"
-    return found, cuts, scheduler.schedules(run.tables), scheduler.schedules(run.tables, cuts)
+    windows = steady._windows(scheduler.busy(run.tables, cuts), found, lo)
+    whole_windows = steady._windows(scheduler.busy(run.tables), found, lo)
+    assert windows is not None and whole_windows is not None
+    assert np.array_equal(windows.view(np.int64), whole_windows.view(np.int64))  # to the bit
+    return found, cuts, scheduler.schedules(run.tables), scheduler.schedules(run.tables, cuts), windows
 
 
 FIGURES = ("compute_s", "comm_s", "exposed_comm_s")
@@ -72,11 +77,9 @@ FIGURES = ("compute_s", "comm_s", "exposed_comm_s")
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_cut_measures_each_stage_as_the_whole_timeline_within_its_bound(case):
-    found, _, whole, cut = _measured(case)
+    found, _, whole, cut, windows = _measured(case)
     assert sum(f[3] for f in found) > 0
-    for (shift, first, _, spare, _), w, c in zip(found, whole, cut, strict=True):
-        window = steady._window(c, first, shift)
-        assert window is not None and window == steady._window(w, first, shift)  # to the bit
+    for (_, _, _, spare, _), w, c, window in zip(found, whole, cut, windows.tolist(), strict=True):
         bound = spare * 3 * TOLERANCE_S
         for name, seconds in zip(FIGURES, window, strict=True):
             expected = getattr(w, name)
@@ -93,9 +96,9 @@ def test_the_cut_measures_each_stage_as_the_whole_timeline_within_its_bound(case
 
 @pytest.mark.parametrize("case", ["gpt3-pp8-sp", "llama-pp4-interleaved"])
 def test_what_is_left_out_is_every_interval_wholly_inside_the_cut(case):
-    """`intervals._inside` finds the intervals inside (a, b) by binary searches, relying on each stream's starts
+    """`ordered_busy._inside` finds the intervals inside (a, b) by binary searches, relying on each stream's starts
     and ends rising as the engine records them: here every compute interval inside is left out, and only those."""
-    _, cuts, whole, cut = _measured(case)
+    _, cuts, whole, cut, _ = _measured(case)
     for (a, b), w, c in zip(cuts.tolist(), whole, cut, strict=True):
         starts, ends = w.busy.knots[0::2], w.busy.knots[1::2]
         inside = (a < starts) & (ends < b)
@@ -130,8 +133,8 @@ def test_a_periodic_timeline_cut_and_made_whole_by_hand(in_order):
     if not in_order:
         starts[[0, 1]], ends[[0, 1]] = starts[[1, 0]], ends[[1, 0]]
     args = knots, np.array([[0, len(knots)]]), starts, ends, np.array([[0, 10, 20]])
-    [(whole, _)] = ordered_busy(*args)
-    [(cut, _)] = ordered_busy(*args, np.array([[3.0, 7.0]]))
+    whole = ordered_busy(*args).busy(0)
+    cut = ordered_busy(*args, np.array([[3.0, 7.0]])).busy(0)
     assert len(cut.knots) < len(whole.knots)
     window = whole.between(1.0, 2.0)
     for got, seconds, expected in zip(cut.totals, window, whole.totals, strict=True):

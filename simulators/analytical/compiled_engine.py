@@ -7,7 +7,7 @@ and tags) is read from arrays kept on the program's `CallShape`, joined over the
 compiled pass (`_lay_out_calls`); both are kept for later points whose programs share those shapes and whose
 plans have the same structure (`_Joined`: a study's points run a few schedules). The kernel then schedules every
 op, recording each class's busy intervals in the order its streams run them and its transfers per class, so that
-its busy time (`intervals.ordered_busy`) and its transfers need no sorting; it lays out the later calls of a layer
+its busy time (`ordered_busy`) and its transfers need no sorting; it lays out the later calls of a layer
 run by shift once one repeats the call before (its fast-forward, on unless asked off: then the schedules are the
 interpreted engine's to the bit). A deadlock (a generator bug) is left to the interpreted engine, which names the
 ops that wait.
@@ -27,7 +27,7 @@ from simulators.analytical import engine_kernel as kernel
 from simulators.analytical import op_rows
 from simulators.analytical.calls import on_columns
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
-from simulators.analytical.intervals import ordered_busy
+from simulators.analytical.ordered_busy import OrderedBusy, ordered_busy
 from simulators.analytical.plans import Planner
 
 _INT = np.int64
@@ -35,7 +35,8 @@ _INT = np.int64
 
 class CompiledScheduler:
     """`engine._Scheduler` without a timeline, with its loop compiled; the same schedules, plus each class's busy
-    intervals (`ClassSchedule.busy`) for the steady-state checks (`steady`, which may hand `schedules` cuts)."""
+    intervals (`ClassSchedule.busy`). The steady-state checks (`steady`) measure the busy intervals themselves
+    (`busy`, with cuts) and build the schedules once extended (`classes`)."""
 
     def __init__(
         self, workload: Workload, system: SystemSpec, fast_forward: bool = True, planner: Planner | None = None
@@ -80,26 +81,35 @@ class CompiledScheduler:
             raise RuntimeError("pipeline deadlock in the compiled engine alone (an engine bug)")
         return tables
 
-    def schedules(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> list[ClassSchedule]:
-        names = self.categories
+    def busy(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> OrderedBusy:
+        """Every run's busy intervals measured (`ordered_busy`), with `cuts` without those inside its
+        cut: what `schedules` reads, and `steady` before it has any schedule built."""
         runs, streams = t.stream_end.shape  # not the planner's count: a longer form's may have numbered more since
         knot_ptr = 2 * np.stack((t.compute_ptr, t.compute_ptr + t.compute_count), axis=1)
         stream_ptr = t.comm_ptr[np.arange(runs)[:, None] * streams + np.arange(streams + 1)]
-        busies = ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr, cuts)
-        out, handed = [], self._planner.handed
-        for places, lo, hi, b0, b1, row, (busy, latest) in zip(
-            self._plan_places,
-            *_spans(t.base),
-            *_spans(t.t_ptr, t.t_count),
-            t.category_time.tolist(),
-            busies,
-            strict=True,
+        return ordered_busy(t.compute_knots, knot_ptr, t.comm_starts, t.comm_ends, stream_ptr, cuts)
+
+    def schedules(self, t: kernel.EngineTables, cuts: np.ndarray | None = None) -> list[ClassSchedule]:
+        """Per run, its schedule with its busy intervals (`ClassSchedule.busy`) and its transfers."""
+        busy = self.busy(t, cuts)
+        out = self.classes(t, busy.totals)
+        for r, (sched, b0, b1) in enumerate(zip(out, *_spans(t.t_ptr, t.t_count), strict=True)):
+            sched.busy = busy.busy(r)
+            sched.transfers = Transfers(t.t_call[b0:b1], t.t_category[b0:b1], t.t_seconds[b0:b1])
+        return out
+
+    def classes(self, t: kernel.EngineTables, figures: np.ndarray) -> list[ClassSchedule]:
+        """Per run, its schedule with `figures` (per run: compute, communication and exposed communication seconds
+        and its end, as `OrderedBusy.totals`), without its busy intervals and transfers: `steady` hands its
+        extended figures, so that a stage's schedule is built once, and reads neither."""
+        names, handed, out = self.categories, self._planner.handed, []
+        for places, lo, hi, row, (compute_s, comm_s, exposed_s, end_s) in zip(
+            self._plan_places, *_spans(t.base), t.category_time.tolist(), figures.tolist(), strict=True
         ):
-            compute_s, comm_s, exposed_s = busy.totals
             used = sorted(frozenset().union(*[handed[place].categories for place in places]))
             out.append(
                 ClassSchedule(
-                    end_s=latest,
+                    end_s=end_s,
                     compute_s=compute_s,
                     comm_s=comm_s,
                     exposed_comm_s=exposed_s,
@@ -107,8 +117,6 @@ class CompiledScheduler:
                     call_start=t.call_start[lo:hi],
                     call_end=t.call_end[lo:hi],
                     events=[],
-                    busy=busy,
-                    transfers=Transfers(t.t_call[b0:b1], t.t_category[b0:b1], t.t_seconds[b0:b1]),
                 )
             )
         return out

@@ -64,8 +64,9 @@ class ClassSchedule:
     """End of each call's latest op: until then the call holds its inputs and its working memory."""
     events: list[TimelineEvent]
     busy: Busy | None = None
-    """The busy intervals, when the scheduler keeps them (the compiled one does, for `steady`)."""
-    transfers: Transfers = field(default_factory=lambda: Transfers.of([]))
+    """The busy intervals, when the scheduler keeps them (the compiled one's `schedules` does)."""
+    transfers: Transfers | None = None
+    """Its p2p transfers, when the scheduler keeps them (both engines do; `steady`'s extended schedules do not)."""
 
 
 @dataclass(slots=True, eq=False)

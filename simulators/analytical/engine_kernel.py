@@ -130,7 +130,7 @@ class EngineTables(NamedTuple):
     comm_ends: np.ndarray
     """Per run and stream (numbered run * streams + stream) from its own offset, its communication intervals in
     the order they settle (`engine._Run` comm_starts, ...): one stream's settle one after another, so
-    `intervals.ordered_busy` merges the streams instead of sorting the intervals."""
+    `ordered_busy` merges the streams instead of sorting the intervals."""
     t_ptr: np.ndarray
     t_count: np.ndarray
     t_call: np.ndarray
@@ -592,7 +592,7 @@ def _repeat(starts: np.ndarray, ends: np.ndarray, knots: bool, first: int, end: 
     Each time is rounded once, and one float added to every time of a call keeps their order and ties (a
     collective that starts as a kernel ends still does), where stepping each stream on by its own gaps would let
     streams drift apart by an ulp a step. A repeat's first interval can come out an ulp before the one before it
-    ends; it (and what follows it into the same overlap) starts at that end instead: `intervals.ordered_busy`
+    ends; it (and what follows it into the same overlap) starts at that end instead: `ordered_busy`
     needs each stream in order, as issuing leaves it."""
     w = end - first
     for k in range(1, more + 1):

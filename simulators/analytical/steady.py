@@ -45,6 +45,7 @@ from simulators.analytical.calls import call_array, made_on
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
+from simulators.analytical.ordered_busy import OrderedBusy
 from simulators.analytical.steady_reads import Reads, reads
 
 T = TypeVar("T")
@@ -88,24 +89,25 @@ def forms(form: SteadyForm) -> Iterator[tuple[SteadyForm, list[int]]]:
 @dataclass(slots=True)
 class _Simulated:
     """One form's programs driven by the compiled engine: their calls' times, which the period checks read, and
-    their schedules (busy intervals, categories, transfers), built only once a period passes those checks: the
-    shorter form of GPT-3 at tp 8 without sp always fails them, and its schedules were built for nothing. They
-    are built without the spare periods a period's checks find (`_cuts`), so kept with the cuts they had."""
+    their busy intervals, measured only once a period passes those checks: the shorter form of GPT-3 at tp 8
+    without sp always fails them, and its busy intervals were measured for nothing. They are measured without the
+    spare periods a period's checks find (`_cuts`), so kept with the cuts they had. The schedules are built once
+    a period passes the window check too, extended (`_extend`)."""
 
     scheduler: CompiledScheduler
     tables: EngineTables
-    built: tuple[bytes, list[ClassSchedule]] | None = None
+    measured: tuple[bytes, OrderedBusy] | None = None
 
     def times(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per run, its calls' starts and ends."""
         t, base = self.tables, self.tables.base.tolist()
         return [(t.call_start[a:b], t.call_end[a:b]) for a, b in pairwise(base)]
 
-    def schedules(self, cuts: np.ndarray | None) -> list[ClassSchedule]:
+    def busy(self, cuts: np.ndarray | None) -> OrderedBusy:
         key = b"" if cuts is None else cuts.tobytes()
-        if self.built is None or self.built[0] != key:
-            self.built = key, self.scheduler.schedules(self.tables, cuts)
-        return self.built[1]
+        if self.measured is None or self.measured[0] != key:
+            self.measured = key, self.scheduler.busy(self.tables, cuts)
+        return self.measured[1]
 
 
 def _extended(
@@ -128,7 +130,6 @@ def _extended(
             else earlier.scheduler.for_programs(form.programs)
         )
         run = simulated[id(form.programs)] = _Simulated(scheduler, scheduler.drive())
-    times = run.times()
     read = reads(workload.blocks, form.programs)
     for period in periods:
         found = _periods(form.programs, run.tables, period, read)
@@ -137,22 +138,13 @@ def _extended(
         shifts = [f[0] for f in found]
         if max(shifts) - min(shifts) > TOLERANCE_S:
             continue
-        schedules = run.schedules(_cuts(found, times))
-        windows = []
-        for sched, (shift, first, *_) in zip(schedules, found, strict=True):
-            if (window := _window(sched, first, shift)) is None:
-                break
-            windows.append(window)
-        else:
-            categories = _period_categories(run.tables, run.scheduler.categories, found)
-            repeats = form.repeats * form.period // period
-            return SteadySchedules(
-                [
-                    _extend(sched, f[0], window, own, repeats, f[3])
-                    for sched, f, window, own in zip(schedules, found, windows, categories, strict=True)
-                ],
-                form.programs,
-            )
+        lo = _steady_starts(run.tables, found)
+        busy = run.busy(_cuts(found, lo))
+        if (windows := _windows(busy, found, lo)) is None:
+            continue
+        categories = _period_categories(run.tables, run.scheduler.categories, found)
+        repeats = form.repeats * form.period // period
+        return SteadySchedules(_extend(run, busy, found, windows, categories, repeats), form.programs)
     return None
 
 
@@ -187,7 +179,7 @@ def _periods(programs: list[Program], tables: EngineTables, period: int, read: R
     but at another distance (a drain backward's twin is the next backward, half a 1F1B period on), and a step with
     more micro-batches does not add those: the distance is what a period adds, not any at which calls recur. The
     run must also span two periods of calls (both checked in `Reads.holds`), so that three periods of the timeline
-    repeat (`_window` reads two).
+    repeat (`_windows` reads two).
     The call returned is one period into the run, away from the warm-up.
 
     What the checks do not see: a stream's previous op (the previous call's on every stream a period uses, within
@@ -271,8 +263,13 @@ def _spares(
     return spare
 
 
-def _cuts(found: list[Found], times: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray | None:
-    """Per stage, the (a, b) its busy seconds are measured without (`intervals.ordered_busy`): from the end of the
+def _steady_starts(t: EngineTables, found: list[Found]) -> np.ndarray:
+    """Per stage, the start of the steady call `found` gives, which its windows start at (`_windows`)."""
+    return t.call_start[t.base[:-1] + np.array([f[1] for f in found], dtype=np.intp)]
+
+
+def _cuts(found: list[Found], lo: np.ndarray) -> np.ndarray | None:
+    """Per stage, the (a, b) its busy seconds are measured without (`ordered_busy`): from the end of the
     two periods the window check reads to the end of its spare periods (a = b for none), or None where no stage
     has one. Each spare period is then added back as one window, as the step's further periods are (`_extend`).
 
@@ -281,11 +278,9 @@ def _cuts(found: list[Found], times: list[tuple[np.ndarray, np.ndarray]]) -> np.
     TOLERANCE_S each; with each spare period no further from it than that (and the hidden seconds, which the
     check sees only through communication and exposed, by twice that), each stage's figures differ from the
     whole measurement's by at most spare * 3 * TOLERANCE_S, and by rounding (tests/test_steady_cut.py)."""
-    rows = []
-    for (length, first, _, spare, _), (start, _) in zip(found, times, strict=True):
-        a = float(start[first]) + 2 * length  # as the window check's end (`intervals._windows`)
-        rows.append((a, a + spare * length))
-    cuts = np.array(rows)
+    length, spare = np.array([f[0] for f in found]), np.array([f[3] for f in found], dtype=np.intp)
+    a = lo + 2 * length  # as the window check's end (`intervals._windows`)
+    cuts = np.stack((a, a + spare * length), axis=1)
     return cuts if (cuts[:, 0] < cuts[:, 1]).any() else None
 
 
@@ -399,16 +394,13 @@ def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callabl
     return derive() if shape is None else made_on(shape, key, derive)
 
 
-def _window(sched: ClassSchedule, first_call: int, shift: float) -> tuple[float, ...] | None:
-    """Compute, communication and exposed-communication seconds in one period from a steady call's start on, if
-    the next period has the same."""
-    busy = sched.busy
-    assert busy is not None
-    lo = float(sched.call_start[first_call])
-    first, second = busy.periods(lo, shift)
-    if any(abs(a - b) > TOLERANCE_S for a, b in zip(first, second, strict=True)):
-        return None
-    return first
+def _windows(busy: OrderedBusy, found: list[Found], lo: np.ndarray) -> np.ndarray | None:
+    """Per stage, compute, communication and exposed-communication seconds in one period from its steady call's
+    start (`lo`) on, if the next period has the same on every stage (within TOLERANCE_S each); every stage in one
+    compiled call (`OrderedBusy.periods`)."""
+    both = busy.periods(lo, np.array([f[0] for f in found]))
+    first, second = both[:, :3], both[:, 3:]
+    return None if (np.abs(first - second) > TOLERANCE_S).any() else first
 
 
 def _period_categories(t: EngineTables, names: list[str], found: list[Found]) -> list[dict[str, float]]:
@@ -519,26 +511,24 @@ def _add_period(
 
 
 def _extend(
-    sched: ClassSchedule,
-    shift: float,
-    window: tuple[float, ...],
-    categories: dict[str, float],
+    run: _Simulated,
+    busy: OrderedBusy,
+    found: list[Found],
+    windows: np.ndarray,
+    categories: list[dict[str, float]],
     repeats: int,
-    spare: int,
-) -> ClassSchedule:
-    """The stage's schedule with `repeats` more periods, its busy seconds with its `spare` periods (measured
-    without, `_cuts`) too."""
-    compute, comm, exposed = window
-    by_category = dict(sched.time_by_category)
-    for name, seconds in categories.items():
-        by_category[name] = by_category.get(name, 0.0) + repeats * seconds
-    return ClassSchedule(
-        end_s=sched.end_s + repeats * shift,
-        compute_s=sched.compute_s + (repeats + spare) * compute,
-        comm_s=sched.comm_s + (repeats + spare) * comm,
-        exposed_comm_s=sched.exposed_comm_s + (repeats + spare) * exposed,
-        time_by_category=by_category,
-        call_start=sched.call_start,
-        call_end=sched.call_end,
-        events=[],
-    )
+) -> list[ClassSchedule]:
+    """Per stage, its schedule with `repeats` more periods, its busy seconds with its spare periods (measured
+    without, `_cuts`) too: its figures, each as its measured one plus as many periods' worth (the same float
+    operations per stage as one at a time), handed to `CompiledScheduler.classes`, so each schedule is built
+    once, then its categories' periods added."""
+    length, spare = np.array([f[0] for f in found]), np.array([f[3] for f in found], dtype=np.intp)
+    figures = np.empty_like(busy.totals)
+    figures[:, :3] = busy.totals[:, :3] + (repeats + spare)[:, None] * windows
+    figures[:, 3] = busy.totals[:, 3] + repeats * length
+    schedules = run.scheduler.classes(run.tables, figures)
+    for sched, own in zip(schedules, categories, strict=True):
+        by_category = sched.time_by_category
+        for name, seconds in own.items():
+            by_category[name] = by_category.get(name, 0.0) + repeats * seconds
+    return schedules

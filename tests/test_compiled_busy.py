@@ -3,15 +3,18 @@ totals and the last end, on timelines recorded in order (compute on one stream, 
 stream), on timelines that are not (left to `Busy.of`), and on every class of the fast path's test cases."""
 
 import random
+from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import engine_kernel as kernel
+from simulators.analytical import intervals
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.intervals import Busy, pairwise_sum
-from simulators.analytical.ordered_busy import _ordered, ordered_busy
+from simulators.analytical.ordered_busy import _inside, _ordered, ordered_busy
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES
 
@@ -51,7 +54,10 @@ def _one(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray, ptr: np.ndarra
 
 def _in_order(knots: np.ndarray, starts: np.ndarray, ends: np.ndarray, ptr: np.ndarray) -> bool:
     """Whether the pass prices the timeline itself (not leaving it to Busy.of)."""
-    return bool(_ordered(knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :])[-1][0] >= 0)
+    *_, counts, _ = _ordered(
+        knots, np.array([[0, len(knots)]]), starts, ends, np.asarray(ptr)[None, :], np.zeros((1, 2))
+    )
+    return bool(counts[0] >= 0)
 
 
 def _timeline(rng: random.Random) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -99,12 +105,9 @@ def test_a_timeline_out_of_order_is_left_to_busy_of(seed):
     assert _same(got, want) and latest == want_latest
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_timelines_priced_in_one_call_are_each_busy_of(seed):
-    """Several timelines laid out in turn (compute with room to spare after each, as the scheduler leaves it),
-    some out of order: each is priced as alone."""
-    rng = random.Random(seed)
-    lines = [_timeline(rng) for _ in range(rng.randint(1, 6))]
+def _laid_out(rng: random.Random, lines: list) -> tuple[tuple[np.ndarray, ...], list, list]:
+    """`ordered_busy`'s arguments for `_timeline`s laid out in turn (compute with room to spare after each, as the
+    scheduler leaves it), some streams reversed (out of order), and each timeline's communication starts and ends."""
     streams = max(len(ptr) for *_, ptr in lines)
     knots, starts, ends, knot_ptr, stream_ptr = [], [], [], [], []
     for k, s, e, ptr in lines:
@@ -116,9 +119,18 @@ def test_timelines_priced_in_one_call_are_each_busy_of(seed):
         stream_ptr.append(sum(map(len, starts)) + np.pad(ptr, (0, streams - len(ptr)), mode="edge"))
         starts.append(s)
         ends.append(e)
-    measured = ordered_busy(
-        np.concatenate(knots), np.array(knot_ptr), np.concatenate(starts), np.concatenate(ends), np.array(stream_ptr)
-    )
+    joined = np.concatenate(knots), np.array(knot_ptr), np.concatenate(starts), np.concatenate(ends)
+    return (*joined, np.array(stream_ptr)), starts, ends
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_timelines_priced_in_one_call_are_each_busy_of(seed):
+    """Several timelines laid out in turn (compute with room to spare after each, as the scheduler leaves it),
+    some out of order: each is priced as alone."""
+    rng = random.Random(seed)
+    lines = [_timeline(rng) for _ in range(rng.randint(1, 6))]
+    args, starts, ends = _laid_out(rng, lines)
+    measured = ordered_busy(*args)
     got = measured.each()
     for (busy, latest), k, s, e in zip(got, [x[0] for x in lines], starts, ends, strict=True):
         want, want_latest = _reference(k, s, e)
@@ -165,3 +177,46 @@ def test_every_class_busy_is_busy_of_its_intervals(case):
         want, latest = _reference(t.compute_knots[c0:c1], t.comm_starts[m0:m1], t.comm_ends[m0:m1])
         assert sched.busy is not None and _same(sched.busy, want)
         assert (sched.end_s, sched.compute_s, sched.comm_s, sched.exposed_comm_s) == (latest, *want.totals)
+
+
+def _outside_cut(starts: np.ndarray, ends: np.ndarray, a: float, b: float) -> np.ndarray:
+    """Which of a stream's intervals are kept with the cut (a, b): all but those `_inside` finds."""
+    keep = np.ones(len(starts), dtype=bool)
+    if a < b:
+        i0, i1 = _inside(starts, ends, a, b)
+        keep[i0:i1] = False
+    return keep
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_a_cut_stepped_over_in_place_prices_as_the_timeline_laid_out_without_it(seed):
+    """With cuts, each timeline prices as its intervals less those `_inside` its cut finds, laid out anew (as they
+    were copied once): its Busy to the bit, its totals those outside the cut as `_outside` takes them from that
+    Busy, and its windows, those ending at the cut's start (read off what `_outside` read there) too."""
+    rng = random.Random(seed)
+    lines = [_timeline(rng) for _ in range(rng.randint(1, 6))]
+    args, starts, ends = _laid_out(rng, lines)
+    lo = np.array([rng.uniform(-2, 50) for _ in lines])
+    shift = np.array([rng.choice([0.0, rng.uniform(0, 10)]) for _ in lines])
+    a = lo + 2 * shift  # as `steady` ends the windows at the cut's start
+    cuts = np.stack((a, a + [rng.choice([-1.0, 0.0, rng.uniform(0, 30), 1e3]) for _ in lines]), axis=1)
+    measured = ordered_busy(*args, cuts)
+    windows = measured.periods(lo, shift)
+    for r, ((k, _, _, ptr), s, e, (a, b)) in enumerate(zip(lines, starts, ends, cuts.tolist(), strict=True)):
+        compute = np.repeat(_outside_cut(k[0::2], k[1::2], a, b), 2)
+        comm = np.concatenate([np.ones(0, dtype=bool)] + [_outside_cut(s[p:q], e[p:q], a, b) for p, q in pairwise(ptr)])
+        kept_ptr = np.cumsum([0] + [int(comm[p:q].sum()) for p, q in pairwise(ptr)])
+        want, want_latest = _one(k[compute], s[comm], e[comm], kept_ptr)
+        got, latest = measured.busy(r), float(measured.totals[r, 3])
+        assert _same(replace(got, totals=want.totals), want) and latest == want_latest
+        fields = want.knots, want.done, want.comm_starts, want.comm_ends, want.hidden
+        expected = want.totals
+        if a < b:
+            at_a, at_b = (intervals._before(*fields, t) for t in (a, b))
+            covered = 0.0 + pairwise_sum(want.hidden) if len(want.knots) else 0.0
+            comm_s = want.totals[1] - (at_b[1] - at_a[1])
+            exposed = comm_s - (covered - (at_b[2] - at_a[2]))
+            expected = (want.totals[0] - (at_b[0] - at_a[0]), comm_s, exposed if exposed > 0.0 else 0.0)
+        assert got.totals == expected
+        first, second = want.periods(float(lo[r]), float(shift[r]))
+        assert np.array_equal(windows[r].view(np.int64), np.array([*first, *second]).view(np.int64))

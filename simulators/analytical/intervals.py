@@ -198,10 +198,19 @@ def _windows(
     shift: float,
 ) -> tuple[float, float, float, float, float, float]:
     """`Busy.periods`: the windows from lo to lo + shift and from there to lo + 2 * shift of the Busy with these
-    fields, each as `_between` gives it, the moment between them read once."""
+    fields, the moment between them read once (`_windows_of`)."""
     a = _before(knots, done, comm_starts, comm_ends, hidden, lo)
     b = _before(knots, done, comm_starts, comm_ends, hidden, lo + shift)
     c = _before(knots, done, comm_starts, comm_ends, hidden, lo + 2 * shift)
+    return _windows_of(a, b, c)
+
+
+@njit(cache=True)
+def _windows_of(
+    a: tuple[float, float, float], b: tuple[float, float, float], c: tuple[float, float, float]
+) -> tuple[float, float, float, float, float, float]:
+    """The windows from one moment to the next and from there to a third, what there is before each given
+    (`_before`), each as `_between` gives it."""
     first_comm, second_comm = b[1] - a[1], c[1] - b[1]
     first_exposed, second_exposed = first_comm - (b[2] - a[2]), second_comm - (c[2] - b[2])
     return (
@@ -218,19 +227,49 @@ def _windows(
 def _before(
     knots: np.ndarray, done: np.ndarray, comm_starts: np.ndarray, comm_ends: np.ndarray, hidden: np.ndarray, t: float
 ) -> tuple[float, float, float]:
-    """Compute, communication and hidden communication seconds before t, of the Busy with these fields: compute
-    by np.interp over the knots (`_interp`), the merged communication intervals ended by t (numpy's pairwise sums
-    of theirs and their hidden seconds), and the one under way at t, if any, up to t."""
-    compute = _interp(t, knots, done) if len(knots) else 0.0
+    """Compute, communication and hidden communication seconds before t, of the Busy with these fields
+    (`_before_around` with no knots left out)."""
+    n = len(knots)
+    return _before_around(knots, done, n, n, comm_starts, comm_ends, hidden, t)
+
+
+@njit(cache=True)
+def _before_around(
+    knots: np.ndarray,
+    done: np.ndarray,
+    c0: int,
+    c1: int,
+    comm_starts: np.ndarray,
+    comm_ends: np.ndarray,
+    hidden: np.ndarray,
+    t: float,
+) -> tuple[float, float, float]:
+    """`_before` of the Busy whose knots and done are these less [c0, c1) (`ordered_busy` leaves a cut's out in
+    place, c0 = c1 = len(knots) for none): compute by np.interp over the knots (`_interp_around`), the merged
+    communication intervals ended by t (numpy's pairwise sums of theirs and their hidden seconds), and the one
+    under way at t, if any, up to t."""
+    kept = len(knots) - (c1 - c0)
+    compute = _interp_around(t, knots, done, c0, c1) if kept else 0.0
     whole = np.searchsorted(comm_ends, t, side="right")
     comm = 0.0 + pairwise_sum(comm_ends[:whole] - comm_starts[:whole])
     covered = 0.0 + pairwise_sum(hidden[:whole])
     if whole < len(comm_starts) and comm_starts[whole] < t:  # the one under way
         start = comm_starts[whole]
         comm += t - start
-        if len(knots):
-            covered += compute - _interp(start, knots, done)
+        if kept:
+            covered += compute - _interp_around(start, knots, done, c0, c1)
     return compute, comm, covered
+
+
+@njit(cache=True)
+def _interp_around(x: float, knots: np.ndarray, done: np.ndarray, c0: int, c1: int) -> float:
+    """`_interp` over the knots less knots[c0:c1] (some left, c0 and c1 even): over those before c0 up to the
+    first after, over those from c1 on from there. The same to the bit: where x falls between knots c0 - 1 (an
+    end) and c1 (a start), np.interp over the knots kept reads 0.0 * (x - knots[c0 - 1]) + done[c0 - 1] (a
+    start's done is the end's before it), as the part before c0 reads its last knot's done[c0 - 1]."""
+    if c0 > 0 and (c1 == len(knots) or x < knots[c1]):
+        return _interp(x, knots[:c0], done[:c0])
+    return _interp(x, knots[c1:], done[c1:])
 
 
 @njit(cache=True)

@@ -31,24 +31,21 @@ Peak memory comes from the shorter step's timeline: a 1F1B stage holds at most p
 however many it runs, so the peak is the same (the generator offers no shorter form where it is not).
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from itertools import pairwise
-from typing import TypeVar
 
 import numpy as np
 from numba import njit
 
 from dse.system import SystemSpec
-from dse.workload import CallShape, Program, SteadyForm, Workload
-from simulators.analytical.calls import call_array, made_on
+from dse.workload import Program, SteadyForm, Workload
+from simulators.analytical.calls import call_array, memoised
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
 from simulators.analytical.ordered_busy import OrderedBusy
 from simulators.analytical.steady_reads import Reads, reads
-
-T = TypeVar("T")
 
 TOLERANCE_S = 1e-7
 """How far apart two times may be and still count as one period apart: repeats of one state a period apart add
@@ -204,7 +201,7 @@ def _joined_twins(programs: list[Program], period: int, read: Reads) -> tuple[np
     key = ("steady.twins", period)
     if (kept := read.memo.get(key)) is not None:
         return kept
-    found = [_kept(program, program.call_shape(), key, lambda p=program: _twins(p, period)) for program in programs]
+    found = [memoised(program, key, lambda p=program: _twins(p, period)) for program in programs]
     distance = np.array([f[0] if f else -1 for f in found], dtype=np.intp)
     middle = np.array([f[2] if f else 0 for f in found], dtype=np.intp)
     flags = [f[1] if f else np.zeros(0, dtype=np.bool_) for f in found]
@@ -226,9 +223,9 @@ def _steady_runs(
     tolerance: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Per stage (its calls from base[s] on), the period's length (its middle call's start P calls on less its
-    own) and its steady run [lo, hi) (`_longest_steady`), and whether every stage has a run of two periods or
-    more (`Reads.holds` asks the rest): the stages after the first without one are left at lo -1, as the period
-    is ruled out (a longer form's shorter periods fail on one stage or another)."""
+    own) and its steady run [lo, hi) (`_longest_steady`), and whether every stage has one (whether each may be
+    spliced is `Reads.holds`'s to say, the one place its rule is written): the stages after the first without one
+    are left at lo -1, as the period is ruled out (a longer form's shorter periods fail on one stage or another)."""
     stages = len(distance)
     length = np.zeros(stages)
     lo = np.full(stages, -1, dtype=np.intp)
@@ -240,7 +237,7 @@ def _steady_runs(
         length[s] = own_start[middle[s] + distance[s]] - own_start[middle[s]]
         flags = twin[twin_ptr[s] : twin_ptr[s + 1]]
         lo[s], hi[s] = _longest_steady(flags, own_start, own_end, distance[s], length[s], tolerance)
-        if lo[s] < 0 or length[s] <= 0 or hi[s] - lo[s] < 2 * distance[s]:
+        if lo[s] < 0 or length[s] <= 0:
             return length, lo, hi, False
     return length, lo, hi, True
 
@@ -387,11 +384,6 @@ def _first_longest(flags: np.ndarray) -> tuple[int, int]:
                 best_lo, best_hi = run_lo, i
             run_lo = -1
     return best_lo, best_hi
-
-
-def _kept(program: Program, shape: CallShape | None, key: tuple, derive: Callable[[], T]) -> T:
-    """derive(), kept on the program's shape (checked by the caller) under `key`."""
-    return derive() if shape is None else made_on(shape, key, derive)
 
 
 def _windows(busy: OrderedBusy, found: list[Found], lo: np.ndarray) -> np.ndarray | None:

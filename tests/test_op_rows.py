@@ -7,7 +7,8 @@ import numpy as np
 
 from simulators.analytical import op_rows
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
-from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan
+from simulators.analytical.recipes import COLLECTIVE, COMPUTE
+from simulators.analytical.skeletons import Plan
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
 
 

@@ -1,4 +1,4 @@
-"""Plans kept across points (`plans._RECIPES`, `pricing._GROUPS`) are the plans a planner with empty
+"""Plans kept across points (`recipes.RECIPES`, `pricing._GROUPS`) are the plans a planner with empty
 caches builds: the same ops, seconds, numbering of streams and categories, and the same plan objects shared between
 blocks and classes, whatever other workloads priced on the system before."""
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import plans, pricing
+from simulators.analytical import pricing, recipes
 from simulators.analytical.compiled_engine import call_arrays
 from simulators.analytical.plans import Planner
 from tests.helpers import make_point
@@ -23,7 +23,7 @@ VARIANTS = {
 
 
 def _empty() -> None:
-    plans._RECIPES.clear()
+    recipes.RECIPES.clear()
     pricing._GROUPS.clear()
 
 
@@ -62,7 +62,7 @@ def test_kept_plans_are_the_plans_built_afresh(workloads, fuse):
     for order in (workloads, workloads[::-1], workloads):
         for name, workload, system in order:
             assert _snapshot(Planner(workload, system, fuse), workload) == fresh[name], name
-    assert plans._RECIPES.hits > 0
+    assert recipes.RECIPES.hits > 0
 
 
 def test_blocks_of_equal_content_get_plans_of_their_own(workloads):

@@ -8,7 +8,7 @@ another InfiniBand saves)."""
 from collections.abc import Callable
 
 from dse.system import SystemSpec
-from simulators.analytical import op_rows, plans, pricing
+from simulators.analytical import op_rows, pricing, recipes
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import _snapshot, workloads  # noqa: F401  (the fixture)
 
@@ -45,8 +45,8 @@ CHANGES = {
 
 
 def _empty() -> None:
-    plans._RECIPES.clear()
-    plans._SEEN.clear()
+    recipes.RECIPES.clear()
+    recipes._SEEN.clear()
     pricing._GROUPS.clear()
     pricing._FACETS.clear()
     op_rows._ROWS.clear()
@@ -78,7 +78,7 @@ def test_a_block_keeps_its_plan_on_a_system_that_differs_where_its_groups_do_not
         pricer = pricing.BlockPricer(workload, system)
         for index in range(len(workload.programs)):
             for block in range(len(workload.blocks)):
-                recipe = plans._recipe(workload.blocks[block], True)
+                recipe = recipes.find_recipe(workload.blocks[block], True)
                 spans = pricer.spans(recipe.axes, index)[0]
                 inside = not recipe.p2p and all(d != outer for key in spans for d, _ in key)
                 plan, again = first.plan(block, index), second.plan(block, index)

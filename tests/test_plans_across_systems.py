@@ -6,7 +6,7 @@ bit for bit."""
 import numpy as np
 
 from dse.system import SystemSpec
-from simulators.analytical import op_rows, plans, pricing
+from simulators.analytical import op_rows, pricing, recipes
 from simulators.analytical.compiled_engine import CompiledScheduler, _Layout, call_arrays
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import _snapshot, workloads  # noqa: F401  (the fixture)
@@ -25,8 +25,8 @@ def _faster(system: SystemSpec, by: float) -> SystemSpec:
 
 
 def _empty() -> None:
-    plans._RECIPES.clear()
-    plans._SEEN.clear()
+    recipes.RECIPES.clear()
+    recipes._SEEN.clear()
     pricing._GROUPS.clear()
     op_rows._ROWS.clear()
 
@@ -45,15 +45,15 @@ def test_plans_on_later_systems_reuse_skeletons_and_equal_fresh_ones(workloads):
         _empty()
         fresh = _snapshot(Planner(workload, third, True), workload)
         _empty()
-        before = plans.SKELETONS.built
+        before = recipes.SKELETONS.built
         _snapshot(Planner(workload, system, True), workload)
-        built = plans.SKELETONS.built
+        built = recipes.SKELETONS.built
         assert built > before, name
-        reused = plans.SKELETONS.reused
+        reused = recipes.SKELETONS.reused
         _snapshot(Planner(workload, second, True), workload)
         assert _snapshot(Planner(workload, third, True), workload) == fresh, name
-        assert plans.SKELETONS.built == built, name  # every skeleton was kept from the first system
-        assert plans.SKELETONS.reused > reused, name
+        assert recipes.SKELETONS.built == built, name  # every skeleton was kept from the first system
+        assert recipes.SKELETONS.reused > reused, name
 
 
 def test_tables_on_later_systems_reuse_rows_and_equal_fresh_ones(workloads):  # noqa: F811

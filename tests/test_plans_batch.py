@@ -1,10 +1,10 @@
-"""The per-program plan lookup (`Planner.plans`), the recipes found by a block's identity (`plans._SEEN`) and the
+"""The per-program plan lookup (`Planner.plans`), the recipes found by a block's identity (`recipes._SEEN`) and the
 op rows kept per set of plans (`op_rows._ROWS`) give what the per-block lookups and a fresh conversion
 give."""
 
 import numpy as np
 
-from simulators.analytical import op_rows, plans
+from simulators.analytical import op_rows, recipes
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
@@ -28,10 +28,10 @@ def test_plans_are_plan_per_block(workloads):  # noqa: F811
 def test_recipe_by_identity_is_the_cached_one(workloads):  # noqa: F811
     _, workload, _ = workloads[0]
     block = workload.blocks[0]
-    first = plans._recipe(block, True)
-    assert plans._recipe(block, True) is first
-    plans._RECIPES.clear()  # no longer cached: the identity entry is not used
-    again = plans._recipe(block, True)
+    first = recipes.find_recipe(block, True)
+    assert recipes.find_recipe(block, True) is first
+    recipes.RECIPES.clear()  # no longer cached: the identity entry is not used
+    again = recipes.find_recipe(block, True)
     assert again is not first and again.runs == first.runs
 
 

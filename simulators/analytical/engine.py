@@ -26,7 +26,8 @@ from dse.interfaces import TimelineEvent
 from dse.system import SystemSpec
 from dse.workload import Call, Program, Workload
 from simulators.analytical.intervals import Busy, split_busy
-from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner, stream_of
+from simulators.analytical.plans import Link, Plan, Planner
+from simulators.analytical.recipes import COMPUTE, SEND, stream_of
 
 
 class Transfers(NamedTuple):

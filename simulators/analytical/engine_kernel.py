@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from simulators.analytical.plans import COMPUTE, SEND
+from simulators.analytical.recipes import COMPUTE, SEND
 
 RING_HEAD, RING_TAIL, QUEUED, SHIFTED, COPIED = range(5)
 COUNTERS = 5

@@ -16,8 +16,8 @@ import numpy as np
 from numba import njit
 
 from dse.lru import MIB, ByteBoundedLru
-from simulators.analytical.plans import COLLECTIVE, COMPUTE, Plan
-from simulators.analytical.skeletons import Link, Skeleton
+from simulators.analytical.recipes import COLLECTIVE, COMPUTE
+from simulators.analytical.skeletons import Link, Plan, Skeleton
 
 _INT = np.int64
 

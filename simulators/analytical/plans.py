@@ -8,235 +8,89 @@ layer that leaves about a quarter of the ops. The kernels inside a fused run tha
 their end times through `marks`, offsets from the run's start.
 
 A plan is its skeleton and its seconds (`skeletons`): the skeleton depends on the block and the network's shape
-only, so a block's skeletons are kept from the first system it is planned on (`_Form`), and every later system that
+only, so a block's skeletons are kept from the first system it is planned on (`Form`), and every later system that
 differs only in speeds prices seconds. Kept from the first, not the second: a revisit's second system is the one
 most recipes see, and rebuilding every skeleton there, and with them every set's op rows (`op_rows`, kept per
 skeletons' identities), cost its revisits 18% more Python calls and about a fifth more CPU than a third system's
 (benchmarks/vs_calculon.py), while the first system's skeletons are held by its kept plans anyway.
 """
 
-from collections.abc import Iterable
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
-from dse.lru import MIB, ByteBoundedLru
 from dse.system import SystemSpec
-from dse.workload import BLOCK_INPUT, Block, Op, OpKind, Workload
+from dse.workload import Op, OpKind, Workload
 from simulators.analytical.pricing import BlockPricer, facets, pricing_settings
-from simulators.analytical.skeletons import Link, Plan, Skeleton, code_of, renumbered, sums
-
-COMPUTE, COLLECTIVE, SEND, RECV = range(4)
-_KIND_CODE = {OpKind.COMPUTE: COMPUTE, OpKind.COLLECTIVE: COLLECTIVE, OpKind.SEND: SEND, OpKind.RECV: RECV}
-_PRICED_ALONE = (OpKind.COMPUTE, OpKind.COLLECTIVE)
-"""Kinds whose time is known from the plan; a p2p op's depends on when its partner is ready."""
-_STREAM_PREFIX = {OpKind.COLLECTIVE: "comm", OpKind.SEND: "send", OpKind.RECV: "recv"}
-
-
-def stream_of(op: Op) -> str:
-    """The in-order queue an op runs on; every axis gets its own, as NCCL gives each communicator one."""
-    return "compute" if op.kind is OpKind.COMPUTE else f"{_STREAM_PREFIX[op.kind]}:{op.axis}"
-
-
-PLAN_BYTES = 32 * MIB
-"""Recipes, skeletons and plans: the 96 configurations of benchmarks/vs_calculon.py keep about 5.4 MiB of them on one
-system (its skeletons counted again as forms, though its plans hold the same objects), 7.1 MiB after a second and
-1.7 MiB more per later system of another InfiniBand bandwidth (the blocks whose groups stay in a node keep theirs)."""
-RECIPE_BYTES_PER_OP = 400
-"""A recipe's bytes per op of its block: tracemalloc measured 209 B per op for the recipes of the 432 blocks of 24
-of benchmarks/vs_calculon.py's workloads; the rest is an estimate of the block it keeps alive."""
-PLAN_BYTES_PER_OP = 1000
-"""A kept plan's bytes per op: a walk of the plans kept after benchmarks/vs_calculon.py's 96 configurations (their
-op tuples, seconds, numberings, names and dicts, each object once) measured 940 B a plan op. A plan now keeps its
-seconds as arrays and shares its skeleton, but joins its op tuples (`Plan.ops`) for the consumers that ask."""
-SKELETON_BYTES_PER_OP = 1100
-"""A kept skeleton's bytes per op: a plan op's tuples without its float (an estimate from PLAN_BYTES_PER_OP, 800 B),
-and its encoding for the compiled engine (`Skeleton.encoding`: 280 B per op over the 1,244 skeletons of the 96
-configurations of benchmarks/vs_calculon.py, most of it an array's header, as a skeleton has 1.5 ops on average)."""
-FORMS_PER_RECIPE = 64
-"""Shapes (a class's span keys, or the network's shape and class for a block with p2p ops) a recipe keeps
-skeletons for, as SHELVES_PER_RECIPE bounds the systems."""
+from simulators.analytical.recipes import (
+    COMPUTE,
+    SKELETON_BYTES_PER_OP,
+    SKELETONS,
+    SPREADS_PER_SHELF,
+    Cached,
+    Form,
+    Recipe,
+    Shelf,
+    dropped,
+    find_recipe,
+    formed,
+    grown,
+    shelf_of,
+)
+from simulators.analytical.skeletons import Link, Plan, Skeleton, renumbered, sums
 
 
 @dataclass(slots=True)
-class _Form:
-    """A block's skeletons for one shape of a class's groups, one per numbering (as `_Cached` is for plans)."""
+class _Log:
+    """What planners of one workload's blocks, layout and classes on networks of one shape were asked
+    (`Planner.plans`) and what they handed, in order. A revisit (the generator hands back a seen point's workload,
+    its blocks, layout, classes and programs the same objects, on a new system) asks the same again, and its places
+    and which (block, class) pairs share one follow from those and the network's shape alone: a planner that asks
+    as the log did hands the same places, finding only each place's plan on its system (`Planner._kept`), instead
+    of looking up each of a point's ~270 (block, class) pairs again."""
 
-    shape: tuple | None
-    """`Planner._shape` for a block with p2p ops (its key holds its hash; compared on every hit), else None."""
-    names: tuple[tuple[str, ...], tuple[str, ...]]
-    skeletons: dict[tuple[tuple[int, ...], tuple[int, ...]], Skeleton]
-
-
-@dataclass(slots=True)
-class SkeletonCounts:
-    """How often a plan built took a kept skeleton (`reused`) or made one (`built`): what the skeletons save."""
-
-    built: int = 0
-    reused: int = 0
+    parts: tuple
+    """The workload's blocks, layout and classes, whose identities key the log (kept, so that they stay theirs)."""
+    calls: list[tuple[list[int], int, list[int]]]
+    """Per `plans` call in turn: its blocks, its class and the places it gave. A place is new to the planner where
+    it first appears, in order, and is the plan of the block and class it appears for first."""
 
 
-SKELETONS = SkeletonCounts()
-SHELVES_PER_RECIPE = 64
-"""Prefixes (accelerators, for one workload's settings; networks too for a block with p2p ops) a recipe keeps plans
-for: pricing one workload on thousands of systems must not grow its entry past the cache (the prefix kept first
-goes first)."""
-SPREADS_PER_SHELF = 64
-"""Spreads a shelf keeps plans for, as SHELVES_PER_RECIPE bounds its prefixes: a spread holds the values of the
-dimensions it spans, so a grid of InfiniBand bandwidths gives a block whose groups cross nodes one per system."""
+LOGS_KEPT = 256
+"""Logs `_LOGS` keeps (a plain dict emptied when full, as `_SEEN`): one per workload and network shape a study
+revisits; a log holds a few hundred small ints, and the workload's blocks, which kept plans hold anyway."""
+_LOGS: dict[tuple, _Log] = {}
 
 
-@dataclass(slots=True)
-class _Cached:
-    """A block's plans for one class spread, one per numbering of their streams and categories (the planners of
-    most points of a study number alike: their generators name streams in the same order)."""
-
-    names: tuple[tuple[str, ...], tuple[str, ...]]
-    """The names of the streams and of the categories the plans number, in the order a build first numbers them."""
-    plans: dict[tuple[tuple[int, ...], tuple[int, ...]], Plan]
-    """Per numbering (each name's number, in the order above), the plan."""
-
-
-@dataclass(slots=True)
-class _Shelf:
-    """A block's plans under one prefix (`Planner._prefixes`), per spread of a class (its `BlockPricer.spans` per
-    axis; the class, for a block with p2p ops)."""
-
-    prefix: tuple
-    """What the recipe finds the shelf by the hash of, compared on every hit."""
-    spreads: dict[tuple | int, _Cached]
-    ops: int
-    """Plan ops held, over every spread and numbering."""
-    held: int
-    """Bytes of the prefix's ranks' classes (none for a block without p2p ops)."""
-
-
-@dataclass(slots=True)
-class _Recipe:
-    """What of a block's plan depends on the block alone: which ops fuse into which plan op, and the names their
-    streams and categories are numbered by. Every rank class, and every later point whose workload holds a block
-    of the same content, builds its plan from it, adding only the seconds the class's groups give; and the plans
-    built, kept for later points (`shelves`)."""
-
-    key: tuple[int, bool]
-    block: Block
-    """The first block of this content seen, whose plans keep it."""
-    categories: tuple[str, ...]
-    """The names of its ops' categories, in the order they first appear (the order a build numbers them)."""
-    runs: tuple[tuple[int, int, str, tuple[int, ...], bool, int, tuple[int, ...], int], ...]
-    """Per plan op: (its first block op, kind, stream name, deps, waits on inputs, slot, the block ops of its marks,
-    its category's place in `categories`)."""
-    axes: tuple[str, ...]
-    """The axes its collectives run on, sorted: a class's plan depends on how their groups span the network."""
-    p2p: tuple[tuple[str, int], ...]
-    """(axis, peer offset) of each p2p op, in order; a block with any is planned per class (its links name it)."""
-    code: np.ndarray
-    """What sums its plans' seconds from their blocks' op durations (`skeletons.code_of`); category totals in the
-    order their ops first name them."""
-    totals: tuple[int, ...]
-    """The categories of the totals (places in `categories`), in their order."""
-    forms: dict[tuple, "_Form"]
-    """The skeletons of its plans, per shape of a class's groups on the network (`Planner._skeleton`): kept across
-    systems, unlike `shelves`."""
-    shapes: dict[int, int]
-    """Per hash of the shapes its forms of a block with p2p ops hold (`_Form.shape`), how many hold it: the ranks'
-    classes it keeps are counted in `bytes` once, not per class."""
-    shelves: dict[int, _Shelf]
-    """Per prefix's hash, the plans built under it. One cache entry holds a block's recipe and plans, so that a
-    point looks the cache up once per block."""
-    bytes: int
-    """The entry's size: the recipe's and its shelves' (kept up to date as they grow, so sizing it is cheap)."""
-
-
-_RECIPES: ByteBoundedLru[tuple[int, bool], _Recipe] = ByteBoundedLru("plans", PLAN_BYTES, lambda r: r.bytes)
-
-
-def _recipe(block: Block, fuse: bool) -> _Recipe:
-    """The recipe of the block's content. A workload is generated anew per point, so equal blocks of two points
-    are different objects: the recipe is found by the block's hash and checked by comparing the blocks, each done
-    once (hashing every op is most of what finding it costs; a key holding the block would hash it at each of the
-    cache's lookups). Blocks whose hashes collide take turns in the cache."""
-    seen = _SEEN.get((id(block), fuse))
-    if seen is not None and seen[0] is block and _RECIPES.get(seen[1].key) is seen[1]:
-        return seen[1]
-    key = (hash(block), fuse)
-    recipe = _RECIPES.get(key)
-    if recipe is not None and (recipe.block is block or recipe.block == block):
-        _see(block, fuse, recipe)
-        return recipe
-    needed = {d for op in block.ops for d in op.deps if d != BLOCK_INPUT} | {block.output_index}
-    categories: dict[str, int] = {}
-    totals: dict[int, int] = {}
-    alone: list[int] = []  # per op priced alone (not p2p), it and its category's total
-    runs: list[tuple[int, int, str, tuple[int, ...], bool, int, list[tuple[int, bool]]]] = []
-    for index, op in enumerate(block.ops):
-        category = categories.setdefault(op.category, len(categories))
-        if op.kind in _PRICED_ALONE:
-            alone += (index, totals.setdefault(category, len(totals)))
-        run = runs[-1] if runs else None
-        if fuse and run is not None and run[1] == COMPUTE and _joins(op, block, run[4]):
-            members = run[6]
-            members.append((index, members[-1][0] in needed))
-            continue
-        deps = tuple(d for d in op.deps if d != BLOCK_INPUT)
-        runs.append(
-            (index, _KIND_CODE[op.kind], stream_of(op), deps, BLOCK_INPUT in op.deps, category, [(index, False)])
-        )
-    fused = [run[6] for run in runs]
-    recipe = _Recipe(
-        key=key,
-        block=block,
-        categories=tuple(categories),
-        runs=tuple(
-            (*run[:5], members[-1][0], _marked(members), run[5]) for run, members in zip(runs, fused, strict=True)
-        ),
-        axes=tuple(sorted({op.axis for op in block.ops if op.kind is OpKind.COLLECTIVE})),
-        p2p=tuple((op.axis, op.peer) for op in block.ops if op.kind in (OpKind.SEND, OpKind.RECV)),
-        code=code_of(fused, alone, len(totals)),
-        totals=tuple(totals),
-        forms={},
-        shapes={},
-        shelves={},
-        bytes=RECIPE_BYTES_PER_OP * len(block.ops),
-    )
-    _RECIPES.put(key, recipe)
-    _see(block, fuse, recipe)
-    return recipe
-
-
-def _marked(members: list[tuple[int, bool]]) -> tuple[int, ...]:
-    """The block ops of a fused run's marks: each kernel before one flagged as keeping its end."""
-    if len(members) == 1:
-        return ()
-    return tuple([members[k - 1][0] for k in range(1, len(members)) if members[k][1]])
-
-
-SEEN_BLOCKS = 1024
-"""Blocks whose recipes `_SEEN` keeps: a point has a few dozen; a generator that keeps its blocks hands later
-points the same objects, each found again by identity instead of by hashing it (about half a point's blocks)."""
-_SEEN: dict[tuple[int, bool], tuple[Block, _Recipe]] = {}
-"""Per (block's identity, fuse), the block (so that the identity stays its own) and its recipe, which is used only
-while the cache still holds it under its key (else the block is looked up by hash as any other)."""
-
-
-def _see(block: Block, fuse: bool, recipe: _Recipe) -> None:
-    if len(_SEEN) >= SEEN_BLOCKS:
-        _SEEN.clear()
-    _SEEN[id(block), fuse] = (block, recipe)
+def _log(workload: Workload, flags: tuple) -> _Log:
+    """The log of planners of this workload's blocks, layout and classes and this network shape (`flags`: fuse,
+    share_bandwidth and the network's NPUs per dimension, what the places depend on besides them), made empty if
+    none."""
+    parts = (workload.blocks, workload.layout, workload.class_of)
+    key = (*map(id, parts), *flags)
+    found = _LOGS.get(key)
+    if found is not None and all(map(operator.is_, found.parts, parts)):
+        return found
+    if len(_LOGS) >= LOGS_KEPT:
+        _LOGS.clear()
+    found = _LOGS[key] = _Log(parts, [])
+    return found
 
 
 class Planner:
     """Builds and caches plans, and numbers the streams and categories that plans refer to.
 
-    A plan is kept for later points too, on its block's recipe (`_Recipe.shelves`), and its skeleton for later
-    systems of the same shape (`_Recipe.forms`, `_skeleton`). Besides the block's content a plan depends on the
+    A plan is kept for later points too, on its block's recipe (`Recipe.shelves`), and its skeleton for later
+    systems of the same shape (`Recipe.forms`, `_skeleton`). Besides the block's content a plan depends on the
     accelerator and the workload's pricing settings (`_context`), and on how the class's groups spread over the
     network, the dimensions they span included (`BlockPricer.spans`); a block with p2p ops on the whole network,
     the class itself, its peers and their classes, so its plans are kept per network, layout, classes of the
     ranks, and class. Streams and categories are numbered per planner in
     first-use order; a kept plan is reused only under the numbering it was built with, and never for two blocks or
     classes of one planner that did not share a plan before (each gets its own object, as consumers number plans by
-    identity; the planner numbers them too, `handed`)."""
+    identity; the planner numbers them too, `handed`). What it was asked and handed is logged per workload and
+    network shape, and a later planner that asks the same (a revisit on a new system) follows the log (`_Log`)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
@@ -250,9 +104,9 @@ class Planner:
         self._plans: dict[tuple[int, int], int] = {}
         """Per (block, class), its plan's place in `handed`."""
         self._shared: dict[tuple, int] = {}
-        self._recipes: dict[int, _Recipe] = {}
+        self._recipes: dict[int, Recipe] = {}
         self._spreads: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]] = {}
-        self._shelves: dict[int, _Shelf] = {}
+        self._shelves: dict[int, Shelf] = {}
         self._numbers: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._handed: set[int] = set()
         """Identities of the plans this planner gave out."""
@@ -260,7 +114,7 @@ class Planner:
         classes = np.ascontiguousarray(workload.class_of)
         ranks = (workload.layout.axes, classes.dtype.str, classes.tobytes())
         self._prefixes = None if context is None else (context, (*context, facets(system).network, *ranks))
-        """What keys a kept plan besides the block and its class's spread (`_shelf`, `_Shelf.spreads`): the
+        """What keys a kept plan besides the block and its class's spread (`recipes.shelf_of`, `Shelf.spreads`): the
         context; for a block with p2p ops, which is kept per class, with every dimension of the network (a send's
         seconds read the dimensions between its ranks), the layout and the ranks' classes (its peers). A key holds
         their hashes, computed here once (hashing them per lookup would cost as much as the rest of the lookup)."""
@@ -273,6 +127,11 @@ class Planner:
         """What keys a skeleton of a block without p2p ops besides its class's span keys."""
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
+        self._log: _Log | None = _log(workload, (fuse, share_bandwidth, self._shape[2]))
+        """The log of this workload's planners on networks of this shape (`_Log`) while it asks as the log did; None
+        once it asks otherwise (its places are then looked up as the log's were not: `_diverge`)."""
+        self._asked = 0
+        """`plans` calls so far, while it follows the log."""
 
     @property
     def keeps(self) -> bool:
@@ -281,28 +140,87 @@ class Planner:
         return self._prefixes is not None
 
     def plan(self, block_index: int, rank_class: int) -> Plan:
+        """The block's plan for the class. Its callers (the interpreted engine, the tape) ask per call and find most
+        plans in `_plans`, which a planner following its log does not fill: so they leave the log."""
+        if self._log is not None:
+            self._diverge()
         place = self._plans.get((block_index, rank_class))
-        return self.handed[self.plans((block_index,), rank_class)[0] if place is None else place]
+        return self.handed[self.plans([block_index], rank_class)[0] if place is None else place]
 
-    def plans(self, block_indices: Iterable[int], rank_class: int) -> list[int]:
+    def plans(self, block_indices: list[int], rank_class: int) -> list[int]:
         """The place in `handed` of each block's plan for the class: one call per program rather than per block, as
         the compiled engine asks for every block a program calls (about 125 a point) and a call's own cost was most
-        of a kept plan's."""
+        of a kept plan's. A call the log holds next (`_Log`) gives the log's places, finding the plans of those new
+        to this planner (`_replay`); one past the log's end is looked up and added to it."""
+        log = self._log
+        if log is not None:
+            if self._asked < len(log.calls):
+                blocks, of, given = log.calls[self._asked]
+                if of == rank_class and blocks == block_indices:
+                    self._asked += 1
+                    self._replay(blocks, of, given)
+                    return list(given)
+                self._diverge()
+            else:
+                self._asked += 1
+                log.calls.append((list(block_indices), rank_class, self._looked_up(block_indices, rank_class)))
+                return list(log.calls[-1][2])
+        return self._looked_up(block_indices, rank_class)
+
+    def _replay(self, blocks: list[int], rank_class: int, given: list[int]) -> None:
+        """Hands the places a logged call gave that this planner has not: each new place first appears in order, for
+        the block whose lookup handed it, with the plan that lookup found (`_kept`)."""
+        handed = self.handed
+        for block_index, place in zip(blocks, given, strict=True):
+            if place == len(handed):
+                recipe = self._recipe_of(block_index)
+                if recipe.p2p:
+                    handed.append(self._kept(block_index, rank_class, recipe, rank_class, None))
+                else:
+                    spans = self._spans(recipe.axes, rank_class)
+                    handed.append(self._kept(block_index, rank_class, recipe, spans[1], spans[0]))
+
+    def _diverge(self) -> None:
+        """Leaves the log: fills in what looking up the calls it followed would have left (`_plans`, `_shared`)."""
+        log, self._log = self._log, None
+        assert log is not None
+        for blocks, rank_class, given in log.calls[: self._asked]:
+            for block_index, place in zip(blocks, given, strict=True):
+                self._plans[block_index, rank_class] = place
+                recipe = self._recipe_of(block_index)
+                if not recipe.p2p:
+                    self._shared.setdefault((block_index, self._spans(recipe.axes, rank_class)[0]), place)
+
+    def _recipe_of(self, block_index: int) -> Recipe:
+        recipe = self._recipes.get(block_index)
+        if recipe is None:
+            recipe = self._recipes[block_index] = find_recipe(self._workload.blocks[block_index], self._fuse)
+        return recipe
+
+    def _spans(self, axes: tuple[str, ...], rank_class: int) -> tuple[tuple, tuple]:
+        spans = self._spreads.get((axes, rank_class))
+        if spans is None:
+            spans = self._spreads[axes, rank_class] = self._pricer.spans(axes, rank_class)
+        return spans
+
+    def _looked_up(self, block_indices: list[int], rank_class: int) -> list[int]:
+        """`plans` without the log: each (block, class) looked up, and a new place's plan found (`_kept`)."""
         out: list[int] = []
         places, recipes, spreads, shared = self._plans, self._recipes, self._spreads, self._shared
         for block_index in block_indices:
             key = (block_index, rank_class)
             place = places.get(key)
             if place is None:
+                # `_recipe_of` and `_spans` inline: this runs per (block, class), ~270 times a point.
                 recipe = recipes.get(block_index)
                 if recipe is None:
-                    recipe = recipes[block_index] = _recipe(self._workload.blocks[block_index], self._fuse)
+                    recipe = self._recipe_of(block_index)
                 if recipe.p2p:
                     place = self._hand(self._kept(block_index, rank_class, recipe, rank_class, None))
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
-                        spans = spreads[recipe.axes, rank_class] = self._pricer.spans(recipe.axes, rank_class)
+                        spans = self._spans(recipe.axes, rank_class)
                     # Classes whose groups span the network alike run a block without p2p ops identically: they
                     # share one plan.
                     alike = (block_index, spans[0])
@@ -321,9 +239,9 @@ class Planner:
         return len(self.handed) - 1
 
     def _kept(
-        self, block_index: int, rank_class: int, recipe: _Recipe, spread: tuple | int, spans: tuple | None
+        self, block_index: int, rank_class: int, recipe: Recipe, spread: tuple | int, spans: tuple | None
     ) -> Plan:
-        """The plan kept for this content and spread of the class on this system (`_Shelf`), numbered as this
+        """The plan kept for this content and spread of the class on this system (`Shelf`), numbered as this
         planner numbers; built if none. spans: the class's span keys (None for a block with p2p ops, which is
         kept per class under the prefix with the layout and classes)."""
         shelf = self._shelves.get(block_index)
@@ -331,15 +249,15 @@ class Planner:
             if self._prefixes is None or self._hashes is None:
                 return self._build(block_index, rank_class, recipe, spans)[0]
             p2p = int(spans is None)
-            shelf = self._shelves[block_index] = _shelf(recipe, self._prefixes[p2p], self._hashes[p2p])
+            shelf = self._shelves[block_index] = shelf_of(recipe, self._prefixes[p2p], self._hashes[p2p])
         entry = shelf.spreads.get(spread)
         if entry is None:
             plan, names = self._build(block_index, rank_class, recipe, spans)
             if len(shelf.spreads) >= SPREADS_PER_SHELF:
-                _dropped(recipe, shelf, next(iter(shelf.spreads)))
-            entry = shelf.spreads[spread] = _Cached(names, {})
+                dropped(recipe, shelf, next(iter(shelf.spreads)))
+            entry = shelf.spreads[spread] = Cached(names, {})
             entry.plans[self._numbers[names]] = plan
-            _grown(recipe, shelf, plan)
+            grown(recipe, shelf, plan)
             self._handed.add(id(plan))
             return plan
         numbering = self._numbering(entry.names)
@@ -348,7 +266,7 @@ class Planner:
             built = next(iter(entry.plans.values()))
             skeleton = self._skeleton(block_index, rank_class, recipe, spans)[0]
             plan = entry.plans[numbering] = Plan(skeleton, built.seconds, built.totals)
-            _grown(recipe, shelf, plan)
+            grown(recipe, shelf, plan)
         elif id(plan) in self._handed:
             plan = plan.copy()
         self._handed.add(id(plan))
@@ -367,18 +285,18 @@ class Planner:
         return found
 
     def _build(
-        self, block_index: int, rank_class: int, recipe: _Recipe, spans: tuple | None
+        self, block_index: int, rank_class: int, recipe: Recipe, spans: tuple | None
     ) -> tuple[Plan, tuple[tuple[str, ...], tuple[str, ...]]]:
         """The plan: its skeleton (kept across systems) and its seconds on this system; and the names its numbering
-        numbers (`_Cached.names`)."""
+        numbers (`Cached.names`)."""
         seconds = sums(np.array(self._pricer.durations(block_index, rank_class)), recipe.code)
         skeleton, names = self._skeleton(block_index, rank_class, recipe, spans)
         return Plan(skeleton, seconds, seconds[len(seconds) - len(skeleton.totals) :].tolist()), names
 
     def _skeleton(
-        self, block_index: int, rank_class: int, recipe: _Recipe, spans: tuple | None
+        self, block_index: int, rank_class: int, recipe: Recipe, spans: tuple | None
     ) -> tuple[Skeleton, tuple[tuple[str, ...], tuple[str, ...]]]:
-        """The skeleton kept for the class's shape (`_Form`), numbered as this planner numbers; made if none, and
+        """The skeleton kept for the class's shape (`Form`), numbered as this planner numbers; made if none, and
         kept where plans are (`keeps`)."""
         kept = self.keeps
         key = (self._shape_hash, rank_class) if spans is None else (self._flags, spans)
@@ -388,8 +306,8 @@ class Planner:
             names = (streams, recipe.categories)
             numbering = self._numbering(names)
             if kept:
-                form = _Form(None if spans is not None else self._shape, names, {numbering: skeleton})
-                _formed(recipe, key, form, len(skeleton.ops))
+                form = Form(None if spans is not None else self._shape, names, {numbering: skeleton})
+                formed(recipe, key, form, len(skeleton.ops))
                 SKELETONS.built += 1
             return skeleton, names
         SKELETONS.reused += 1
@@ -400,7 +318,7 @@ class Planner:
             recipe.bytes += SKELETON_BYTES_PER_OP * len(skeleton.ops)  # the caller puts the recipe again
         return skeleton, form.names
 
-    def _shaped(self, block_index: int, rank_class: int, recipe: _Recipe) -> tuple[Skeleton, tuple[str, ...]]:
+    def _shaped(self, block_index: int, rank_class: int, recipe: Recipe) -> tuple[Skeleton, tuple[str, ...]]:
         """The skeleton, and the names of the streams it numbered in the order it first numbered them."""
         block = self._workload.blocks[block_index]
         numbered = self.categories
@@ -455,68 +373,6 @@ class Planner:
         return (peer_class, rank_class, op.axis, -op.peer)
 
 
-def _shelf(recipe: _Recipe, prefix: tuple, hashed: int) -> _Shelf:
-    """The recipe's shelf for the prefix, made if none."""
-    shelf = recipe.shelves.get(hashed)
-    if shelf is None or shelf.prefix != prefix:
-        if len(recipe.shelves) >= SHELVES_PER_RECIPE:
-            recipe.bytes -= _shelf_bytes(recipe.shelves.pop(next(iter(recipe.shelves))))
-        if shelf is not None:
-            recipe.bytes -= _shelf_bytes(shelf)
-        shelf = recipe.shelves[hashed] = _Shelf(prefix, {}, 0, sum(len(x) for x in prefix if type(x) is bytes))
-        recipe.bytes += shelf.held
-    return shelf
-
-
-def _shelf_bytes(shelf: _Shelf) -> int:
-    return PLAN_BYTES_PER_OP * shelf.ops + shelf.held
-
-
-def _dropped(recipe: _Recipe, shelf: _Shelf, spread: tuple | int) -> None:
-    """Takes the plans of a spread off the shelf, and their bytes off the recipe's."""
-    ops = sum(len(plan.skeleton.ops) for plan in shelf.spreads.pop(spread).plans.values())
-    shelf.ops -= ops
-    recipe.bytes -= PLAN_BYTES_PER_OP * ops
-
-
-def _grown(recipe: _Recipe, shelf: _Shelf, plan: Plan) -> None:
-    """Counts a plan added to the shelf, putting the recipe again so that the cache sees its new size."""
-    shelf.ops += len(plan.skeleton.ops)
-    recipe.bytes += PLAN_BYTES_PER_OP * len(plan.skeleton.ops)
-    _RECIPES.put(recipe.key, recipe)
-
-
-def _formed(recipe: _Recipe, key: tuple, form: _Form, ops: int) -> None:
-    """Counts a form put on the recipe, its first skeleton of `ops` ops (the caller puts the recipe again, so that
-    the cache sees its new size); the form kept first goes first past FORMS_PER_RECIPE."""
-    forms = recipe.forms
-    if key in forms:  # another shape of the same hash: this one replaces it
-        _unformed(recipe, key)
-    elif len(forms) >= FORMS_PER_RECIPE:
-        _unformed(recipe, next(iter(forms)))
-    forms[key] = form
-    recipe.bytes += SKELETON_BYTES_PER_OP * ops
-    if form.shape is not None:
-        held = recipe.shapes.get(key[0], 0)
-        recipe.bytes += 0 if held else len(form.shape[-1])
-        recipe.shapes[key[0]] = held + 1
-
-
-def _unformed(recipe: _Recipe, key: tuple) -> None:
-    form = recipe.forms.pop(key)
-    recipe.bytes -= _form_bytes(form)
-    if form.shape is not None:
-        held = recipe.shapes.pop(key[0]) - 1
-        if held:
-            recipe.shapes[key[0]] = held
-        else:
-            recipe.bytes -= len(form.shape[-1])
-
-
-def _form_bytes(form: _Form) -> int:
-    return SKELETON_BYTES_PER_OP * sum(len(skeleton.ops) for skeleton in form.skeletons.values())
-
-
 def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool) -> tuple | None:
     """What besides a block and its class's spread (`BlockPricer.spans` per axis of its collectives, which holds
     the dimensions they span as values) a plan of a block without p2p ops depends on: the accelerator (its compute
@@ -528,11 +384,3 @@ def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth
     if system.accelerator.memory_tiers:
         return None
     return (facets(system).accelerator, *pricing_settings(workload), fuse, share_bandwidth)
-
-
-def _joins(op: Op, block: Block, run_waits_on_inputs: bool) -> bool:
-    """Whether a kernel can follow the compute run before it back to back: all it waits on is earlier kernels
-    (done by the time the stream reaches it) or inputs the run's first kernel already waited on."""
-    if op.kind is not OpKind.COMPUTE:
-        return False
-    return all(run_waits_on_inputs if d == BLOCK_INPUT else block.ops[d].kind is OpKind.COMPUTE for d in op.deps)

@@ -281,7 +281,7 @@ _FACETS: dict[int, Facets] = {}
 
 
 def facets(system: SystemSpec) -> Facets:
-    """The system's facets, found by its identity (a plain dict emptied when full, as `plans._SEEN`)."""
+    """The system's facets, found by its identity (a plain dict emptied when full, as `recipes._SEEN`)."""
     found = _FACETS.get(id(system))
     if found is None or found.system is not system:
         if len(_FACETS) >= FACETS_KEPT:

@@ -36,7 +36,7 @@ shares)."""
 class Skeleton:
     """What of a plan does not depend on the system's speeds: its ops' fusion, streams, deps, slots, categories,
     links and shares, which follow from the block and from the network's shape (which dimensions a group spans), not
-    from bandwidths or FLOP/s. Kept across systems (`plans._Form`), so a study
+    from bandwidths or FLOP/s. Kept across systems (`recipes.Form`), so a study
     that varies a speed prices only seconds. Not changed once made, but for `encoding`."""
 
     block: Block

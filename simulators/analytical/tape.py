@@ -35,7 +35,8 @@ from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical import tape_kernel as kernel
 from simulators.analytical.compiled_engine import call_arrays
-from simulators.analytical.plans import COMPUTE, SEND, Link, Plan, Planner
+from simulators.analytical.plans import Link, Plan, Planner
+from simulators.analytical.recipes import COMPUTE, SEND
 from simulators.analytical.tape_kernel import INF, MAX_ADD, MIN, SHARED, ZERO
 
 __all__ = ["INF", "MAX_ADD", "MIN", "SHARED", "ZERO", "ClassTape", "Column", "Tape", "record"]

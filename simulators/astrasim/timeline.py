@@ -1,13 +1,13 @@
 """ASTRA-sim's schedule as a timeline: with `trace-enabled`, its log names every node's issue and completion tick,
 and each rank class's representative rank becomes one process of a Chrome/Perfetto trace, on the same streams as
-the analytical model's (simulators/analytical/plans.stream_of), so the two models' traces compare side by side."""
+the analytical model's (simulators/analytical/recipes.stream_of), so the two models' traces compare side by side."""
 
 import re
 from collections import defaultdict
 
 from dse.interfaces import TimelineEvent
 from dse.workload import Workload, expand
-from simulators.analytical.plans import stream_of
+from simulators.analytical.recipes import stream_of
 
 NS = 1e-9
 _EVENT = re.compile(r"(issue|callback),sys->id=(\d+), tick=(\d+), node->id=(\d+),")

@@ -9,6 +9,7 @@ import numpy as np
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import batch, batch_kernels, intervals
 from simulators.analytical.batch_busy import BLOCK
+from simulators.analytical.tape import MAX_ADD, MIN, SHARED
 from tests.helpers import make_point
 
 
@@ -19,6 +20,41 @@ def test_sort_orders_any_row():
         expected = np.sort(row)
         batch_kernels._sort(row)  # a random or reversed row runs out of insertion budget: the heapsort
         assert np.array_equal(row, expected)
+
+
+def test_evaluate_is_what_numpy_makes_of_each_node():
+    """`evaluate` against np.maximum, np.minimum and np.add node by node, to the bit, on nodes of one to four
+    arguments of every kind, with NaN and inf among the durations (np.maximum and np.minimum pass a NaN on from
+    either side)."""
+    rng = np.random.default_rng(3)
+    for _ in range(100):
+        rows, systems, columns = int(rng.integers(3, 40)), int(rng.integers(1, 9)), 4
+        kind, first, args, column = [MAX_ADD, MAX_ADD], [0, 1, 2], [0, 0], [columns, columns]
+        for row in range(2, rows):
+            k = int(rng.choice([MAX_ADD, MIN, SHARED]))
+            count = 2 if k == SHARED else int(rng.integers(1, 5))
+            kind.append(k)
+            args.extend(rng.integers(0, row, count).tolist())
+            first.append(len(args))
+            column.append(int(rng.integers(0, columns + 1)))
+        durations = rng.choice([0.0, 1.0, 2.5, np.inf, np.nan], (columns + 1, systems))
+        durations[columns] = 0.0  # the zero row
+        kind, first, args, column = (np.array(a, dtype=np.intp) for a in (kind, first, args, column))
+        values = np.empty((rows, systems))
+        batch_kernels.evaluate(kind, first, args, column, durations, values)
+        expected = np.empty((rows, systems))
+        expected[0], expected[1] = 0.0, np.inf
+        for row in range(2, rows):  # inf - inf makes a NaN, as it does in the kernel
+            at, seconds = args[first[row] : first[row + 1]], durations[column[row]]
+            if kind[row] == SHARED:
+                start = expected[at[0]]
+                with np.errstate(invalid="ignore"):
+                    expected[row] = start + seconds + np.minimum(expected[at[1]] - start, seconds)
+            elif kind[row] == MIN:
+                expected[row] = np.minimum.reduce(expected[at])
+            else:
+                expected[row] = seconds + np.maximum.reduce(expected[at])
+        assert np.array_equal(values, expected, equal_nan=True)
 
 
 def _measured(

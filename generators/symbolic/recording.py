@@ -15,7 +15,7 @@ from typing import Any
 
 from dse.fields import Spec
 from dse.lru import MIB, ByteBoundedLru
-from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec
+from dse.spec import DesignPoint, MLASpec, ModelSpec, MoESpec, SSMSpec, canonical
 from dse.workload import AttentionShape, Block, Op
 from generators.symbolic.blocks import GradPiece, LayerKey, Modules, Traced
 from generators.symbolic.experts import regroups_slots
@@ -246,6 +246,23 @@ def _family(spec: Spec) -> Spec:
     return spec.model_copy(update=update)
 
 
+def family(model: ModelSpec) -> ModelSpec:
+    """`_family` of a model, one object per family text seen (`FAMILIES_KEPT`): a study's points are new objects of
+    a few models, and a trace structure's key compares its family by identity first, field by field otherwise."""
+    text = canonical(model)
+    found = _FAMILIES.get(text)
+    if found is None:
+        if len(_FAMILIES) >= FAMILIES_KEPT:
+            _FAMILIES.clear()
+        found = _FAMILIES[text] = _family(model)
+    return found
+
+
+FAMILIES_KEPT = 256
+_FAMILIES: dict[str, ModelSpec] = {}
+"""Per model's canonical text (`dse.spec.canonical`, which a point's workload key has made already), its family."""
+
+
 @dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
 class TraceStructure:
     """A `trace_structure`, one object per distinct structure alive (`of`). Its parts (a model spec among them)
@@ -291,13 +308,15 @@ def trace_structure(point: DesignPoint, keys: list[LayerKey]) -> TraceStructure:
     # 3 one recording holds both sides (`Recording.shards`); so do the fields that only schedule them. Of the
     # pipeline's depth a trace reads only whether there is one (`Sharding.of`, a tied table's copies): pp 8 and 16
     # share recordings
-    layout = tuple(
-        (name, _traced_value(name, value))
-        for name, value in p
-        if name not in RECORDED_DEGREES and name not in SCHEDULING_FIELDS
-    )
+    layout = tuple([(name, _traced_value(name, value)) for name, value in p.__dict__.items() if name not in UNTRACED])
     kinds = tuple(dict.fromkeys(keys))
-    return TraceStructure.of((_family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels))
+    return TraceStructure.of((family(m), relations, kinds, layout, point.workload.mode, point.workload.kernels))
+
+
+UNTRACED = frozenset((*RECORDED_DEGREES, *SCHEDULING_FIELDS))
+"""Parallel fields a trace structure leaves out (`trace_structure`): the recorded degrees and the scheduling fields.
+Its layout reads the others from the spec's `__dict__` (its fields, in order; the spec is frozen and forbids extra
+fields), which pydantic's iteration of the spec filters name by name at several times the cost."""
 
 
 def _traced_value(name: str, value: Any) -> Any:

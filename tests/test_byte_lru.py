@@ -1,5 +1,8 @@
 """dse.lru: caches bounded in bytes, least recently used out first, with hit counts and the summary line."""
 
+import random
+from collections import OrderedDict
+
 import pytest
 
 from dse import lru
@@ -71,3 +74,27 @@ def test_the_environment_variable_sets_every_budget(monkeypatch):
     monkeypatch.setenv(lru.ENV_VAR, "lots")
     with pytest.raises(SpecError, match="DSE_CACHE_MIB='lots'"):
         sized(10)
+
+
+def test_a_random_run_keeps_what_a_reference_lru_keeps():
+    """Gets, peeks and puts of entries of random sizes: the entries kept, their order of use and the bytes are those
+    of an OrderedDict that evicts from its front until a put fits."""
+    rng = random.Random(7)
+    cache, want = sized(40), OrderedDict()
+    for _ in range(3000):
+        key, what = rng.randrange(30), rng.random()
+        if what < 0.4:
+            found = cache.get(key) if what < 0.3 else cache.peek(key)
+            assert found == want.get(key)
+            if key in want:
+                want.move_to_end(key)
+        else:
+            value = b"v" * rng.randrange(1, 45)
+            cache.put(key, value)
+            want.pop(key, None)
+            if len(value) <= 40:
+                while sum(map(len, want.values())) + len(value) > 40:
+                    want.popitem(last=False)
+                want[key] = value
+        assert cache.values() == list(want.values())
+        assert cache.bytes == sum(map(len, want.values()))

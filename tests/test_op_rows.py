@@ -1,5 +1,5 @@
 """The op rows `op_rows.rows` assembles from skeletons encoded once each are the plans' ops transposed plainly, op by
-op, whether the skeletons' encodings are kept (`Skeleton.encoding`) or made afresh."""
+op, whether the skeletons' encodings are kept (`Skeleton.encoding`, `op_rows._ENCODINGS`) or made afresh."""
 
 from itertools import chain
 
@@ -8,7 +8,7 @@ import numpy as np
 from simulators.analytical import op_rows
 from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
 from simulators.analytical.recipes import COLLECTIVE, COMPUTE
-from simulators.analytical.skeletons import Plan
+from simulators.analytical.skeletons import Plan, Skeleton
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
 
 
@@ -82,9 +82,32 @@ def test_rows_are_the_ops_transposed(workloads):  # noqa: F811
         for kept in (False, True):
             op_rows._ROWS.clear()
             if not kept:
+                op_rows._ENCODINGS.clear()
                 for plan in plans:
                     plan.skeleton.encoding = None
             found = op_rows.rows(plans, streams)
             assert found.fields["o_waits"].dtype == np.bool_ and found.per_plan.comm.shape == (len(plans), streams)
             assert _assembled(found) == want, (name, kept)
-        assert op_rows.rows(plans, streams) is found  # kept per tuple of skeletons
+        assert op_rows.rows(plans, streams) is found  # kept per tuple of encodings
+
+
+def test_skeletons_alike_share_their_encoding_and_rows(workloads):  # noqa: F811
+    """A skeleton made anew with another's content (as another configuration's blocks give) finds that one's
+    encoding, and a set of such plans that one's rows."""
+    for name, workload, system in workloads:
+        scheduler = CompiledScheduler(workload, system)
+        planner = scheduler._planner
+        places = [planner.plans(call_arrays(program).used, index) for index, program in enumerate(workload.programs)]
+        plans = [planner.handed[place] for place in dict.fromkeys(chain.from_iterable(places))]
+        streams = len(planner.streams)
+        op_rows._ENCODINGS.clear()  # encodings are found alike only while kept
+        for plan in plans:
+            plan.skeleton.encoding = None
+        found = op_rows.rows(plans, streams)
+        alike = [Plan(_anew(plan.skeleton), plan.seconds, plan.totals) for plan in plans]
+        assert op_rows.rows(alike, streams) is found, name
+        assert all(a.skeleton.encoding is p.skeleton.encoding for a, p in zip(alike, plans, strict=True)), name
+
+
+def _anew(skeleton: Skeleton) -> Skeleton:
+    return Skeleton(skeleton.block, skeleton.ops, skeleton.output, skeleton.totals, skeleton.categories)

@@ -98,13 +98,17 @@ class CompiledScheduler:
             sched.transfers = Transfers(t.t_call[b0:b1], t.t_category[b0:b1], t.t_seconds[b0:b1])
         return out
 
-    def classes(self, t: kernel.EngineTables, figures: np.ndarray) -> list[ClassSchedule]:
+    def classes(
+        self, t: kernel.EngineTables, figures: np.ndarray, categories: np.ndarray | None = None
+    ) -> list[ClassSchedule]:
         """Per run, its schedule with `figures` (per run: compute, communication and exposed communication seconds
-        and its end, as `OrderedBusy.totals`), without its busy intervals and transfers: `steady` hands its
-        extended figures, so that a stage's schedule is built once, and reads neither."""
+        and its end, as `OrderedBusy.totals`) and seconds per category (`categories`, numbered as
+        `EngineTables.category_time`, which they default to), without its busy intervals and transfers: `steady`
+        hands its extended figures and categories, so that a stage's schedule is built once, and reads neither."""
         names, handed, out = self.categories, self._planner.handed, []
+        rows = (t.category_time if categories is None else categories).tolist()
         for places, lo, hi, row, (compute_s, comm_s, exposed_s, end_s) in zip(
-            self._plan_places, *_spans(t.base), t.category_time.tolist(), figures.tolist(), strict=True
+            self._plan_places, *_spans(t.base), rows, figures.tolist(), strict=True
         ):
             used = sorted(frozenset().union(*[handed[place].categories for place in places]))
             out.append(

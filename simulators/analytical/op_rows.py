@@ -7,6 +7,13 @@ a set seen before, and the first visits of the 72 GPT-3 configurations of benchm
 tp8 sp-off found none. Most of a new set's skeletons were seen before though (about 80%): each skeleton is encoded
 once into one int array (`_encoded`), and a set's rows are one compiled pass over the encodings joined
 (`_assemble`), into one array whose parts are the fields.
+
+A skeleton is kept per block and network shape, but a skeleton's encoding reads only its ops' structure, which
+blocks of different configurations share: the first visits of those 72 configurations make 842 skeletons of 224
+encodings, and 72 sets of plans of 36 sets of encodings. So encodings are kept per content (`_ENCODINGS`), one
+object for every skeleton of it, and sets of rows per tuple of encodings: half those first visits find their
+rows kept, and the rows cost 0.07-0.09 ms a first visit where they cost 0.10-0.13 (their CPU time on those
+first visits, in alternating runs on a shared 2-core machine, 2026-11-30).
 """
 
 from dataclasses import dataclass
@@ -17,7 +24,7 @@ from numba import njit
 
 from dse.lru import MIB, ByteBoundedLru
 from simulators.analytical.recipes import COLLECTIVE, COMPUTE
-from simulators.analytical.skeletons import Link, Plan, Skeleton
+from simulators.analytical.skeletons import Encoding, Link, Plan, Skeleton
 
 _INT = np.int64
 
@@ -39,8 +46,8 @@ class Rows:
     """A set of plans' op rows (the kernel only reads them) but their seconds, their links numbered, and the bytes
     of what of them keys a layout: what of the plans their skeletons give, so kept across systems."""
 
-    skeletons: tuple[Skeleton, ...]
-    """The plans' skeletons, kept so that the identities the key holds stay theirs."""
+    encodings: tuple[Encoding, ...]
+    """The plans' skeletons' encodings, kept so that the identities the key holds stay theirs."""
     fields: dict[str, np.ndarray]
     """The EngineTables fields named p_* and o_* but the seconds."""
     per_plan: PerPlan
@@ -56,12 +63,22 @@ class Rows:
     """Where o_seconds, o_mark_offset and p_category_seconds, in turn, are in the plans' seconds joined (per plan
     the three parts in turn, `Plan.seconds`): seconds are joined per point; the rows are kept across systems."""
     bytes: int
-    """The arrays' bytes, and as much again for the skeletons the entry keeps alive."""
+    """The arrays' bytes, and as much again for the encodings the entry keeps alive."""
 
 
 OP_ROW_BYTES = 8 * MIB
 """Sets of plans' op rows (`Rows`): one set is about 20 to 60 KiB."""
 _ROWS: ByteBoundedLru[tuple[int, ...], Rows] = ByteBoundedLru("op rows", OP_ROW_BYTES, lambda e: e.bytes)
+ENCODING_BYTES = 4 * MIB
+"""Skeletons' encodings kept per content (`_encoded`): the 226 of the 96 GPT-3 configurations of
+benchmarks/vs_calculon.py hold 46 KiB of codes, and with the contents they are kept with (a walk of their tuples)
+4 times that, as an entry's size counts them."""
+_ENCODINGS: ByteBoundedLru[int, tuple[tuple, Encoding]] = ByteBoundedLru(
+    "skeleton encodings", ENCODING_BYTES, lambda e: 4 * e[1][0].nbytes
+)
+"""Per hash of what an encoding reads of a skeleton, that content (compared on a hit: contents whose hashes
+collide take turns) and its encoding. Keyed by the hash, as `recipes.find_recipe` keys blocks: a key holding the
+content would hash it again at each of the cache's lookups."""
 
 _HEAD = 8
 """An encoding's header: ops, output, slots, totals, deps, marks, shares, p2p ops."""
@@ -97,16 +114,15 @@ _TOUCHED_BY = ("p_op_ptr", "o_stream", "o_share_ptr", "o_shares")
 
 
 def rows(plans: list[Plan], streams: int) -> Rows:
-    """The plans' rows, kept per tuple of their skeletons (checked by identity): a point's plans are mostly kept
-    ones, the steady check's longer form runs the same plans again (a quarter of the runs of the 96 GPT-3
-    configurations of benchmarks/vs_calculon.py), and a point on another system has plans of the same
-    skeletons."""
-    key = (streams, *[id(p.skeleton) for p in plans])
+    """The plans' rows, kept per tuple of their skeletons' encodings (checked by identity): a point's plans are
+    mostly kept ones, the steady check's longer form runs the same plans again (a quarter of the runs of the 96
+    GPT-3 configurations of benchmarks/vs_calculon.py), a point on another system has plans of the same
+    skeletons, and one of another configuration mostly skeletons of the same encodings (the module's docstring)."""
+    encoded = tuple([p.skeleton.encoding or _encoded(p.skeleton) for p in plans])
+    key = (streams, *map(id, encoded))
     found = _ROWS.get(key)
-    if found is not None and all(a is p.skeleton for a, p in zip(found.skeletons, plans, strict=True)):
+    if found is not None and all(a is b for a, b in zip(found.encodings, encoded, strict=True)):
         return found
-    skeletons = tuple(p.skeleton for p in plans)
-    encoded = list(map(_encoded, skeletons))
     starts = np.zeros(len(encoded) + 1, dtype=_INT)
     np.cumsum(np.fromiter((len(e[0]) for e in encoded), _INT, len(encoded)), out=starts[1:])
     out = _assemble(np.concatenate([e[0] for e in encoded]) if encoded else starts[1:], starts, streams)
@@ -121,7 +137,7 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     anchored = anchored_plans(*[fields[name] for name in _ANCHORED_BY])
     touches = touched_streams(*[fields[name] for name in _TOUCHED_BY], streams)
     found = Rows(
-        skeletons=skeletons,
+        encodings=encoded,
         fields=fields,
         per_plan=PerPlan(compute=compute, comm=comm.reshape(len(plans), streams), mails=mails),
         link_ptr=link_ptr,
@@ -139,13 +155,20 @@ def rows(plans: list[Plan], streams: int) -> Rows:
     return found
 
 
-def _encoded(skeleton: Skeleton) -> tuple[np.ndarray, tuple[Link, ...]]:
+def _encoded(skeleton: Skeleton) -> Encoding:
     """The skeleton's encoding (`_HEAD`, its totals, `_OP` per op, then its ops' deps, then their marks, then their
-    shares) and its p2p ops' links in order; kept on the skeleton (`Skeleton.encoding`)."""
+    shares) and its p2p ops' links in order; kept on the skeleton (`Skeleton.encoding`), and per what it reads of
+    the skeleton (`_ENCODINGS`), so that skeletons alike share one."""
     found = skeleton.encoding
     if found is not None:
         return found
     ops = skeleton.ops
+    content = (ops, skeleton.output, len(skeleton.block.ops), skeleton.totals)
+    key = hash(content)
+    kept = _ENCODINGS.get(key)
+    if kept is not None and kept[0] == content:
+        found = skeleton.encoding = kept[1]
+        return found
     deps, marks, shares = [], [], []
     fields: list[int] = []
     for kind, stream, own_deps, waits, slot, own_marks, category, link, own_shares in ops:
@@ -157,6 +180,7 @@ def _encoded(skeleton: Skeleton) -> tuple[np.ndarray, tuple[Link, ...]]:
     head = (len(ops), skeleton.output, len(skeleton.block.ops), len(skeleton.totals), len(deps), len(marks))
     code = np.array((*head, len(shares), len(links), *skeleton.totals, *fields, *deps, *marks, *shares), dtype=_INT)
     found = skeleton.encoding = (code, links)
+    _ENCODINGS.put(key, (content, found))
     return found
 
 

@@ -30,6 +30,8 @@ bandwidth is the dimension's, as with fair sharing; the first simply finishes fi
 SkeletonOp = tuple[int, int, tuple[int, ...], bool, int, tuple[int, ...], int, Link | None, tuple[int, ...]]
 """A PlanOp without its seconds: (kind, stream, deps, waits on inputs, slot, its marks' block ops, category, link,
 shares)."""
+Encoding = tuple[np.ndarray, tuple[Link, ...]]
+"""A skeleton as `op_rows` lays it out: its ops as one int array, and its p2p ops' links (`op_rows._encoded`)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -45,11 +47,11 @@ class Skeleton:
     totals: tuple[int, ...]
     """The category of each of the plan's category totals (the last of `Plan.seconds`), in their order."""
     categories: frozenset[int]
-    encoding: tuple[np.ndarray, tuple[Link, ...]] | None = field(default=None, repr=False)
-    """Its ops as one int array and its p2p ops' links, made by `op_rows` when it first lays the skeleton out and
-    kept as long as the skeleton is: a cache of a bounded count of encodings, emptied when full, held too few of a
-    study's skeletons (the 96 GPT-3 configurations of benchmarks/vs_calculon.py have 1,244 on a system) and encoded
-    each of their first visits' three times."""
+    encoding: Encoding | None = field(default=None, repr=False)
+    """Its ops as one int array and its p2p ops' links, made by `op_rows` when it first lays the skeleton out (or
+    found kept for a skeleton alike) and kept as long as the skeleton is: a cache of a bounded count of encodings,
+    emptied when full, held too few of a study's skeletons (the 96 GPT-3 configurations of
+    benchmarks/vs_calculon.py have 1,244 on a system) and encoded each of their first visits' three times."""
 
 
 class Plan:

@@ -139,7 +139,7 @@ def _extended(
         busy = run.busy(_cuts(found, lo))
         if (windows := _windows(busy, found, lo)) is None:
             continue
-        categories = _period_categories(run.tables, run.scheduler.categories, found)
+        categories = _period_categories(run.tables, found)
         repeats = form.repeats * form.period // period
         return SteadySchedules(_extend(run, busy, found, windows, categories, repeats), form.programs)
     return None
@@ -395,18 +395,16 @@ def _windows(busy: OrderedBusy, found: list[Found], lo: np.ndarray) -> np.ndarra
     return None if (np.abs(first - second) > TOLERANCE_S).any() else first
 
 
-def _period_categories(t: EngineTables, names: list[str], found: list[Found]) -> list[dict[str, float]]:
-    """Per stage, busy seconds per category of its calls in one period from the steady call `found` gives (as many
-    as it gives a period): their plans' priced ops (each plan's category seconds as the kernel's tables `t` hold
-    them, per call its plan's number), then their p2p transfers, each category's seconds added in that order, from
-    0.0 (as a dict's running sums were); names: the categories' names in their numbers' order
-    (`CompiledScheduler.categories`, read once per form). Every stage in one compiled call (`_add_periods`)."""
-    stages = len(found)
-    totals = np.zeros((stages, len(names)))
-    seen = np.zeros((stages, len(names)), dtype=np.int64)
+def _period_categories(t: EngineTables, found: list[Found]) -> np.ndarray:
+    """Per stage (row) and category (column, numbered as `EngineTables.category_time`), busy seconds of its calls
+    in one period from the steady call `found` gives (as many as it gives a period): their plans' priced ops (each
+    plan's category seconds as the kernel's tables `t` hold them, per call its plan's number), then their p2p
+    transfers, each category's seconds added in that order, from 0.0 (as a dict's running sums were). Every stage
+    in one compiled call (`_add_periods`)."""
+    totals = np.zeros_like(t.category_time)
     first = np.array([f[1] for f in found], dtype=np.intp)
     calls = np.array([f[2] for f in found], dtype=np.intp)
-    counts = _add_periods(
+    _add_periods(
         t.call_plan,
         t.base,
         first,
@@ -420,12 +418,8 @@ def _period_categories(t: EngineTables, names: list[str], found: list[Found]) ->
         t.t_ptr,
         t.t_count,
         totals,
-        seen,
-    ).tolist()
-    return [
-        {names[c]: sums[c] for c in own[:count]}
-        for sums, own, count in zip(totals.tolist(), seen.tolist(), counts, strict=True)
-    ]
+    )
+    return totals
 
 
 @njit(cache=True)
@@ -443,15 +437,12 @@ def _add_periods(
     t_ptr: np.ndarray,
     t_count: np.ndarray,
     totals: np.ndarray,
-    seen: np.ndarray,
-) -> np.ndarray:
+) -> None:
     """`_add_period` of every stage s (its calls first[s] .. first[s] + calls[s] - 1, counted from base[s]; its
-    transfers t_ptr[s] .. t_ptr[s] + t_count[s] - 1) into totals[s] and seen[s]; per stage, how many categories
-    it lists."""
-    counts = np.zeros(len(first), dtype=np.int64)
+    transfers t_ptr[s] .. t_ptr[s] + t_count[s] - 1) into totals[s]."""
     for s in range(len(first)):
         lo, a, b = base[s] + first[s], t_ptr[s], t_ptr[s] + t_count[s]
-        counts[s] = _add_period(
+        _add_period(
             call_plan[lo : lo + calls[s]],
             first[s],
             ptr,
@@ -461,9 +452,7 @@ def _add_periods(
             t_category[a:b],
             t_seconds[a:b],
             totals[s],
-            seen[s],
         )
-    return counts
 
 
 @njit(cache=True)
@@ -477,29 +466,16 @@ def _add_period(
     transfer_category: np.ndarray,
     transfer_seconds: np.ndarray,
     totals: np.ndarray,
-    seen: np.ndarray,
-) -> int:
+) -> None:
     """Adds into totals the category seconds of the plans of calls lo.. (`call_plan`, theirs in turn), call by call,
-    then those of the transfers of those calls, in the order they settled; lists in `seen` the categories in the
-    order they first appear, and returns how many."""
-    count = 0
-    listed = np.zeros(len(totals), dtype=np.bool_)
+    then those of the transfers of those calls, in the order they settled."""
     for p in call_plan:
         for k in range(ptr[p], ptr[p + 1]):
             totals[category[k]] += seconds[k]
-            if not listed[category[k]]:
-                listed[category[k]] = True
-                seen[count] = category[k]
-                count += 1
     hi = lo + len(call_plan)
     for k in range(len(transfer_call)):
         if lo <= transfer_call[k] < hi:
             totals[transfer_category[k]] += transfer_seconds[k]
-            if not listed[transfer_category[k]]:
-                listed[transfer_category[k]] = True
-                seen[count] = transfer_category[k]
-                count += 1
-    return count
 
 
 def _extend(
@@ -507,20 +483,16 @@ def _extend(
     busy: OrderedBusy,
     found: list[Found],
     windows: np.ndarray,
-    categories: list[dict[str, float]],
+    categories: np.ndarray,
     repeats: int,
 ) -> list[ClassSchedule]:
     """Per stage, its schedule with `repeats` more periods, its busy seconds with its spare periods (measured
-    without, `_cuts`) too: its figures, each as its measured one plus as many periods' worth (the same float
-    operations per stage as one at a time), handed to `CompiledScheduler.classes`, so each schedule is built
-    once, then its categories' periods added."""
+    without, `_cuts`) too: its figures and its categories' seconds, each as its measured one plus as many
+    periods' worth (the same float operations per stage as one at a time; a category without seconds in the
+    period adds 0.0, which leaves its sum as it is), handed to `CompiledScheduler.classes`, so each schedule is
+    built once."""
     length, spare = np.array([f[0] for f in found]), np.array([f[3] for f in found], dtype=np.intp)
     figures = np.empty_like(busy.totals)
     figures[:, :3] = busy.totals[:, :3] + (repeats + spare)[:, None] * windows
     figures[:, 3] = busy.totals[:, 3] + repeats * length
-    schedules = run.scheduler.classes(run.tables, figures)
-    for sched, own in zip(schedules, categories, strict=True):
-        by_category = sched.time_by_category
-        for name, seconds in own.items():
-            by_category[name] = by_category.get(name, 0.0) + repeats * seconds
-    return schedules
+    return run.scheduler.classes(run.tables, figures, run.tables.category_time + repeats * categories)

@@ -32,10 +32,12 @@ What depends on times, and how each is handled:
 - The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
 """
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -86,11 +88,13 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
     """
     out: list[SimResult | InfeasibleError | None] = [None] * len(systems)
     shapes: dict[tuple[int, ...], list[int]] = {}
+    world = workload.layout.world
     for index, system in enumerate(systems):
-        if (error := too_small(workload, system)) is not None:
-            out[index] = error
+        shape = tuple(dim.npus for dim in system.network)
+        if math.prod(shape) < world:  # system.npus, from the shape at hand
+            out[index] = too_small(workload, system)
         else:
-            shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
+            shapes.setdefault(shape, []).append(index)
     ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
     classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
     room = _room()
@@ -214,18 +218,25 @@ def _results(
     reserve_GiB = np.array([accelerator.runtime_reserve_GiB for accelerator in accelerators], dtype=float)
     fragmentation = np.array([accelerator.fragmentation for accelerator in accelerators], dtype=float)
     timings = timing_of.tolist()
+    distinct = timings == list(range(len(figures[0].end))) if figures else False  # each system its own timing
+
+    def chosen(items: list) -> list:
+        """Per system, its timing's item of `items` (one per timing)."""
+        return items if distinct else [items[t] for t in timings]
+
     columns = []  # per rank class, its ClassResult on each system: made a class at a time, in C loops (map)
     ends = []
     for (name, count), own in zip(classes_of, figures, strict=True):
         comm, exposed = own.comm[timing_of], own.exposed[timing_of]
         slowed = slowdown * (comm - exposed)
-        peaks = [own.peaks[t] for t in timings]
-        total, reserve, fragments = reserved(np.array([p[0] for p in peaks], dtype=float), reserve_GiB, fragmentation)
+        peaks = chosen(own.peaks)
+        peak_bytes = np.fromiter(map(itemgetter(0), peaks), dtype=float, count=len(peaks))
+        total, reserve, fragments = reserved(peak_bytes, reserve_GiB, fragmentation)
         at_peak = [
             {**breakdown, RESERVE: r, FRAGMENTATION: f}
             for (_, breakdown), r, f in zip(peaks, reserve.tolist(), fragments.tolist(), strict=True)
         ]
-        names, seconds = [own.names[t] for t in timings], [own.seconds[t] for t in timings]
+        names, seconds = chosen(own.names), chosen(own.seconds)
         categories = map(dict, map(zip, names, seconds))  # as many seconds as names, by construction
         ends.append((own.end[timing_of] + slowed).tolist())
         columns.append(
@@ -346,7 +357,7 @@ def _evaluate(
     for bounds in chunks:
         lo, hi = int(bounds[0]), int(bounds[-1])
         durations = np.ascontiguousarray(every.durations[:, lo:hi])
-        priced = Priced(durations, every.plan_categories[:, :, lo:hi])
+        priced = Priced(durations, every.plan_categories[:, :, lo:hi], every.finite)
         values = program.evaluate(durations, values_room)
         if ordered is None:
             ordered = [s.ordered(values[:, 0], priced.durations[:, 0]) for s in spans]
@@ -382,10 +393,15 @@ def _evaluate(
 def _chunks(systems: int, rows: int) -> list[np.ndarray]:
     """Each chunk of systems evaluated together, as the bounds of the blocks of `BLOCK` systems it is measured in
     ([lo, ..., hi]): as many blocks as MEMORY_BUDGET_BYTES holds the values of, at least one (each chunk costs some
-    numpy calls per rank class, whatever its width). Neither the chunks nor the blocks change a figure."""
+    numpy calls per rank class, whatever its width); a last chunk shorter than a block joins the one before where
+    the budget holds both (a longer form's 67 systems at 35 a budget: 32 and 35, not 32, 32 and 3). Neither the
+    chunks nor the blocks change a figure."""
     per_chunk = max(1, MEMORY_BUDGET_BYTES // (8 * rows * BLOCK))
     bounds = [*range(0, systems, BLOCK), systems]
-    return [np.array(bounds[first : first + per_chunk + 1]) for first in range(0, len(bounds) - 1, per_chunk)]
+    chunks = [bounds[first : first + per_chunk + 1] for first in range(0, len(bounds) - 1, per_chunk)]
+    if len(chunks) > 1 and 8 * rows * (systems - chunks[-2][0]) <= MEMORY_BUDGET_BYTES:
+        chunks[-2:] = [chunks[-2] + chunks[-1][1:]]
+    return [np.array(chunk) for chunk in chunks]
 
 
 def _stage(
@@ -425,6 +441,7 @@ def _stage(
         periods=[replace(f, windows=busy.windows(slice(i * each, (i + 1) * each))) for i, f in enumerate(found)],
         plan_of_call=recorded.priced,
         plan_categories=priced.plan_categories,
+        finite=priced.finite,
         transfers=(
             transfers[1],
             transfers[0],
@@ -541,6 +558,8 @@ def _peaks(
     if keeps is None or not keeps[0]:
         sweep = _Sweep.of(liveness, call_start[:, 0], call_end[:, 0])
         keeps = sweep.keeps(liveness, call_start, call_end)
+    if keeps.all():
+        return [sweep.peak] * systems, sweep
     peaks = [
         sweep.peak if keep else liveness.peak(liveness.times(call_start[:, s], call_end[:, s]))
         for s, keep in enumerate(keeps.tolist())

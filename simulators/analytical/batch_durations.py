@@ -21,6 +21,9 @@ class Priced:
     plan_categories: np.ndarray
     """plans x categories x systems: busy seconds per category of one call of each plan, p2p transfers left out
     (their time is known only once paired), as `plans.Plan.category_seconds`."""
+    finite: bool
+    """Whether every one of plan_categories is finite: then a plan no call of a window runs adds exactly nothing to
+    its sums (0 x inf would be NaN), so `batch_steady` skips it."""
 
 
 def durations_of(workload: Workload, tape: Tape, systems: list[SystemSpec], timings: list[tuple[str, str]]) -> Priced:
@@ -46,4 +49,4 @@ def durations_of(workload: Workload, tape: Tape, systems: list[SystemSpec], timi
         for op, row in zip(workload.blocks[pair[0]].ops, seconds, strict=True):
             if op.kind in (OpKind.COMPUTE, OpKind.COLLECTIVE):
                 plan_categories[index, categories[op.category]] += row
-    return Priced(durations, plan_categories)
+    return Priced(durations, plan_categories, bool(np.isfinite(plan_categories).all()))

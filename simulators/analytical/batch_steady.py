@@ -37,6 +37,8 @@ class StageArrays:
     """Per call, its plan (an index into plan_categories)."""
     plan_categories: np.ndarray
     """plans x categories x systems: busy seconds per category of one call of each plan, p2p left out."""
+    finite: bool
+    """Whether plan_categories is finite throughout (`batch_durations.Priced.finite`)."""
     transfers: tuple[np.ndarray, np.ndarray, np.ndarray]
     """(call, category, seconds per system) of every p2p transfer."""
 
@@ -117,17 +119,15 @@ def extend(form: SteadyForm, stages: list[StageArrays], periods: list[int]) -> t
     chosen = np.full(systems, -1)
     for index in range(len(periods)):
         found = [stage.periods[index] for stage in stages]
-        valid = shown(found)
-        for period in found:
-            for a, b in zip(*period.windows, strict=True):
-                valid &= np.abs(a - b) <= TOLERANCE_S
-        chosen[(chosen < 0) & valid] = index
+        windows = np.array([period.windows for period in found])  # stages x (two periods) x seconds x systems
+        recur = (np.abs(windows[:, 0] - windows[:, 1]) <= TOLERANCE_S).all(axis=(0, 1))  # every stage's seconds
+        chosen[(chosen < 0) & shown(found) & recur] = index
+    taking = [np.flatnonzero(chosen == index) for index in range(len(periods))]  # the systems that take each
     extensions = []
     for stage in stages:
         categories = np.zeros((stage.plan_categories.shape[1], systems))
         end, compute, comm, exposed = (np.zeros(systems) for _ in range(4))
-        for index, period in enumerate(periods):
-            columns = np.flatnonzero(chosen == index)
+        for index, (period, columns) in enumerate(zip(periods, taking, strict=True)):
             if not len(columns):
                 continue
             found = stage.periods[index]
@@ -203,7 +203,8 @@ def _categories(stage: StageArrays, first: np.ndarray, calls: int, columns: np.n
     """categories x columns: busy seconds per category of the `calls` calls from `first` on, on the systems of
     `columns` (first: per system)."""
     call, category, seconds = stage.transfers
-    return _window_categories(stage.plan_of_call, stage.plan_categories, first, calls, columns, call, category, seconds)
+    plans = (stage.plan_of_call, stage.plan_categories, stage.finite)
+    return _window_categories(*plans, first, calls, columns, call, category, seconds)
 
 
 @njit(cache=True)
@@ -230,6 +231,7 @@ def _spare_each(
 def _window_categories(
     plan_of_call: np.ndarray,
     plan_categories: np.ndarray,
+    finite: bool,
     first: np.ndarray,
     calls: int,
     columns: np.ndarray,
@@ -240,21 +242,32 @@ def _window_categories(
     """`_categories` per system in one pass, reading the chunk's arrays in place (no copy of plan_categories'
     columns, no transfers x systems temporaries): each plan's count in the window times its seconds, summed over
     the plans in order from 0.0 (as einsum sums them on these layouts), then every p2p transfer added in order, 0.0
-    for one outside the window (as `batch_kernels.add_rows` added them)."""
-    plans, categories = plan_categories.shape[0], plan_categories.shape[1]
-    out = np.empty((categories, len(columns)))
-    count = np.empty(plans)
-    for j in range(len(columns)):
-        s = columns[j]
-        at = first[s]
-        count[:] = 0.0
-        for i in range(at, min(at + calls, len(plan_of_call))):
-            count[plan_of_call[i]] += 1.0
+    for one outside the window (as `batch_kernels.add_rows` added them).
+
+    Each sum's additions are those, in that order, but made a plan (then a transfer) at a time over every system,
+    reading the arrays along their systems, in memory order; plans are counted once per distinct window (most
+    systems share one). Adding 0.0 leaves a sum as it is (a sum that starts from 0.0 and adds products and
+    seconds is never -0.0), so a transfer outside a system's window is skipped, and so is a plan no window runs
+    (most of the tape's plans: the other stages') where plan_categories is `finite` (0.0 x inf is NaN)."""
+    plans, categories, systems = plan_categories.shape[0], plan_categories.shape[1], len(columns)
+    starts = first[columns]
+    distinct = np.unique(starts)
+    window = np.searchsorted(distinct, starts)
+    count = np.zeros((len(distinct), plans))
+    for w in range(len(distinct)):
+        for i in range(distinct[w], min(distinct[w] + calls, len(plan_of_call))):
+            count[w, plan_of_call[i]] += 1.0
+    out = np.zeros((categories, systems))
+    for p in range(plans):
+        if finite and not count[:, p].any():
+            continue
         for c in range(categories):
-            total = 0.0
-            for p in range(plans):
-                total += count[p] * plan_categories[p, c, s]
-            out[c, j] = total
-        for k in range(len(call)):
-            out[category[k], j] += seconds[k, s] if at <= call[k] < at + calls else 0.0
+            for j in range(systems):
+                out[c, j] += count[window[j], p] * plan_categories[p, c, columns[j]]
+    for k in range(len(call)):
+        if systems == 0 or not distinct[0] <= call[k] < distinct[-1] + calls:
+            continue
+        for j in range(systems):
+            if starts[j] <= call[k] < starts[j] + calls:
+                out[category[k], j] += seconds[k, columns[j]]
     return out

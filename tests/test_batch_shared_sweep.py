@@ -1,10 +1,10 @@
-"""The batch path's per-chunk shortcuts against what they replace: the latest call end by halving rows
-(`batch._latest`), and one memory sweep shared by the chunks of a rank class (`batch._peaks`), which must give
+"""The batch path's per-chunk shortcuts against what they replace: the latest call end in one compiled pass
+(`batch_kernels.latest`), and one memory sweep shared by the chunks of a rank class (`batch._peaks`), which must give
 every system the peak and breakdown of its own sweep, whichever system's order the shared sweep follows."""
 
 import numpy as np
 
-from simulators.analytical import batch
+from simulators.analytical import batch, batch_kernels
 from simulators.analytical.memory import Liveness
 
 
@@ -13,7 +13,7 @@ def test_the_latest_end_is_the_reduction_s():
     for _ in range(200):
         rows, columns = int(rng.integers(0, 40)), int(rng.integers(1, 9))
         times = rng.integers(-2, 5, (rows, columns)) * rng.random()
-        assert np.array_equal(batch._latest(times), times.max(axis=0, initial=0.0))
+        assert np.array_equal(batch_kernels.latest(times), times.max(axis=0, initial=0.0))
 
 
 def test_a_sweep_kept_across_chunks_gives_each_system_its_own_peak():

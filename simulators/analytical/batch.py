@@ -484,7 +484,7 @@ def _figures_of(
     call_start, call_end = stage.call_start, stage.call_end
     if kept is not None:  # C-ordered, as the kernels that read them are compiled for
         call_start, call_end = call_start.take(kept, axis=1), call_end.take(kept, axis=1)
-    end = _latest(call_end)  # every op ends inside its call
+    end = batch_kernels.latest(call_end)  # every op ends inside its call
     compute, comm, exposed = (seconds[pick] for seconds in stage.busy)
     by_category = np.tensordot(counted.counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers
@@ -507,19 +507,6 @@ def _figures_of(
         peaks=peaks,
     )
     return figures, sweep
-
-
-def _latest(times: np.ndarray) -> np.ndarray:
-    """Per column, the largest of `times` (rows x columns) and 0: times.max(axis=0, initial=0.0), which a max gives
-    in any order. Halving the rows runs a few long numpy loops where the reduction runs one per row, most of its
-    time on a chunk of few systems."""
-    while len(times) > 1:
-        half = len(times) // 2
-        top = np.maximum(times[:half], times[half : 2 * half])
-        if len(times) % 2:
-            top[0] = np.maximum(top[0], times[-1])
-        times = top
-    return np.maximum(0.0, times[0]) if len(times) else np.zeros(times.shape[1])
 
 
 @dataclass(frozen=True, slots=True)

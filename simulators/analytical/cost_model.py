@@ -43,13 +43,13 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 12 (`steady`), costs 1.4-1.5 ms at the median
-    with its generation, and 19.0-19.3 ms of simulation on average over 18 points, most of it the process's first
-    point (431-442 ms: its workload's first shape, and the imports `import dse` leaves to the first point:
-    numba's first kernel load imports scipy.linalg for its BLAS check, and the first table read pyarrow); a revisit
-    of the same points runs at 919-933 per second, a sweep of one configuration over 18 systems at 488-492, and a
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 12 (`steady`), costs 1.4 ms at the median with
+    its generation, and 18.2-18.3 ms of simulation on average over 18 points, most of it the process's first point
+    (421-424 ms: its workload's first shape, and the imports `import dse` leaves to the first point: numba's first
+    kernel load imports scipy.linalg for its BLAS check, and the first table read pyarrow); a revisit of the same
+    points runs at 1,022-1,035 per second, a sweep of one configuration over 18 systems at 609-620, and a
     study-like sample (216 points, 18 configurations on 12 systems, shuffled, its fresh process's first point
-    included) at 307-315 (benchmarks/evaluate_rate.py, printed on a shared 2-core machine at load 1, 2026-11-30).
+    included) at 341-353 (benchmarks/evaluate_rate.py, two runs on a shared 2-core machine, 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

@@ -1,6 +1,6 @@
 """What the compiled engine's glue keeps across points gives what building it afresh gives: the programs' calls
 joined and laid out by their plans' structure (`compiled_engine._JOINED`), the tables that price a workload on an
-accelerator (`pricing._TABLES`) and a system's result-cache key (`cost_model._system_key`)."""
+accelerator's value (`pricing._TABLES`) and a system's result-cache key (`cost_model._system_key`)."""
 
 from dataclasses import replace
 
@@ -77,14 +77,19 @@ def test_a_layout_kept_for_one_system_serves_another():
     _same(fresh, kept)
 
 
-def test_pricing_tables_are_kept_per_accelerator_object_and_settings():
+def test_pricing_tables_are_kept_per_accelerator_value_and_settings():
     point = make_point(**CASES["tp2-pp4-1f1b-zero1"])
     workload = SymbolicGenerator().generate(point)
     pricing._TABLES.clear()
     a, b = BlockPricer(workload, point.system), BlockPricer(workload, point.system)
     assert a._model is b._model and a.node is b.node
-    other = point.system.model_copy(update={"accelerator": point.system.accelerator.model_copy()})
-    assert BlockPricer(workload, other)._model is not a._model
+    accelerator = point.system.accelerator
+    # another system of an equal accelerator (a sweep over networks makes one per point) finds the same tables
+    alike = point.system.model_copy(update={"accelerator": accelerator.model_copy(), "name": "another network"})
+    assert BlockPricer(workload, alike)._model is a._model
+    faster = accelerator.model_copy(update={"peak_tflops": {k: 2 * v for k, v in accelerator.peak_tflops.items()}})
+    other = BlockPricer(workload, point.system.model_copy(update={"accelerator": faster}))
+    assert other._model is not a._model and other._model.accelerator is faster
     dtype = "fp8" if workload.dtype != "fp8" else "bf16"
     other_dtype = BlockPricer(replace(workload, dtype=dtype), point.system)
     assert other_dtype._model is not a._model and other_dtype._model.dtype == dtype

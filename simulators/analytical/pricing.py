@@ -40,7 +40,7 @@ class BlockPricer:
     def __init__(self, workload: Workload, system: SystemSpec) -> None:
         self._workload = workload
         self._system = system
-        tables = _tables_of(workload, system.accelerator)
+        tables = _tables_of(workload, system)
         self._model = tables.model
         self.node = tables.node
         """The NCCL tables that price a collective within one node (`network.within_node`), or None."""
@@ -205,8 +205,6 @@ class _Tables:
     """What prices a workload's ops on an accelerator besides its blocks: the compute model and the measured tables
     of collectives, MoE exchanges and fused experts, each None where the accelerator or workload has none."""
 
-    accelerator: AcceleratorSpec
-    """Kept so that the identity the entry's key holds stays its own."""
     model: ComputeModel
     node: MeasuredCollectives | None
     exchange: MeasuredExchange | None
@@ -221,16 +219,19 @@ measured."""
 _TABLES: ByteBoundedLru[tuple, _Tables] = ByteBoundedLru("pricing tables", TABLES_BYTES, lambda _: TABLES_BYTES_EACH)
 
 
-def _tables_of(workload: Workload, accelerator: AcceleratorSpec) -> _Tables:
-    """The tables that price the workload on the accelerator, kept per accelerator object and the workload's
-    settings: building them looks up and stats the table files, about 0.12 ms, each point again. An accelerator
-    with memory tiers prices by the step's working set, so its compute model is built per workload. Like the plans
-    kept per accelerator (`plans._context`), a kept entry does not see a table file replaced while the process runs."""
+def _tables_of(workload: Workload, system: SystemSpec) -> _Tables:
+    """The tables that price the workload on the system's accelerator, kept per accelerator value (`facets`, its
+    JSON) and the workload's settings: building them looks up and stats the table files, about 0.12 ms, and a
+    sweep over networks makes a new system, with a new accelerator object of the same value, per point. An
+    accelerator with memory tiers prices by the step's working set, so its compute model is built per workload.
+    Like the plans kept per accelerator (`plans._context`), a kept entry does not see a table file replaced
+    while the process runs."""
+    accelerator = system.accelerator
     if accelerator.memory_tiers:
         return _tables(workload, accelerator, working_set(workload.programs, workload.blocks, accelerator))
-    key = (id(accelerator), *pricing_settings(workload))
+    key = (facets(system).accelerator, *pricing_settings(workload))
     found = _TABLES.get(key)
-    if found is None or found.accelerator is not accelerator:
+    if found is None:
         found = _tables(workload, accelerator, None)
         _TABLES.put(key, found)
     return found
@@ -251,7 +252,6 @@ def pricing_settings(workload: Workload) -> tuple:
 
 def _tables(workload: Workload, accelerator: AcceleratorSpec, placed: float | None) -> _Tables:
     return _Tables(
-        accelerator=accelerator,
         model=ComputeModel(accelerator, workload.dtype, workload.attention_kernel, placed),
         node=MeasuredCollectives.of(accelerator, workload.framework_allreduce),
         exchange=None if workload.expert_exchange is None else MeasuredExchange.of(accelerator),

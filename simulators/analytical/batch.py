@@ -32,7 +32,6 @@ What depends on times, and how each is handled:
 - The steady form's period and its checks are read per system (`batch_steady`), as `steady` reads them.
 """
 
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -88,13 +87,11 @@ def price_many(workload: Workload, systems: Sequence[SystemSpec]) -> list[SimRes
     """
     out: list[SimResult | InfeasibleError | None] = [None] * len(systems)
     shapes: dict[tuple[int, ...], list[int]] = {}
-    world = workload.layout.world
     for index, system in enumerate(systems):
-        shape = tuple(dim.npus for dim in system.network)
-        if math.prod(shape) < world:  # system.npus, from the shape at hand
-            out[index] = too_small(workload, system)
+        if (error := too_small(workload, system)) is not None:
+            out[index] = error
         else:
-            shapes.setdefault(shape, []).append(index)
+            shapes.setdefault(tuple(dim.npus for dim in system.network), []).append(index)
     ranks = np.bincount(workload.class_of, minlength=len(workload.programs))
     classes_of = [(program.name, int(count)) for program, count in zip(workload.programs, ranks, strict=True)]
     room = _room()

@@ -173,12 +173,7 @@ class Planner:
         handed = self.handed
         for block_index, place in zip(blocks, given, strict=True):
             if place == len(handed):
-                recipe = self._recipe_of(block_index)
-                if recipe.p2p:
-                    handed.append(self._kept(block_index, rank_class, recipe, rank_class, None))
-                else:
-                    spans = self._spans(recipe.axes, rank_class)
-                    handed.append(self._kept(block_index, rank_class, recipe, spans[1], spans[0]))
+                handed.append(self._found(block_index, rank_class, self._recipe_of(block_index)))
 
     def _diverge(self) -> None:
         """Leaves the log: fills in what looking up the calls it followed would have left (`_plans`, `_shared`)."""
@@ -216,7 +211,7 @@ class Planner:
                 if recipe is None:
                     recipe = self._recipe_of(block_index)
                 if recipe.p2p:
-                    place = self._hand(self._kept(block_index, rank_class, recipe, rank_class, None))
+                    place = self._hand(self._found(block_index, rank_class, recipe))
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
@@ -226,12 +221,18 @@ class Planner:
                     alike = (block_index, spans[0])
                     place = shared.get(alike)
                     if place is None:
-                        place = shared[alike] = self._hand(
-                            self._kept(block_index, rank_class, recipe, spans[1], spans[0])
-                        )
+                        place = shared[alike] = self._hand(self._found(block_index, rank_class, recipe))
                 places[key] = place
             out.append(place)
         return out
+
+    def _found(self, block_index: int, rank_class: int, recipe: Recipe) -> Plan:
+        """The block's plan for the class as a lookup finds it (`_kept`): a block with p2p ops kept per class, any
+        other per its class's spread."""
+        if recipe.p2p:
+            return self._kept(block_index, rank_class, recipe, rank_class, None)
+        spans = self._spans(recipe.axes, rank_class)
+        return self._kept(block_index, rank_class, recipe, spans[1], spans[0])
 
     def _hand(self, plan: Plan) -> int:
         """The plan's place in `handed`, a new object's (`_kept` gives each (block, spread) its own)."""

@@ -1,7 +1,7 @@
-"""A planner that asks as an earlier planner of the same workload's blocks, layout and classes on a network of the
-same shape did follows its log (`plans._Log`): it hands the same places, and the plans a planner without a log
-hands on its own system, bit for bit; one that asks otherwise leaves the log and still hands what a planner
-without one would."""
+"""A planner that asks as an earlier planner of a workload of the same structure (its blocks' p2p ops and
+collectives' axes, layout and classes) on a network of the same shape did follows its log (`plans._Log`): it hands
+the same places, and the plans a planner without a log hands for its blocks on its own system, bit for bit; one that
+asks otherwise leaves the log and still hands what a planner without one would."""
 
 from dataclasses import replace
 
@@ -66,11 +66,46 @@ def test_a_planner_asking_otherwise_leaves_the_log_and_hands_what_a_lookup_does(
                 assert planner.plan(block, index) is planner.handed[place], name
 
 
-def test_a_workload_of_other_blocks_has_a_log_of_its_own(workloads):  # noqa: F811
+def _resized(workload, by: float):
+    """The workload with every op's work and bytes scaled: its blocks of other content, of the same structure (as
+    another micro-batch size gives)."""
+    blocks = [
+        replace(
+            block,
+            ops=tuple(
+                replace(op, flops=by * op.flops, bytes=by * op.bytes, comm_bytes=by * op.comm_bytes, gemm=None)
+                for op in block.ops
+            ),
+        )
+        for block in workload.blocks
+    ]
+    return replace(workload, blocks=blocks, point_key="resized")
+
+
+def test_a_workload_of_the_same_structure_follows_the_log_and_hands_what_a_lookup_does(workloads):  # noqa: F811
+    for name, workload, system in workloads:
+        order = list(range(len(workload.programs)))
+        resized = _resized(workload, 2.0)
+        want = _fresh(resized, system, order)
+        assert want[0] != _fresh(workload, system, order)[0], name  # other content: other seconds
+        _empty()
+        plans._LOGS.clear()
+        first = Planner(workload, system, True)
+        _asked(first, workload, order)
+        follower = Planner(resized, system, True)
+        assert follower._log is first._log, name
+        assert _asked(follower, resized, order) == want, name
+        assert follower._log is first._log and follower._asked == len(order), name
+        assert len(plans._LOGS) == 1, name
+
+
+def test_a_workload_of_another_structure_has_a_log_of_its_own(workloads):  # noqa: F811
     name, workload, system = workloads[0]
     plans._LOGS.clear()
     Planner(workload, system, True)
-    Planner(replace(workload, point_key="another"), system, True)
+    Planner(replace(workload, blocks=list(workload.blocks), point_key="another"), system, True)
     assert len(plans._LOGS) == 1
-    Planner(replace(workload, blocks=list(workload.blocks)), system, True)
+    Planner(replace(workload, blocks=[*workload.blocks, workload.blocks[0]]), system, True)
     assert len(plans._LOGS) == 2, name
+    Planner(workload, _faster(system, 1.3), False)  # unfused: its places may differ
+    assert len(plans._LOGS) == 3, name

@@ -15,13 +15,13 @@ skeletons' identities), cost its revisits 18% more Python calls and about a fift
 (benchmarks/vs_calculon.py), while the first system's skeletons are held by its kept plans anyway.
 """
 
-import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from dse.system import SystemSpec
-from dse.workload import Op, OpKind, Workload
+from dse.workload import Block, Op, OpKind, Workload
 from simulators.analytical.pricing import BlockPricer, facets, pricing_settings
 from simulators.analytical.recipes import (
     COMPUTE,
@@ -43,38 +43,41 @@ from simulators.analytical.skeletons import Link, Plan, Skeleton, renumbered, su
 
 @dataclass(slots=True)
 class _Log:
-    """What planners of one workload's blocks, layout and classes on networks of one shape were asked
-    (`Planner.plans`) and what they handed, in order. A revisit (the generator hands back a seen point's workload,
-    its blocks, layout, classes and programs the same objects, on a new system) asks the same again, and its places
-    and which (block, class) pairs share one follow from those and the network's shape alone: a planner that asks
-    as the log did hands the same places, finding only each place's plan on its system (`Planner._kept`), instead
-    of looking up each of a point's ~270 (block, class) pairs again."""
+    """What planners of workloads of one structure on networks of one shape were asked (`Planner.plans`) and what
+    they handed, in order. Where a planner's places go follows from its calls and that structure alone (`_looked_up`
+    reads of a block only whether it has p2p ops and the axes of its collectives, and of the workload its layout and
+    classes, whose groups span the network by its NPUs per dimension): a planner that asks as the log did hands the
+    same places, finding only each place's plan on its system and for its blocks' content (`Planner._kept`), instead
+    of looking up each of a point's (block, class) pairs again. A revisit (the generator hands back a seen
+    point's workload on a new system) asks as its first visit did, and so does most first visits' planner: the 96
+    configurations of benchmarks/vs_calculon.py have 16 structures (a micro-batch size or recomputation changes
+    blocks' compute ops and sizes, not which have p2p ops nor their collectives' axes), so 80 of their first visits
+    follow a log."""
 
-    parts: tuple
-    """The workload's blocks, layout and classes, whose identities key the log (kept, so that they stay theirs)."""
     calls: list[tuple[list[int], int, list[int]]]
     """Per `plans` call in turn: its blocks, its class and the places it gave. A place is new to the planner where
     it first appears, in order, and is the plan of the block and class it appears for first."""
 
 
 LOGS_KEPT = 256
-"""Logs `_LOGS` keeps (a plain dict emptied when full, as `_SEEN`): one per workload and network shape a study
-revisits; a log holds a few hundred small ints, and the workload's blocks, which kept plans hold anyway."""
+"""Logs `_LOGS` keeps (a plain dict emptied when full, as `_SEEN`): one per workload structure and network shape a
+study meets; a log holds a few hundred small ints, its key the layout and the ranks' classes."""
 _LOGS: dict[tuple, _Log] = {}
+_BLOCKS: dict[tuple[int, bool], tuple[Sequence[Block], tuple]] = {}
+"""Per (blocks' identity, fuse), the blocks (so that the identity stays theirs) and their part of the log's key
+(`Planner._structure`): a revisit's workload hands back the same blocks, whose recipes it then finds only for the
+places new to its planner, as before logs were keyed by structure (finding all of them again cost the revisits of
+benchmarks/vs_calculon.py about 0.08 ms each on a loaded 2-core machine). Emptied when full, as `_LOGS`."""
 
 
-def _log(workload: Workload, flags: tuple) -> _Log:
-    """The log of planners of this workload's blocks, layout and classes and this network shape (`flags`: fuse,
-    share_bandwidth and the network's NPUs per dimension, what the places depend on besides them), made empty if
+def _log(key: tuple) -> _Log:
+    """The log of planners of this workload structure and network shape (`Planner._structure`), made empty if
     none."""
-    parts = (workload.blocks, workload.layout, workload.class_of)
-    key = (*map(id, parts), *flags)
     found = _LOGS.get(key)
-    if found is not None and all(map(operator.is_, found.parts, parts)):
-        return found
-    if len(_LOGS) >= LOGS_KEPT:
-        _LOGS.clear()
-    found = _LOGS[key] = _Log(parts, [])
+    if found is None:
+        if len(_LOGS) >= LOGS_KEPT:
+            _LOGS.clear()
+        found = _LOGS[key] = _Log([])
     return found
 
 
@@ -89,8 +92,9 @@ class Planner:
     ranks, and class. Streams and categories are numbered per planner in
     first-use order; a kept plan is reused only under the numbering it was built with, and never for two blocks or
     classes of one planner that did not share a plan before (each gets its own object, as consumers number plans by
-    identity; the planner numbers them too, `handed`). What it was asked and handed is logged per workload and
-    network shape, and a later planner that asks the same (a revisit on a new system) follows the log (`_Log`)."""
+    identity; the planner numbers them too, `handed`). What it was asked and handed is logged per workload structure
+    and network shape, and a later planner that asks the same (a revisit on a new system, or a first visit of a
+    workload of the same structure) follows the log (`_Log`)."""
 
     def __init__(self, workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool = True) -> None:
         self._workload = workload
@@ -127,11 +131,25 @@ class Planner:
         """What keys a skeleton of a block without p2p ops besides its class's span keys."""
         self.streams: dict[str, int] = {}
         self.categories: dict[str, int] = {}
-        self._log: _Log | None = _log(workload, (fuse, share_bandwidth, self._shape[2]))
-        """The log of this workload's planners on networks of this shape (`_Log`) while it asks as the log did; None
-        once it asks otherwise (its places are then looked up as the log's were not: `_diverge`)."""
+        self._log: _Log | None = _log(self._structure())
+        """The log of planners of this workload's structure on networks of this shape (`_Log`) while it asks as the
+        log did; None once it asks otherwise (its places are then looked up as the log's were not: `_diverge`)."""
         self._asked = 0
         """`plans` calls so far, while it follows the log."""
+
+    def _structure(self) -> tuple:
+        """What of the workload and network `_looked_up` places plans by, which keys the log (`_Log`): the flags and
+        the network's NPUs per dimension, the layout and the ranks' classes (`_shape`), and per block whether it has
+        p2p ops and the axes of its collectives (its recipe's; kept per blocks' identity, `_BLOCKS`)."""
+        blocks = self._workload.blocks
+        key = (id(blocks), self._fuse)
+        found = _BLOCKS.get(key)
+        if found is None or found[0] is not blocks:
+            if len(_BLOCKS) >= LOGS_KEPT:
+                _BLOCKS.clear()
+            recipes = map(self._recipe_of, range(len(blocks)))
+            found = _BLOCKS[key] = (blocks, tuple([(bool(recipe.p2p), recipe.axes) for recipe in recipes]))
+        return (*self._shape, found[1])
 
     @property
     def keeps(self) -> bool:

@@ -61,7 +61,8 @@ class _Log:
 
 LOGS_KEPT = 256
 """Logs `_LOGS` keeps (a plain dict emptied when full, as `_SEEN`): one per workload structure and network shape a
-study meets; a log holds a few hundred small ints, its key the layout and the ranks' classes."""
+study meets; a log holds a few hundred small ints, its key (`Planner._structure`) the network's NPUs per dimension,
+the layout, the ranks' classes and per block its p2p flag and collectives' axes."""
 _LOGS: dict[tuple, _Log] = {}
 _BLOCKS: dict[tuple[int, bool], tuple[Sequence[Block], tuple]] = {}
 """Per (blocks' identity, fuse), the blocks (so that the identity stays theirs) and their part of the log's key

@@ -91,6 +91,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.add_cleanup(partial(shutil.rmtree, stubs, ignore_errors=True))
     _without_slow_import(stubs)
     os.environ["DSE_FX_CACHE"] = "off"  # captures are not kept between test runs (test_fx_speed.py sets its own)
+    # The tests read tables as a pipe gets them (dse.cli.main.PIPED_WIDTH), which an exported terminal size would
+    # narrow: pytest-xdist's workers run with COLUMNS=80.
+    for variable in ("COLUMNS", "LINES"):
+        os.environ.pop(variable, None)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

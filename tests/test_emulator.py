@@ -4,8 +4,8 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-import os
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -148,8 +148,9 @@ def test_timeout_kills_the_emulator_and_its_children(case, tmp_path):
         assert not _alive(pid), f"process {pid} outlived the trial"
 
 
-def test_missing_and_non_executable_commands(case, tmp_path):
+def test_missing_and_non_executable_commands(case, tmp_path, monkeypatch):
     workload, system = case
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its run folders, not another test's running beside it
     missing = EmulatorCostModel(EmulatorCostModel.Options(command=[str(tmp_path / "no-such-emulator")]))
     with pytest.raises(EmulatorError, match=r"no-such-emulator' not found; set cost_model_options\.command"):
         missing.simulate(workload, system)
@@ -160,7 +161,7 @@ def test_missing_and_non_executable_commands(case, tmp_path):
         plain.simulate(workload, system)
     script.chmod(0o755)
     assert plain.simulate(workload, system).step_time_s == 1.0
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("dse-emulator-*/system.json"))  # run folders gone
+    assert not list(tmp_path.glob("dse-emulator-*"))  # run folders gone
 
 
 def test_options_are_checked():

@@ -13,8 +13,10 @@ interpreted engine's to the bit). A deadlock (a generator bug) is left to the in
 ops that wait.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import TypeVar
 
 import numpy as np
 from numba import njit
@@ -28,9 +30,11 @@ from simulators.analytical import op_rows
 from simulators.analytical.calls import on_columns
 from simulators.analytical.engine import ClassSchedule, Transfers, _Scheduler
 from simulators.analytical.ordered_busy import OrderedBusy, ordered_busy
-from simulators.analytical.plans import Planner
+from simulators.analytical.plans import Planner, Resolved
+from simulators.analytical.skeletons import Skeleton
 
 _INT = np.int64
+V = TypeVar("V")
 
 
 class CompiledScheduler:
@@ -70,11 +74,31 @@ class CompiledScheduler:
 
     def drive(self) -> kernel.EngineTables:
         """Every op scheduled: the kernel's tables, whose call_start and call_end (run r's from base[r]) `steady`
-        checks before it has any run's schedule built (`schedules`), so that a form failing them costs no more."""
+        checks before it has any run's schedule built (`schedules`), so that a form failing them costs no more.
+
+        What the plans' structure gives the tables (the places, the plans' numbering, rows and layout) is kept per
+        drive on the joined calls (`_Drive`): a later drive that starts where this one did (a revisit on another
+        system) replays its planner's calls (`Planner.replay`) and, where its plans have the same skeletons, reads
+        the rest and joins only the plans' seconds, instead of looking up each place, row set and layout again."""
         programs = self._workload.programs
         calls = [call_arrays(program) for program in programs]
-        self._plan_places = [self._planner.plans(own.used, index) for index, own in enumerate(calls)]
-        tables = _Layout(self, calls, all(map(_on_shape, programs, calls))).tables()
+        joined = _joined_calls(calls, all(map(_on_shape, programs, calls)))
+        planner = self._planner
+        mark = planner.mark() if joined.kept else None
+        key = None if mark is None else (self._fast_forward, *mark)
+        kept = None if key is None else joined.drives.get(key)
+        if kept is not None and planner.replay(kept.resolved):
+            self._plan_places, resolved = kept.places, kept.resolved
+        else:
+            kept, names = None, planner.names()
+            self._plan_places = [planner.plans(own.used, index) for index, own in enumerate(calls)]
+            resolved = None if mark is None else planner.resolved(mark, names)
+        layout = _Layout(self, joined, kept)
+        if key is not None and resolved is not None and (kept is None or layout.order is not kept.order):
+            skeletons = [plan.skeleton for plan in layout.plans]
+            drive = _Drive(resolved, self._plan_places, layout.order, skeletons, layout.rows, layout.laid)
+            _keep(joined, joined.drives, key, drive, _drive_bytes, DRIVES_PER_JOIN)
+        tables = layout.tables()
         kernel.drive(tables)
         if (tables.position < np.diff(tables.base)).any() or (tables.mb_head >= 0).any():
             _Scheduler(self._workload, self._system, timeline=False).run()  # raises, naming the deadlock
@@ -183,6 +207,13 @@ in all."""
 LAYOUTS_PER_JOIN = 16
 """Layouts (plans' structures) a joined entry keeps: a study's configurations of one schedule number their plans
 in a few ways; more would let one entry grow without bound (the layout kept first goes first)."""
+DRIVES_PER_JOIN = 64
+"""Drives (`_Drive`) a joined entry keeps, as LAYOUTS_PER_JOIN bounds its layouts: one per workload's blocks and
+form, of which the 96 configurations of benchmarks/vs_calculon.py join up to 48 to one tuple of shapes."""
+DRIVE_BYTES_PER_PLACE = 200
+"""An estimate of a drive's bytes per block a program calls (its entry in `_Drive.places`, and a share of
+`Resolved`'s lists and tuples), besides the op rows it holds (counted in full, though `op_rows` mostly holds
+the same)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +255,8 @@ class _Joined:
     """run * width + block for every block each run calls, in turn (`CallArrays.used`): where `_Layout` puts the
     numbers of their plans."""
     laid_out: dict[tuple, _LaidOut]
+    drives: dict[tuple, "_Drive"]
+    """Per where a drive's planner started (`Planner.mark`) and fast_forward, what its plans' structure gave."""
     bytes: int
     kept: bool
     """Whether the cache holds it (else it serves one point)."""
@@ -258,7 +291,7 @@ def _joined_calls(calls: list[CallArrays], keep: bool) -> _Joined:
     )
     # Bytes: the joined arrays, and as much again for the CallArrays the entry keeps alive.
     bytes_ = 2 * sum(x.nbytes for x in arrays) + used.nbytes
-    found = _Joined(tuple(calls), *arrays, width, used, laid_out={}, bytes=bytes_, kept=keep)
+    found = _Joined(tuple(calls), *arrays, width, used, laid_out={}, drives={}, bytes=bytes_, kept=keep)
     if keep:
         _JOINED.put(key, found)
     return found
@@ -300,12 +333,15 @@ def _laid_out(
     )
 
 
-def _keep(joined: _Joined, key: tuple, laid: _LaidOut) -> None:
-    """Keeps a layout on its joined entry, putting the entry again so that the cache sees its new size."""
-    if len(joined.laid_out) >= LAYOUTS_PER_JOIN:
-        joined.bytes -= _laid_bytes(joined.laid_out.pop(next(iter(joined.laid_out))))
-    joined.laid_out[key] = laid
-    joined.bytes += _laid_bytes(laid)
+def _keep(joined: _Joined, kept: dict[tuple, V], key: tuple, value: V, size: Callable[[V], int], most: int) -> None:
+    """Keeps a layout or drive on its joined entry (in `kept`, which holds at most `most`: the one kept first goes
+    first), putting the entry again so that the cache sees its new size."""
+    if key in kept:
+        joined.bytes -= size(kept.pop(key))
+    elif len(kept) >= most:
+        joined.bytes -= size(kept.pop(next(iter(kept))))
+    kept[key] = value
+    joined.bytes += size(value)
     if joined.kept:
         _JOINED.put(tuple(map(id, joined.calls)), joined)
 
@@ -314,19 +350,41 @@ def _laid_bytes(laid: _LaidOut) -> int:
     return sum(x.nbytes for x in (laid.call_plan, laid.mail_ptr, laid.mailbox, laid.run_last, laid.comm_ptr))
 
 
+@dataclass(frozen=True, slots=True)
+class _Drive:
+    """What one drive's plans gave its tables besides their seconds: its planner's calls (`Resolved`) and places,
+    the plans' numbering, rows and layout. A later drive that starts where it did hands the same places
+    (`Planner.replay`), and where its plans have these skeletons, the same tables but for the seconds."""
+
+    resolved: Resolved
+    places: list[list[int]]
+    order: list[int]
+    """The places of the plans the tables number, in their numbers' order."""
+    skeletons: list[Skeleton]
+    rows: op_rows.Rows
+    laid: _LaidOut
+
+
+def _drive_bytes(drive: _Drive) -> int:
+    return drive.rows.bytes + DRIVE_BYTES_PER_PLACE * sum(map(len, drive.places))
+
+
 class _Layout:
-    """The kernel's arrays for one point's programs and plans."""
+    """The kernel's arrays for one point's programs and plans: the plans' numbering, rows and layout found (read
+    from a drive that started where this one did, `_Drive`, where its plans have its skeletons), and their seconds
+    joined (`tables`)."""
 
-    def __init__(self, scheduler: CompiledScheduler, calls: list[CallArrays], keep: bool = False) -> None:
+    def __init__(self, scheduler: CompiledScheduler, joined: _Joined, kept: "_Drive | None") -> None:
         self._scheduler = scheduler
-        self._calls = calls
-        self._keep = keep
-        """Whether to keep the joined calls for later points (`_joined_calls`)."""
-
-    def tables(self) -> kernel.EngineTables:
-        calls, scheduler = self._calls, self._scheduler
-        joined = _joined_calls(calls, self._keep)
-        base, runs, width = joined.base, len(calls), joined.width
+        self._joined = joined
+        handed = scheduler._planner.handed
+        if kept is not None:
+            self.order = kept.order
+            self.plans = [handed[place] for place in kept.order]
+            if all(plan.skeleton is skeleton for plan, skeleton in zip(self.plans, kept.skeletons, strict=True)):
+                self.rows, self.laid = kept.rows, kept.laid
+                return
+        runs, width = len(scheduler._plan_places), joined.width
         # Per run and block, its plan's number, in the order the plans first appear: a plan object has one place in
         # the planner's `handed` (classes alike share it), but a longer form's scheduler shares the planner, so its
         # places need not start at 0 nor come in order.
@@ -334,15 +392,21 @@ class _Layout:
         plan_of = np.zeros(runs * width, dtype=_INT)
         places = chain.from_iterable(scheduler._plan_places)
         plan_of[joined.used] = [numbers.setdefault(place, len(numbers)) for place in places]
-        plans = [scheduler._planner.handed[place] for place in numbers]
-        rows = op_rows.rows(plans, len(scheduler._planner.streams))
-        ops, per_plan = rows.fields, rows.per_plan
+        self.order = list(numbers)
+        self.plans = [handed[place] for place in self.order]
+        self.rows = rows = op_rows.rows(self.plans, len(scheduler._planner.streams))
+        per_plan = rows.per_plan
         structure = (width, plan_of, per_plan.compute, per_plan.comm, per_plan.mails, rows.link_ptr, rows.link_ids)
         key = (scheduler._fast_forward, width, per_plan.comm.shape, plan_of.tobytes(), *rows.key)
         laid = joined.laid_out.get(key)
         if laid is None:
             laid = _laid_out(joined, *structure, rows.p_ops, scheduler._fast_forward)
-            _keep(joined, key, laid)
+            _keep(joined, joined.laid_out, key, laid, _laid_bytes, LAYOUTS_PER_JOIN)
+        self.laid = laid
+
+    def tables(self) -> kernel.EngineTables:
+        scheduler, joined, plans, rows, laid = self._scheduler, self._joined, self.plans, self.rows, self.laid
+        ops, base, runs = rows.fields, joined.base, len(joined.base) - 1
         streams = len(scheduler._planner.streams)
         counters = np.zeros(kernel.COUNTERS, dtype=_INT)
         counters[kernel.RING_TAIL] = runs  # every run starts queued

@@ -59,6 +59,41 @@ class _Log:
     it first appears, in order, and is the plan of the block and class it appears for first."""
 
 
+@dataclass(slots=True)
+class Resolved:
+    """What one drive's `Planner.plans` calls resolved while following a log (`_Log`): per place new to its planner,
+    the plan and what of the network its seconds read; kept by the compiled engine (`compiled_engine._Drive`) for a
+    later planner that starts where this one did, on the same blocks and accelerator (a revisit: its workload on a
+    system of another InfiniBand bandwidth), which hands those plans again and finds afresh only those whose
+    dimensions changed (`Planner.replay`), instead of finding each of its places' spans and shelf entries again."""
+
+    log: _Log
+    blocks: Sequence[Block]
+    """The workload's blocks (kept, so that their identity in the key stays theirs)."""
+    context: tuple
+    """`Planner._prefixes`' context: the accelerator and settings every plan's seconds read."""
+    asked: int
+    handed: int
+    """The log's calls and the planner's plans handed before the drive."""
+    calls: int
+    names: tuple[tuple[str, ...], tuple[str, ...]]
+    """The names of the streams and of the categories numbered before the drive."""
+    numbered: tuple[tuple[str, ...], tuple[str, ...]]
+    """And after it."""
+    network: tuple[str, ...]
+    """The system's dimensions (`Facets.network`) the plans were found on."""
+    origins: list[tuple[int, int]]
+    """Per place new to the planner, in order: the block and class it was first handed for (`Planner.origins`)."""
+    plans: list[Plan]
+    recipes: dict[int, Recipe]
+    spreads: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]]
+    """The planner's recipes and spans (`Planner._recipes`, `_spreads`), which hold those of its places."""
+    places: list[tuple[int, int, frozenset[int] | None, Recipe]] | None = None
+    """Per place, its block and class, the dimensions its seconds read (its class's groups span; None for a block
+    with p2p ops, kept per network) and its block's recipe: found from `recipes` and `spreads` by the first replay,
+    not by the drive that keeps it, which is most often a first visit's that no later one replays."""
+
+
 LOGS_KEPT = 256
 """Logs `_LOGS` keeps (a plain dict emptied when full, as `_SEEN`): one per workload structure and network shape a
 study meets; a log holds a few hundred small ints, its key (`Planner._structure`) the network's NPUs per dimension,
@@ -109,6 +144,8 @@ class Planner:
         self._plans: dict[tuple[int, int], int] = {}
         """Per (block, class), its plan's place in `handed`."""
         self._shared: dict[tuple, int] = {}
+        self.origins: list[tuple[int, int]] = []
+        """Per place in `handed`, the block and class it was first handed for."""
         self._recipes: dict[int, Recipe] = {}
         self._spreads: dict[tuple[tuple[str, ...], int], tuple[tuple, tuple]] = {}
         self._shelves: dict[int, Shelf] = {}
@@ -124,6 +161,7 @@ class Planner:
         seconds read the dimensions between its ranks), the layout and the ranks' classes (its peers). A key holds
         their hashes, computed here once (hashing them per lookup would cost as much as the rest of the lookup)."""
         self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
+        self._network = facets(system).network
         self._shape = (fuse, share_bandwidth, tuple(dim.npus for dim in system.network), *ranks)
         """What a skeleton of a block with p2p ops depends on besides the block and the class: its links name the
         peers' classes, and its shares the dimensions it crosses, which follow from the network's shape."""
@@ -186,6 +224,82 @@ class Planner:
                 return list(log.calls[-1][2])
         return self._looked_up(block_indices, rank_class)
 
+    def mark(self) -> tuple | None:
+        """Where it stands, as what keys a drive's `resolved` from here: None unless it follows a log and keeps its
+        plans. The log, its calls and the plans handed so far, the blocks and the context's hash (`replay` checks
+        them)."""
+        if self._log is None or self._hashes is None:
+            return None
+        return (id(self._log), self._asked, len(self.handed), id(self._workload.blocks), self._hashes[0])
+
+    def resolved(self, mark: tuple, names: tuple[tuple[str, ...], tuple[str, ...]]) -> Resolved | None:
+        """What its `plans` calls since `mark` (with `names` numbered then) resolved, if it still follows that
+        log."""
+        log = self._log
+        if log is None or id(log) != mark[0] or self._prefixes is None:
+            return None
+        asked, handed = mark[1], mark[2]
+        return Resolved(
+            log=log,
+            blocks=self._workload.blocks,
+            context=self._prefixes[0],
+            asked=asked,
+            handed=handed,
+            calls=self._asked - asked,
+            names=names,
+            numbered=self.names(),
+            network=self._network,
+            origins=self.origins[handed:],
+            plans=self.handed[handed:],
+            recipes=self._recipes,
+            spreads=self._spreads,
+        )
+
+    def names(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The names of the streams and of the categories numbered so far, in order."""
+        return tuple(self.streams), tuple(self.categories)
+
+    def replay(self, resolved: Resolved) -> bool:
+        """Whether it could make the calls `resolved` made (it stands where they started, on the same blocks and
+        accelerator), and if so makes them: hands their plans again, found afresh only where a dimension their
+        seconds read differs on this system (a block with p2p ops: any dimension), as those plans' seconds follow
+        from the context, the block and its class's spread (what `_kept` keys them by). `resolved` then holds this
+        system's plans, for the next. On benchmarks/vs_calculon.py's revisits most places do change (9 in 10: every
+        stage's sends cross the InfiniBand), and what it saves is looking each place up in the log (`_replay`)."""
+        log = self._log
+        if (
+            log is not resolved.log
+            or self._asked != resolved.asked
+            or len(self.handed) != resolved.handed
+            or self._workload.blocks is not resolved.blocks
+            or self._prefixes is None
+            or self._prefixes[0] != resolved.context
+            or self.names() != resolved.names
+        ):
+            return False
+        for name in resolved.numbered[0][len(resolved.names[0]) :]:
+            self.streams[name] = len(self.streams)
+        for name in resolved.numbered[1][len(resolved.names[1]) :]:
+            self.categories[name] = len(self.categories)
+        network = self._network
+        changed = {d for d, (a, b) in enumerate(zip(resolved.network, network, strict=True)) if a != b}
+        plans, places = resolved.plans, resolved.places or _placed(resolved)
+        fresh = [k for k, place in enumerate(places) if changed and (place[2] is None or place[2] & changed)]
+        if fresh:
+            plans = list(plans)
+            kept = set(range(len(plans))).difference(fresh)
+            self._handed.update([id(plans[k]) for k in kept])
+            for k in fresh:  # after the others are handed, so that `_kept` copies a plan one of them holds
+                block_index, rank_class, _, recipe = places[k]
+                plans[k] = self._found(block_index, rank_class, recipe)
+            resolved.plans, resolved.network = plans, network
+        else:
+            self._handed.update(map(id, plans))
+        self.handed += plans
+        self.origins += resolved.origins
+        self._asked += resolved.calls
+        return True
+
     def _replay(self, blocks: list[int], rank_class: int, given: list[int]) -> None:
         """Hands the places a logged call gave that this planner has not: each new place first appears in order, for
         the block whose lookup handed it, with the plan that lookup found (`_kept`)."""
@@ -193,6 +307,7 @@ class Planner:
         for block_index, place in zip(blocks, given, strict=True):
             if place == len(handed):
                 handed.append(self._found(block_index, rank_class, self._recipe_of(block_index)))
+                self.origins.append((block_index, rank_class))
 
     def _diverge(self) -> None:
         """Leaves the log: fills in what looking up the calls it followed would have left (`_plans`, `_shared`)."""
@@ -230,7 +345,7 @@ class Planner:
                 if recipe is None:
                     recipe = self._recipe_of(block_index)
                 if recipe.p2p:
-                    place = self._hand(self._found(block_index, rank_class, recipe))
+                    place = self._hand(self._found(block_index, rank_class, recipe), key)
                 else:
                     spans = spreads.get((recipe.axes, rank_class))
                     if spans is None:
@@ -240,7 +355,7 @@ class Planner:
                     alike = (block_index, spans[0])
                     place = shared.get(alike)
                     if place is None:
-                        place = shared[alike] = self._hand(self._found(block_index, rank_class, recipe))
+                        place = shared[alike] = self._hand(self._found(block_index, rank_class, recipe), key)
                 places[key] = place
             out.append(place)
         return out
@@ -253,9 +368,11 @@ class Planner:
         spans = self._spans(recipe.axes, rank_class)
         return self._kept(block_index, rank_class, recipe, spans[1], spans[0])
 
-    def _hand(self, plan: Plan) -> int:
-        """The plan's place in `handed`, a new object's (`_kept` gives each (block, spread) its own)."""
+    def _hand(self, plan: Plan, origin: tuple[int, int]) -> int:
+        """The plan's place in `handed`, a new object's (`_kept` gives each (block, spread) its own), handed first
+        for `origin` (block, class)."""
         self.handed.append(plan)
+        self.origins.append(origin)
         return len(self.handed) - 1
 
     def _kept(
@@ -391,6 +508,19 @@ class Planner:
         if op.kind is OpKind.SEND:
             return (rank_class, peer_class, op.axis, op.peer)
         return (peer_class, rank_class, op.axis, -op.peer)
+
+
+def _placed(resolved: Resolved) -> list[tuple[int, int, frozenset[int] | None, Recipe]]:
+    """`Resolved.places`, found once and kept on it."""
+    places = []
+    for block_index, rank_class in resolved.origins:
+        recipe = resolved.recipes[block_index]
+        dims = None
+        if not recipe.p2p:
+            dims = frozenset([d for key in resolved.spreads[recipe.axes, rank_class][0] for d, _ in key])
+        places.append((block_index, rank_class, dims, recipe))
+    resolved.places = places
+    return places
 
 
 def _context(workload: Workload, system: SystemSpec, fuse: bool, share_bandwidth: bool) -> tuple | None:

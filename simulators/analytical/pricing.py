@@ -62,8 +62,7 @@ class BlockPricer:
         """The rank whose groups and peers price the class's communication: the class's first rank, as
         `Workload.representative` finds it; every class's is found in one pass over the ranks, and kept."""
         if self._representatives is None:
-            classes, first = np.unique(self._workload.class_of, return_index=True)
-            self._representatives = dict(zip(classes.tolist(), first.tolist(), strict=True))
+            self._representatives = _representatives_of(self._workload.class_of)
         rank = self._representatives.get(rank_class)
         return self._workload.representative(rank_class) if rank is None else rank
 
@@ -198,6 +197,25 @@ class BlockPricer:
         if found is None:
             found = self._layout_groups = _groups_of(self._system, self._workload.layout)
         return found
+
+
+REPRESENTATIVES_KEPT = 256
+"""Ranks' classes whose representatives `_REPRESENTATIVES` keeps (a plain dict emptied when full, as `_FACETS`)."""
+_REPRESENTATIVES: dict[int, tuple[np.ndarray, dict[int, int]]] = {}
+
+
+def _representatives_of(class_of: np.ndarray) -> dict[int, int]:
+    """Each class's first rank, kept per array of the ranks' classes (by identity, the array kept so that it stays
+    its own): a revisit's workload, and its steady check's longer form, hand back the same array to a new pricer,
+    which found them again (a pass over the ranks) at a cost of about a tenth of what replaying a revisit's plans
+    costs (`plans.Planner.replay`)."""
+    found = _REPRESENTATIVES.get(id(class_of))
+    if found is None or found[0] is not class_of:
+        if len(_REPRESENTATIVES) >= REPRESENTATIVES_KEPT:
+            _REPRESENTATIVES.clear()
+        classes, first = np.unique(class_of, return_index=True)
+        found = _REPRESENTATIVES[id(class_of)] = (class_of, dict(zip(classes.tolist(), first.tolist(), strict=True)))
+    return found[1]
 
 
 @dataclass(frozen=True, slots=True)

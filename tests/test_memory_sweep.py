@@ -1,7 +1,6 @@
 """The compiled memory sweep on a generator's programs (tensors in a TensorTable, calls in a CallShape), whose
 moments and last order it keeps on the shape: bit for bit `Liveness`'s numpy sweep, on the first timeline and on
-later ones that keep, break or tie the kept order, with tensors of no bytes and several calls at one instant; the
-last sweep's figures taken again only by a timeline with its order, its instants and its sizes."""
+later ones that keep, break or tie the kept order, with tensors of no bytes and several calls at one instant."""
 
 import numpy as np
 import pytest
@@ -21,7 +20,7 @@ from dse.workload import (
     TensorTable,
     table_parts,
 )
-from simulators.analytical.memory import _KEPT, Liveness, peak_memory
+from simulators.analytical.memory import Liveness, peak_memory
 
 
 def _program(rng: np.random.Generator, shape: CallShape, table: TensorTable) -> Program:
@@ -85,7 +84,6 @@ def test_every_point_of_a_shape_sweeps_as_liveness_bit_for_bit(seed):
         program, blocks = _program(rng, shape, table), _blocks(rng)
         start, end = _timeline(rng, len(shape.calls))
         _same(program, blocks, start, end)
-        _same(program, blocks, start, end)  # the kept sweep's figures
         _same(program, blocks, start[::-1].copy(), end[::-1].copy())  # far from the kept order
         _same(program, blocks, start, end)
     assert ("memory.moments", table) in shape.memo
@@ -102,61 +100,3 @@ def test_negative_sizes_and_edited_programs_take_other_paths_with_the_same_figur
     _same(program, blocks, start, end)
     program.calls.append(Call(0))  # edited: the shape no longer holds the calls
     _same(program, blocks, np.append(start, end[-1]), np.append(end, end[-1] + 1.0))
-
-
-_TOUCHING, _OVERLAPPING, _APART = ([0.0, 1.0], [1.0, 2.0]), ([0.0, 0.5], [1.0, 2.0]), ([0.0, 1.5], [1.0, 2.0])
-"""Timelines of two calls: the second starting as the first ends, half way through it, after it."""
-
-
-def _two_calls() -> tuple[CallShape, TensorTable]:
-    """Two calls, each holding a tensor of its own (x and y) while it runs."""
-    shape = CallShape((Call(0), Call(0)))
-    table = TensorTable(
-        ("x", "y"),
-        (TensorKind.ACTIVATION, TensorKind.ACTIVATION),
-        np.array([0, 1], dtype=np.intp),
-        np.array([0, 1], dtype=np.intp),
-        np.full(2, TENSOR_KIND_CODE[TensorKind.ACTIVATION], dtype=np.intp),
-    )
-    return shape, table
-
-
-def _peak(program: Program, start: list[float], end: list[float], temp: float = 0.0) -> float:
-    """The program's peak on a timeline (checked against `Liveness`), its blocks' working memory `temp`."""
-    blocks = [Block("b", (Op("k", OpKind.COMPUTE, "gemm"),), temp_bytes=temp)]
-    _same(program, blocks, np.array(start), np.array(end))
-    return peak_memory(program, blocks, np.array(start), np.array(end))[0]
-
-
-def test_the_last_sweeps_figures_serve_only_a_timeline_with_its_order_instants_and_sizes():
-    """x of 3 bytes, y of 5: where the second call starts as the first ends, x is freed first (peak 5); where they
-    overlap, both are held (8). Overlapping by half keeps the order of the touching timeline's moments but not its
-    instants; starting after the first ends changes the order; new sizes or working memory change neither. Each
-    program's first sweep starts from the last program's (the shape's)."""
-    shape, table = _two_calls()
-
-    def peak(sizes: list[float], start: list[float], end: list[float], temp: float = 0.0) -> float:
-        program = Program(0, "p", shape.program_calls(), TableTensors((), table, np.array(sizes)), shape)
-        return _peak(program, start, end, temp)
-
-    touching, overlapping, apart = _TOUCHING, _OVERLAPPING, _APART
-    assert [peak([3.0, 5.0], *touching), peak([3.0, 5.0], *touching)] == [5.0, 5.0]
-    assert peak([3.0, 5.0], *overlapping) == 8.0  # the same order, other instants
-    assert peak([3.0, 5.0], *touching) == 5.0
-    assert peak([3.0, 5.0], *apart) == 5.0
-    assert peak([3.0, 5.0], *overlapping) == 8.0  # another order
-    assert peak([3.0, 5.0], *overlapping, temp=1.0) == 10.0
-    assert peak([3.0, 9.0], *overlapping, temp=1.0) == 14.0
-
-
-def test_a_program_visited_again_finds_its_own_last_sweep_after_other_programs_of_its_shape():
-    shape, table = _two_calls()
-    first, other = (
-        Program(0, "p", shape.program_calls(), TableTensors((), table, np.array(sizes)), shape)
-        for sizes in ([3.0, 5.0], [4.0, 6.0])
-    )
-    assert _peak(first, *_TOUCHING) == 5.0
-    assert _peak(other, *_OVERLAPPING) == 10.0
-    hits = _KEPT.hits
-    assert _peak(first, *_TOUCHING) == 5.0
-    assert _KEPT.hits == hits + 2  # `_same`'s sweep and this one, each a visit of `first`

@@ -15,15 +15,12 @@ import numpy as np
 from numba import njit
 
 from dse.fields import GiB
-from dse.lru import MIB, ByteBoundedLru
 from dse.system import AcceleratorSpec
 from dse.workload import (
     TENSOR_KIND_CODE,
     TENSOR_KINDS,
     Block,
-    CallShape,
     Program,
-    TableTensors,
     TensorColumns,
     TensorKind,
     columns_of,
@@ -33,7 +30,6 @@ from simulators.analytical.calls import call_array, shape_array
 
 _TEMPORARY = TENSOR_KIND_CODE[TensorKind.TEMPORARY]
 _KIND_NAMES = tuple(kind.value for kind in TENSOR_KINDS)
-_STRUCTURE = attrgetter("kind", "producer", "consumer")
 T = TypeVar("T", float, np.ndarray)
 
 
@@ -50,18 +46,20 @@ def peak_memory(
 
     Swept in one compiled pass (`_sweep`) over the tensors each moment allocates or frees (`_Moments`, kept on
     the program's call shape per tensor table: later points of the shape differ only in sizes and times), in
-    `Liveness.order`'s order, with `Liveness.peak`'s float operations, or not at all where the program's last
-    sweep serves (`_Kept`); sizes, working memory or call times that are not finite or are negative take
-    `Liveness`'s own path. block_temp: the blocks' `working_bytes`, which a caller sweeping every rank class of a
-    workload reads once for all of them (the same blocks)."""
-    kept, own_bytes, table_bytes = _moments_of(program)
+    `Liveness.order`'s order, with `Liveness.peak`'s float operations; sizes, working memory or call times that
+    are not finite or are negative take `Liveness`'s own path. block_temp: the blocks' `working_bytes`, which a
+    caller sweeping every rank class of a workload reads once for all of them (the same blocks)."""
+    moments, own_bytes, table_bytes = _moments_of(program)
     temp = working_bytes(blocks) if block_temp is None else block_temp
     start, end = np.asarray(call_start, dtype=float), np.asarray(call_end, dtype=float)
-    if kept is None or not _sweep(*kept[0], *kept[1], own_bytes, table_bytes, temp, start, end):
+    by_kind = np.zeros(len(TENSOR_KINDS))
+    peak, swept = 0.0, False
+    if moments is not None:
+        peak, swept = _sweep(*moments, own_bytes, table_bytes, temp, start, end, _TEMPORARY, by_kind)
+    if not swept:
         events = Liveness.from_columns(columns_of(program.tensors), call_array(program, "block"), blocks)
         return events.peak(events.times(start, end))
-    peak, *by_kind = kept[1].figures.tolist()
-    return peak, dict(zip(_KIND_NAMES, by_kind, strict=True))
+    return peak, dict(zip(_KIND_NAMES, by_kind.tolist(), strict=True))
 
 
 def working_bytes(blocks: Sequence[Block]) -> np.ndarray:
@@ -80,108 +78,40 @@ class _Moments(NamedTuple):
     kind: np.ndarray
     """Per tensor, its code in TENSOR_KINDS."""
     call_blocks: np.ndarray
+    order: np.ndarray
+    """The moments in the order of the last timeline swept (-1s before the first): `_sweep` checks that a new
+    timeline keeps it, which later points of a shape mostly do, rather than sorting again."""
 
     @staticmethod
     def of(tensors: TensorColumns, call_blocks: np.ndarray) -> "_Moments | None":
         """None if a tensor names a call the program does not have (`Liveness` raises)."""
         producer, consumer, kind, _ = tensors
-        ptr, items, valid = _moment_lists(producer, consumer, len(call_blocks))
-        return _Moments(ptr, items, kind.astype(np.int32), call_blocks) if valid else None
+        calls = len(call_blocks)
+        ptr, items, valid = _moment_lists(producer, consumer, calls)
+        if not valid:
+            return None
+        return _Moments(ptr, items, kind.astype(np.int32), call_blocks, np.full(2 * calls + 1, -1, dtype=np.int32))
 
 
-class _Kept(NamedTuple):
-    """What `_sweep` keeps of the last timeline it swept with one `_Moments`, for the next: the figures depend on
-    a timeline only through the order of its moments and which of them share an instant, so a timeline that keeps
-    the last one's (`order` and `ties`, both checked exactly) with the same sizes and working memory (`sizes`,
-    compared bit for bit) takes the last sweep's `figures` without sweeping."""
-
-    order: np.ndarray
-    """The moments in the order of the last timeline swept (-1s before the first): `_sweep` checks that a new
-    timeline keeps it, which later points of a shape mostly do, rather than sorting again."""
-    ties: np.ndarray
-    """Per place in `order` after the first, whether its moment fell at the previous one's instant."""
-    sizes: np.ndarray
-    """The bits of the tensors' sizes and, after them, of the calls' working memory."""
-    figures: np.ndarray
-    """The peak, then the bytes by kind at it."""
-
-    @staticmethod
-    def fresh(moments: _Moments) -> "_Kept":
-        calls = len(moments.call_blocks)
-        return _Kept(
-            np.full(2 * calls + 1, -1, dtype=np.int32),
-            np.zeros(2 * calls + 1, dtype=np.bool_),
-            np.zeros(len(moments.kind) + calls, dtype=np.int64),
-            np.zeros(1 + len(TENSOR_KINDS)),
-        )
-
-    @property
-    def nbytes(self) -> int:
-        return sum(array.nbytes for array in self)
-
-
-@dataclass(slots=True)
-class _Shared:
-    """A call shape's `_Moments` for one tensor table, kept on the shape with its programs' own tensors'
-    structure (kinds, producers and consumers: compared rather than hashed, as an enum hashes in Python), and the
-    `_Kept` of the last program given one, which a program's first sweep starts from (later points of a shape
-    mostly keep the last one's order)."""
-
-    structure: tuple
-    moments: _Moments | None
-    latest: _Kept | None = None
-
-
-class _Visited(NamedTuple):
-    """What a program's sweeps keep for its next visit, by its tensors' identity (`_KEPT`): while the program
-    still has these tensors (so their rows were never made, and its own tensors, a tuple of tuples, are the same)
-    and this call shape, its `_Moments` and own tensors' bytes still hold."""
-
-    tensors: TableTensors
-    shape: CallShape
-    moments: _Moments
-    kept: _Kept
-    own_bytes: np.ndarray
-
-
-KEPT_BYTES = 16 * MIB
-"""Programs' last sweeps kept (`_KEPT`): about 9 KB a rank class of GPT-3 175B (350 calls, 160 tensors, whose sizes
-an entry holds alive with its tensors), so some 1,800 classes, the 96 workloads of benchmarks/vs_calculon.py and
-half as many again."""
-_KEPT: ByteBoundedLru[int, _Visited] = ByteBoundedLru(
-    "memory sweeps", KEPT_BYTES, lambda entry: entry.kept.nbytes + 8 * len(entry.moments.kind)
-)
-"""Per program's tensors (by identity: kept with them, so that the id stays theirs), what its last sweep left: a
-revisit of a workload (the same programs on another system) mostly keeps its timeline's order and instants, which
-the shape's other programs, swept in between, do not."""
+_STRUCTURE = attrgetter("kind", "producer", "consumer")
 _NONE = np.zeros(0)
 
 
-def _moments_of(program: Program) -> tuple[tuple[_Moments, _Kept] | None, np.ndarray, np.ndarray]:
-    """The program's `_Moments` and `_Kept` (None if it has no moments), and the bytes of its own tensors and of
-    its table's (or of all its tensors, and none). Kept for a program whose call shape and tensor table still hold
-    (`_KEPT`, `_Shared`); derived afresh for one without them (its calls or tensors edited after generation)."""
-    tensors = program.tensors
-    shape, parts = program.call_shape(), table_parts(tensors)
+def _moments_of(program: Program) -> tuple[_Moments | None, np.ndarray, np.ndarray]:
+    """The program's `_Moments` and the bytes of its own tensors and of its table's (or of all its tensors, and
+    none). Kept on its call shape per tensor table, with its own tensors' kinds, producers and consumers (compared
+    rather than hashed: an enum hashes in Python); derived afresh for a program without them (its calls or
+    tensors edited after generation)."""
+    shape, parts = program.call_shape(), table_parts(program.tensors)
     if shape is None or parts is None:
-        columns = columns_of(tensors)
-        moments = _Moments.of(columns, call_array(program, "block"))
-        return None if moments is None else (moments, _Kept.fresh(moments)), _NONE, columns.bytes
+        tensors = columns_of(program.tensors)
+        return _Moments.of(tensors, call_array(program, "block")), _NONE, tensors.bytes
     own, table, table_bytes = parts
-    found = _KEPT.get(id(tensors))
-    if found is not None and found.tensors is tensors and found.shape is shape:
-        return (found.moments, found.kept), found.own_bytes, table_bytes
     key, structure = ("memory.moments", table), tuple(map(_STRUCTURE, own))
-    shared = shape.memo.get(key)
-    if shared is None or shared.structure != structure:
-        shared = shape.memo[key] = _Shared(structure, _Moments.of(columns_of(tensors), shape_array(shape, "block")))
-    own_bytes, moments = np.array([t.bytes for t in own], dtype=float), shared.moments
-    if moments is None:
-        return None, own_bytes, table_bytes
-    kept = _Kept.fresh(moments) if shared.latest is None else _Kept(*(array.copy() for array in shared.latest))
-    shared.latest = kept
-    _KEPT.put(id(tensors), _Visited(tensors, shape, moments, kept, own_bytes))
-    return (moments, kept), own_bytes, table_bytes
+    kept = shape.memo.get(key)
+    if kept is None or kept[0] != structure:
+        kept = shape.memo[key] = (structure, _Moments.of(columns_of(program.tensors), shape_array(shape, "block")))
+    return kept[1], np.array([t.bytes for t in own], dtype=float), table_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,18 +214,17 @@ def _sweep(
     kind: np.ndarray,
     call_blocks: np.ndarray,
     order: np.ndarray,
-    ties: np.ndarray,
-    kept_sizes: np.ndarray,
-    figures: np.ndarray,
     own_bytes: np.ndarray,
     table_bytes: np.ndarray,
     block_temp: np.ndarray,
     call_start: np.ndarray,
     call_end: np.ndarray,
-) -> bool:
-    """`Liveness.from_columns`, `times`, `order` and `peak` in one pass: the peak bytes and the bytes by kind at its
-    moment written into `figures`, and whether it could sweep (if not, the caller sweeps with `Liveness`): sizes,
-    working memory and call times finite, sizes and working memory not negative.
+    temporary: int,
+    by_kind: np.ndarray,
+) -> tuple[float, bool]:
+    """`Liveness.from_columns`, `times`, `order` and `peak` in one pass: the peak bytes, with the bytes by kind at
+    its moment written into `by_kind` (zeros), and whether it could sweep (if not, the caller sweeps with
+    `Liveness`): sizes, working memory and call times finite, sizes and working memory not negative.
 
     Every event happens at a moment (`_Moments`). Sorting the moments, not the events, gives the sweep order: the
     moments are sorted by their rounded times (each call's start and end mostly follow the calls' order, so an
@@ -307,12 +236,10 @@ def _sweep(
     With no negative sizes, the events that go first at an instant are the frees and those of no bytes, which
     change no sum wherever they go (x + 0.0 == x), and a free never makes a new peak: the level and the bytes by
     kind are summed event by event as np.cumsum and np.bincount would, and the first largest level (np.argmax's)
-    kept with the bytes by kind there. order, ties, kept_sizes and figures: the `_Kept` of the last timeline
-    swept, brought up to date; a timeline that keeps its order, its instants and its sizes is not swept, as its
-    figures are those already there."""
+    kept with the bytes by kind there."""
     calls, moments, own = len(call_blocks), len(order), len(own_bytes)
     if len(call_start) != calls or len(call_end) != calls:
-        return False
+        return 0.0, False
     size = np.empty(own + len(table_bytes))
     size[:own] = own_bytes
     size[own:] = table_bytes
@@ -320,34 +247,24 @@ def _sweep(
     for t in range(len(size)):  # without an early exit, which keeps the loop from vectorizing
         valid &= (size[t] >= 0.0) & (size[t] < np.inf)
     if not valid:
-        return False
+        return 0.0, False
     temp = np.empty(calls)
     when = np.empty(moments)  # np.round(time, 9): rint(time * 10**9) / 10**9
-    when[0] = 0.0
-    for c in range(calls):  # without an early exit, as above
-        temp[c] = block_temp[call_blocks[c]]
-        valid &= (temp[c] >= 0.0) & (temp[c] < np.inf) & np.isfinite(call_start[c]) & np.isfinite(call_end[c])
-    if not valid:
-        return False
+    busy = np.empty(moments, dtype=np.bool_)  # whether the moment has events
+    when[0], busy[0] = 0.0, ptr[1] > 0
     for c in range(calls):
+        temp[c] = block_temp[call_blocks[c]]
+        if not (0.0 <= temp[c] < np.inf and np.isfinite(call_start[c]) and np.isfinite(call_end[c])):
+            return 0.0, False
         when[1 + c] = np.rint(call_start[c] * 1e9) / 1e9
         when[1 + calls + c] = np.rint(call_end[c] * 1e9) / 1e9
-    in_order, same = _kept_order(when, order, ties)
-    if not in_order:
+        busy[1 + c] = temp[c] != 0 or ptr[2 + c] > ptr[1 + c]
+        busy[1 + calls + c] = temp[c] != 0 or ptr[2 + calls + c] > ptr[1 + calls + c]
+    if not _in_order(when, order):
         order[:] = np.arange(moments)
         _sort_run(when, order, 0, calls + 1)
         _sort_run(when, order, calls + 1, moments)
         order[:] = _merged_runs(when, order, calls + 1, moments)
-        _kept_order(when, order, ties)
-    if _kept_bits(size.view(np.int64), temp.view(np.int64), kept_sizes) and same:
-        return True
-    busy = np.empty(moments, dtype=np.bool_)  # whether the moment has events
-    busy[0] = ptr[1] > 0
-    for c in range(calls):
-        busy[1 + c] = temp[c] != 0 or ptr[2 + c] > ptr[1 + c]
-        busy[1 + calls + c] = temp[c] != 0 or ptr[2 + calls + c] > ptr[1 + calls + c]
-    by_kind = figures[1:]
-    by_kind[:] = 0.0
     running = np.zeros(len(by_kind))
     spare = np.empty(len(size) + calls, dtype=np.int64)
     level = peak = 0.0
@@ -366,7 +283,7 @@ def _sweep(
             j += 1
         if ending == -2 or starting == -2:
             level, peak = _instant(
-                order[i:j], calls, ptr, items, kind, size, temp, _TEMPORARY, spare, level, peak, running, by_kind
+                order[i:j], calls, ptr, items, kind, size, temp, temporary, spare, level, peak, running, by_kind
             )
         else:
             if ending >= 0:
@@ -375,7 +292,7 @@ def _sweep(
                     running[kind[items[p]]] += -size[items[p]]
                 if temp[ending - 1 - calls] != 0:
                     level += -temp[ending - 1 - calls]
-                    running[_TEMPORARY] += -temp[ending - 1 - calls]
+                    running[temporary] += -temp[ending - 1 - calls]
             if starting >= 0:
                 for p in range(ptr[starting], ptr[starting + 1]):
                     level += size[items[p]]
@@ -384,42 +301,22 @@ def _sweep(
                         peak = _kept(level, running, by_kind)
                 if starting > 0 and temp[starting - 1] != 0:
                     level += temp[starting - 1]
-                    running[_TEMPORARY] += temp[starting - 1]
+                    running[temporary] += temp[starting - 1]
                     if level > peak:
                         peak = _kept(level, running, by_kind)
         i = j
-    figures[0] = peak
-    return True
+    return peak, True
 
 
 @njit(cache=True)
-def _kept_order(keys: np.ndarray, items: np.ndarray, ties: np.ndarray) -> tuple[bool, bool]:
-    """Whether items (-1s: not yet ordered) are sorted by keys[item], and if so whether `ties` (per place after
-    the first, whether its key equals the previous one's) held for them already, `ties` then brought up to date."""
-    if len(items) == 0 or items[0] < 0:
-        return False, False
-    same, previous = True, keys[items[0]]
-    for i in range(1, len(items)):
-        key = keys[items[i]]
-        if key < previous:
-            return False, False
-        same &= (key == previous) == ties[i]
-        ties[i] = key == previous
-        previous = key
-    return True, same
-
-
-@njit(cache=True)
-def _kept_bits(first: np.ndarray, then: np.ndarray, kept: np.ndarray) -> bool:
-    """Whether `kept` holds `first` then `then`, `kept` then brought up to date."""
-    same = True
-    for i in range(len(first)):
-        same &= first[i] == kept[i]
-        kept[i] = first[i]
-    for i in range(len(then)):
-        same &= then[i] == kept[len(first) + i]
-        kept[len(first) + i] = then[i]
-    return same
+def _in_order(keys: np.ndarray, items: np.ndarray) -> bool:
+    """Whether items (-1s: not yet ordered) are sorted by keys[item]."""
+    ordered = len(items) == 0 or items[0] >= 0
+    i = 1
+    while ordered and i < len(items):
+        ordered = keys[items[i]] >= keys[items[i - 1]]
+        i += 1
+    return ordered
 
 
 @njit(cache=True)

@@ -43,13 +43,14 @@ def _system_key(system: SystemSpec) -> str:
 
 class AnalyticalCostModel:
     """Prices a workload in CPU milliseconds, cheap enough for a study to sweep thousands of points: Llama-3-70B on
-    1,024 GPUs with 64 micro-batches, priced from its steady form of 12 (`steady`), costs 1.4 ms at the median with
-    its generation, and 18.2-18.3 ms of simulation on average over 18 points, most of it the process's first point
-    (421-424 ms: its workload's first shape, and the imports `import dse` leaves to the first point: numba's first
-    kernel load imports scipy.linalg for its BLAS check, and the first table read pyarrow); a revisit of the same
-    points runs at 1,022-1,035 per second, a sweep of one configuration over 18 systems at 609-620, and a
-    study-like sample (216 points, 18 configurations on 12 systems, shuffled, its fresh process's first point
-    included) at 341-353 (benchmarks/evaluate_rate.py, two runs on a shared 2-core machine, 2026-11-30).
+    1,024 GPUs with 64 micro-batches, priced from its steady form of 12 (`steady`), costs 5.8-6.0 ms at the median with
+    its generation, and 65-67 ms of simulation on average over 18 points, most of it the process's first point
+    (1,207-1,220 ms: its workload's first shape, and the imports `import dse` leaves to the first point: numba's first
+    kernel load imports scipy.linalg for its BLAS check, and the first table read pyarrow); a revisit of the same points
+    runs at 187-205 per second, a sweep of one configuration over 18 systems at 158-165, and a study-like sample (216
+    points, 18 configurations on 12 systems, shuffled, its fresh process's first point included) at 104-109
+    (benchmarks/evaluate_rate.py, two runs on a shared 2-core machine, 2026-12-01, about 4x slower than the one that
+    printed 1.4 ms, 1,022-1,035, 609-620 and 341-353 on 2026-11-30).
 
     By default a step is scheduled by the reference rules compiled (`compiled_engine`, the same schedules to the
     bit as `engine`'s), over the workload's steady form when it has one (`steady`: the shorter step simulated and

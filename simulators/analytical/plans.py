@@ -155,13 +155,14 @@ class Planner:
         context = _context(workload, system, fuse, share_bandwidth)
         classes = np.ascontiguousarray(workload.class_of)
         ranks = (workload.layout.axes, classes.dtype.str, classes.tobytes())
-        self._prefixes = None if context is None else (context, (*context, facets(system).network, *ranks))
+        self._network = facets(system).network
+        """The system's dimensions as JSON: what a replayed drive compares (`replay`)."""
+        self._prefixes = None if context is None else (context, (*context, self._network, *ranks))
         """What keys a kept plan besides the block and its class's spread (`recipes.shelf_of`, `Shelf.spreads`): the
         context; for a block with p2p ops, which is kept per class, with every dimension of the network (a send's
         seconds read the dimensions between its ranks), the layout and the ranks' classes (its peers). A key holds
         their hashes, computed here once (hashing them per lookup would cost as much as the rest of the lookup)."""
         self._hashes = None if self._prefixes is None else tuple(hash(prefix) for prefix in self._prefixes)
-        self._network = facets(system).network
         self._shape = (fuse, share_bandwidth, tuple(dim.npus for dim in system.network), *ranks)
         """What a skeleton of a block with p2p ops depends on besides the block and the class: its links name the
         peers' classes, and its shares the dimensions it crosses, which follow from the network's shape."""

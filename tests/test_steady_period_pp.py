@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import AnalyticalCostModel
+from simulators.analytical import AnalyticalCostModel, steady
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.steady import schedule_steady
+from simulators.analytical.steady_reads import reads
 from tests.helpers import make_point
 
 SLOW_IB = {"base": "dgx-h100", "network": {1: {"npus": 4, "bandwidth_GBps": 5}}}
@@ -100,3 +101,32 @@ def test_only_1f1b_steps_longer_than_the_longer_form_have_one():
     assert SymbolicGenerator().generate(_point(18)).steady.longer() is None  # 18 micro-batches: the form itself
     interleaved = make_point(tp=2, pp=4, dp=2, pp_schedule="interleaved", virtual_stages=2, global_batch=128)
     assert SymbolicGenerator().generate(interleaved).steady.longer() is None
+
+
+def test_a_period_is_ruled_out_by_the_first_stage_read_and_read_from_the_one_that_last_did():
+    """`steady._steady_runs` stops at the first stage whose run does not span two periods, reading the stages
+    from the one that ruled the period out on the form's last timeline (kept with its calls by `_periods`); which
+    stage it starts from changes no run it finds. On the longer form, periods 1 and 2 are too short on every
+    stage (runs of 6 calls, a period 6 and 12), period 4 spans two on every one."""
+    point = _point(42)
+    workload = SymbolicGenerator().generate(point)
+    longer = workload.steady.longer()
+    tables = CompiledScheduler(replace(workload, programs=longer.programs, steady=None), point.system).drive()
+    read = reads(workload.blocks, longer.programs)
+
+    def runs(period: int, first: int) -> tuple[np.ndarray, np.ndarray, int]:
+        distance, middle, twin, twin_ptr = steady._joined_twins(longer.programs, period, read)
+        times = tables.call_start, tables.call_end, tables.base, steady.TOLERANCE_S
+        _, lo, hi, failed = steady._steady_runs(twin, twin_ptr, distance, middle, *times, first)
+        return lo, hi, failed
+
+    for first in range(4):
+        lo, hi, failed = runs(1, first)
+        assert failed == first and np.flatnonzero(lo >= 0).tolist() == [first] and hi[first] - lo[first] == 6
+        lo, hi, failed = runs(4, first)
+        assert failed == -1 and (lo.tolist(), hi.tolist()) == ([24, 26, 15, 12], [75, 78, 81, 84])
+    read.memo[("steady.ruled_out_on", 2)] = 3
+    assert steady._periods(longer.programs, tables, 2, read) is None
+    assert read.memo[("steady.ruled_out_on", 2)] == 3
+    assert steady._periods(longer.programs, tables, 4, read) is not None
+    assert ("steady.ruled_out_on", 4) not in read.memo

@@ -45,7 +45,7 @@ from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
 from simulators.analytical.engine_kernel import EngineTables
 from simulators.analytical.ordered_busy import OrderedBusy
-from simulators.analytical.steady_reads import Reads, reads
+from simulators.analytical.steady_reads import Reads, reads, spans_two_periods
 
 TOLERANCE_S = 1e-7
 """How far apart two times may be and still count as one period apart: repeats of one state a period apart add
@@ -184,8 +184,12 @@ def _periods(programs: list[Program], tables: EngineTables, period: int, read: R
     shared links' state (which no longer cycles on its own: the module's docstring)."""
     distance, middle, twin, twin_ptr = _joined_twins(programs, period, read)
     start, end, base = tables.call_start, tables.call_end, tables.base
-    length, lo, hi, shown = _steady_runs(twin, twin_ptr, distance, middle, start, end, base, TOLERANCE_S)
-    if not shown:
+    key = ("steady.ruled_out_on", period)
+    length, lo, hi, failed = _steady_runs(
+        twin, twin_ptr, distance, middle, start, end, base, TOLERANCE_S, read.memo.get(key, 0)
+    )
+    if failed >= 0:
+        read.memo[key] = failed
         return None
     stages = list(zip(distance.tolist(), lo.tolist(), hi.tolist(), length.tolist(), strict=True))
     for stage, (d, a, b, _) in enumerate(stages):
@@ -221,25 +225,33 @@ def _steady_runs(
     end: np.ndarray,
     base: np.ndarray,
     tolerance: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    first: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Per stage (its calls from base[s] on), the period's length (its middle call's start P calls on less its
-    own) and its steady run [lo, hi) (`_longest_steady`), and whether every stage has one (whether each may be
-    spliced is `Reads.holds`'s to say, the one place its rule is written): the stages after the first without one
-    are left at lo -1, as the period is ruled out (a longer form's shorter periods fail on one stage or another)."""
+    own) and its steady run [lo, hi) (`_longest_steady`), and the stage without one that spans two periods
+    (`spans_two_periods`), -1 if every stage has one (whether each may be spliced is `Reads.holds`'s to say, the
+    one place its rule is written). One such stage rules the period out, so the rest are not read (left at lo
+    -1). The stages are read from `first` on, round to it: the one that ruled the period out on the form's last
+    timeline (`_periods` keeps it with the form's calls), most often the one that does again, as the stage that
+    does depends on the period far more than on the system. A longer form's shorter periods each fail on one
+    stage (GPT-3 175B at tp 8, pp 16 without sp: periods 1, 2, 4 and 8 on stages 14, 13, 4 and 0, mostly by a
+    run too short), so they cost a stage each, not up to every stage but one. Which stage is read first changes
+    no figure: every stage's run and length are its own."""
     stages = len(distance)
     length = np.zeros(stages)
     lo = np.full(stages, -1, dtype=np.intp)
     hi = np.full(stages, -1, dtype=np.intp)
-    for s in range(stages):
+    for k in range(stages):
+        s = (first + k) % stages
         if distance[s] < 0:
-            return length, lo, hi, False
+            return length, lo, hi, s
         own_start, own_end = start[base[s] : base[s + 1]], end[base[s] : base[s + 1]]
         length[s] = own_start[middle[s] + distance[s]] - own_start[middle[s]]
         flags = twin[twin_ptr[s] : twin_ptr[s + 1]]
         lo[s], hi[s] = _longest_steady(flags, own_start, own_end, distance[s], length[s], tolerance)
-        if lo[s] < 0 or length[s] <= 0:
-            return length, lo, hi, False
-    return length, lo, hi, True
+        if lo[s] < 0 or length[s] <= 0 or not spans_two_periods(lo[s], hi[s], distance[s]):
+            return length, lo, hi, s
+    return length, lo, hi, -1
 
 
 @njit(cache=True)

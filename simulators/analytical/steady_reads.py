@@ -48,7 +48,8 @@ class Reads:
     """What `_fill` walks: the calls' inputs and what they wait on (and its scratch arrays)."""
     memo: dict = field(default_factory=dict)
     """What the steady checks derive from the form's calls, kept with them (`steady._joined_twins`, a few bytes a
-    call per period tried: not counted in `bytes`)."""
+    call per period tried: not counted in `bytes`), and per period the stage that ruled it out last
+    (`steady._periods`: which stage is read first, never what is found)."""
 
     @property
     def bytes(self) -> int:
@@ -58,7 +59,8 @@ class Reads:
         """Whether the steady run [lo, hi) of `stage`, `distance` calls a period, may be spliced as far as its own
         stage goes (`steady._periods`, per point and per system of a batch alike): it spans two periods, so that
         three periods of the timeline repeat, and every call after it reads only calls inside it (`within`)."""
-        return hi - lo >= 2 * distance and self.within(stage, lo, hi)
+        # the rule's Python function: a compiled call from Python costs more than the rule (batch asks per system)
+        return spans_two_periods.py_func(lo, hi, distance) and self.within(stage, lo, hi)
 
     def within(self, stage: int, lo: int, hi: int) -> bool:
         """Whether every call of `stage` from `hi` on reads only calls of its own from `lo` on."""
@@ -72,6 +74,13 @@ class Reads:
         partner's lo on, and every call of the run's first period (lo .. lo + distance - 1) with one of the
         partner's checked calls (before its hi + distance)."""
         return _joined(self.pairs, lo, hi, distance)
+
+
+@njit(cache=True)
+def spans_two_periods(lo: int, hi: int, distance: int) -> bool:
+    """Whether the steady run [lo, hi), `distance` calls a period, spans two periods: the part of `Reads.holds`
+    read off the run alone, which `steady._steady_runs` checks as it finds each stage's run."""
+    return hi - lo >= 2 * distance
 
 
 _FACTS: dict[int, tuple[Block, tuple[bool, int, int]]] = {}

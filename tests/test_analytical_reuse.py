@@ -7,7 +7,7 @@ from dse.workload import NO_CALL, TableTensors, Tensor, TensorKind, tensor_colum
 from generators.symbolic import SymbolicGenerator
 from generators.symbolic import skeleton as module
 from simulators.analytical import AnalyticalCostModel, cost_model
-from simulators.analytical.compiled_engine import call_arrays
+from simulators.analytical.call_layout import call_arrays
 from tests.helpers import make_point
 
 DGX = {"base": "dgx-h100", "network": {1: {"npus": 2}}}

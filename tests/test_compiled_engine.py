@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical.compiled_engine import CompiledScheduler, _ranks
+from simulators.analytical.call_layout import ranks
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import schedule
 from simulators.analytical.plans import Planner
 from tests.helpers import make_point
@@ -38,12 +39,12 @@ def test_compiled_and_interpreted_reference_agree_to_the_bit(case):
 
 
 def test_mailboxes_rank_their_codes_by_table_and_by_sort():
-    """`_ranks` numbers values by their rank among the distinct ones, by a table or (values too spread, or not known
-    to be in range) by sorting."""
+    """`call_layout.ranks` numbers values by their rank among the distinct ones, by a table or (values too spread,
+    or not known to be in range) by sorting."""
     rng = np.random.default_rng(36)
     for spread in (1, 50, 2_000, 10**9):
         code = rng.integers(0, spread, 300)
         want = np.unique(code, return_inverse=True)[1]
         for size in (spread, -1):
-            assert np.array_equal(_ranks(code, size), want), (spread, size)
-    assert len(_ranks(np.zeros(0, dtype=np.int64), -1)) == 0
+            assert np.array_equal(ranks(code, size), want), (spread, size)
+    assert len(ranks(np.zeros(0, dtype=np.int64), -1)) == 0

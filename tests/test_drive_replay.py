@@ -1,5 +1,5 @@
 """A revisit (a workload priced again on a system whose InfiniBand differs) replays what its first drive resolved
-(`compiled_engine._Drive`, `plans.Planner.replay`): it hands the plans whose dimensions did not change again, finds
+(`call_layout.Drive`, `plans.Planner.replay`): it hands the plans whose dimensions did not change again, finds
 the others afresh, and reads the plans' numbering, rows and layout kept; its tables and schedules are a fresh
 scheduler's, array by array."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from dse.system import SystemSpec
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import compiled_engine, plans
+from simulators.analytical import call_layout, plans
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.plans import Planner
 from simulators.analytical.steady import schedule_steady
@@ -30,7 +30,7 @@ def _other_infiniband(system: SystemSpec) -> SystemSpec:
 
 def _forget() -> None:
     _empty()
-    compiled_engine._JOINED.clear()
+    call_layout.JOINED.clear()
     plans._LOGS.clear()
 
 

@@ -11,7 +11,8 @@ import pytest
 from dse.workload import Workload
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import engine_kernel as kernel
-from simulators.analytical.compiled_engine import CompiledScheduler, _layer_runs
+from simulators.analytical.call_layout import layer_runs
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine_kernel import _repeat
 from simulators.analytical.op_rows import anchored_plans
 from tests.helpers import make_point
@@ -89,7 +90,7 @@ def test_layer_runs_are_calls_of_one_plan_reading_the_call_before():
     ptr = np.cumsum([0] + [len(own) for own in local])
     inputs = np.array([i for own in local for i in own], dtype=np.int64)
     mails, ops = np.array([0, 0, 1]), np.array([3, 2, 2])
-    run_last = _layer_runs(base, plans, ptr, inputs, mails, ops)
+    run_last = layer_runs(base, plans, ptr, inputs, mails, ops)
     assert run_last.tolist() == [-1, 3, 3, 3, -1, -1, -1, -1, -1, -1]
 
 

@@ -1,5 +1,5 @@
 """What the compiled engine's glue keeps across points gives what building it afresh gives: the programs' calls
-joined and laid out by their plans' structure (`compiled_engine._JOINED`), the tables that price a workload on an
+joined and laid out by their plans' structure (`call_layout.JOINED`), the tables that price a workload on an
 accelerator's value (`pricing._TABLES`) and a system's result-cache key (`cost_model._system_key`)."""
 
 from dataclasses import replace
@@ -9,7 +9,7 @@ import pytest
 
 from dse.workload import Workload
 from generators.symbolic import SymbolicGenerator
-from simulators.analytical import compiled_engine, cost_model, pricing
+from simulators.analytical import call_layout, cost_model, pricing
 from simulators.analytical import engine_kernel as kernel
 from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.engine import ClassSchedule
@@ -44,7 +44,7 @@ def _same(a: list[ClassSchedule], b: list[ClassSchedule]) -> None:
 def test_kept_call_layouts_schedule_as_fresh_ones(case, fast_forward):
     point = make_point(**CASES[case])
     workload = SymbolicGenerator().generate(point)
-    compiled_engine._JOINED.clear()
+    call_layout.JOINED.clear()
     first, fresh = _run(workload, point.system, fast_forward)
     layouts = _layouts()
     assert layouts  # the generated programs' calls are kept on their shapes
@@ -57,7 +57,7 @@ def test_kept_call_layouts_schedule_as_fresh_ones(case, fast_forward):
 
 
 def _layouts() -> list[int]:
-    return [id(laid) for entry in compiled_engine._JOINED.values() for laid in entry.laid_out.values()]
+    return [id(laid) for entry in call_layout.JOINED.values() for laid in entry.laid_out.values()]
 
 
 def test_a_layout_kept_for_one_system_serves_another():
@@ -66,13 +66,13 @@ def test_a_layout_kept_for_one_system_serves_another():
     point = make_point(**CASES["tp2-pp4-1f1b-zero1"])
     other = point.system.model_copy()  # plans are kept per system object: the second point builds its own
     generator = SymbolicGenerator()
-    compiled_engine._JOINED.clear()
+    call_layout.JOINED.clear()
     _run(generator.generate(point), point.system)
     layouts = _layouts()
     workload = generator.generate(point)
     _, kept = _run(workload, other)
     assert _layouts() == layouts
-    compiled_engine._JOINED.clear()
+    call_layout.JOINED.clear()
     _, fresh = _run(workload, other)
     _same(fresh, kept)
 

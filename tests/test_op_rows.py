@@ -6,7 +6,8 @@ from itertools import chain
 import numpy as np
 
 from simulators.analytical import op_rows
-from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
+from simulators.analytical.call_layout import call_arrays
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.recipes import COLLECTIVE, COMPUTE
 from simulators.analytical.skeletons import Plan, Skeleton
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)

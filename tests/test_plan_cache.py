@@ -8,7 +8,7 @@ import pytest
 
 from generators.symbolic import SymbolicGenerator
 from simulators.analytical import pricing, recipes
-from simulators.analytical.compiled_engine import call_arrays
+from simulators.analytical.call_layout import call_arrays
 from simulators.analytical.plans import Planner
 from tests.helpers import make_point
 from tests.test_analytical_fastpath import CASES

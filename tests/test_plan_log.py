@@ -6,7 +6,7 @@ asks otherwise leaves the log and still hands what a planner without one would."
 from dataclasses import replace
 
 from simulators.analytical import plans
-from simulators.analytical.compiled_engine import call_arrays
+from simulators.analytical.call_layout import call_arrays
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
 from tests.test_plans_across_systems import _empty, _faster

@@ -7,7 +7,8 @@ import numpy as np
 
 from dse.system import SystemSpec
 from simulators.analytical import op_rows, pricing, recipes
-from simulators.analytical.compiled_engine import CompiledScheduler, _joined_calls, _Layout, call_arrays
+from simulators.analytical.call_layout import call_arrays, joined_calls
+from simulators.analytical.compiled_engine import CompiledScheduler, _Layout
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import _snapshot, workloads  # noqa: F401  (the fixture)
 
@@ -35,7 +36,7 @@ def _tables(workload, system) -> dict[str, np.ndarray]:
     scheduler = CompiledScheduler(workload, system)
     calls = [call_arrays(program) for program in workload.programs]
     scheduler._plan_places = [scheduler._planner.plans(own.used, index) for index, own in enumerate(calls)]
-    tables = _Layout(scheduler, _joined_calls(calls, True), None).tables()
+    tables = _Layout(scheduler, joined_calls(calls, True), None).tables()
     return {name: getattr(tables, name) for name in tables._fields if name[:2] in ("o_", "p_")}
 
 

@@ -5,7 +5,8 @@ give."""
 import numpy as np
 
 from simulators.analytical import op_rows, recipes
-from simulators.analytical.compiled_engine import CompiledScheduler, call_arrays
+from simulators.analytical.call_layout import call_arrays
+from simulators.analytical.compiled_engine import CompiledScheduler
 from simulators.analytical.plans import Planner
 from tests.test_plan_cache import workloads  # noqa: F401  (the fixture)
 

@@ -59,10 +59,10 @@ class EngineTables(NamedTuple):
     """Per call, its plan (a block as its run runs it)."""
     run_last: np.ndarray
     """Per call that continues a layer run (the call before has its plan, it reads that call's output and its plan
-    has ops and no p2p op; `compiled_engine._layer_runs`), the run's last call; -1 for any other call (and for
+    has ops and no p2p op; `call_layout.layer_runs`), the run's last call; -1 for any other call (and for
     every call with fast-forward off)."""
     other_inputs: int
-    """The longest entry a layer run's calls add to the run memo's (`compiled_engine._other_inputs`, kept with the
+    """The longest entry a layer run's calls add to the run memo's (`call_layout.other_inputs`, kept with the
     layout)."""
     input_ptr: np.ndarray
     inputs: np.ndarray

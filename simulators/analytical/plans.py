@@ -62,7 +62,7 @@ class _Log:
 @dataclass(slots=True)
 class Resolved:
     """What one drive's `Planner.plans` calls resolved while following a log (`_Log`): per place new to its planner,
-    the plan and what of the network its seconds read; kept by the compiled engine (`compiled_engine._Drive`) for a
+    the plan and what of the network its seconds read; kept by the compiled engine (`call_layout.Drive`) for a
     later planner that starts where this one did, on the same blocks and accelerator (a revisit: its workload on a
     system of another InfiniBand bandwidth), which hands those plans again and finds afresh only those whose
     dimensions changed (`Planner.replay`), instead of finding each of its places' spans and shelf entries again."""

@@ -18,8 +18,8 @@ from numba import njit
 
 from dse.lru import MIB, ByteBoundedLru
 from dse.workload import BLOCK_INPUT, Block, OpKind, Program
+from simulators.analytical.call_layout import call_arrays
 from simulators.analytical.calls import call_array
-from simulators.analytical.compiled_engine import call_arrays
 
 _OTHER, _SEND, _RECV, _BOTH, _LOOSE = 0, 1, 2, 3, 4
 """A block's side of transfers between pipeline stages: none; one send that is its output; one recv its output

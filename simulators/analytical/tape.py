@@ -34,7 +34,7 @@ import numpy as np
 from dse.system import SystemSpec
 from dse.workload import Workload
 from simulators.analytical import tape_kernel as kernel
-from simulators.analytical.compiled_engine import call_arrays
+from simulators.analytical.call_layout import call_arrays
 from simulators.analytical.plans import Link, Plan, Planner
 from simulators.analytical.recipes import COMPUTE, SEND
 from simulators.analytical.tape_kernel import INF, MAX_ADD, MIN, SHARED, ZERO

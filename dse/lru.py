@@ -121,6 +121,30 @@ class ByteBoundedLru(Generic[K, V]):
         self._bytes = 0
 
 
+class IdentityMemo(Generic[V]):
+    """Values derived from objects, found by the object's identity: a few bytes each (a system's parts as JSON, a
+    block's facts), derived where hashing or comparing the object would cost as much as deriving them again. The
+    object is kept with its value, so that its identity stays its own while the entry lives. Bounded by a count and
+    emptied when full, not by bytes as `ByteBoundedLru` is: its entries weigh too little to estimate, and a study
+    meets few enough objects that emptying it costs one derivation each."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self._kept: dict[int, tuple[object, V]] = {}
+
+    def get(self, of: object, derive: Callable[[], V]) -> V:
+        """derive()'s value for `of`, derived once while kept."""
+        found = self._kept.get(id(of))
+        if found is None or found[0] is not of:
+            if len(self._kept) >= self.most:
+                self._kept.clear()
+            found = self._kept[id(of)] = (of, derive())
+        return found[1]
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
 _LIVE: "weakref.WeakSet[ByteBoundedLru]" = weakref.WeakSet()
 """Every cache alive in this process (a generator's lives as long as its instance)."""
 _LOOKUPS: dict[str, list[int]] = {}

@@ -7,7 +7,7 @@ import pytest
 
 from dse import lru
 from dse.errors import SpecError
-from dse.lru import MIB, ByteBoundedLru
+from dse.lru import MIB, ByteBoundedLru, IdentityMemo
 
 
 def sized(budget: int, name: str = "test") -> ByteBoundedLru[str, bytes]:
@@ -98,3 +98,23 @@ def test_a_random_run_keeps_what_a_reference_lru_keeps():
                 want[key] = value
         assert cache.values() == list(want.values())
         assert cache.bytes == sum(map(len, want.values()))
+
+
+def test_an_identity_memo_derives_once_per_object_and_empties_when_full():
+    """`IdentityMemo` finds a value by its object's identity (an equal object is another key), keeps the object so
+    that its identity cannot be reused while the entry lives, and empties itself when it holds `most`."""
+    memo: IdentityMemo[int] = IdentityMemo(2)
+    derived: list[object] = []
+
+    def derive(of: object) -> int:
+        derived.append(of)
+        return len(derived)
+
+    a, b, c = [1], [1], [2]
+    assert memo.get(a, lambda: derive(a)) == 1
+    assert memo.get(a, lambda: derive(a)) == 1
+    assert memo.get(b, lambda: derive(b)) == 2  # equal to a, not a
+    assert memo.get(c, lambda: derive(c)) == 3  # full: emptied first
+    assert memo.get(a, lambda: derive(a)) == 4
+    assert memo.get(c, lambda: derive(c)) == 3
+    assert derived == [a, b, c, a]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dse.compute import ComputeModel
-from dse.lru import MIB, ByteBoundedLru
+from dse.lru import MIB, ByteBoundedLru, IdentityMemo
 from dse.system import AcceleratorSpec, SystemSpec
 from dse.tables.deepep import DEEPEP_TABLE, MeasuredExchange
 from dse.tables.moe import MOE_TABLE, MeasuredMoe
@@ -199,23 +199,20 @@ class BlockPricer:
         return found
 
 
-REPRESENTATIVES_KEPT = 256
-"""Ranks' classes whose representatives `_REPRESENTATIVES` keeps (a plain dict emptied when full, as `_FACETS`)."""
-_REPRESENTATIVES: dict[int, tuple[np.ndarray, dict[int, int]]] = {}
+_REPRESENTATIVES: IdentityMemo[dict[int, int]] = IdentityMemo(256)
+"""Per array of the ranks' classes, each class's first rank (`_representatives_of`)."""
 
 
 def _representatives_of(class_of: np.ndarray) -> dict[int, int]:
-    """Each class's first rank, kept per array of the ranks' classes (by identity, the array kept so that it stays
-    its own): a revisit's workload, and its steady check's longer form, hand back the same array to a new pricer,
-    which found them again (a pass over the ranks) at a cost of about a tenth of what replaying a revisit's plans
-    costs (`plans.Planner.replay`)."""
-    found = _REPRESENTATIVES.get(id(class_of))
-    if found is None or found[0] is not class_of:
-        if len(_REPRESENTATIVES) >= REPRESENTATIVES_KEPT:
-            _REPRESENTATIVES.clear()
-        classes, first = np.unique(class_of, return_index=True)
-        found = _REPRESENTATIVES[id(class_of)] = (class_of, dict(zip(classes.tolist(), first.tolist(), strict=True)))
-    return found[1]
+    """Each class's first rank, kept per array of the ranks' classes: a revisit's workload, and its steady check's
+    longer form, hand back the same array to a new pricer, which found them again (a pass over the ranks) at a cost
+    of about a tenth of what replaying a revisit's plans costs (`plans.Planner.replay`)."""
+    return _REPRESENTATIVES.get(class_of, lambda: _first_ranks(class_of))
+
+
+def _first_ranks(class_of: np.ndarray) -> dict[int, int]:
+    classes, first = np.unique(class_of, return_index=True)
+    return dict(zip(classes.tolist(), first.tolist(), strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,28 +282,22 @@ class Facets:
     node) finds them. Systems are interned per distinct data (`dse.point.points.validated_system`), but two of
     them share no part's object; a part's JSON is its value (every field, a field left out only at its default)."""
 
-    system: SystemSpec
-    """Kept so that the identity `_FACETS` finds it by stays its own."""
     accelerator: str
     network: tuple[str, ...]
     """Per dimension."""
 
 
-FACETS_KEPT = 256
-"""Systems whose facets `_FACETS` keeps: a study has a few to thousands; a JSON dump of a DGX H100's accelerator
+_FACETS: IdentityMemo[Facets] = IdentityMemo(256)
+"""Per system, its facets: a study has a few to thousands of systems; a JSON dump of a DGX H100's accelerator
 takes about 20 us, against the hundreds of microseconds its plans save on a point."""
-_FACETS: dict[int, Facets] = {}
 
 
 def facets(system: SystemSpec) -> Facets:
-    """The system's facets, found by its identity (a plain dict emptied when full, as `recipes._SEEN`)."""
-    found = _FACETS.get(id(system))
-    if found is None or found.system is not system:
-        if len(_FACETS) >= FACETS_KEPT:
-            _FACETS.clear()
-        network = tuple(dim.model_dump_json() for dim in system.network)
-        found = _FACETS[id(system)] = Facets(system, system.accelerator.model_dump_json(), network)
-    return found
+    """The system's facets, found by its identity."""
+    return _FACETS.get(
+        system,
+        lambda: Facets(system.accelerator.model_dump_json(), tuple(dim.model_dump_json() for dim in system.network)),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from dse.lru import MIB, ByteBoundedLru
+from dse.lru import MIB, ByteBoundedLru, IdentityMemo
 from dse.workload import BLOCK_INPUT, Block, OpKind, Program
 from simulators.analytical.call_layout import call_arrays
 from simulators.analytical.calls import call_array
@@ -83,8 +83,8 @@ def spans_two_periods(lo: int, hi: int, distance: int) -> bool:
     return hi - lo >= 2 * distance
 
 
-_FACTS: dict[int, tuple[Block, tuple[bool, int, int]]] = {}
-"""Per block's identity, the block (so the identity stays its own) and `_block_facts` of it."""
+_FACTS: IdentityMemo[tuple[bool, int, int]] = IdentityMemo(1024)
+"""Per block, `_block_facts` of it."""
 READS_BYTES = 16 * MIB
 """Forms' Reads kept (`_KEPT`): a study runs a few schedules, each with a form or two of 3,000 to 25,000 calls,
 about 90 bytes a call."""
@@ -130,10 +130,11 @@ def reads(blocks: list[Block], programs: list[Program]) -> Reads:
 
 def _block_facts(block: Block) -> tuple[bool, int, int]:
     """(whether the block's output waits, through its ops, on an op reading its inputs; its p2p side; the offset
-    along pp of the stage its p2p op sends to or receives from)."""
-    seen = _FACTS.get(id(block))
-    if seen is not None and seen[0] is block:
-        return seen[1]
+    along pp of the stage its p2p op sends to or receives from), kept per block (`_FACTS`)."""
+    return _FACTS.get(block, lambda: _facts_of(block))
+
+
+def _facts_of(block: Block) -> tuple[bool, int, int]:
     ops, out = block.ops, block.output_index
     above, stack, waits = {out}, [out], False
     while stack:
@@ -154,9 +155,6 @@ def _block_facts(block: Block) -> tuple[bool, int, int]:
                 side = _SEND
             elif len(p2p) == 1 and p2p[0].kind is OpKind.RECV and any(ops[i] is p2p[0] for i in above):
                 side = _RECV
-    if len(_FACTS) >= 1024:
-        _FACTS.clear()
-    _FACTS[id(block)] = (block, (waits, side, peer))
     return waits, side, peer
 
 

@@ -478,10 +478,7 @@ def _figures_of(
     over other columns could round its sums otherwise. sweep: the rank class's reference sweep so far (`_peaks`),
     returned as the chunk leaves it."""
     pick = slice(None) if kept is None else kept
-    call_start, call_end = stage.call_start, stage.call_end
-    if kept is not None:  # C-ordered, as the kernels that read them are compiled for
-        call_start, call_end = call_start.take(kept, axis=1), call_end.take(kept, axis=1)
-    end = batch_kernels.latest(call_end)  # every op ends inside its call
+    end = batch_kernels.latest(stage.call_end)[pick]  # every op ends inside its call
     compute, comm, exposed = (seconds[pick] for seconds in stage.busy)
     by_category = np.tensordot(counted.counts, stage.plan_categories, axes=1)
     calls, categories, seconds = stage.transfers
@@ -492,7 +489,7 @@ def _figures_of(
         compute, comm = compute + extension.compute[pick], comm + extension.comm[pick]
         exposed = exposed + extension.exposed[pick]
         by_category = by_category + extension.categories
-    peaks, sweep = _peaks(liveness, call_start, call_end, sweep)
+    peaks, sweep = _peaks(liveness, stage.call_start, stage.call_end, sweep, kept)
     systems = len(end)
     figures = _Figures(
         end=end,
@@ -530,22 +527,30 @@ class _Sweep:
 
 
 def _peaks(
-    liveness: Liveness, call_start: np.ndarray, call_end: np.ndarray, sweep: _Sweep | None
+    liveness: Liveness,
+    call_start: np.ndarray,
+    call_end: np.ndarray,
+    sweep: _Sweep | None,
+    kept: np.ndarray | None = None,
 ) -> tuple[list[tuple[float, dict[str, float]]], _Sweep | None]:
-    """Peak memory and its breakdown per system (call_start, call_end: calls x systems), and the sweep the systems
-    that keep its order share: `sweep`, one made on an earlier chunk, while the chunk's first system keeps it, else
-    the first system's (most systems keep the order of any one of them). Another system is swept on its own."""
-    systems = call_start.shape[1]
+    """Peak memory and its breakdown per system of `kept` (columns of call_start, call_end: calls x systems; all
+    where None), and the sweep the systems that keep its order share: `sweep`, one made on an earlier chunk, while
+    the first of them keeps it, else the first one's (most systems keep the order of any one of them). Another
+    system is swept on its own. Every column's order is checked, kept or not (a column's check is its own): taking
+    the kept columns first copied both arrays for a few systems left out."""
+    columns = np.arange(call_start.shape[1]) if kept is None else kept
+    systems = len(columns)
     if not len(liveness.deltas) or not systems:
         return [liveness.peak(np.zeros(0))] * systems, sweep
-    keeps = None if sweep is None else sweep.keeps(liveness, call_start, call_end)
+    keeps = None if sweep is None else sweep.keeps(liveness, call_start, call_end)[columns]
     if keeps is None or not keeps[0]:
-        sweep = _Sweep.of(liveness, call_start[:, 0], call_end[:, 0])
-        keeps = sweep.keeps(liveness, call_start, call_end)
+        first = int(columns[0])
+        sweep = _Sweep.of(liveness, call_start[:, first], call_end[:, first])
+        keeps = sweep.keeps(liveness, call_start, call_end)[columns]
     if keeps.all():
         return [sweep.peak] * systems, sweep
     peaks = [
         sweep.peak if keep else liveness.peak(liveness.times(call_start[:, s], call_end[:, s]))
-        for s, keep in enumerate(keeps.tolist())
+        for s, keep in zip(columns.tolist(), keeps.tolist(), strict=True)
     ]
     return peaks, sweep

@@ -73,7 +73,10 @@ class Period:
     @classmethod
     def each(cls, found: "list[Period]", by: np.ndarray) -> "Period":
         """Per system, its period of `found` (one per period tried): found[by] (by: an index per system), shown
-        nowhere where by is -1. Its windows are not picked."""
+        nowhere where by is -1. Its windows are not picked. With one period tried (a shorter form), its arrays."""
+        if len(found) == 1:
+            only = found[0]
+            return cls(only.length, only.first, only.ok & (by >= 0), only.lo, only.hi)
         columns, pick = np.arange(len(by)), np.maximum(by, 0)
 
         def picked(name: str) -> np.ndarray:
